@@ -1,0 +1,90 @@
+"""The custom executor wire contract (gitlab-runner docs/executors/custom.md).
+
+gitlab-runner runs, for every job: config_exec, prepare_exec (once), run_exec once per
+stage with `<run_args...> <script path> <stage name>` appended, and cleanup_exec
+(always). Jobs cannot change a stage's arguments, so the GPU set travels there; job
+variables arrive as `CUSTOM_ENV_<NAME>` and are untrusted.
+
+This module is the one place that says how config.toml invokes the drivers: `runnerctl
+init` writes `custom_section(...)`, and the drivers parse the same arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+STAGES = ("config", "prepare", "run", "cleanup")
+DRIVERS = ("shell", "docker", "slurm")
+
+# Environment that gitlab-runner sets for every stage.
+ENV_BUILD_FAILURE = "BUILD_FAILURE_EXIT_CODE"
+ENV_SYSTEM_FAILURE = "SYSTEM_FAILURE_EXIT_CODE"
+ENV_BUILD_EXIT_CODE_FILE = "BUILD_EXIT_CODE_FILE"
+ENV_JOB_RESPONSE_FILE = "JOB_RESPONSE_FILE"
+CUSTOM_ENV_PREFIX = "CUSTOM_ENV_"
+
+# Run stage names, in the order gitlab-runner uses them.
+RUN_STAGES = (
+    "prepare_script",
+    "get_sources",
+    "restore_cache",
+    "download_artifacts",
+    "build_script",  # also step_<name> stages
+    "after_script",
+    "archive_cache",  # or archive_cache_on_failure
+    "upload_artifacts_on_success",  # or upload_artifacts_on_failure
+    "cleanup_file_variables",
+)
+USER_SCRIPT_STAGES = ("build_script", "after_script")
+"""Stages that run the user's own script (plus any `step_*`); the rest are runner helpers."""
+
+# Stage timeouts written into config.toml, in seconds. prepare waits for the GPU gate
+# (RunnerctlSettings.gate_wait_s, default 600 s), so it gets that plus slack.
+CONFIG_EXEC_TIMEOUT_S = 60
+PREPARE_EXEC_TIMEOUT_S = 900
+CLEANUP_EXEC_TIMEOUT_S = 300
+GRACEFUL_KILL_TIMEOUT_S = 30  # SIGTERM to the stage, then this long before SIGKILL
+FORCE_KILL_TIMEOUT_S = 30
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverArgs:
+    """What every stage is told by config.toml: enough to work with no other set-up."""
+
+    slot: str  # runner name, e.g. runnerctl/gpu-a/gpu0-3
+    gpus: tuple[int, ...]
+    gpu_source: str  # nvml, sim:N or sim:PATH
+    config: str  # runnerctl's own settings file (may not exist: defaults apply)
+    driver: str  # shell, docker or slurm
+
+    def to_argv(self) -> list[str]:
+        return [
+            "--slot", self.slot,
+            "--gpus", ",".join(str(g) for g in self.gpus),
+            "--gpu-source", self.gpu_source,
+            "--config", self.config,
+            "--driver", self.driver,
+        ]
+
+
+def stage_command(stage: str, args: DriverArgs) -> tuple[str, list[str]]:
+    """(`*_exec`, `*_args`) for one stage: this interpreter running `runnerctl.executors`."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown custom executor stage {stage!r}")
+    return sys.executable, ["-m", "runnerctl.executors", stage, *args.to_argv()]
+
+
+def custom_section(args: DriverArgs) -> dict[str, object]:
+    """The `[runners.custom]` table for one slot."""
+    section: dict[str, object] = {}
+    for stage in STAGES:
+        exe, argv = stage_command(stage, args)
+        section[f"{stage}_exec"] = exe
+        section[f"{stage}_args"] = argv
+    section["config_exec_timeout"] = CONFIG_EXEC_TIMEOUT_S
+    section["prepare_exec_timeout"] = PREPARE_EXEC_TIMEOUT_S
+    section["cleanup_exec_timeout"] = CLEANUP_EXEC_TIMEOUT_S
+    section["graceful_kill_timeout"] = GRACEFUL_KILL_TIMEOUT_S
+    section["force_kill_timeout"] = FORCE_KILL_TIMEOUT_S
+    return section

@@ -1,0 +1,5 @@
+"""Allow `python -m runnerctl`."""
+
+from runnerctl.cli import entry
+
+entry()

@@ -1,0 +1,65 @@
+"""Errors that carry what went wrong, what to do about it, and their retry policy.
+
+Every error a user can cause or fix is a `RunnerctlError`: the CLI turns it into one
+line on stderr and an exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """Process exit codes of the `runnerctl` command."""
+
+    OK = 0
+    ERROR = 1
+    USAGE = 2
+    CONFIG = 3
+    GITLAB = 4
+    GPU = 5
+    UNAVAILABLE = 6
+
+
+class RunnerctlError(Exception):
+    """A failure to report as one line: what is wrong and what to do."""
+
+    exit_code: ExitCode = ExitCode.ERROR
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class ConfigError(RunnerctlError):
+    """A configuration file or input is malformed; nothing was changed."""
+
+    exit_code = ExitCode.CONFIG
+
+
+class GpuError(RunnerctlError):
+    """The GPU inventory cannot be read (no driver, bad simulation file)."""
+
+    exit_code = ExitCode.GPU
+
+
+class GitLabError(RunnerctlError):
+    """GitLab refused or failed a request."""
+
+    exit_code = ExitCode.GITLAB
+
+
+class TemporaryError(GitLabError):
+    """Worth retrying after `delay` seconds (rate limit, 5xx, connection failure)."""
+
+    def __init__(self, message: str, *, delay: float, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.delay = delay
+
+
+class PermanentError(GitLabError):
+    """Retrying will not help until someone changes something (token, permissions)."""

@@ -1,0 +1,231 @@
+"""The one door to GitLab: a small port, and its python-gitlab implementation.
+
+Only this module talks HTTP to GitLab. Errors become `PermanentError` (fix the token or
+permissions first) or `TemporaryError(delay)` (rate limit, 5xx, network), so callers
+decide how to retry; python-gitlab's own sleeping retries are switched off, and the
+`Retry-After` of a 429 is read from the response through a requests session hook.
+Tokens are never put in messages or logs.
+
+Sources: docs.gitlab.com/api/runners (create via POST /user/runners, list, get, update
+`paused`, delete, jobs of a runner, verify), docs.gitlab.com/api/jobs (pending jobs of a
+project), docs.gitlab.com/api/users (current user).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any, Literal, Protocol, TypeVar
+
+import gitlab
+import gitlab.exceptions
+from gitlab.v4.objects import CurrentUserRunnerManager
+import requests
+
+from runnerctl.errors import PermanentError, TemporaryError
+
+log = logging.getLogger(__name__)
+
+RunnerType = Literal["instance_type", "group_type", "project_type"]
+DEFAULT_TIMEOUT_S = 10.0
+"""Per-request timeout: long enough for a busy GitLab, short enough to keep a tick alive."""
+DEFAULT_RETRY_S = 5.0
+"""Delay suggested after a 5xx or network failure without Retry-After."""
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunnerScope:
+    """Where runners are created: a group, a project, or the instance (admins only)."""
+
+    runner_type: RunnerType = "instance_type"
+    group_id: int | None = None
+    project_id: int | None = None
+
+    def create_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {"runner_type": self.runner_type}
+        if self.group_id is not None:
+            fields["group_id"] = self.group_id
+        if self.project_id is not None:
+            fields["project_id"] = self.project_id
+        return fields
+
+
+@dataclasses.dataclass(frozen=True)
+class RunnerInfo:
+    id: int
+    description: str
+    paused: bool
+    tags: tuple[str, ...]
+    online: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class CreatedRunner:
+    id: int
+    token: str
+    token_expires_at: str | None
+
+    def __repr__(self) -> str:  # never show the token
+        return f"CreatedRunner(id={self.id}, token=<hidden>)"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobInfo:
+    id: int
+    project_id: int | None
+    status: str
+    tags: tuple[str, ...]
+    created_at: str | None
+    user: str | None
+    web_url: str | None
+    runner_id: int | None = None
+    name: str | None = None
+
+
+class GitLabPort(Protocol):
+    """What runnerctl needs from GitLab; the simulator implements it in memory."""
+
+    def create_runner(self, *, description: str, tags: list[str], paused: bool,
+                      scope: RunnerScope) -> CreatedRunner: ...
+    def get_runner(self, runner_id: int) -> RunnerInfo | None: ...
+    def set_paused(self, runner_id: int, paused: bool) -> None: ...
+    def set_tags(self, runner_id: int, tags: list[str]) -> None: ...
+    def delete_runner(self, runner_id: int) -> None: ...
+    def running_jobs(self, runner_id: int) -> list[JobInfo]: ...
+    def pending_jobs(self, project_id: int) -> list[JobInfo]: ...
+    def verify_runner_token(self, token: str) -> bool: ...
+
+
+class PythonGitLab:
+    """GitLabPort over python-gitlab."""
+
+    def __init__(self, url: str, token: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.url = url.rstrip("/")
+        self.requests_by_status: collections.Counter[str] = collections.Counter()
+        self._retry_after: float | None = None
+        session = requests.Session()
+        session.hooks["response"].append(self._observe)
+        self._gl = gitlab.Gitlab(
+            self.url, private_token=token, timeout=timeout, session=session,
+            obey_rate_limit=False, retry_transient_errors=False, max_retries=0,
+        )
+
+    def _observe(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
+        self.requests_by_status[str(response.status_code)] += 1
+        header = response.headers.get("Retry-After")
+        self._retry_after = float(header) if header and header.isdigit() else None
+
+    def create_runner(self, *, description: str, tags: list[str], paused: bool,
+                      scope: RunnerScope) -> CreatedRunner:
+        fields = {**scope.create_fields(), "description": description, "paused": paused,
+                  "tag_list": tags, "run_untagged": False, "locked": True}
+        created = self._call("create a runner", lambda: CurrentUserRunnerManager(self._gl).create(fields))
+        return CreatedRunner(id=int(created.id), token=str(created.token),
+                             token_expires_at=getattr(created, "token_expires_at", None))
+
+    def get_runner(self, runner_id: int) -> RunnerInfo | None:
+        try:
+            runner = self._call(f"read runner {runner_id}", lambda: self._gl.runners.get(runner_id))
+        except _NotFound:
+            return None
+        attrs = runner.attributes
+        return RunnerInfo(
+            id=int(attrs["id"]), description=str(attrs.get("description") or ""),
+            paused=bool(attrs.get("paused", not attrs.get("active", True))),
+            tags=tuple(attrs.get("tag_list") or ()), online=attrs.get("online"),
+        )
+
+    def set_paused(self, runner_id: int, paused: bool) -> None:
+        self._call(f"update runner {runner_id}",
+                   lambda: self._gl.runners.update(runner_id, {"paused": paused}))
+
+    def set_tags(self, runner_id: int, tags: list[str]) -> None:
+        self._call(f"update runner {runner_id}",
+                   lambda: self._gl.runners.update(runner_id, {"tag_list": tags}))
+
+    def delete_runner(self, runner_id: int) -> None:
+        try:
+            self._call(f"delete runner {runner_id}", lambda: self._gl.runners.delete(runner_id))
+        except _NotFound:
+            log.info("runner %s was already gone from GitLab", runner_id)
+
+    def running_jobs(self, runner_id: int) -> list[JobInfo]:
+        runner = self._gl.runners.get(runner_id, lazy=True)
+        jobs = self._call(f"list jobs of runner {runner_id}",
+                          lambda: runner.jobs.list(status="running", get_all=True))
+        return [_job(j.attributes, runner_id=runner_id) for j in jobs]
+
+    def pending_jobs(self, project_id: int) -> list[JobInfo]:
+        project = self._gl.projects.get(project_id, lazy=True)
+        jobs = self._call(f"list pending jobs of project {project_id}",
+                          lambda: project.jobs.list(scope=["pending"], get_all=True))
+        return [_job(j.attributes, project_id=project_id) for j in jobs]
+
+    def verify_runner_token(self, token: str) -> bool:
+        try:
+            self._call("verify a runner token",
+                       lambda: self._gl.runners.verify(token, system_id="runnerctl-doctor"))
+        except PermanentError:
+            return False
+        return True
+
+    def _call(self, what: str, func: Callable[[], T]) -> T:
+        try:
+            return func()
+        except gitlab.exceptions.GitlabAuthenticationError:
+            raise PermanentError(
+                f"GitLab at {self.url} rejected the token (401) while trying to {what}",
+                hint="check --token: a personal, group or project access token with the "
+                "create_runner and manage_runner scopes",
+            ) from None
+        except gitlab.exceptions.GitlabError as exc:
+            raise self._http_error(what, exc) from None
+        except requests.exceptions.Timeout:
+            raise TemporaryError(f"GitLab at {self.url} did not answer in time while trying "
+                                 f"to {what}", delay=DEFAULT_RETRY_S) from None
+        except requests.exceptions.RequestException as exc:
+            reason = type(exc).__name__
+            raise TemporaryError(
+                f"cannot reach GitLab at {self.url} ({reason}) while trying to {what}",
+                delay=DEFAULT_RETRY_S, hint="check --gitlab-url and the network",
+            ) from None
+
+    def _http_error(self, what: str, exc: gitlab.exceptions.GitlabError) -> Exception:
+        code = exc.response_code
+        detail = f"GitLab answered {code} ({exc.error_message}) to a request to {what}"
+        if code == 404:
+            return _NotFound(detail)
+        if code == 403:
+            return PermanentError(detail, hint="the token's user lacks permission: it needs "
+                                  "Maintainer or Owner on the group or project")
+        if code == 429:
+            return TemporaryError(detail, delay=self._retry_after or DEFAULT_RETRY_S)
+        if code is None or code >= 500:
+            return TemporaryError(detail, delay=self._retry_after or DEFAULT_RETRY_S)
+        return PermanentError(detail)
+
+
+class _NotFound(PermanentError):
+    """404: the runner or project does not exist (or is not visible to the token)."""
+
+
+def _job(attrs: dict[str, Any], *, runner_id: int | None = None,
+         project_id: int | None = None) -> JobInfo:
+    user = attrs.get("user") or {}
+    runner = attrs.get("runner") or {}
+    project = attrs.get("project") or {}
+    return JobInfo(
+        id=int(attrs["id"]),
+        project_id=project_id or project.get("id") or attrs.get("project_id"),
+        status=str(attrs.get("status")),
+        tags=tuple(attrs.get("tag_list") or ()),
+        created_at=attrs.get("created_at"),
+        user=user.get("username"),
+        web_url=attrs.get("web_url"),
+        runner_id=runner_id or runner.get("id"),
+        name=attrs.get("name"),
+    )

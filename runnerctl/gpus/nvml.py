@@ -1,0 +1,196 @@
+"""The one door to NVML: every NVML call in runnerctl goes through `NvmlSession.query`.
+
+NVML is reached through nvidia-ml-py (import name `pynvml`). Functions a driver does
+not support raise `NVMLError_NotSupported`; older drivers lack some functions
+(`NVMLError_FunctionNotFound`). Both mean "unknown" and become `None` here, and each
+missing function is logged once. Nothing else in runnerctl imports pynvml.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import pynvml
+
+from runnerctl.errors import GpuError
+from runnerctl.model import Gpu, GpuProcess, GpuSnapshot, ProcessKind, TopologyLevel
+
+log = logging.getLogger(__name__)
+
+_UNKNOWN_ERRORS: tuple[type[Exception], ...] = (
+    pynvml.NVMLError_NotSupported,
+    pynvml.NVMLError_FunctionNotFound,
+    pynvml.NVMLError_NoData,
+)
+_HINTS = {
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: "libnvidia-ml.so.1 was not found: install the NVIDIA "
+    "driver, or use --gpu-source sim:N to simulate GPUs",
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: "the NVIDIA kernel driver is not loaded: check "
+    "`nvidia-smi`, or use --gpu-source sim:N to simulate GPUs",
+    pynvml.NVML_ERROR_NO_PERMISSION: "no permission to open the NVIDIA devices: run as a user "
+    "that can read /dev/nvidia*",
+}
+_NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE for unsigned long long
+
+
+class NvmlSession:
+    """An initialised NVML library; `query` maps "unknown" to None."""
+
+    def __init__(self) -> None:
+        self._missing_logged: set[str] = set()
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            hint = _HINTS.get(code, "check the NVIDIA driver with `nvidia-smi`")
+            raise GpuError(f"cannot initialise NVML: {exc}", hint=hint) from None
+
+    def close(self) -> None:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError as exc:
+            log.debug("nvmlShutdown failed: %s", exc)
+
+    def query(self, func: Callable[..., Any], *args: Any) -> Any | None:
+        """Call one pynvml function; None when the GPU or driver cannot say."""
+        try:
+            return func(*args)
+        except _UNKNOWN_ERRORS as exc:
+            name = getattr(func, "__name__", repr(func))
+            if name not in self._missing_logged:
+                self._missing_logged.add(name)
+                log.info("NVML %s: %s; treating as unknown", name, exc)
+            return None
+
+    def snapshot(self, host: str) -> GpuSnapshot:
+        count = pynvml.nvmlDeviceGetCount()
+        gpus: list[Gpu] = []
+        handles: dict[int, Any] = {}
+        for index in range(count):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                handles[index] = handle
+                gpus.append(self._read_gpu(index, handle))
+            except pynvml.NVMLError_GPUIsLost:
+                gpus.append(_lost_gpu(index))
+        driver = self.query(pynvml.nvmlSystemGetDriverVersion)
+        return GpuSnapshot(
+            host=host,
+            taken_at=time.time(),
+            gpus=tuple(gpus),
+            topology=self._topology(handles),
+            driver_version=_text(driver) if driver is not None else None,
+            source="nvml",
+        )
+
+    def _read_gpu(self, index: int, handle: Any) -> Gpu:
+        memory = self.query(pynvml.nvmlDeviceGetMemoryInfo, handle)
+        rates = self.query(pynvml.nvmlDeviceGetUtilizationRates, handle)
+        mig = self.query(pynvml.nvmlDeviceGetMigMode, handle)
+        ecc = self.query(
+            pynvml.nvmlDeviceGetTotalEccErrors,
+            handle,
+            pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            pynvml.NVML_VOLATILE_ECC,
+        )
+        pci = self.query(pynvml.nvmlDeviceGetPciInfo, handle)
+        processes = [
+            *self._processes(pynvml.nvmlDeviceGetComputeRunningProcesses, handle, ProcessKind.COMPUTE),
+            *self._processes(
+                pynvml.nvmlDeviceGetGraphicsRunningProcesses, handle, ProcessKind.GRAPHICS
+            ),
+        ]
+        return Gpu(
+            index=index,
+            uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+            name=_text(pynvml.nvmlDeviceGetName(handle)),
+            memory_total_bytes=int(memory.total) if memory is not None else None,
+            memory_used_bytes=int(memory.used) if memory is not None else None,
+            utilization=rates.gpu / 100.0 if rates is not None else None,
+            processes=tuple(_dedupe(processes)),
+            pci_bus_id=_text(pci.busId) if pci is not None else None,
+            mig_enabled=bool(mig[0]) if mig is not None else None,
+            ecc_uncorrected_errors=int(ecc) if ecc is not None else None,
+        )
+
+    def _processes(self, func: Callable[..., Any], handle: Any, kind: ProcessKind) -> list[GpuProcess]:
+        found = self.query(func, handle) or []
+        result = []
+        for proc in found:
+            used = getattr(proc, "usedGpuMemory", None)
+            user, command = owner_of(int(proc.pid))
+            result.append(
+                GpuProcess(
+                    pid=int(proc.pid),
+                    kind=kind,
+                    used_memory_bytes=None if used in (None, _NOT_AVAILABLE) else int(used),
+                    user=user,
+                    command=command,
+                )
+            )
+        return result
+
+    def _topology(self, handles: dict[int, Any]) -> dict[tuple[int, int], TopologyLevel]:
+        levels: dict[tuple[int, int], TopologyLevel] = {}
+        indexes = sorted(handles)
+        for pos, a in enumerate(indexes):
+            for b in indexes[pos + 1 :]:
+                level = self.query(
+                    pynvml.nvmlDeviceGetTopologyCommonAncestor, handles[a], handles[b]
+                )
+                if level is not None and int(level) in TopologyLevel._value2member_map_:
+                    levels[(a, b)] = TopologyLevel(int(level))
+        return levels
+
+
+def owner_of(pid: int) -> tuple[str | None, str | None]:
+    """The user and command line of a host process; (None, None) once it is gone."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            return proc.username(), " ".join(proc.cmdline()) or proc.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError):
+        return None, None
+
+
+def _dedupe(processes: list[GpuProcess]) -> list[GpuProcess]:
+    """A process that is both compute and graphics is listed once, as compute."""
+    seen: set[int] = set()
+    unique = []
+    for proc in processes:
+        if proc.pid not in seen:
+            seen.add(proc.pid)
+            unique.append(proc)
+    return unique
+
+
+def _lost_gpu(index: int) -> Gpu:
+    return Gpu(
+        index=index,
+        uuid=f"lost-{index}",
+        name="unknown (GPU is lost)",
+        memory_total_bytes=None,
+        memory_used_bytes=None,
+        utilization=None,
+        lost=True,
+    )
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def read_snapshot(host: str | None = None) -> GpuSnapshot:
+    """Open NVML, read every GPU once, close it."""
+    session = NvmlSession()
+    try:
+        return session.snapshot(host or socket.gethostname())
+    except pynvml.NVMLError as exc:
+        raise GpuError(f"NVML query failed: {exc}", hint="check `nvidia-smi`") from None
+    finally:
+        session.close()

@@ -1,0 +1,88 @@
+"""Which runner slots a host gets: one per GPU plus aligned blocks up to the whole host.
+
+Blocks nest: every pair lies inside one quad, every quad inside one octet, so a block
+drains exactly the singles and smaller blocks under it. GPUs are grouped by NVML
+topology where it is known (closest pairs first, then closest pairs of pairs), and by
+index where it is not.
+
+Tags decide which runner GitLab may give a job to: GitLab hands a job to a runner whose
+tags include *all* of the job's tags. A block runner therefore carries only `gpus:N`
+and never `gpu` or a smaller `gpus:K`, so it cannot take a job that asked for fewer
+GPUs; single-GPU runners carry `gpu` and `gpus:1` so that both the classic `tags:
+[gpu]` and `gpus:1` reach them. Every runner carries all `priority:*` tags, so a job's
+priority tag only informs the controller and never makes a job unschedulable.
+"""
+
+from __future__ import annotations
+
+from runnerctl.model import GpuSnapshot, Slot, TopologyLevel
+
+PRIORITIES = ("high", "normal", "low")
+_UNKNOWN_DISTANCE = TopologyLevel.SYSTEM + 1
+
+
+def host_tag(host: str) -> str:
+    return f"host:{host}"
+
+
+def slot_tags(slot: Slot) -> list[str]:
+    tags = [f"gpus:{slot.size}", host_tag(slot.host)]
+    if slot.size == 1:
+        tags.insert(0, "gpu")
+    return tags + [f"priority:{p}" for p in PRIORITIES]
+
+
+def plan_slots(snapshot: GpuSnapshot) -> list[Slot]:
+    """Singles, then blocks of 2, 4, ... GPUs, then the whole host; smallest first."""
+    indexes = sorted(gpu.index for gpu in snapshot.gpus if not gpu.lost)
+    if not indexes:
+        return []
+    slots = [Slot(snapshot.host, (i,)) for i in indexes]
+    groups: list[tuple[int, ...]] = [(i,) for i in indexes]
+    while len(groups) > 1:
+        paired, leftover = _pair_closest(groups, snapshot)
+        slots.extend(Slot(snapshot.host, group) for group in paired)
+        groups = paired + leftover
+        groups.sort()
+        if not paired:
+            break
+    whole = tuple(indexes)
+    if len(whole) > 1 and all(slot.gpus != whole for slot in slots):
+        slots.append(Slot(snapshot.host, whole))
+    return sorted(slots, key=lambda s: (s.size, s.gpus))
+
+
+def _pair_closest(
+    groups: list[tuple[int, ...]], snapshot: GpuSnapshot
+) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """Merge groups of equal size two by two, closest pairs first (ties by index).
+
+    Groups of a different size than the smallest (left over from an odd count) wait
+    for the final whole-host block.
+    """
+    size = min(len(g) for g in groups)
+    same = [g for g in groups if len(g) == size]
+    leftover = [g for g in groups if len(g) != size]
+    candidates = sorted(
+        (_distance(a, b, snapshot), a, b)
+        for pos, a in enumerate(same)
+        for b in same[pos + 1 :]
+    )
+    used: set[tuple[int, ...]] = set()
+    merged: list[tuple[int, ...]] = []
+    for _, a, b in candidates:
+        if a not in used and b not in used:
+            used.update((a, b))
+            merged.append(tuple(sorted(a + b)))
+    leftover.extend(g for g in same if g not in used)
+    return merged, leftover
+
+
+def _distance(a: tuple[int, ...], b: tuple[int, ...], snapshot: GpuSnapshot) -> int:
+    """The worst link between two groups; unknown links count as farthest."""
+    worst = 0
+    for x in a:
+        for y in b:
+            level = snapshot.level(x, y)
+            worst = max(worst, _UNKNOWN_DISTANCE if level is None else int(level))
+    return worst

@@ -1,0 +1,196 @@
+"""`runnerctl init`: make GitLab runners and config.toml match this host's slots.
+
+Planning is pure (`plan_registration`); acting creates, retags and deletes runners
+through the GitLab port and then writes config.toml once. Tokens of runners created
+before a failure are written before the error is raised, so nothing is lost, and a
+second run picks up where the first stopped. Existing entries keep their credentials
+(gitlab-runner may have rotated the token); only the keys runnerctl sets are updated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import tomlkit
+
+from runnerctl.errors import GitLabError
+from runnerctl.executors.contract import DriverArgs, custom_section
+from runnerctl.gitlab import CreatedRunner, GitLabPort, RunnerScope
+from runnerctl.layout import plan_slots, slot_tags
+from runnerctl.model import GpuSnapshot, Slot
+from runnerctl.runner_config import RunnerConfigFile, replace_owned_entries
+from runnerctl.settings import Settings
+
+Executor = Literal["custom", "docker", "shell"]
+EXECUTORS: tuple[Executor, ...] = ("custom", "docker", "shell")
+TOKEN_PLACEHOLDER = "<token from GitLab, written at registration>"
+
+
+@dataclasses.dataclass(frozen=True)
+class RegistrationOptions:
+    gitlab_url: str
+    executor: Executor
+    scope: RunnerScope
+    gpu_source: str
+    settings: Settings
+    settings_path: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RegistrationPlan:
+    slots: tuple[Slot, ...]
+    create: tuple[Slot, ...]
+    keep: tuple[tuple[Slot, int], ...]  # slot and its runner id
+    retire: tuple[tuple[str, int | None], ...]  # entry name and runner id
+
+    def describe(self) -> list[str]:
+        lines = [f"create {s.name} (gpus {_gpus(s)}, {'paused' if s.size > 1 else 'open'})"
+                 for s in self.create]
+        lines += [f"keep   {s.name} (runner {rid})" for s, rid in self.keep]
+        lines += [f"retire {name} (runner {rid})" for name, rid in self.retire]
+        return lines
+
+
+def plan_registration(snapshot: GpuSnapshot, existing: dict[str, dict[str, Any]]) -> RegistrationPlan:
+    """What to create, keep and retire, from the slots and config.toml's owned entries."""
+    slots = tuple(plan_slots(snapshot))
+    wanted = {slot.name: slot for slot in slots}
+    create, keep = [], []
+    for slot in slots:
+        runner_id = existing.get(slot.name, {}).get("id")
+        if runner_id and existing[slot.name].get("token"):
+            keep.append((slot, int(runner_id)))
+        else:
+            create.append(slot)
+    retire = tuple((name, entry.get("id")) for name, entry in existing.items() if name not in wanted)
+    return RegistrationPlan(slots, tuple(create), tuple(keep), retire)
+
+
+def entry_values(slot: Slot, snapshot: GpuSnapshot, options: RegistrationOptions) -> dict[str, Any]:
+    """The `[[runners]]` keys runnerctl sets for a slot (credentials excluded)."""
+    uuids = ",".join(snapshot.gpu(i).uuid for i in slot.gpus)
+    values: dict[str, Any] = {
+        "name": slot.name,
+        "url": options.gitlab_url,
+        "executor": options.executor,
+        "limit": 1,
+        "request_concurrency": 1,
+    }
+    if options.executor == "docker":
+        values["environment"] = [f"CUDA_VISIBLE_DEVICES={uuids}", f"NVIDIA_VISIBLE_DEVICES={uuids}"]
+        values["docker"] = {"image": options.settings.executor.docker_image,
+                            "gpus": f'"device={uuids}"'}
+        return values
+    values["environment"] = [
+        f"CUDA_VISIBLE_DEVICES={_gpus(slot)}", f"NVIDIA_VISIBLE_DEVICES={uuids}",
+        "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+    ]
+    if options.executor == "custom":
+        settings = options.settings
+        values["builds_dir"] = settings.builds_dir
+        values["cache_dir"] = settings.cache_dir
+        args = DriverArgs(slot=slot.name, gpus=slot.gpus, gpu_source=options.gpu_source,
+                          config=options.settings_path, driver=settings.executor.driver)
+        values["custom"] = custom_section(args)
+    return values
+
+
+def credentials(created: CreatedRunner, now: datetime.datetime) -> dict[str, Any]:
+    values: dict[str, Any] = {"id": created.id, "token": created.token, "token_obtained_at": now}
+    if created.token_expires_at:
+        values["token_expires_at"] = datetime.datetime.fromisoformat(
+            created.token_expires_at.replace("Z", "+00:00"))
+    return values
+
+
+def render_dry_run(plan: RegistrationPlan, snapshot: GpuSnapshot, options: RegistrationOptions,
+                   config: RunnerConfigFile) -> str:
+    """The config.toml that `init` would write, with placeholder tokens; contacts nothing."""
+    doc = config.read()
+    entries = {}
+    for slot in plan.slots:
+        values = entry_values(slot, snapshot, options)
+        if slot in plan.create:
+            values = {"name": slot.name, "url": options.gitlab_url, "id": 0,
+                      "token": TOKEN_PLACEHOLDER, **values}
+        entries[slot.name] = values
+    _ensure_globals(doc, len(plan.slots))
+    replace_owned_entries(doc, entries, retire={name for name, _ in plan.retire})
+    return tomlkit.dumps(doc)
+
+
+@dataclasses.dataclass
+class RegistrationResult:
+    created: list[str] = dataclasses.field(default_factory=list)
+    retagged: list[str] = dataclasses.field(default_factory=list)
+    retired: list[str] = dataclasses.field(default_factory=list)
+    unchanged: list[str] = dataclasses.field(default_factory=list)
+
+
+def apply_registration(plan: RegistrationPlan, snapshot: GpuSnapshot,
+                       options: RegistrationOptions, gitlab: GitLabPort,
+                       config: RunnerConfigFile) -> RegistrationResult:
+    result = RegistrationResult()
+    entries: dict[str, dict[str, Any]] = {}
+    retired: set[str] = set()
+    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    try:
+        for slot, runner_id in plan.keep:
+            values = entry_values(slot, snapshot, options)
+            info = gitlab.get_runner(runner_id)
+            if info is None:  # deleted in GitLab: register it again
+                created = _create(gitlab, slot, options)
+                values.update(credentials(created, now))
+                result.created.append(slot.name)
+            elif sorted(info.tags) != sorted(slot_tags(slot)):
+                gitlab.set_tags(runner_id, slot_tags(slot))
+                result.retagged.append(slot.name)
+            else:
+                result.unchanged.append(slot.name)
+            entries[slot.name] = values
+        for slot in plan.create:
+            created = _create(gitlab, slot, options)
+            entries[slot.name] = {**entry_values(slot, snapshot, options),
+                                  **credentials(created, now)}
+            result.created.append(slot.name)
+        for name, runner_id in plan.retire:
+            if runner_id:
+                gitlab.delete_runner(int(runner_id))
+            retired.add(name)
+            result.retired.append(name)
+    finally:
+        if entries or retired:
+            _write(config, entries, retired, len(plan.slots))
+    return result
+
+
+def _create(gitlab: GitLabPort, slot: Slot, options: RegistrationOptions) -> CreatedRunner:
+    return gitlab.create_runner(description=slot.name, tags=slot_tags(slot),
+                                paused=slot.size > 1, scope=options.scope)
+
+
+def _write(config: RunnerConfigFile, entries: dict[str, dict[str, Any]], retired: set[str],
+           slot_count: int) -> None:
+    def change(doc: tomlkit.TOMLDocument) -> None:
+        _ensure_globals(doc, slot_count)
+        replace_owned_entries(doc, entries, retire=retired)
+
+    config.edit(change)
+    Path(config.path).chmod(0o600)
+
+
+def _ensure_globals(doc: tomlkit.TOMLDocument, slot_count: int) -> None:
+    """gitlab-runner needs `concurrent` >= the jobs that may run at once (one per slot)."""
+    current = doc.get("concurrent")
+    if not isinstance(current, int) or current < slot_count:
+        doc["concurrent"] = slot_count
+
+
+def _gpus(slot: Slot) -> str:
+    return ",".join(str(g) for g in slot.gpus)
+
+
+__all__ = ["GitLabError", "plan_registration", "apply_registration", "render_dry_run"]

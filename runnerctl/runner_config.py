@@ -1,0 +1,173 @@
+"""gitlab-runner's config.toml, edited safely (invariant S5).
+
+gitlab-runner owns this file and rewrites it itself (for example when it rotates a
+runner token), so every edit re-reads the file, applies a change function to what is
+there *now*, and writes atomically (temp file in the same directory + rename, mode
+0600). If the file changed between our read and our rename, the edit is applied again
+to the new content. Keys and comments runnerctl does not own are kept (tomlkit keeps
+them). A malformed file is refused with a clear error and never written.
+
+runnerctl owns the `[[runners]]` entries whose `name` starts with `runnerctl/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+from tomlkit.exceptions import TOMLKitError
+from tomlkit.items import AoT, Table
+from tomlkit.toml_document import TOMLDocument
+
+from runnerctl.errors import ConfigError
+
+OWNED_PREFIX = "runnerctl/"
+_RETRIES = 5
+
+
+def default_runner_config_path() -> Path:
+    """Where gitlab-runner looks: /etc/gitlab-runner as root, ~/.gitlab-runner otherwise."""
+    if os.geteuid() == 0:
+        return Path("/etc/gitlab-runner/config.toml")
+    return Path.home() / ".gitlab-runner" / "config.toml"
+
+
+class RunnerConfigFile:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> TOMLDocument:
+        """The parsed file; an empty document when it does not exist yet."""
+        doc, _ = self._read_with_digest()
+        return doc
+
+    def owned_entries(self) -> dict[str, dict[str, Any]]:
+        """runnerctl's `[[runners]]` entries by name, as plain values."""
+        return {
+            str(entry["name"]): entry.unwrap()
+            for entry in _runners(self.read())
+            if str(entry.get("name", "")).startswith(OWNED_PREFIX)
+        }
+
+    def edit(self, change: Callable[[TOMLDocument], None]) -> TOMLDocument:
+        """Apply `change` to the current content and write it atomically; returns the result."""
+        for _ in range(_RETRIES):
+            doc, digest = self._read_with_digest()
+            before = tomlkit.dumps(doc)
+            change(doc)
+            validate(doc, self.path)
+            text = tomlkit.dumps(doc)
+            if text == before and digest is not None:
+                return doc  # nothing to change: leave the file (and its mtime) alone
+            if self._replace_if_unchanged(text, digest):
+                return doc
+        raise ConfigError(
+            f"{self.path} kept changing while runnerctl tried to edit it",
+            hint="stop whatever rewrites it in a loop and run the command again",
+        )
+
+    def _read_with_digest(self) -> tuple[TOMLDocument, str | None]:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return tomlkit.document(), None
+        except OSError as exc:
+            raise ConfigError(f"cannot read {self.path}: {exc.strerror}") from None
+        try:
+            doc = tomlkit.parse(raw.decode("utf-8"))
+        except (TOMLKitError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                f"{self.path} is not valid TOML ({exc}); it was left untouched",
+                hint="fix the file by hand or move it away, then run the command again",
+            ) from None
+        validate(doc, self.path)
+        return doc, hashlib.sha256(raw).hexdigest()
+
+    def _replace_if_unchanged(self, text: str, digest: str | None) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".config.toml.", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, 0o600)
+            if _digest_of(self.path) != digest:
+                return False
+            os.replace(tmp, self.path)
+            tmp = ""
+            return True
+        finally:
+            if tmp:
+                os.unlink(tmp)
+
+
+def validate(doc: TOMLDocument, path: Path) -> None:
+    """Refuse what gitlab-runner itself would refuse, before anything is written."""
+    concurrent = doc.get("concurrent")
+    if concurrent is not None and (not isinstance(concurrent, int) or concurrent < 1):
+        raise ConfigError(f"{path}: `concurrent` must be a positive integer, not {concurrent!r}")
+    runners = doc.get("runners")
+    if runners is not None and not isinstance(runners, AoT | list):
+        raise ConfigError(f"{path}: `runners` must be an array of tables ([[runners]])")
+    for entry in _runners(doc):
+        if not isinstance(entry, Table | dict):
+            raise ConfigError(f"{path}: every [[runners]] entry must be a table")
+
+
+def _runners(doc: TOMLDocument) -> list[Table]:
+    runners = doc.get("runners")
+    return list(runners) if runners is not None else []
+
+
+def _digest_of(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def replace_owned_entries(doc: TOMLDocument, entries: dict[str, dict[str, Any]], *,
+                          retire: set[str]) -> None:
+    """Set runnerctl's entries: update by name in place, append new ones, drop `retire`.
+
+    Entries runnerctl does not own, and keys inside owned entries that runnerctl does
+    not set, are kept as they are.
+    """
+    if "runners" not in doc:
+        doc.append("runners", tomlkit.aot())
+    runners = doc["runners"]
+    assert isinstance(runners, AoT)
+    kept = tomlkit.aot()
+    seen: set[str] = set()
+    for entry in runners:
+        name = str(entry.get("name", ""))
+        if name in retire:
+            continue
+        if name in entries:
+            _merge(entry, entries[name])
+            seen.add(name)
+        kept.append(entry)
+    for name, values in entries.items():
+        if name not in seen:
+            table = tomlkit.table()
+            _merge(table, values)
+            kept.append(table)
+    doc["runners"] = kept
+
+
+def _merge(table: Table, values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        if isinstance(value, dict):
+            if key not in table:
+                table[key] = tomlkit.table()
+            sub = table[key]
+            assert isinstance(sub, Table)
+            _merge(sub, value)
+        elif table.get(key) != value:
+            table[key] = value

@@ -1,0 +1,122 @@
+"""runnerctl's own settings file (TOML), as nested frozen dataclasses.
+
+Looked up at `--config`, else `$RUNNERCTL_CONFIG`, else /etc/runnerctl/runnerctl.toml
+(root) or ~/.config/runnerctl/runnerctl.toml. A missing file means all defaults; an
+unknown key or a wrong type is an error that names the key. Secrets (GitLab token)
+are not kept here: they come from `--token` or `$RUNNERCTL_GITLAB_TOKEN`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from runnerctl.errors import ConfigError
+
+
+def _default_state_dir() -> str:
+    if os.geteuid() == 0:
+        return "/var/lib/runnerctl"
+    return str(Path.home() / ".local" / "state" / "runnerctl")
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSettings:
+    name: str = dataclasses.field(default_factory=socket.gethostname)
+    """Host name used in runner names and the `host:` tag."""
+    gpu_source: str = "nvml"
+    """`nvml` for real GPUs, `sim:N` or `sim:PATH` for a simulated host."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PathSettings:
+    state_dir: str = dataclasses.field(default_factory=_default_state_dir)
+    """Leases, the SQLite store and runtime files live here."""
+    runner_config: str = ""
+    """gitlab-runner's config.toml; empty means gitlab-runner's own default location."""
+    builds_dir: str = ""
+    """Custom executor builds dir; empty means <state_dir>/builds."""
+    cache_dir: str = ""
+    """Custom executor cache dir; empty means <state_dir>/cache."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutorSettings:
+    driver: str = "docker"
+    """Driver behind the custom executor: docker (isolates GPUs), shell or slurm."""
+    gate_wait_s: float = 600.0
+    """How long prepare waits for foreign processes to leave its GPUs before failing."""
+    docker_image: str = "ubuntu:24.04"
+    """Image for jobs that name none (docker executor and driver)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    host: HostSettings = dataclasses.field(default_factory=HostSettings)
+    paths: PathSettings = dataclasses.field(default_factory=PathSettings)
+    executor: ExecutorSettings = dataclasses.field(default_factory=ExecutorSettings)
+    source: str = ""
+    """The file these settings came from ('' for defaults only)."""
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.paths.state_dir)
+
+    @property
+    def builds_dir(self) -> str:
+        return self.paths.builds_dir or str(self.state_dir / "builds")
+
+    @property
+    def cache_dir(self) -> str:
+        return self.paths.cache_dir or str(self.state_dir / "cache")
+
+
+def default_settings_path() -> Path:
+    env = os.environ.get("RUNNERCTL_CONFIG")
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/etc/runnerctl/runnerctl.toml")
+    return Path.home() / ".config" / "runnerctl" / "runnerctl.toml"
+
+
+def load_settings(path: Path | None = None) -> Settings:
+    path = path or default_settings_path()
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        return dataclasses.replace(Settings(), source=str(path))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    settings = _build(Settings, data, where=str(path))
+    return dataclasses.replace(settings, source=str(path))
+
+
+def _build(cls: type[Any], data: dict[str, Any], *, where: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise ConfigError(f"{where}: unknown setting {key!r}", hint=f"known: {', '.join(fields)}")
+        kind = hints[key]
+        if dataclasses.is_dataclass(kind):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: [{key}] must be a table")
+            values[key] = _build(kind, value, where=f"{where} [{key}]")
+            continue
+        expected = tuple(typing.get_args(kind)) if isinstance(kind, types.UnionType) else (kind,)
+        if float in expected and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, expected):
+            raise ConfigError(f"{where}: {key} must be {kind.__name__}, not {value!r}")
+        values[key] = value
+    return cls(**values)
