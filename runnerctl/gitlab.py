@@ -21,8 +21,8 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import gitlab
 import gitlab.exceptions
-from gitlab.v4.objects import CurrentUserRunnerManager
 import requests
+from gitlab.v4.objects import CurrentUserRunnerManager
 
 from runnerctl.errors import PermanentError, TemporaryError
 

@@ -16,7 +16,6 @@ from typing import Any, Literal
 
 import tomlkit
 
-from runnerctl.errors import GitLabError
 from runnerctl.executors.contract import DriverArgs, custom_section
 from runnerctl.gitlab import CreatedRunner, GitLabPort, RunnerScope
 from runnerctl.layout import plan_slots, slot_tags
@@ -60,12 +59,14 @@ def plan_registration(snapshot: GpuSnapshot, existing: dict[str, dict[str, Any]]
     wanted = {slot.name: slot for slot in slots}
     create, keep = [], []
     for slot in slots:
-        runner_id = existing.get(slot.name, {}).get("id")
-        if runner_id and existing[slot.name].get("token"):
-            keep.append((slot, int(runner_id)))
+        entry = existing.get(slot.name, {})
+        if entry.get("id") and entry.get("token"):
+            keep.append((slot, int(entry["id"])))
         else:
             create.append(slot)
-    retire = tuple((name, entry.get("id")) for name, entry in existing.items() if name not in wanted)
+    retire = tuple(
+        (name, entry.get("id")) for name, entry in existing.items() if name not in wanted
+    )
     return RegistrationPlan(slots, tuple(create), tuple(keep), retire)
 
 
@@ -136,7 +137,7 @@ def apply_registration(plan: RegistrationPlan, snapshot: GpuSnapshot,
     result = RegistrationResult()
     entries: dict[str, dict[str, Any]] = {}
     retired: set[str] = set()
-    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
     try:
         for slot, runner_id in plan.keep:
             values = entry_values(slot, snapshot, options)
@@ -156,9 +157,9 @@ def apply_registration(plan: RegistrationPlan, snapshot: GpuSnapshot,
             entries[slot.name] = {**entry_values(slot, snapshot, options),
                                   **credentials(created, now)}
             result.created.append(slot.name)
-        for name, runner_id in plan.retire:
-            if runner_id:
-                gitlab.delete_runner(int(runner_id))
+        for name, retired_id in plan.retire:
+            if retired_id:
+                gitlab.delete_runner(int(retired_id))
             retired.add(name)
             result.retired.append(name)
     finally:
@@ -193,4 +194,3 @@ def _gpus(slot: Slot) -> str:
     return ",".join(str(g) for g in slot.gpus)
 
 
-__all__ = ["GitLabError", "plan_registration", "apply_registration", "render_dry_run"]

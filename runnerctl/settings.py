@@ -96,7 +96,7 @@ def load_settings(path: Path | None = None) -> Settings:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
-    settings = _build(Settings, data, where=str(path))
+    settings: Settings = _build(Settings, data, where=str(path))
     return dataclasses.replace(settings, source=str(path))
 
 
@@ -108,7 +108,7 @@ def _build(cls: type[Any], data: dict[str, Any], *, where: str) -> Any:
         if key not in fields:
             raise ConfigError(f"{where}: unknown setting {key!r}", hint=f"known: {', '.join(fields)}")
         kind = hints[key]
-        if dataclasses.is_dataclass(kind):
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}: [{key}] must be a table")
             values[key] = _build(kind, value, where=f"{where} [{key}]")

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,11 @@ from runnerctl.gpus import open_gpu_source
 from runnerctl.layout import plan_slots, slot_tags
 from runnerctl.model import GpuSnapshot
 from runnerctl.registration import (
-    EXECUTORS, RegistrationOptions, apply_registration, plan_registration, render_dry_run,
+    EXECUTORS,
+    RegistrationOptions,
+    apply_registration,
+    plan_registration,
+    render_dry_run,
 )
 from runnerctl.runner_config import RunnerConfigFile, default_runner_config_path
 from runnerctl.settings import Settings, default_settings_path, load_settings
@@ -226,7 +229,8 @@ def _check_gitlab(gitlab: PythonGitLab, entries: dict[str, dict[str, Any]], repo
         known = sum(gitlab.get_runner(int(e["id"])) is not None for e in entries.values() if e.get("id"))
         report(known == len(entries), f"GitLab {gitlab.url}: {known}/{len(entries)} runners known",
                "run `runnerctl init` again to re-register the missing ones")
-        bad = [n for n, e in entries.items() if e.get("token") and not gitlab.verify_runner_token(str(e["token"]))]
+        bad = [name for name, entry in entries.items()
+               if entry.get("token") and not gitlab.verify_runner_token(str(entry["token"]))]
         report(not bad, f"runner tokens valid ({len(entries) - len(bad)}/{len(entries)})",
                "re-register: remove those entries from config.toml and run `runnerctl init`")
     except RunnerctlError as exc:

@@ -128,7 +128,7 @@ class NvmlSession:
                 GpuProcess(
                     pid=int(proc.pid),
                     kind=kind,
-                    used_memory_bytes=None if used in (None, _NOT_AVAILABLE) else int(used),
+                    used_memory_bytes=_known_bytes(used),
                     user=user,
                     command=command,
                 )
@@ -167,6 +167,10 @@ def _dedupe(processes: list[GpuProcess]) -> list[GpuProcess]:
             seen.add(proc.pid)
             unique.append(proc)
     return unique
+
+
+def _known_bytes(value: int | None) -> int | None:
+    return None if value is None or value == _NOT_AVAILABLE else int(value)
 
 
 def _lost_gpu(index: int) -> Gpu:

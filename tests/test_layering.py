@@ -1,0 +1,53 @@
+"""Layering, stated in one line: cli / web / exporter -> controller -> gitlab | gpus |
+executors -> model / config. Only runnerctl/gitlab.py imports python-gitlab, only
+runnerctl/gpus/nvml.py imports pynvml, and nothing low imports the CLI."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = sorted([*ROOT.joinpath("runnerctl").rglob("*.py"), *ROOT.joinpath("executors").rglob("*.py")])
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def _importers(prefix: str) -> set[str]:
+    return {
+        str(path.relative_to(ROOT))
+        for path in SOURCES
+        if any(name == prefix or name.startswith(prefix + ".") for name in _imports(path))
+    }
+
+
+def test_sources_found() -> None:
+    assert len(SOURCES) > 10
+
+
+def test_only_one_module_talks_to_gitlab() -> None:
+    assert _importers("gitlab") <= {"runnerctl/gitlab.py"}
+
+
+def test_only_one_module_talks_to_nvml() -> None:
+    assert _importers("pynvml") == {"runnerctl/gpus/nvml.py"}
+
+
+def test_low_layers_do_not_import_high_ones() -> None:
+    low = ("runnerctl/model.py", "runnerctl/errors.py", "runnerctl/settings.py",
+           "runnerctl/layout.py", "runnerctl/runner_config.py", "runnerctl/gpus/")
+    for path in SOURCES:
+        rel = str(path.relative_to(ROOT))
+        if not rel.startswith(low):
+            continue
+        for name in _imports(path):
+            assert not name.startswith(("runnerctl.cli", "runnerctl.controller", "runnerctl.web",
+                                        "runnerctl.exporter")), (rel, name)

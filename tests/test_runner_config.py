@@ -1,0 +1,145 @@
+"""config.toml editing keeps invariant S5: re-read, atomic, keeps what it does not own,
+refuses a malformed file untouched."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import tomlkit
+
+from runnerctl.errors import ConfigError
+from runnerctl.runner_config import RunnerConfigFile, replace_owned_entries
+
+ORIGINAL = """\
+# managed partly by hand: keep this comment
+concurrent = 4
+check_interval = 3
+log_level = "info"  # inline comment too
+
+[session_server]
+  session_timeout = 1800
+
+[[runners]]
+  name = "someone-elses-runner"
+  url = "https://gitlab.example.com"
+  token = "glrt-not-ours"
+  executor = "shell"
+
+[[runners]]
+  name = "runnerctl/h/gpu0"
+  url = "https://gitlab.example.com"
+  id = 11
+  token = "glrt-ours"
+  executor = "custom"
+  pre_build_script = "echo set by hand"
+"""
+
+
+def _file(tmp_path: Path, text: str = ORIGINAL) -> RunnerConfigFile:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return RunnerConfigFile(path)
+
+
+def test_edit_keeps_comments_unknown_keys_and_foreign_entries(tmp_path: Path) -> None:
+    config = _file(tmp_path)
+    config.edit(lambda doc: replace_owned_entries(
+        doc, {"runnerctl/h/gpu0": {"name": "runnerctl/h/gpu0", "limit": 1},
+              "runnerctl/h/gpu1": {"name": "runnerctl/h/gpu1", "executor": "custom"}},
+        retire=set()))
+    text = config.path.read_text()
+    assert "# managed partly by hand: keep this comment" in text
+    assert "# inline comment too" in text
+    assert "session_timeout = 1800" in text
+    assert 'token = "glrt-not-ours"' in text
+    assert 'pre_build_script = "echo set by hand"' in text  # key inside our entry we do not own
+    assert 'token = "glrt-ours"' in text
+    owned = config.owned_entries()
+    assert set(owned) == {"runnerctl/h/gpu0", "runnerctl/h/gpu1"}
+    assert owned["runnerctl/h/gpu0"]["limit"] == 1
+
+
+def test_retire_removes_only_that_entry(tmp_path: Path) -> None:
+    config = _file(tmp_path)
+    config.edit(lambda doc: replace_owned_entries(doc, {}, retire={"runnerctl/h/gpu0"}))
+    text = config.path.read_text()
+    assert "runnerctl/h/gpu0" not in text
+    assert "someone-elses-runner" in text and "# managed partly by hand" in text
+
+
+def test_written_atomically_with_mode_0600_and_no_temp_left(tmp_path: Path) -> None:
+    config = _file(tmp_path)
+    os.chmod(config.path, 0o644)
+    inode_before = config.path.stat().st_ino
+    config.edit(lambda doc: doc.__setitem__("concurrent", 8))
+    assert stat.S_IMODE(config.path.stat().st_mode) == 0o600
+    assert config.path.stat().st_ino != inode_before  # a rename, not an in-place rewrite
+    assert [p.name for p in tmp_path.iterdir()] == ["config.toml"]
+
+
+def test_no_change_leaves_file_alone(tmp_path: Path) -> None:
+    config = _file(tmp_path)
+    before = config.path.stat()
+    config.edit(lambda doc: None)
+    after = config.path.stat()
+    assert (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns)
+
+
+def test_rewrite_by_gitlab_runner_between_read_and_write_is_not_lost(tmp_path: Path) -> None:
+    """gitlab-runner rotates a token while we edit: our change is applied to its version."""
+    config = _file(tmp_path)
+    calls = 0
+
+    def change(doc: tomlkit.TOMLDocument) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # the "other writer" strikes after our read, before our rename
+            config.path.write_text(ORIGINAL.replace("glrt-ours", "glrt-rotated"))
+        doc["concurrent"] = 16
+
+    config.edit(change)
+    text = config.path.read_text()
+    assert calls == 2
+    assert 'token = "glrt-rotated"' in text and "concurrent = 16" in text
+
+
+def test_file_that_never_settles_is_refused(tmp_path: Path) -> None:
+    config = _file(tmp_path)
+    counter = iter(range(100))
+
+    def change(doc: tomlkit.TOMLDocument) -> None:
+        config.path.write_text(ORIGINAL + f"\n# rewrite {next(counter)}\n")
+        doc["concurrent"] = 9
+
+    with pytest.raises(ConfigError, match="kept changing"):
+        config.edit(change)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("concurrent = \n", "not valid TOML"),
+        ("[[runners]\nname='x'\n", "not valid TOML"),
+        ("concurrent = 0\n", "positive integer"),
+        ("runners = 3\n", "array of tables"),
+        ("runners = [1, 2]\n", "must be a table"),
+    ],
+)
+def test_malformed_file_is_refused_and_left_byte_for_byte(
+    tmp_path: Path, text: str, needle: str
+) -> None:
+    config = _file(tmp_path, text)
+    before = config.path.read_bytes()
+    with pytest.raises(ConfigError, match=needle):
+        config.edit(lambda doc: doc.__setitem__("concurrent", 2))
+    assert config.path.read_bytes() == before
+
+
+def test_missing_file_is_created(tmp_path: Path) -> None:
+    config = RunnerConfigFile(tmp_path / "sub" / "config.toml")
+    assert config.owned_entries() == {}
+    config.edit(lambda doc: doc.__setitem__("concurrent", 3))
+    assert tomlkit.parse(config.path.read_text())["concurrent"] == 3

@@ -1,0 +1,43 @@
+"""runnerctl's own settings file: defaults, overrides, and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runnerctl.errors import ConfigError
+from runnerctl.settings import load_settings
+
+
+def test_missing_file_means_defaults(tmp_path: Path) -> None:
+    settings = load_settings(tmp_path / "absent.toml")
+    assert settings.host.gpu_source == "nvml"
+    assert settings.executor.gate_wait_s == 600.0
+    assert settings.builds_dir == str(settings.state_dir / "builds")
+
+
+def test_values_override_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "runnerctl.toml"
+    path.write_text('[host]\nname = "gpu-a"\ngpu_source = "sim:4"\n'
+                    '[paths]\nstate_dir = "/srv/rc"\n[executor]\ngate_wait_s = 5\n')
+    settings = load_settings(path)
+    assert (settings.host.name, settings.host.gpu_source) == ("gpu-a", "sim:4")
+    assert settings.cache_dir == "/srv/rc/cache"
+    assert settings.executor.gate_wait_s == 5.0 and isinstance(settings.executor.gate_wait_s, float)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[host]\nnmae = 'x'\n", "unknown setting 'nmae'"),
+        ("[executor]\ngate_wait_s = 'soon'\n", "gate_wait_s must be float"),
+        ("host = 3\n", r"\[host\] must be a table"),
+        ("[host\n", "not valid TOML"),
+    ],
+)
+def test_bad_settings_name_the_problem(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "runnerctl.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=needle):
+        load_settings(path)
