@@ -35,6 +35,8 @@ DEFAULT_RETRY_S = 5.0
 """Delay suggested after a 5xx or network failure without Retry-After."""
 
 T = TypeVar("T")
+_NO_RETRY: dict[str, Any] = {"obey_rate_limit": False, "max_retries": 0}
+"""Per-request options: python-gitlab must not sleep and retry by itself; callers do."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +113,7 @@ class PythonGitLab:
         session.hooks["response"].append(self._observe)
         self._gl = gitlab.Gitlab(
             self.url, private_token=token, timeout=timeout, session=session,
-            obey_rate_limit=False, retry_transient_errors=False, max_retries=0,
+            retry_transient_errors=False,
         )
 
     def _observe(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
@@ -123,13 +125,13 @@ class PythonGitLab:
                       scope: RunnerScope) -> CreatedRunner:
         fields = {**scope.create_fields(), "description": description, "paused": paused,
                   "tag_list": tags, "run_untagged": False, "locked": True}
-        created = self._call("create a runner", lambda: CurrentUserRunnerManager(self._gl).create(fields))
+        created = self._call("create a runner", lambda: CurrentUserRunnerManager(self._gl).create(fields, **_NO_RETRY))
         return CreatedRunner(id=int(created.id), token=str(created.token),
                              token_expires_at=getattr(created, "token_expires_at", None))
 
     def get_runner(self, runner_id: int) -> RunnerInfo | None:
         try:
-            runner = self._call(f"read runner {runner_id}", lambda: self._gl.runners.get(runner_id))
+            runner = self._call(f"read runner {runner_id}", lambda: self._gl.runners.get(runner_id, **_NO_RETRY))
         except _NotFound:
             return None
         attrs = runner.attributes
@@ -141,34 +143,34 @@ class PythonGitLab:
 
     def set_paused(self, runner_id: int, paused: bool) -> None:
         self._call(f"update runner {runner_id}",
-                   lambda: self._gl.runners.update(runner_id, {"paused": paused}))
+                   lambda: self._gl.runners.update(runner_id, {"paused": paused}, **_NO_RETRY))
 
     def set_tags(self, runner_id: int, tags: list[str]) -> None:
         self._call(f"update runner {runner_id}",
-                   lambda: self._gl.runners.update(runner_id, {"tag_list": tags}))
+                   lambda: self._gl.runners.update(runner_id, {"tag_list": tags}, **_NO_RETRY))
 
     def delete_runner(self, runner_id: int) -> None:
         try:
-            self._call(f"delete runner {runner_id}", lambda: self._gl.runners.delete(runner_id))
+            self._call(f"delete runner {runner_id}", lambda: self._gl.runners.delete(runner_id, **_NO_RETRY))
         except _NotFound:
             log.info("runner %s was already gone from GitLab", runner_id)
 
     def running_jobs(self, runner_id: int) -> list[JobInfo]:
         runner = self._gl.runners.get(runner_id, lazy=True)
         jobs = self._call(f"list jobs of runner {runner_id}",
-                          lambda: runner.jobs.list(status="running", get_all=True))
+                          lambda: runner.jobs.list(status="running", get_all=True, **_NO_RETRY))
         return [_job(j.attributes, runner_id=runner_id) for j in jobs]
 
     def pending_jobs(self, project_id: int) -> list[JobInfo]:
         project = self._gl.projects.get(project_id, lazy=True)
         jobs = self._call(f"list pending jobs of project {project_id}",
-                          lambda: project.jobs.list(scope=["pending"], get_all=True))
+                          lambda: project.jobs.list(scope=["pending"], get_all=True, **_NO_RETRY))
         return [_job(j.attributes, project_id=project_id) for j in jobs]
 
     def verify_runner_token(self, token: str) -> bool:
         try:
             self._call("verify a runner token",
-                       lambda: self._gl.runners.verify(token, system_id="runnerctl-doctor"))
+                       lambda: self._gl.runners.verify(token, system_id="runnerctl-doctor", **_NO_RETRY))
         except PermanentError:
             return False
         return True

@@ -58,12 +58,12 @@ class RunnerConfigFile:
         """Apply `change` to the current content and write it atomically; returns the result."""
         for _ in range(_RETRIES):
             doc, digest = self._read_with_digest()
-            before = tomlkit.dumps(doc)
+            before = doc.unwrap()
             change(doc)
             validate(doc, self.path)
-            text = tomlkit.dumps(doc)
-            if text == before and digest is not None:
+            if doc.unwrap() == before and digest is not None:
                 return doc  # nothing to change: leave the file (and its mtime) alone
+            text = tomlkit.dumps(doc)
             if self._replace_if_unchanged(text, digest):
                 return doc
         raise ConfigError(

@@ -1,0 +1,1 @@
+"""Simulated parts for the demo, the simulator and tests: GitLab's runner and job API."""

@@ -1,0 +1,97 @@
+"""runnerctl.gitlab.PythonGitLab (real python-gitlab) against the HTTP GitLab."""
+
+from __future__ import annotations
+
+import pytest
+
+from runnerctl.errors import PermanentError, TemporaryError
+from runnerctl.gitlab import PythonGitLab, RunnerScope
+from runnerctl.sim.gitlab_server import Fault, GitLabServer
+from tests.conftest import ADMIN_TOKEN
+
+
+def _client(server: GitLabServer, token: str = ADMIN_TOKEN) -> PythonGitLab:
+    return PythonGitLab(server.url, token, timeout=1.0)
+
+
+def test_create_get_pause_delete(gitlab_server: GitLabServer) -> None:
+    gl = _client(gitlab_server)
+    created = gl.create_runner(description="runnerctl/h/gpu0-1", tags=["gpus:2", "host:h"],
+                               paused=True, scope=RunnerScope("group_type", group_id=42))
+    assert "glrt-" not in repr(created)
+    runner = gitlab_server.state.runners[created.id]
+    assert (runner.group_id, runner.paused, runner.tags) == (42, True, frozenset({"gpus:2", "host:h"}))
+    assert created.token == runner.token
+    info = gl.get_runner(created.id)
+    assert info is not None and info.paused and sorted(info.tags) == ["gpus:2", "host:h"]
+    gl.set_paused(created.id, False)
+    assert gitlab_server.state.runners[created.id].paused is False
+    gl.set_tags(created.id, ["gpus:2"])
+    assert gitlab_server.state.runners[created.id].tags == frozenset({"gpus:2"})
+    gl.delete_runner(created.id)
+    assert gl.get_runner(created.id) is None
+    gl.delete_runner(created.id)  # already gone: not an error
+
+
+def test_running_and_pending_jobs(gitlab_server: GitLabServer) -> None:
+    gl = _client(gitlab_server)
+    state = gitlab_server.state
+    runner = state.create_runner(description="r", tags=["gpu", "gpus:1"])
+    running = state.enqueue_job(project_id=5, tags=["gpu"], user="alice")
+    state.request_job(runner.id)
+    pending = [state.enqueue_job(project_id=5, tags=["gpus:4"]) for _ in range(30)]
+    (job,) = gl.running_jobs(runner.id)
+    assert (job.id, job.user, job.status) == (running.id, "alice", "running")
+    listed = gl.pending_jobs(5)  # 30 jobs: more than one page of 20
+    assert sorted(j.id for j in listed) == sorted(j.id for j in pending)
+    assert all(j.tags == ("gpus:4",) for j in listed)
+
+
+def test_verify_runner_token(gitlab_server: GitLabServer) -> None:
+    gl = _client(gitlab_server)
+    runner = gitlab_server.state.create_runner(description="r", tags=[])
+    assert gl.verify_runner_token(runner.token) is True
+    assert gl.verify_runner_token("glrt-forged") is False
+
+
+@pytest.mark.parametrize(
+    ("kind", "error", "delay"),
+    [("401", PermanentError, None), ("403", PermanentError, None), ("429", TemporaryError, 7.0),
+     ("500", TemporaryError, 5.0), ("502", TemporaryError, 5.0), ("drop", TemporaryError, 5.0)],
+)
+def test_failures_map_to_retry_policy(gitlab_server: GitLabServer, kind: str,
+                                      error: type[Exception], delay: float | None) -> None:
+    gl = _client(gitlab_server)
+    runner = gitlab_server.state.create_runner(description="r", tags=[])
+    gitlab_server.faults.append(Fault("PUT", r"^/runners/\d+$", kind, retry_after=7))
+    with pytest.raises(error) as caught:
+        gl.set_paused(runner.id, True)
+    if delay is not None:
+        assert isinstance(caught.value, TemporaryError) and caught.value.delay == delay
+    assert gitlab_server.state.runners[runner.id].paused is False  # nothing changed
+    puts = [r for r in gitlab_server.requests if r.method == "PUT"]
+    assert len(puts) == 1  # python-gitlab did not retry on its own
+    gl.set_paused(runner.id, True)  # the next call goes through
+    assert gitlab_server.state.runners[runner.id].paused is True
+
+
+def test_timeout_is_temporary(gitlab_server: GitLabServer) -> None:
+    gl = _client(gitlab_server)
+    gitlab_server.faults.append(Fault("GET", r"^/runners/1$", "delay", delay_s=2.0))
+    with pytest.raises(TemporaryError, match="did not answer in time"):
+        gl.get_runner(1)
+
+
+def test_wrong_token_is_permanent_and_names_no_token(gitlab_server: GitLabServer) -> None:
+    gl = _client(gitlab_server, token="glpat-wrong-secret")
+    with pytest.raises(PermanentError) as caught:
+        gl.get_runner(1)
+    assert "401" in str(caught.value) and "glpat-wrong-secret" not in str(caught.value)
+
+
+def test_counts_requests_by_status(gitlab_server: GitLabServer) -> None:
+    gl = _client(gitlab_server)
+    gl.get_runner(12345)
+    gitlab_server.state.create_runner(description="r", tags=[])
+    gl.get_runner(1)
+    assert gl.requests_by_status == {"404": 1, "200": 1}

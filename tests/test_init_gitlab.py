@@ -1,0 +1,140 @@
+"""`runnerctl init` against the HTTP GitLab: 15 runners, idempotent, follows GPU changes."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomlkit
+
+from runnerctl.cli import main
+from runnerctl.sim.gitlab_server import Fault, GitLabServer
+from tests.conftest import ADMIN_TOKEN
+
+
+def _init(server: GitLabServer, config: Path, gpus: str = "sim:8", *extra: str) -> int:
+    return main(["init", "--gitlab-url", server.url, "--token", ADMIN_TOKEN, "--group", "7",
+                 "--gpu-source", gpus, "--host", "gpu-a", "--runner-config", str(config),
+                 "--config", str(config.parent / "absent-runnerctl.toml"), *extra])
+
+
+def test_init_creates_15_runners_blocks_paused(gitlab_server: GitLabServer, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "config.toml"
+    assert _init(gitlab_server, config) == 0
+    runners = list(gitlab_server.state.runners.values())
+    assert len(runners) == 15
+    paused = [r for r in runners if r.paused]
+    assert len(paused) == 7 and all("gpu" not in r.tags for r in paused)
+    assert all(r.group_id == 7 and r.runner_type == "group_type" for r in runners)
+    by_name = {r.description: r for r in runners}
+    assert by_name["runnerctl/gpu-a/gpu3"].tags >= {"gpu", "gpus:1", "host:gpu-a"}
+    assert by_name["runnerctl/gpu-a/gpu4-7"].tags >= {"gpus:4", "host:gpu-a"}
+    doc = tomlkit.parse(config.read_text()).unwrap()
+    assert len(doc["runners"]) == 15
+    tokens = {e["name"]: e["token"] for e in doc["runners"]}
+    assert tokens == {r.description: r.token for r in runners}
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    out = capsys.readouterr()
+    assert not any(r.token in out.out + out.err for r in runners)
+
+
+def test_second_init_changes_nothing(gitlab_server: GitLabServer, tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    assert _init(gitlab_server, config) == 0
+    before = config.read_bytes()
+    mtime = config.stat().st_mtime_ns
+    gitlab_server.requests.clear()
+    assert _init(gitlab_server, config) == 0
+    assert gitlab_server.changing_requests() == []
+    assert config.read_bytes() == before and config.stat().st_mtime_ns == mtime
+
+
+def test_rotated_token_is_kept(gitlab_server: GitLabServer, tmp_path: Path) -> None:
+    """gitlab-runner rewrites tokens itself; init must not put the old one back."""
+    config = tmp_path / "config.toml"
+    _init(gitlab_server, config)
+    text = config.read_text()
+    doc = tomlkit.parse(text)
+    doc["runners"][0]["token"] = "glrt-rotated-by-gitlab-runner"
+    config.write_text(tomlkit.dumps(doc))
+    assert _init(gitlab_server, config) == 0
+    assert "glrt-rotated-by-gitlab-runner" in config.read_text()
+
+
+def test_gpu_removed_then_added_retires_and_adds_exactly_those(gitlab_server: GitLabServer,
+                                                                tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    _init(gitlab_server, config, "sim:4")
+    ids_before = set(gitlab_server.state.runners)
+    assert len(ids_before) == 7  # 4 singles, 2 pairs, 1 quad
+    gitlab_server.requests.clear()
+    _init(gitlab_server, config, "sim:2")  # two GPUs gone
+    remaining = {r.description for r in gitlab_server.state.runners.values()}
+    assert remaining == {"runnerctl/gpu-a/gpu0", "runnerctl/gpu-a/gpu1", "runnerctl/gpu-a/gpu0-1"}
+    assert sum(r.method == "DELETE" for r in gitlab_server.changing_requests()) == 4
+    assert not any(r.method == "POST" for r in gitlab_server.changing_requests())
+    gitlab_server.requests.clear()
+    _init(gitlab_server, config, "sim:4")
+    assert sum(r.method == "POST" for r in gitlab_server.changing_requests()) == 4
+    assert not any(r.method == "DELETE" for r in gitlab_server.changing_requests())
+    assert len(tomlkit.parse(config.read_text())["runners"]) == 7
+
+
+def test_runner_deleted_in_gitlab_is_registered_again(gitlab_server: GitLabServer,
+                                                      tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    _init(gitlab_server, config, "sim:2")
+    victim = next(r for r in gitlab_server.state.runners.values() if r.description.endswith("gpu1"))
+    gitlab_server.state.delete_runner(victim.id)
+    _init(gitlab_server, config, "sim:2")
+    entry = next(e for e in tomlkit.parse(config.read_text())["runners"]
+                 if e["name"].endswith("/gpu1"))
+    assert entry["id"] != victim.id and entry["token"] != victim.token
+    assert entry["id"] in gitlab_server.state.runners
+
+
+def test_failure_midway_keeps_tokens_of_runners_already_created(gitlab_server: GitLabServer,
+                                                                tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    gitlab_server.faults.append(Fault("POST", "^/user/runners$", "500", count=100))
+    gitlab_server.faults[0].count = 0  # armed below, after three creations
+    state = gitlab_server.state
+    original = state.create_runner
+    calls = 0
+
+    def create_then_fail(**kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            gitlab_server.faults[0].count = 100
+        return original(**kwargs)  # type: ignore[arg-type]
+
+    state.create_runner = create_then_fail  # type: ignore[method-assign]
+    assert _init(gitlab_server, config, "sim:4") == 4
+    written = tomlkit.parse(config.read_text())["runners"]
+    assert len(written) == 3 == len(state.runners)
+    assert {e["token"] for e in written} == {r.token for r in state.runners.values()}
+    gitlab_server.faults.clear()
+    assert _init(gitlab_server, config, "sim:4") == 0
+    assert len(state.runners) == 7  # picked up where it stopped, no duplicates
+
+
+def test_wrong_token_one_line_config_untouched(gitlab_server: GitLabServer, tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("# mine\nconcurrent = 2\n")
+    before = config.read_bytes()
+    result = subprocess.run(
+        [sys.executable, "-m", "runnerctl", "init", "--gitlab-url", gitlab_server.url, "--token",
+         "glpat-wrong", "--gpu-source", "sim:2", "--runner-config", str(config),
+         "--config", str(tmp_path / "absent.toml")],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 4
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "rejected the token (401)" in result.stderr and "Traceback" not in result.stderr
+    assert "glpat-wrong" not in result.stderr
+    assert config.read_bytes() == before
+    assert gitlab_server.state.runners == {}
