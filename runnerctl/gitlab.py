@@ -125,13 +125,15 @@ class PythonGitLab:
                       scope: RunnerScope) -> CreatedRunner:
         fields = {**scope.create_fields(), "description": description, "paused": paused,
                   "tag_list": tags, "run_untagged": False, "locked": True}
-        created = self._call("create a runner", lambda: CurrentUserRunnerManager(self._gl).create(fields, **_NO_RETRY))
+        manager = CurrentUserRunnerManager(self._gl)
+        created = self._call("create a runner", lambda: manager.create(fields, **_NO_RETRY))
         return CreatedRunner(id=int(created.id), token=str(created.token),
                              token_expires_at=getattr(created, "token_expires_at", None))
 
     def get_runner(self, runner_id: int) -> RunnerInfo | None:
         try:
-            runner = self._call(f"read runner {runner_id}", lambda: self._gl.runners.get(runner_id, **_NO_RETRY))
+            runner = self._call(f"read runner {runner_id}",
+                                lambda: self._gl.runners.get(runner_id, **_NO_RETRY))
         except _NotFound:
             return None
         attrs = runner.attributes

@@ -76,7 +76,7 @@ class NvmlSession:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(index)
                 handles[index] = handle
                 gpus.append(self._read_gpu(index, handle))
-            except pynvml.NVMLError_GPUIsLost:
+            except pynvml.NVMLError_GpuIsLost:
                 gpus.append(_lost_gpu(index))
         driver = self.query(pynvml.nvmlSystemGetDriverVersion)
         return GpuSnapshot(

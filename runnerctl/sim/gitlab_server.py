@@ -181,7 +181,8 @@ class GitLabServer:
                 "queued_duration": ((j.started_at or self.state.clock()) - j.created_at),
                 "user": {"id": abs(hash(j.user)) % 10_000, "username": j.user},
                 "web_url": f"{self.state.base_url}/p{j.project_id}/-/jobs/{j.id}",
-                "project": {"id": j.project_id}, "pipeline": {"id": j.pipeline_id, "project_id": j.project_id},
+                "project": {"id": j.project_id},
+                "pipeline": {"id": j.pipeline_id, "project_id": j.project_id},
                 "runner": None if runner is None else self._runner_brief(runner)}
 
     def _page(self, items: list[Any], query: dict[str, list[str]]) -> tuple[int, Any, dict[str, str]]:

@@ -1,0 +1,166 @@
+"""The NVML door (runnerctl.gpus.nvml) over real pynvml code, NVML faked below it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from collections.abc import Iterator
+
+import pynvml
+import pytest
+
+from runnerctl.errors import GpuError
+from runnerctl.gpus import open_gpu_source
+from runnerctl.gpus.nvml import read_snapshot
+from runnerctl.model import ProcessKind, TopologyLevel
+from tests.fakes.nvml import (
+    DRIVER_NOT_LOADED,
+    FakeGpu,
+    FakeNvmlState,
+    FakeProcess,
+    installed,
+)
+
+GIB = 1024**3
+
+
+@pytest.fixture
+def nobody_process() -> Iterator[int]:
+    """A real process of another user, as a colleague's training run would be."""
+    proc = subprocess.Popen(["sleep", "60"], user="nobody")
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _state(**gpu0: object) -> FakeNvmlState:
+    return FakeNvmlState(gpus=[FakeGpu(uuid="GPU-0000", **gpu0), FakeGpu(uuid="GPU-1111")])  # type: ignore[arg-type]
+
+
+def test_snapshot_reads_every_field() -> None:
+    state = _state(name="NVIDIA A100-SXM4-40GB", memory_total=40 * GIB, memory_used=3 * GIB,
+                   util_gpu=37, bus_id="00000000:07:00.0", ecc_uncorrected=0)
+    state.topology = {(0, 1): int(TopologyLevel.SINGLE)}
+    with installed(state):
+        snap = read_snapshot("gpu-a")
+    first, second = snap.gpus
+    assert (snap.host, snap.driver_version, snap.source) == ("gpu-a", "550.54.15", "nvml")
+    assert (first.index, first.uuid, first.name) == (0, "GPU-0000", "NVIDIA A100-SXM4-40GB")
+    assert (first.memory_total_bytes, first.memory_used_bytes) == (40 * GIB, 3 * GIB)
+    assert first.utilization == pytest.approx(0.37)
+    assert first.pci_bus_id == "00000000:07:00.0"
+    assert first.mig_enabled is False and first.healthy is True
+    assert second.uuid == "GPU-1111"
+    assert snap.level(0, 1) == TopologyLevel.SINGLE
+
+
+def test_not_supported_is_none_never_zero(caplog: pytest.LogCaptureFixture) -> None:
+    state = _state(util_gpu=None, mig=None, ecc_uncorrected=None)
+    with installed(state), caplog.at_level(logging.INFO):
+        first = read_snapshot("h").gpus[0]
+        read_snapshot("h")
+    assert first.utilization is None and first.mig_enabled is None
+    assert first.ecc_uncorrected_errors is None and first.healthy is None
+    assert first.memory_used_bytes == 0  # supported values are still read
+
+
+def test_missing_function_is_unknown_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    state = _state()
+    state.missing = {"nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetMigMode"}
+    with installed(state), caplog.at_level(logging.INFO, logger="runnerctl.gpus.nvml"):
+        from runnerctl.gpus.nvml import NvmlSession
+
+        session = NvmlSession()
+        snap = session.snapshot("h")
+        session.snapshot("h")
+        session.close()
+    assert snap.topology == {} and snap.gpus[0].mig_enabled is None
+    mig_lines = [r for r in caplog.records if "nvmlDeviceGetMigMode" in r.getMessage()]
+    assert len(mig_lines) == 1
+
+
+def test_processes_with_host_pid_owner_and_memory(nobody_process: int) -> None:
+    state = _state(processes=[
+        FakeProcess(pid=nobody_process, used_memory=5 * GIB),
+        FakeProcess(pid=os.getpid(), used_memory=None, kind="graphics"),
+        FakeProcess(pid=nobody_process, used_memory=5 * GIB, kind="graphics"),  # both lists
+    ])
+    with installed(state):
+        procs = read_snapshot("h").gpus[0].processes
+    assert [p.pid for p in procs] == [nobody_process, os.getpid()]
+    foreign, mine = procs
+    assert (foreign.user, foreign.used_memory_bytes, foreign.kind) == ("nobody", 5 * GIB, ProcessKind.COMPUTE)
+    assert foreign.command and "sleep" in foreign.command
+    assert mine.used_memory_bytes is None and mine.kind == ProcessKind.GRAPHICS
+
+
+def test_many_processes_use_the_two_call_protocol() -> None:
+    state = _state(processes=[FakeProcess(pid=100000 + i, used_memory=i) for i in range(40)])
+    with installed(state) as library:
+        procs = read_snapshot("h").gpus[0].processes
+    assert [p.used_memory_bytes for p in procs] == list(range(40))
+    assert all(p.user is None for p in procs)  # pids that do not exist here: owner unknown
+    # GPU 0: size query + fill; GPU 1 (no process): one call answered SUCCESS with count 0
+    assert library.calls.count("nvmlDeviceGetComputeRunningProcesses_v3") == 3
+
+
+def test_vanished_gpu_is_marked_lost_and_others_still_read() -> None:
+    state = _state()
+    with installed(state):
+        assert not read_snapshot("h").gpus[1].lost
+        state.gpus[1].lost = True
+        first, second = read_snapshot("h").gpus
+    assert second.lost and second.healthy is False and second.utilization is None
+    assert not first.lost and first.uuid == "GPU-0000"
+
+
+def test_mig_on_and_ecc_errors_mark_health() -> None:
+    state = _state(mig=True, util_gpu=None, ecc_uncorrected=3)
+    with installed(state):
+        first = read_snapshot("h").gpus[0]
+    assert first.mig_enabled is True and first.utilization is None
+    assert first.ecc_uncorrected_errors == 3 and first.healthy is False
+
+
+def test_driver_not_loaded_is_a_clear_gpu_error() -> None:
+    state = _state()
+    state.init_error = DRIVER_NOT_LOADED
+    with installed(state), pytest.raises(GpuError) as caught:
+        read_snapshot("h")
+    assert "Driver Not Loaded" in str(caught.value) and "nvidia-smi" in str(caught.value)
+
+
+def test_fake_refuses_calls_before_init() -> None:
+    with installed(_state()), pytest.raises(pynvml.NVMLError_Uninitialized):
+        pynvml.nvmlDeviceGetCount()
+
+
+def test_gpu_source_nvml_uses_the_door() -> None:
+    with installed(_state()):
+        snap = open_gpu_source("nvml", host="gpu-z").snapshot()
+    assert [g.uuid for g in snap.gpus] == ["GPU-0000", "GPU-1111"] and snap.host == "gpu-z"
+
+
+def _real_nvml_present() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.real_gpu
+@pytest.mark.skipif(not _real_nvml_present(), reason="needs the NVIDIA driver and a GPU")
+def test_real_gpu_inventory() -> None:
+    snap = read_snapshot()
+    assert snap.gpus, "the driver is present but NVML lists no GPU"
+    for gpu in snap.gpus:
+        assert gpu.uuid.startswith(("GPU-", "MIG-"))
+        assert gpu.memory_total_bytes and gpu.memory_total_bytes > 0
+        assert gpu.utilization is None or 0.0 <= gpu.utilization <= 1.0
+    assert snap.driver_version
