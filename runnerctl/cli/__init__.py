@@ -39,8 +39,8 @@ for _command in COMMANDS:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        cli.main(args=list(argv) if argv is not None else None, prog_name="runnerctl",
-                 standalone_mode=False)
+        result = cli.main(args=list(argv) if argv is not None else None, prog_name="runnerctl",
+                          standalone_mode=False)
     except RunnerctlError as exc:
         click.echo(f"runnerctl: error: {exc}", err=True)
         return int(exc.exit_code)
@@ -54,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(ExitCode.USAGE)
     except KeyboardInterrupt:
         return 130
-    return int(ExitCode.OK)
+    # click returns a command's exit code (from ctx.exit / Exit) when not standalone
+    return result if isinstance(result, int) else int(ExitCode.OK)
 
 
 def entry() -> None:

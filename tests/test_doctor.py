@@ -1,0 +1,73 @@
+"""`runnerctl doctor` says what is wrong and what to fix, and exits non-zero then."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runnerctl.cli import main
+from runnerctl.sim.gitlab_server import GitLabServer
+from tests.conftest import ADMIN_TOKEN
+
+
+def _doctor(tmp_path: Path, config: Path, *extra: str) -> int:
+    return main(["doctor", "--gpu-source", "sim:2", "--host", "gpu-a", "--runner-config",
+                 str(config), "--config", str(tmp_path / "absent.toml"), *extra])
+
+
+def test_healthy_host_passes(gitlab_server: GitLabServer, tmp_path: Path,
+                             capsys: pytest.CaptureFixture[str],
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake_runner = bindir / "gitlab-runner"
+    fake_runner.write_text("#!/bin/sh\nexit 0\n")
+    fake_runner.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    config = tmp_path / "config.toml"
+    assert main(["init", "--gitlab-url", gitlab_server.url, "--token", ADMIN_TOKEN,
+                 "--gpu-source", "sim:2", "--host", "gpu-a", "--runner-config", str(config),
+                 "--config", str(tmp_path / "absent.toml")]) == 0
+    capsys.readouterr()
+    assert _doctor(tmp_path, config, "--token", ADMIN_TOKEN) == 0
+    out = capsys.readouterr().out
+    assert "FAIL" not in out
+    assert "3/3 runners known" in out and "runner tokens valid (3/3)" in out
+
+
+def test_problems_are_named_with_a_fix(gitlab_server: GitLabServer, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "config.toml"
+    main(["init", "--gitlab-url", gitlab_server.url, "--token", ADMIN_TOKEN, "--gpu-source",
+          "sim:2", "--host", "gpu-a", "--runner-config", str(config),
+          "--config", str(tmp_path / "absent.toml")])
+    config.chmod(0o644)
+    deleted = next(iter(gitlab_server.state.runners))
+    gitlab_server.state.delete_runner(deleted)
+    capsys.readouterr()
+    code = _doctor(tmp_path, config, "--token", ADMIN_TOKEN)
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "[FAIL] config.toml mode 644" in out and "chmod 600" in out
+    assert "2/3 runners known" in out and "runnerctl init" in out
+    if shutil.which("gitlab-runner") is None:
+        assert "[FAIL] gitlab-runner on PATH" in out
+    assert stat.S_IMODE(config.stat().st_mode) == 0o644  # doctor changes nothing
+
+
+def test_doctor_without_gpus_or_config(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "runnerctl", "doctor", "--gpu-source", "nvml", "--runner-config",
+         str(tmp_path / "none.toml"), "--config", str(tmp_path / "absent.toml")],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "LD_LIBRARY_PATH": str(tmp_path)})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "[FAIL] GPUs: cannot initialise NVML" in result.stdout
+    assert "--gpu-source sim:N" in result.stdout
+    assert "run `runnerctl init` to create it" in result.stdout
