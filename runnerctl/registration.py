@@ -36,6 +36,8 @@ class RegistrationOptions:
     gpu_source: str
     settings: Settings
     settings_path: str
+    optuna_storage: str | None = None
+    """Put into every runner's environment as RUNNERCTL_OPTUNA_STORAGE (sweeps' default)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,14 +82,16 @@ def entry_values(slot: Slot, snapshot: GpuSnapshot, options: RegistrationOptions
         "limit": 1,
         "request_concurrency": 1,
     }
+    shared = [f"RUNNERCTL_OPTUNA_STORAGE={options.optuna_storage}"] if options.optuna_storage else []
     if options.executor == "docker":
-        values["environment"] = [f"CUDA_VISIBLE_DEVICES={uuids}", f"NVIDIA_VISIBLE_DEVICES={uuids}"]
+        values["environment"] = [f"CUDA_VISIBLE_DEVICES={uuids}", f"NVIDIA_VISIBLE_DEVICES={uuids}",
+                                 *shared]
         values["docker"] = {"image": options.settings.executor.docker_image,
                             "gpus": f'"device={uuids}"'}
         return values
     values["environment"] = [
         f"CUDA_VISIBLE_DEVICES={_gpus(slot)}", f"NVIDIA_VISIBLE_DEVICES={uuids}",
-        "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+        "CUDA_DEVICE_ORDER=PCI_BUS_ID", *shared,
     ]
     if options.executor == "custom":
         settings = options.settings

@@ -57,10 +57,23 @@ class ExecutorSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class PostgresSettings:
+    dir: str = ""
+    """Server files (data/, secrets/, server.log); empty means <state_dir>/postgres."""
+    listen: str = "127.0.0.1"
+    """listen_addresses: loopback by default; a LAN address for workers on other hosts."""
+    port: int = 5432
+    """TCP port of the shared server."""
+    url: str = ""
+    """An external PostgreSQL (admin URL); when set, runnerctl starts no server of its own."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
     host: HostSettings = dataclasses.field(default_factory=HostSettings)
     paths: PathSettings = dataclasses.field(default_factory=PathSettings)
     executor: ExecutorSettings = dataclasses.field(default_factory=ExecutorSettings)
+    postgres: PostgresSettings = dataclasses.field(default_factory=PostgresSettings)
     source: str = ""
     """The file these settings came from ('' for defaults only)."""
 

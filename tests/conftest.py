@@ -15,3 +15,12 @@ ADMIN_TOKEN = "glpat-runnerctl-test"
 def gitlab_server() -> Iterator[GitLabServer]:
     with GitLabServer(tokens={ADMIN_TOKEN: "admin"}) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[object]:
+    """One real PostgreSQL for the whole run (initdb takes seconds)."""
+    from tests.pg import running_server
+
+    with running_server() as server:
+        yield server

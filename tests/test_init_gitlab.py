@@ -138,3 +138,12 @@ def test_wrong_token_one_line_config_untouched(gitlab_server: GitLabServer, tmp_
     assert "glpat-wrong" not in result.stderr
     assert config.read_bytes() == before
     assert gitlab_server.state.runners == {}
+
+
+def test_optuna_storage_goes_into_every_runner_environment(gitlab_server: GitLabServer,
+                                                           tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    url = "postgresql+psycopg://s:pw@10.0.0.5:5432/s"
+    assert _init(gitlab_server, config, "sim:2", "--optuna-storage", url) == 0
+    for entry in tomlkit.parse(config.read_text()).unwrap()["runners"]:
+        assert f"RUNNERCTL_OPTUNA_STORAGE={url}" in entry["environment"]

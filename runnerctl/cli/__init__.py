@@ -14,13 +14,15 @@ from collections.abc import Sequence
 import click
 
 from runnerctl import __version__
-from runnerctl.cli import host
+from runnerctl.cli import experiments, host
 from runnerctl.errors import ExitCode, RunnerctlError
 
 COMMANDS: list[click.Command] = [
     host.init,
     host.status,
     host.doctor,
+    experiments.render_command,
+    experiments.postgres,
 ]
 
 

@@ -61,18 +61,23 @@ def _runner_config(settings: Settings, path: Path | None) -> RunnerConfigFile:
 @token_option
 @click.option("--group", "group_id", type=int, help="Register group runners in this group.")
 @click.option("--project", "project_id", type=int, help="Register project runners in this project.")
-@click.option("--executor", type=click.Choice(EXECUTORS), default="custom", show_default=True,
-              help="custom: runnerctl drivers with GPU leases and gate; docker/shell: "
-              "gitlab-runner's own executors with the GPU set in config.toml.")
+@click.option("--executor", type=click.Choice(EXECUTORS), default="docker", show_default=True,
+              help="docker/shell: gitlab-runner's own executors with the GPU set in "
+              "config.toml; custom: runnerctl's drivers (GPU leases and gate; the drivers "
+              "themselves are not shipped yet).")
 @runner_config_option
 @gpu_source_option
 @host_option
 @config_option
+@click.option("--optuna-storage", metavar="URL", help="Shared Optuna storage (e.g. from "
+              "`runnerctl postgres url`) put into every runner's environment as "
+              "RUNNERCTL_OPTUNA_STORAGE, the optuna-sweep template's default.")
 @click.option("--dry-run", is_flag=True, help="Contact nothing; print the plan and the "
               "config.toml that would be written, tokens as placeholders.")
 def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: int | None,
          executor: str, runner_config: Path | None, gpu_source: str | None,
-         host_name: str | None, config_path: Path | None, dry_run: bool) -> None:
+         host_name: str | None, config_path: Path | None, optuna_storage: str | None,
+         dry_run: bool) -> None:
     """Register one GitLab runner per GPU and per aligned GPU block, and write config.toml.
 
     Block runners are created paused; the controller (`runnerctl serve`) opens them on
@@ -90,7 +95,7 @@ def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: i
              RunnerScope("instance_type"))
     options = RegistrationOptions(gitlab_url=gitlab_url.rstrip("/"), executor=executor,  # type: ignore[arg-type]
                                   scope=scope, gpu_source=spec, settings=settings,
-                                  settings_path=str(settings_path))
+                                  settings_path=str(settings_path), optuna_storage=optuna_storage)
     plan = plan_registration(snapshot, config.owned_entries())
     if dry_run:
         click.echo("\n".join(f"# {line}" for line in plan.describe()))
