@@ -1,0 +1,110 @@
+"""What every driver gets and does: the stage context, the driver protocol, the registry.
+
+A driver implements the four stages for one way of running a job (a process group, a
+container, a Slurm job). The stage logic shared by all of them (GPU leases, the gate,
+exit-code mapping) lives in `stages`; drivers only start, run and remove.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from runnerctl.executors.contract import (
+    CUSTOM_ENV_PREFIX,
+    ENV_BUILD_FAILURE,
+    ENV_JOB_RESPONSE_FILE,
+    ENV_SYSTEM_FAILURE,
+    DriverArgs,
+)
+from runnerctl.gpus import GpuSource, open_gpu_source
+from runnerctl.settings import Settings
+
+
+class SystemFailure(Exception):
+    """Infrastructure failed (not the user's script): exit with SYSTEM_FAILURE_EXIT_CODE."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """The job as gitlab-runner describes it in JOB_RESPONSE_FILE (trusted), else CI vars."""
+
+    id: str
+    pipeline_id: str
+    project: str
+    user: str
+    image: str | None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Job:
+        data: dict[str, Any] = {}
+        path = env.get(ENV_JOB_RESPONSE_FILE)
+        if path and Path(path).exists():
+            data = json.loads(Path(path).read_text())
+        variables = {v.get("key"): v.get("value") for v in data.get("variables", [])
+                     if isinstance(v, dict)}
+        custom = {k.removeprefix(CUSTOM_ENV_PREFIX): v for k, v in env.items()
+                  if k.startswith(CUSTOM_ENV_PREFIX)}
+
+        def pick(name: str, default: str = "") -> str:
+            return str(variables.get(name) or custom.get(name) or default)
+
+        job_id = str(data.get("id") or pick("CI_JOB_ID"))
+        if not job_id:
+            raise SystemFailure("no job id: neither JOB_RESPONSE_FILE nor CUSTOM_ENV_CI_JOB_ID")
+        image = (data.get("image") or {}).get("name") if isinstance(data.get("image"), dict) else None
+        return cls(id=job_id, pipeline_id=pick("CI_PIPELINE_ID"), project=pick("CI_PROJECT_PATH"),
+                   user=pick("GITLAB_USER_LOGIN"), image=image or pick("CI_JOB_IMAGE") or None)
+
+
+@dataclasses.dataclass(frozen=True)
+class StageContext:
+    args: DriverArgs
+    settings: Settings
+    env: Mapping[str, str]
+    job: Job
+
+    @property
+    def build_failure_code(self) -> int:
+        return int(self.env.get(ENV_BUILD_FAILURE, "1"))
+
+    @property
+    def system_failure_code(self) -> int:
+        return int(self.env.get(ENV_SYSTEM_FAILURE, "2"))
+
+    @property
+    def lease_token(self) -> str:
+        return f"{self.job.id}@{self.args.slot}"
+
+    def gpu_source(self) -> GpuSource:
+        return open_gpu_source(self.args.gpu_source, host=self.settings.host.name)
+
+    def gpu_env(self, uuids: list[str]) -> dict[str, str]:
+        """What the job's processes see, whatever the job's own variables say."""
+        return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.args.gpus),
+                "NVIDIA_VISIBLE_DEVICES": ",".join(uuids),
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                "RUNNERCTL_LEASE": self.lease_token}
+
+
+class Driver(Protocol):
+    name: str
+
+    def config(self, ctx: StageContext) -> dict[str, Any]: ...
+    def prepare(self, ctx: StageContext) -> None: ...
+    def run(self, ctx: StageContext, script: Path, stage: str) -> int: ...
+    def cleanup(self, ctx: StageContext) -> None: ...
+
+
+def load_registry() -> dict[str, Callable[[], Driver]]:
+    from runnerctl.executors.shell import ShellDriver
+
+    return {"shell": ShellDriver}
+
+
+def environ() -> dict[str, str]:
+    return dict(os.environ)

@@ -1,0 +1,111 @@
+"""The four custom executor stages, shared by every driver: leases, gate, exit codes.
+
+gitlab-runner starts `python -m runnerctl.executors <stage> <DriverArgs...> [script stage]`
+(executors/contract.py). prepare takes the GPU leases and passes the gate or fails as a
+system failure naming GPU, pid and user; run maps the script's exit code; cleanup
+always releases, and its own failures never change the job's result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from runnerctl.errors import RunnerctlError
+from runnerctl.executors.contract import DRIVERS, ENV_BUILD_EXIT_CODE_FILE, STAGES, DriverArgs
+from runnerctl.executors.driver import Driver, Job, StageContext, SystemFailure, load_registry
+from runnerctl.executors.gate import wait_until_free
+from runnerctl.executors.lease import Lease, LeaseBusy, LeaseTable, process_started
+from runnerctl.settings import load_settings
+
+
+def parse(argv: list[str]) -> tuple[str, DriverArgs, list[str]]:
+    parser = argparse.ArgumentParser(prog="python -m runnerctl.executors")
+    parser.add_argument("stage", choices=STAGES)
+    parser.add_argument("--slot", required=True)
+    parser.add_argument("--gpus", required=True)
+    parser.add_argument("--gpu-source", required=True)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--driver", required=True, choices=DRIVERS)
+    parser.add_argument("rest", nargs="*")
+    ns = parser.parse_intermixed_args(argv)
+    gpus = tuple(int(g) for g in ns.gpus.split(","))
+    return ns.stage, DriverArgs(ns.slot, gpus, ns.gpu_source, ns.config, ns.driver), ns.rest
+
+
+def main(argv: list[str]) -> int:
+    stage, args, rest = parse(argv)
+    env = dict(os.environ)
+    failure = int(env.get("SYSTEM_FAILURE_EXIT_CODE", "2"))
+    try:
+        ctx = StageContext(args=args, settings=load_settings(Path(args.config)), env=env,
+                           job=Job.from_env(env))
+        registry = load_registry()
+        if args.driver not in registry:
+            raise SystemFailure(f"the {args.driver} driver is not available on this host")
+        driver = registry[args.driver]()
+        if stage == "config":
+            print(json.dumps(driver.config(ctx)))
+            return 0
+        if stage == "prepare":
+            prepare(ctx, driver)
+            return 0
+        if stage == "run":
+            if len(rest) != 2:
+                raise SystemFailure("run needs <script path> <stage name> after its arguments")
+            return run(ctx, driver, Path(rest[0]), rest[1])
+        cleanup(ctx, driver)
+        return 0
+    except (SystemFailure, RunnerctlError) as exc:
+        print(f"runnerctl: {exc}", file=sys.stderr)
+        return failure
+
+
+def prepare(ctx: StageContext, driver: Driver) -> None:
+    leases = LeaseTable(ctx.settings.state_dir)
+    owner = os.getppid()
+    template = Lease(gpu=-1, job_id=ctx.job.id, slot=ctx.args.slot, driver=ctx.args.driver,
+                     owner_pid=owner, owner_started=process_started(owner) or 0.0,
+                     created_at=time.time(), pipeline_id=ctx.job.pipeline_id,
+                     project=ctx.job.project, user=ctx.job.user)
+    wait_s = ctx.settings.executor.gate_wait_s
+    try:
+        leases.acquire(ctx.args.gpus, template, wait_s=wait_s)
+    except LeaseBusy as exc:
+        raise SystemFailure(f"GPUs {_gpus(ctx)} are leased to another job: {exc}") from None
+    foreign = wait_until_free(ctx.gpu_source(), ctx.args.gpus, leases.all, wait_s=wait_s)
+    if foreign:
+        leases.release(ctx.job.id)
+        raise SystemFailure("; ".join(f.describe() for f in foreign)
+                            + f" (waited {wait_s:.0f} s; no job runs on a GPU someone else uses)")
+    driver.prepare(ctx)
+
+
+def run(ctx: StageContext, driver: Driver, script: Path, stage: str) -> int:
+    held = {lease.gpu for lease in LeaseTable(ctx.settings.state_dir).held_by(ctx.job.id)}
+    if not set(ctx.args.gpus) <= held:
+        raise SystemFailure(f"job {ctx.job.id} holds no lease on GPUs {_gpus(ctx)}: prepare "
+                            "did not run, or cleanup already released them")
+    code = driver.run(ctx, script, stage)
+    if code == 0:
+        return 0
+    exit_file = ctx.env.get(ENV_BUILD_EXIT_CODE_FILE)
+    if exit_file:
+        Path(exit_file).write_text(f"{code}\n")
+    return ctx.build_failure_code
+
+
+def cleanup(ctx: StageContext, driver: Driver) -> None:
+    try:
+        driver.cleanup(ctx)
+    except (SystemFailure, OSError) as exc:  # cleanup never changes the job result
+        print(f"runnerctl: cleanup of job {ctx.job.id}: {exc}", file=sys.stderr)
+    LeaseTable(ctx.settings.state_dir).release(ctx.job.id)
+
+
+def _gpus(ctx: StageContext) -> str:
+    return ",".join(str(g) for g in ctx.args.gpus)

@@ -1,0 +1,105 @@
+"""GPU leases: all or nothing, never overlapping, stale only when nothing of the job runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runnerctl.executors.lease import Lease, LeaseBusy, LeaseTable, is_stale, process_started
+
+
+def _template(job: str, owner: int | None = None) -> Lease:
+    pid = owner or os.getpid()
+    return Lease(gpu=-1, job_id=job, slot=f"slot-{job}", driver="shell", owner_pid=pid,
+                 owner_started=process_started(pid) or 0.0, created_at=time.time())
+
+
+def test_all_or_nothing(tmp_path: Path) -> None:
+    table = LeaseTable(tmp_path)
+    assert table.try_acquire((0, 1), _template("a")) == []
+    holders = table.try_acquire((1, 2), _template("b"))
+    assert [(h.gpu, h.job_id) for h in holders] == [(1, "a")]
+    assert [(lease.gpu, lease.job_id) for lease in table.all()] == [(0, "a"), (1, "a")]  # no GPU 2
+    assert table.try_acquire((0, 1), _template("a")) == []  # a job re-preparing keeps its own
+
+
+def test_acquire_waits_with_injected_clock(tmp_path: Path) -> None:
+    table = LeaseTable(tmp_path)
+    table.try_acquire((3,), _template("a"))
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    try:
+        table.acquire((3,), _template("b"), wait_s=5, poll_s=1, sleep=sleep, clock=lambda: now[0])
+    except LeaseBusy as exc:
+        assert "GPU 3 held by job a" in str(exc)
+    else:
+        raise AssertionError("a held GPU was leased twice")
+    assert slept == [1, 1, 1, 1, 1]
+
+
+def test_release_touches_only_that_job(tmp_path: Path) -> None:
+    table = LeaseTable(tmp_path)
+    table.try_acquire((0,), _template("a"))
+    table.try_acquire((1,), _template("b"))
+    assert table.release("a") == [0]
+    assert [lease.job_id for lease in table.all()] == ["b"]
+
+
+def test_stale_only_when_owner_and_group_are_gone(tmp_path: Path) -> None:
+    owner = subprocess.Popen(["sleep", "30"])
+    group = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    lease = Lease(**{**_template("a", owner.pid).__dict__, "gpu": 0, "pgid": group.pid})
+    assert not is_stale(lease)
+    owner.kill()
+    owner.wait()
+    assert not is_stale(lease)  # the job's processes still run
+    group.kill()
+    group.wait()
+    assert is_stale(lease)
+    reused = Lease(**{**lease.__dict__, "owner_pid": os.getpid(), "owner_started": 1.0})
+    assert is_stale(reused)  # same pid, other process: not the owner
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["prepare", "cleanup", "kill"]),
+                          st.integers(0, 5),
+                          st.sampled_from([(0,), (1,), (0, 1), (2, 3), (0, 1, 2, 3), (4, 5, 6, 7),
+                                           tuple(range(8)), (7,)])),
+                max_size=40))
+def test_random_interleavings_never_overlap(ops: list[tuple[str, int, tuple[int, ...]]]) -> None:
+    """prepare/cleanup/kill of 6 jobs over 8 GPUs in any order: no GPU ever has two jobs,
+    a job holds all of its GPUs or none, and a killed job's GPUs are reclaimed."""
+    import tempfile
+
+    table = LeaseTable(Path(tempfile.mkdtemp()))
+    dead_owner = subprocess.Popen(["true"])
+    dead_owner.wait()
+    wanted: dict[str, tuple[int, ...]] = {}
+    generation = dict.fromkeys(range(6), 0)  # GitLab gives a retried job a new id
+    for action, job_no, gpus in ops:
+        job = f"job{job_no}.{generation[job_no]}"
+        if action == "prepare" and job not in wanted:
+            if table.try_acquire(gpus, _template(job)) == []:
+                wanted[job] = gpus
+        elif action == "cleanup":
+            table.release(job)
+            wanted.pop(job, None)
+        elif action == "kill" and job in wanted:  # its runner died: owner gone, no cleanup
+            table.update(job, owner_pid=dead_owner.pid, owner_started=-1.0)
+            wanted.pop(job)
+            generation[job_no] += 1
+        leases = table.all()
+        gpus_seen = [lease.gpu for lease in leases]
+        assert len(gpus_seen) == len(set(gpus_seen))
+        for job_id, held in wanted.items():
+            assert sorted(lease.gpu for lease in leases if lease.job_id == job_id) == sorted(held)
