@@ -101,9 +101,10 @@ class Driver(Protocol):
 
 
 def load_registry() -> dict[str, Callable[[], Driver]]:
+    from runnerctl.executors.docker import DockerDriver
     from runnerctl.executors.shell import ShellDriver
 
-    return {"shell": ShellDriver}
+    return {"shell": ShellDriver, "docker": DockerDriver}
 
 
 def environ() -> dict[str, str]:

@@ -82,7 +82,11 @@ def prepare(ctx: StageContext, driver: Driver) -> None:
         leases.release(ctx.job.id)
         raise SystemFailure("; ".join(f.describe() for f in foreign)
                             + f" (waited {wait_s:.0f} s; no job runs on a GPU someone else uses)")
-    driver.prepare(ctx)
+    try:
+        driver.prepare(ctx)
+    except SystemFailure:
+        cleanup(ctx, driver)  # give the GPUs back now, not only when cleanup_exec comes
+        raise
 
 
 def run(ctx: StageContext, driver: Driver, script: Path, stage: str) -> int:

@@ -31,6 +31,7 @@ class FakeJob:
     user: str = "alice"
     project: str = "ml/experiments"
     pipeline_id: int = 500
+    image: str | None = None
 
 
 @dataclasses.dataclass
@@ -49,8 +50,11 @@ class Harness:
         job_file = self.workdir / f"job-{job.id}.json"
         variables = {"CI_JOB_ID": str(job.id), "CI_PIPELINE_ID": str(job.pipeline_id),
                      "GITLAB_USER_LOGIN": job.user, "CI_PROJECT_PATH": job.project, **job.variables}
-        job_file.write_text(json.dumps({"id": job.id, "variables": [
-            {"key": k, "value": v, "public": True} for k, v in variables.items()]}))
+        if job.image:
+            variables["CI_JOB_IMAGE"] = job.image
+        job_file.write_text(json.dumps({"id": job.id, "image": {"name": job.image} if job.image else None,
+                                        "variables": [{"key": k, "value": v, "public": True}
+                                                      for k, v in variables.items()]}))
         env = {k: v for k, v in os.environ.items() if not k.startswith("CUSTOM_ENV_")}
         env.update({f"CUSTOM_ENV_{k}": v for k, v in variables.items()})
         env.update({"JOB_RESPONSE_FILE": str(job_file),
