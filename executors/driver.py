@@ -103,8 +103,9 @@ class Driver(Protocol):
 def load_registry() -> dict[str, Callable[[], Driver]]:
     from runnerctl.executors.docker import DockerDriver
     from runnerctl.executors.shell import ShellDriver
+    from runnerctl.executors.slurm import SlurmDriver
 
-    return {"shell": ShellDriver, "docker": DockerDriver}
+    return {"shell": ShellDriver, "docker": DockerDriver, "slurm": SlurmDriver}
 
 
 def environ() -> dict[str, str]:

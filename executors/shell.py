@@ -32,14 +32,15 @@ from runnerctl.executors.gate import lease_token
 from runnerctl.executors.lease import LeaseTable
 
 _GUARDED = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RUNNERCTL_LEASE")
-_PRELUDE = (
+GUARD = (
     "export() { local a; for a in \"$@\"; do case \"${a%%=*}\" in "
     + "|".join(_GUARDED)
     + ") echo \"runnerctl: ignoring the job's ${a%%=*}: this job runs on GPUs "
     "$CUDA_VISIBLE_DEVICES\" >&2;; *) builtin export \"$a\";; esac; done; }\n"
     "readonly " + " ".join(_GUARDED) + "\n"
-    'source "$0"\n'
 )
+"""Bash that keeps the driver's GPU variables: readonly, and the job's `export` of them ignored."""
+_PRELUDE = GUARD + 'source "$0"\n'
 
 
 class ShellDriver:
