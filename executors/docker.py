@@ -12,9 +12,12 @@ A stopped engine or an image that cannot be pulled is a system failure.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import docker
@@ -27,6 +30,8 @@ from runnerctl.executors.lease import LeaseTable
 from runnerctl.executors.shell import ShellDriver
 
 LABEL_JOB, LABEL_LEASE, LABEL_SLOT = "runnerctl.job", "runnerctl.lease", "runnerctl.slot"
+STOP_TIMEOUT_S = 20
+"""SIGTERM to SIGKILL inside the container: within gitlab-runner's graceful_kill_timeout."""
 KEEPALIVE = ["sleep", "2147483647"]
 """The container's main process: it idles while stages are exec'd into it."""
 
@@ -67,11 +72,24 @@ class DockerDriver:
         inside = Path(ctx.settings.builds_dir).resolve() / ".runnerctl" / f"{ctx.job.id}-{stage}.sh"
         inside.parent.mkdir(parents=True, exist_ok=True)
         inside.write_bytes(script.read_bytes())
-        # `docker exec` through the CLI streams output as it comes and forwards signals
-        proc = subprocess.run(["docker", "exec", container, "sh", str(inside)], check=False,
-                              stdout=sys.stdout, stderr=sys.stderr)
-        inside.unlink(missing_ok=True)
-        return proc.returncode
+        # `docker exec` through the CLI streams output as it comes; gitlab-runner's stage
+        # scripts are bash scripts, so bash where the image has it
+        launcher = 'if command -v bash >/dev/null; then exec bash "$0"; else exec sh "$0"; fi'
+        proc = subprocess.Popen(["docker", "exec", container, "sh", "-c", launcher, str(inside)],
+                                stdout=sys.stdout, stderr=sys.stderr)
+
+        def stop(signum: int, frame: FrameType | None) -> None:  # timeout or cancel in GitLab
+            threading.Thread(target=subprocess.run, daemon=True, kwargs={
+                "args": ["docker", "stop", "-t", str(STOP_TIMEOUT_S), container],
+                "check": False, "capture_output": True}).start()
+
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            return proc.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            inside.unlink(missing_ok=True)
 
     def cleanup(self, ctx: StageContext) -> None:
         try:

@@ -91,6 +91,21 @@ def test_killed_mid_script_leaves_no_container(engine: docker.DockerClient, host
     assert _containers(engine, 702) == [] and LeaseTable(host / "state").all() == []
 
 
+def test_gitlab_timeout_stops_the_container(engine: docker.DockerClient, host: Path) -> None:
+    harness = _harness(host, (1,))
+    job = FakeJob(id=705, image=IMAGE)
+    assert harness.stage("prepare", job).code == 0
+    started = time.monotonic()
+    result = harness.stage("run", job, str(harness.script(job, "build_script", "sleep 300")),
+                           "build_script", timeout=2, graceful=40)
+    assert result.code == 1 and time.monotonic() - started < 35
+    (container,) = _containers(engine, 705)
+    container.reload()
+    assert container.status == "exited"
+    harness.stage("cleanup", job)
+    assert _containers(engine, 705) == []
+
+
 def test_unpullable_image_is_a_system_failure(engine: docker.DockerClient, host: Path) -> None:
     harness = _harness(host, (5,))
     job = FakeJob(id=703, image="runnerctl-test/does-not-exist:1")

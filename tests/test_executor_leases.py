@@ -71,32 +71,42 @@ def test_stale_only_when_owner_and_group_are_gone(tmp_path: Path) -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["prepare", "cleanup", "kill"]),
+@given(st.lists(st.tuples(st.sampled_from(["prepare", "run", "cleanup", "kill"]),
                           st.integers(0, 5),
                           st.sampled_from([(0,), (1,), (0, 1), (2, 3), (0, 1, 2, 3), (4, 5, 6, 7),
                                            tuple(range(8)), (7,)])),
                 max_size=40))
 def test_random_interleavings_never_overlap(ops: list[tuple[str, int, tuple[int, ...]]]) -> None:
-    """prepare/cleanup/kill of 6 jobs over 8 GPUs in any order: no GPU ever has two jobs,
-    a job holds all of its GPUs or none, and a killed job's GPUs are reclaimed."""
+    """prepare/run/cleanup/kill of 6 jobs over 8 GPUs in any order: no GPU ever has two
+    jobs, a job holds all of its GPUs or none, a job runs only on GPUs it holds (the check
+    the run stage makes), and a killed job's GPUs are reclaimed."""
     import tempfile
 
     table = LeaseTable(Path(tempfile.mkdtemp()))
     dead_owner = subprocess.Popen(["true"])
     dead_owner.wait()
     wanted: dict[str, tuple[int, ...]] = {}
+    running: dict[int, str] = {}  # GPU -> job whose run stage is on it
     generation = dict.fromkeys(range(6), 0)  # GitLab gives a retried job a new id
     for action, job_no, gpus in ops:
         job = f"job{job_no}.{generation[job_no]}"
         if action == "prepare" and job not in wanted:
             if table.try_acquire(gpus, _template(job)) == []:
                 wanted[job] = gpus
+        elif action == "run":
+            held = {lease.gpu for lease in table.held_by(job)}
+            if job in wanted and set(wanted[job]) <= held:  # else the stage refuses to run
+                for gpu in wanted[job]:
+                    assert running.get(gpu, job) == job, f"GPU {gpu}: {running[gpu]} and {job}"
+                    running[gpu] = job
         elif action == "cleanup":
             table.release(job)
             wanted.pop(job, None)
+            running = {g: j for g, j in running.items() if j != job}
         elif action == "kill" and job in wanted:  # its runner died: owner gone, no cleanup
             table.update(job, owner_pid=dead_owner.pid, owner_started=-1.0)
             wanted.pop(job)
+            running = {g: j for g, j in running.items() if j != job}  # its processes died
             generation[job_no] += 1
         leases = table.all()
         gpus_seen = [lease.gpu for lease in leases]
