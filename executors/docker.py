@@ -12,12 +12,10 @@ A stopped engine or an image that cannot be pulled is a system failure.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import docker
@@ -25,7 +23,7 @@ import docker.errors
 from docker.types import DeviceRequest
 
 from runnerctl.executors.contract import USER_SCRIPT_STAGES
-from runnerctl.executors.driver import StageContext, SystemFailure
+from runnerctl.executors.driver import StageContext, SystemFailure, on_stop
 from runnerctl.executors.lease import LeaseTable
 from runnerctl.executors.shell import ShellDriver
 
@@ -62,7 +60,8 @@ class DockerDriver:
                 volumes={builds: {"bind": builds, "mode": "rw"}}, working_dir=builds,
             )
         except docker.errors.APIError as exc:
-            raise SystemFailure(f"cannot start the job's container from {image}: {exc.explanation}") from None
+            raise SystemFailure(f"cannot start the job's container from {image}: "
+                                f"{exc.explanation}") from None
         LeaseTable(ctx.settings.state_dir).update(ctx.job.id, container=container.id)
 
     def run(self, ctx: StageContext, script: Path, stage: str) -> int:
@@ -78,17 +77,15 @@ class DockerDriver:
         proc = subprocess.Popen(["docker", "exec", container, "sh", "-c", launcher, str(inside)],
                                 stdout=sys.stdout, stderr=sys.stderr)
 
-        def stop(signum: int, frame: FrameType | None) -> None:  # timeout or cancel in GitLab
+        def stop() -> None:
             threading.Thread(target=subprocess.run, daemon=True, kwargs={
                 "args": ["docker", "stop", "-t", str(STOP_TIMEOUT_S), container],
                 "check": False, "capture_output": True}).start()
 
-        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
-            return proc.wait()
+            with on_stop(stop):
+                return proc.wait()
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             inside.unlink(missing_ok=True)
 
     def cleanup(self, ctx: StageContext) -> None:

@@ -20,14 +20,13 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import psutil
 
 from runnerctl import __version__
 from runnerctl.executors.contract import GRACEFUL_KILL_TIMEOUT_S
-from runnerctl.executors.driver import StageContext
+from runnerctl.executors.driver import StageContext, on_stop
 from runnerctl.executors.gate import lease_token
 from runnerctl.executors.lease import LeaseTable
 
@@ -68,15 +67,8 @@ class ShellDriver:
                                 env=env, start_new_session=True)
         LeaseTable(ctx.settings.state_dir).update(ctx.job.id, pgid=proc.pid)
 
-        def forward(signum: int, frame: FrameType | None) -> None:
-            _stop_group(proc)
-
-        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
+        with on_stop(lambda: _stop_group(proc)):
             return proc.wait()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     def cleanup(self, ctx: StageContext) -> None:
         for proc in psutil.process_iter():

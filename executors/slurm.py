@@ -14,16 +14,14 @@ on the host like the shell driver.
 from __future__ import annotations
 
 import shlex
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from runnerctl.executors.contract import USER_SCRIPT_STAGES
-from runnerctl.executors.driver import StageContext, SystemFailure
+from runnerctl.executors.driver import StageContext, SystemFailure, on_stop
 from runnerctl.executors.lease import LeaseTable
 from runnerctl.executors.shell import GUARD, ShellDriver
 
@@ -62,17 +60,13 @@ class SlurmDriver:
         job_id = self._submit(ctx, wrapper, out_file)
         cancelled = False
 
-        def cancel(signum: int, frame: FrameType | None) -> None:
+        def cancel() -> None:
             nonlocal cancelled
             cancelled = True
-            subprocess.run(["scancel", job_id], check=False)
+            subprocess.Popen(["scancel", job_id])
 
-        previous = {sig: signal.signal(sig, cancel) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
+        with on_stop(cancel):
             self._follow(job_id, out_file)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
         if rc_file.exists():
             return int(rc_file.read_text().strip() or 1)
         return 143 if cancelled else _exit_code(job_id)

@@ -102,3 +102,20 @@ class Harness:
                     break
         results["cleanup"] = self.stage("cleanup", job)
         return results
+
+
+def make_host(root: Path, *, gate_wait_s: float = 3, docker_image: str | None = None) -> Path:
+    """A simulated 8-GPU host `gpu-a`: gpus.yaml (edit it to add processes) and settings."""
+    (root / "gpus.yaml").write_text("host: gpu-a\ngpus: 8\n")
+    image = f'docker_image = "{docker_image}"\n' if docker_image else ""
+    (root / "runnerctl.toml").write_text(
+        f'[host]\nname = "gpu-a"\n[paths]\nstate_dir = "{root / "state"}"\n'
+        f"[executor]\ngate_wait_s = {gate_wait_s}\n{image}")
+    return root
+
+
+def harness_for(host: Path, gpus: tuple[int, ...], driver: str) -> Harness:
+    span = f"gpu{gpus[0]}" if len(gpus) == 1 else f"gpu{gpus[0]}-{gpus[-1]}"
+    args = DriverArgs(slot=f"runnerctl/gpu-a/{span}", gpus=gpus, gpu_source=f"sim:{host / 'gpus.yaml'}",
+                      config=str(host / "runnerctl.toml"), driver=driver)
+    return Harness(args, host / "work")

@@ -11,10 +11,9 @@ from pathlib import Path
 import docker
 import pytest
 
-from runnerctl.executors.contract import DriverArgs
 from runnerctl.executors.lease import LeaseTable
 from runnerctl.gpus import open_gpu_source
-from tests.harness_custom_executor import SYSTEM_FAILURE, FakeJob, Harness
+from tests.harness_custom_executor import SYSTEM_FAILURE, FakeJob, Harness, harness_for, make_host
 
 IMAGE = "runnerctl-test/busybox:latest"
 
@@ -29,18 +28,11 @@ def engine() -> Iterator[docker.DockerClient]:
 
 @pytest.fixture
 def host(tmp_path: Path) -> Path:
-    (tmp_path / "gpus.yaml").write_text("host: gpu-a\ngpus: 8\n")
-    (tmp_path / "runnerctl.toml").write_text(
-        f'[host]\nname = "gpu-a"\n[paths]\nstate_dir = "{tmp_path / "state"}"\n'
-        f'[executor]\ngate_wait_s = 3\ndocker_image = "{IMAGE}"\n')
-    return tmp_path
+    return make_host(tmp_path, docker_image=IMAGE)
 
 
 def _harness(host: Path, gpus: tuple[int, ...]) -> Harness:
-    args = DriverArgs(slot=f"runnerctl/gpu-a/gpu{gpus[0]}-{gpus[-1]}", gpus=gpus,
-                      gpu_source=f"sim:{host / 'gpus.yaml'}", config=str(host / "runnerctl.toml"),
-                      driver="docker")
-    return Harness(args, host / "work")
+    return harness_for(host, gpus, "docker")
 
 
 def _uuids(host: Path, gpus: tuple[int, ...]) -> list[str]:

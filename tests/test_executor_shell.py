@@ -12,26 +12,25 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runnerctl.executors.contract import DriverArgs
 from runnerctl.executors.gate import lease_token
 from runnerctl.executors.lease import LeaseTable
-from tests.harness_custom_executor import BUILD_FAILURE, SYSTEM_FAILURE, FakeJob, Harness
+from tests.harness_custom_executor import (
+    BUILD_FAILURE,
+    SYSTEM_FAILURE,
+    FakeJob,
+    Harness,
+    harness_for,
+    make_host,
+)
 
 
 @pytest.fixture
 def host(tmp_path: Path) -> Path:
-    (tmp_path / "gpus.yaml").write_text("host: gpu-a\ngpus: 8\n")
-    (tmp_path / "runnerctl.toml").write_text(
-        f'[host]\nname = "gpu-a"\n[paths]\nstate_dir = "{tmp_path / "state"}"\n'
-        "[executor]\ngate_wait_s = 3\n")
-    return tmp_path
+    return make_host(tmp_path)
 
 
 def _harness(host: Path, gpus: tuple[int, ...]) -> Harness:
-    span = f"gpu{gpus[0]}" if len(gpus) == 1 else f"gpu{gpus[0]}-{gpus[-1]}"
-    args = DriverArgs(slot=f"runnerctl/gpu-a/{span}", gpus=gpus, gpu_source=f"sim:{host / 'gpus.yaml'}",
-                      config=str(host / "runnerctl.toml"), driver="shell")
-    return Harness(args, host / "work")
+    return harness_for(host, gpus, "shell")
 
 
 def _leases(host: Path) -> LeaseTable:

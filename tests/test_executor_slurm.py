@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runnerctl.executors.contract import DriverArgs
 from runnerctl.executors.lease import LeaseTable
-from tests.harness_custom_executor import BUILD_FAILURE, FakeJob, Harness
+from tests.harness_custom_executor import BUILD_FAILURE, FakeJob, Harness, harness_for, make_host
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -24,18 +23,11 @@ def slurm() -> None:
 
 @pytest.fixture
 def host(tmp_path: Path) -> Path:
-    (tmp_path / "gpus.yaml").write_text("host: gpu-a\ngpus: 8\n")
-    (tmp_path / "runnerctl.toml").write_text(
-        f'[host]\nname = "gpu-a"\n[paths]\nstate_dir = "{tmp_path / "state"}"\n'
-        "[executor]\ngate_wait_s = 3\n")
-    return tmp_path
+    return make_host(tmp_path)
 
 
 def _harness(host: Path, gpus: tuple[int, ...]) -> Harness:
-    args = DriverArgs(slot=f"runnerctl/gpu-a/gpu{gpus[0]}-{gpus[-1]}", gpus=gpus,
-                      gpu_source=f"sim:{host / 'gpus.yaml'}", config=str(host / "runnerctl.toml"),
-                      driver="slurm")
-    return Harness(args, host / "work")
+    return harness_for(host, gpus, "slurm")
 
 
 def _slurm_jobs(name: str) -> list[str]:
