@@ -1,0 +1,1 @@
+"""The controller: observe -> plan (pure) -> act, once per tick."""

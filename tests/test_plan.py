@@ -1,0 +1,134 @@
+"""The pure planner: S1 always, L1 reservation and drain, L2 release, gate respected."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runnerctl.controller.plan import Demand, Observed, SlotState, plan
+from runnerctl.gpus.sim import count_snapshot
+from runnerctl.layout import plan_slots
+from runnerctl.model import Slot
+
+SLOTS = plan_slots(count_snapshot("gpu-a", 8))
+BY_KEY = {s.key: s for s in SLOTS}
+
+
+def _observed(running: dict[str, tuple[int, ...]] | None = None, *, paused: set[str] | None = None,
+              closed: dict[int, str] | None = None, demand: tuple[Demand, ...] = (),
+              reserved: dict[str, int] | None = None) -> Observed:
+    running = running or {}
+    paused = {s.key for s in SLOTS if s.size > 1} if paused is None else paused
+    states = tuple(SlotState(s, s.key in paused, running.get(s.key, ())) for s in SLOTS)
+    return Observed(states, closed or {}, demand,
+                    {BY_KEY[k].name: j for k, j in (reserved or {}).items()})
+
+
+def _open(observed: Observed) -> set[str]:
+    return {s.key for s in plan(observed).open_slots()}
+
+
+def test_idle_host_opens_every_single_and_no_block() -> None:
+    assert _open(_observed()) == {f"gpu{i}" for i in range(8)}
+
+
+def test_four_gpu_demand_takes_the_idle_quad_at_once() -> None:
+    observed = _observed({"gpu1": (11,)}, demand=(Demand(99, 4, 10.0),))
+    result = plan(observed)
+    assert {s.key for s in result.open_slots()} == {"gpu4-7", "gpu0", "gpu1", "gpu2", "gpu3"}
+    assert result.reserved == {BY_KEY["gpu4-7"].name: 99}
+    pauses, resumes = result.actions(observed)
+    assert {d.slot.key for d in pauses} == {"gpu4", "gpu5", "gpu6", "gpu7"}
+    assert [d.slot.key for d in resumes] == ["gpu4-7"]
+
+
+def test_busy_host_drains_the_block_that_frees_soonest() -> None:
+    running = {"gpu0": (1,), "gpu1": (2,), "gpu2": (3,), "gpu4": (4,), "gpu6": (5,), "gpu7": (6,),
+               "gpu5": (7,)}
+    observed = _observed(running, paused=set(), demand=(Demand(99, 4, 10.0),))
+    result = plan(observed)
+    decisions = {d.slot.key: d for d in result.decisions}
+    assert result.reserved == {BY_KEY["gpu0-3"].name: 99}  # 3 busy GPUs beat 4
+    assert not decisions["gpu0-3"].open and "draining for job 99" in decisions["gpu0-3"].reason
+    assert not any(decisions[f"gpu{i}"].open for i in range(4))  # no new 1-GPU job there
+    assert decisions["gpu3"].reason.startswith("drained for")
+    # the three jobs end: the block opens
+    done = _observed({k: v for k, v in running.items() if k not in ("gpu0", "gpu1", "gpu2")},
+                     paused={f"gpu{i}" for i in range(4)} | {"gpu0-3"},
+                     demand=(Demand(99, 4, 10.0),), reserved={"gpu0-3": 99})
+    assert "gpu0-3" in _open(done)
+
+
+def test_reservation_is_kept_while_its_job_waits() -> None:
+    running = {"gpu0": (1,), "gpu4": (2,)}
+    observed = _observed(running, paused={"gpu4", "gpu5", "gpu6", "gpu7"},
+                         demand=(Demand(99, 4, 10.0),), reserved={"gpu4-7": 99})
+    assert plan(observed).reserved == {BY_KEY["gpu4-7"].name: 99}
+
+
+def test_demand_gone_reopens_singles_in_one_tick() -> None:
+    observed = _observed(paused={f"gpu{i}" for i in range(4)} | {"gpu0-1", "gpu2-3", "gpu4-5",
+                                                                   "gpu6-7", "gpu4-7", "gpu0-7"},
+                         reserved={"gpu0-3": 99})
+    result = plan(observed)
+    pauses, resumes = result.actions(observed)
+    assert [d.slot.key for d in pauses] == ["gpu0-3"]
+    assert {d.slot.key for d in resumes} == {"gpu0", "gpu1", "gpu2", "gpu3"}
+
+
+def test_urgency_priority_then_age() -> None:
+    demand = (Demand(1, 8, 5.0, "low"), Demand(2, 8, 9.0, "high"))
+    assert plan(_observed(demand=demand)).reserved == {BY_KEY["gpu0-7"].name: 2}
+
+
+def test_closed_gpu_keeps_its_slots_shut_and_blocks_avoid_it() -> None:
+    observed = _observed(closed={5: "foreign process 4242 (alice)"}, demand=(Demand(9, 4, 1.0),))
+    result = plan(observed)
+    decisions = {d.slot.key: d for d in result.decisions}
+    assert not decisions["gpu5"].open and "alice" in decisions["gpu5"].reason
+    assert result.reserved == {BY_KEY["gpu0-3"].name: 9}
+    assert plan(_observed(closed={1: "x", 5: "y"}, demand=(Demand(9, 4, 1.0),))).reserved == {}
+
+
+def test_block_with_a_running_job_keeps_its_gpus_from_singles() -> None:
+    observed = _observed({"gpu0-3": (7,)}, paused={"gpu0", "gpu1", "gpu2", "gpu3"} | {
+        s.key for s in SLOTS if s.size > 1 and s.key != "gpu0-3"})
+    opened = _open(observed)
+    assert "gpu0-3" not in opened  # its demand is gone: it takes no new job
+    assert not opened & {"gpu0", "gpu1", "gpu2", "gpu3"}  # but its job still runs there
+
+
+slot_keys = st.sampled_from([s.key for s in SLOTS])
+
+
+@settings(max_examples=300, deadline=None)
+@given(running=st.dictionaries(slot_keys, st.just((1,)), max_size=6),
+       paused=st.sets(slot_keys),
+       closed=st.dictionaries(st.integers(0, 7), st.just("foreign"), max_size=3),
+       demand=st.lists(st.builds(Demand, st.integers(1, 50), st.sampled_from([1, 2, 4, 8]),
+                                 st.floats(0, 100), st.sampled_from(["high", "normal", "low"])),
+                       max_size=5),
+       reserved=st.dictionaries(slot_keys, st.integers(1, 50), max_size=2))
+def test_s1_and_gate_hold_for_any_observation(running: dict[str, tuple[int, ...]], paused: set[str],
+                                              closed: dict[int, str], demand: list[Demand],
+                                              reserved: dict[str, int]) -> None:
+    observed = _observed(running, paused=paused, closed=closed, demand=tuple(demand),
+                         reserved=reserved)
+    result = plan(observed)
+    opened: list[Slot] = result.open_slots()
+    for a, b in itertools.combinations(opened, 2):
+        assert set(a.gpus).isdisjoint(b.gpus), (a.key, b.key)  # S1
+    busy_by = {g: k for k in running for g in BY_KEY[k].gpus}
+    for slot in opened:
+        assert not set(slot.gpus) & set(closed)  # no job next to a foreign process
+        assert all(busy_by.get(g, slot.key) == slot.key for g in slot.gpus)  # no double use
+    reserved_slots = [BY_KEY[s.rsplit("/", 1)[-1]] for s in result.reserved]
+    for a, b in itertools.combinations(reserved_slots, 2):
+        assert set(a.gpus).isdisjoint(b.gpus)
+    # L1: the most urgent multi-GPU demand that fits somewhere gets a block
+    fitting = [d for d in sorted(demand, key=lambda d: d.urgency) if d.gpus > 1 and any(
+        s.size == d.gpus and not set(s.gpus) & set(closed) for s in SLOTS)]
+    if fitting:
+        assert fitting[0].job_id in result.reserved.values()
