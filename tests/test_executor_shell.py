@@ -174,3 +174,42 @@ def test_stale_lease_of_a_dead_runner_is_reclaimed_by_next_prepare(host: Path) -
 
 def _job_processes(token: str) -> list[int]:
     return [p.pid for p in psutil.process_iter() if lease_token(p.pid) == token]
+
+
+def test_two_prepares_at_once_exactly_one_gets_the_gpus(host: Path) -> None:
+    left, right = _harness(host, (0, 1)), _harness(host, (1, 2))
+    job_a, job_b = FakeJob(id=211), FakeJob(id=212)
+    procs = {job_a.id: left.start("prepare", job_a), job_b.id: right.start("prepare", job_b)}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and all(p.poll() is None for p in procs.values()):
+        time.sleep(0.05)
+    winner = next(job for job, p in procs.items() if p.poll() is not None)
+    loser = job_b.id if winner == job_a.id else job_a.id
+    assert procs[winner].returncode == 0
+    assert procs[loser].poll() is None  # still waiting for GPU 1
+    holders = {lease.job_id for lease in _leases(host).all()}
+    assert holders == {str(winner)}
+    (left if winner == job_a.id else right).stage("cleanup", FakeJob(id=winner))
+    out, _ = procs[loser].communicate(timeout=30)
+    assert procs[loser].returncode == 0, out
+    assert {lease.job_id for lease in _leases(host).all()} == {str(loser)}
+    (left if loser == job_a.id else right).stage("cleanup", FakeJob(id=loser))
+
+
+def test_driver_killed_while_prepare_waits_then_cleanup_leaves_no_lease(host: Path) -> None:
+    colleague = subprocess.Popen(["sleep", "60"], user="nobody")
+    try:
+        (host / "gpus.yaml").write_text(
+            f"host: gpu-a\ngpus: 8\nprocesses:\n  - {{gpu: 3, pid: {colleague.pid}}}\n")
+        harness = _harness(host, (3,))
+        job = FakeJob(id=503)
+        waiting = harness.start("prepare", job)
+        time.sleep(1.0)
+        assert [lease.job_id for lease in _leases(host).all()] == ["503"]  # leased, gated
+        os.killpg(waiting.pid, signal.SIGKILL)
+        waiting.wait()
+        assert harness.stage("cleanup", job).code == 0
+        assert _leases(host).all() == []
+    finally:
+        colleague.kill()
+        colleague.wait()
