@@ -86,17 +86,18 @@ def plan(observed: Observed) -> Plan:
     return Plan(decisions, {name: job for name, (_, job) in reservations.items()})
 
 
-def _busy_gpus(observed: Observed) -> dict[int, str]:
-    """GPU -> name of the slot whose running job is on it."""
-    busy: dict[int, str] = {}
+def _busy_gpus(observed: Observed) -> dict[int, set[str]]:
+    """GPU -> names of the slots whose running jobs are on it (more than one only if
+    something already went wrong; the planner must stay safe then too)."""
+    busy: dict[int, set[str]] = {}
     for state in observed.slots:
         if state.running_jobs:
             for gpu in state.slot.gpus:
-                busy[gpu] = state.slot.name
+                busy.setdefault(gpu, set()).add(state.slot.name)
     return busy
 
 
-def _reserve(observed: Observed, busy: Mapping[int, str]) -> dict[str, tuple[Slot, int]]:
+def _reserve(observed: Observed, busy: Mapping[int, set[str]]) -> dict[str, tuple[Slot, int]]:
     """Blocks reserved for pending multi-GPU jobs, most urgent first, disjoint."""
     by_name = {s.slot.name: s for s in observed.slots}
     taken: set[int] = set()
@@ -116,21 +117,21 @@ def _reserve(observed: Observed, busy: Mapping[int, str]) -> dict[str, tuple[Slo
     return reservations
 
 
-def _cost(block: Slot, busy: Mapping[int, str],
+def _cost(block: Slot, busy: Mapping[int, set[str]],
           by_name: Mapping[str, SlotState]) -> tuple[int, int, tuple[int, ...]]:
-    holders = {busy[g] for g in block.gpus if g in busy}
+    holders = set().union(*(busy.get(g, set()) for g in block.gpus))
     jobs = sum(len(by_name[h].running_jobs) for h in holders if h in by_name)
     return sum(1 for g in block.gpus if g in busy), jobs, block.gpus
 
 
-def _decide(state: SlotState, observed: Observed, busy: Mapping[int, str],
+def _decide(state: SlotState, observed: Observed, busy: Mapping[int, set[str]],
             reservations: Mapping[str, tuple[Slot, int]],
             reserved_gpus: Mapping[int, str]) -> Decision:
     slot = state.slot
     closed = [g for g in slot.gpus if g in observed.closed]
     if closed:
         return Decision(slot, False, f"GPU {closed[0]} closed: {observed.closed[closed[0]]}")
-    others = sorted({busy[g] for g in slot.gpus if g in busy and busy[g] != slot.name})
+    others = sorted(set().union(*(busy.get(g, set()) for g in slot.gpus)) - {slot.name})
     if slot.name in reservations:
         job = reservations[slot.name][1]
         if others:
