@@ -70,7 +70,7 @@ def test_stale_only_when_owner_and_group_are_gone(tmp_path: Path) -> None:
     assert is_stale(reused)  # same pid, other process: not the owner
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=int(os.environ.get("LEASE_EXAMPLES", "50")), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["prepare", "run", "cleanup", "kill"]),
                           st.integers(0, 5),
                           st.sampled_from([(0,), (1,), (0, 1), (2, 3), (0, 1, 2, 3), (4, 5, 6, 7),
