@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import click
 
 from runnerctl import __version__
-from runnerctl.cli import experiments, host
+from runnerctl.cli import controller, experiments, host
 from runnerctl.errors import ExitCode, RunnerctlError
 
 COMMANDS: list[click.Command] = [
@@ -23,6 +23,7 @@ COMMANDS: list[click.Command] = [
     host.doctor,
     experiments.render_command,
     experiments.postgres,
+    controller.simulate,
 ]
 
 

@@ -98,22 +98,31 @@ def _busy_gpus(observed: Observed) -> dict[int, set[str]]:
 
 
 def _reserve(observed: Observed, busy: Mapping[int, set[str]]) -> dict[str, tuple[Slot, int]]:
-    """Blocks reserved for pending multi-GPU jobs, most urgent first, disjoint."""
+    """Blocks reserved for pending multi-GPU jobs, most urgent first, disjoint.
+
+    Only the most urgent job that fits drains GPUs for itself (a reservation, as a
+    backfilling scheduler makes for its top job); later jobs take a block only when all
+    of its GPUs are idle already, so draining never idles more than one block at a time.
+    """
     by_name = {s.slot.name: s for s in observed.slots}
     taken: set[int] = set()
     reservations: dict[str, tuple[Slot, int]] = {}
+    draining = False
     for demand in sorted(observed.demand, key=lambda d: d.urgency):
         if demand.gpus < 2:
             continue
         candidates = [s.slot for s in observed.slots if s.slot.size == demand.gpus
                       and not taken & set(s.slot.gpus)
                       and not any(g in observed.closed for g in s.slot.gpus)]
+        if draining:
+            candidates = [c for c in candidates if not any(g in busy for g in c.gpus)]
         if not candidates:
             continue
         kept = [c for c in candidates if observed.reserved.get(c.name) == demand.job_id]
         block = kept[0] if kept else min(candidates, key=lambda c: _cost(c, busy, by_name))
         reservations[block.name] = (block, demand.job_id)
         taken.update(block.gpus)
+        draining = True
     return reservations
 
 

@@ -1,0 +1,77 @@
+"""The simulator: invariants hold for every policy; the mechanics behave as modelled."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runnerctl.cli import main
+from runnerctl.errors import ConfigError
+from runnerctl.sim.simulator import POLICIES, ForeignUse, SimConfig, Simulator, TraceJob
+from runnerctl.sim.trace import read_jobs, synthetic
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_no_double_allocation_or_foreign_collision(policy: str, seed: int) -> None:
+    jobs, foreign = synthetic(120, hosts=2, seed=seed, foreign_per_host=3)
+    result = Simulator(jobs, SimConfig(hosts=2, policy=policy), foreign).run()
+    assert result["double_allocations"] == 0 and result["foreign_collisions"] == 0
+    started = len(jobs) - int(result["jobs_never_started"])  # type: ignore[call-overload]
+    assert result["jobs_completed"] == started
+
+
+def test_static_singles_never_starts_a_multi_gpu_job() -> None:
+    jobs, _ = synthetic(80, seed=3)
+    result = Simulator(jobs, SimConfig(policy="static-singles")).run()
+    assert result["jobs_never_started"] == sum(1 for j in jobs if j.gpus > 1)
+    assert set(result["wait_max_s"]) == {1}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("policy", ["dynamic", "greedy", "fifo"])
+def test_full_policies_complete_every_job(policy: str) -> None:
+    jobs, foreign = synthetic(150, seed=4, foreign_per_host=2)
+    result = Simulator(jobs, SimConfig(policy=policy), foreign).run()
+    assert result["jobs_completed"] == len(jobs)
+    assert float(result["makespan_s"]) >= float(result["lower_bound_s"])  # type: ignore[arg-type]
+
+
+def test_lone_eight_gpu_job_starts_within_drain_plus_two_intervals_and_a_poll() -> None:
+    """L1 on an otherwise quiet host: it waits only for the jobs already on its GPUs."""
+    jobs = [TraceJob(1, 0.0, 1, 100.0), TraceJob(2, 0.0, 1, 40.0), TraceJob(3, 10.0, 8, 50.0)]
+    config = SimConfig(policy="dynamic")
+    sim = Simulator(jobs, config)
+    sim.run()
+    last_end = max(sim.finished[1], sim.finished[2])
+    assert sim.started[3] <= last_end + 2 * config.reconcile_s + config.check_s
+
+
+def test_single_gpu_stream_does_not_starve_a_four_gpu_job() -> None:
+    stream = [TraceJob(i, i * 10.0, 1, 120.0) for i in range(1, 200)]
+    big = TraceJob(1000, 100.0, 4, 60.0)
+    sim = Simulator([*stream, big], SimConfig(policy="dynamic"))
+    sim.run()
+    assert sim.started[1000] - big.submit <= 120.0 + 2 * 5.0 + 3.0
+
+
+def test_foreign_use_closes_a_gpu_until_cool_down() -> None:
+    jobs = [TraceJob(1, 0.0, 8, 10.0)]
+    foreign = [ForeignUse(0.0, 100.0, 0, 3)]
+    sim = Simulator(jobs, SimConfig(policy="dynamic", cooldown_s=30.0), foreign)
+    sim.run()
+    assert sim.started[1] >= 130.0
+
+
+def test_cli_json_and_bad_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "jobs.csv"
+    trace.write_text("job_id,submit_time,gpus,duration\n1,0,2,30\n2,5,1,10\n")
+    assert main(["simulate", "--trace", str(trace), "--policy", "greedy", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["jobs_completed"] == 2 and result["double_allocations"] == 0
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,when\n1,2\n")
+    with pytest.raises(ConfigError, match="missing column"):
+        read_jobs(bad)
+    assert main(["simulate", "--trace", str(bad)]) == 3
