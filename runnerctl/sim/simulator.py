@@ -92,7 +92,8 @@ class Simulator:
         self.config = config
         self.jobs = {j.job_id: j for j in jobs}
         self.hosts = [_Host(i, config) for i in range(config.hosts)]
-        self.pending: list[int] = []  # arrival order
+        self.pending: dict[int, None] = {}  # arrival order
+        self.by_size: dict[int, dict[int, None]] = {}  # pending jobs by GPU count
         self.started: dict[int, float] = {}
         self.finished: dict[int, float] = {}
         self.claims: dict[int, int] = {}  # job -> host draining for it
@@ -117,7 +118,7 @@ class Simulator:
         next_poll = 0.0
         next_tick = 0.0
         now = 0.0
-        while self._events or (self.pending and self._can_progress()):
+        while self._events or (self.pending and self._can_progress()):  # cheap while events remain
             if runner_policy and self.pending:
                 upcoming = self._events[0][0] if self._events else float("inf")
                 wake = min(next_poll, next_tick if self.config.policy == "dynamic" else float("inf"))
@@ -156,7 +157,8 @@ class Simulator:
     # -- events ----------------------------------------------------------------------
     def _handle(self, now: float, kind: str, data: tuple[int, ...]) -> None:
         if kind == "arrive":
-            self.pending.append(data[0])
+            self.pending[data[0]] = None
+            self.by_size.setdefault(self.jobs[data[0]].gpus, {})[data[0]] = None
         elif kind == "end":
             self._finish(now, data[0], data[1])
         elif kind == "foreign+":
@@ -178,7 +180,8 @@ class Simulator:
             host.owner[g] = job_id
         if runner is not None:
             runner.job = job_id
-        self.pending.remove(job_id)
+        del self.pending[job_id]
+        del self.by_size[self.jobs[job_id].gpus][job_id]
         self.claims.pop(job_id, None)
         self.started[job_id] = now
         job = self.jobs[job_id]
@@ -204,12 +207,12 @@ class Simulator:
                     continue
                 if any(host.foreign[g] or host.closed_until[g] > now for g in runner.slot.gpus):
                     continue  # the executor's gate refuses to start there
-                job_id = next((j for j in self.pending if self.jobs[j].gpus == runner.slot.size), None)
+                job_id = next(iter(self.by_size.get(runner.slot.size, ())), None)
                 if job_id is not None:
                     self._start(now, host_no, runner.slot.gpus, job_id, runner)
 
     def _reconcile(self, now: float) -> None:
-        multi = [self.jobs[j] for j in self.pending if self.jobs[j].gpus > 1]
+        multi = [self.jobs[j] for size, queue in self.by_size.items() if size > 1 for j in queue]
         for host_no, host in enumerate(self.hosts):
             closed = {g: "foreign" for g in range(len(host.owner))
                       if host.foreign[g] or host.closed_until[g] > now}
