@@ -93,7 +93,7 @@ def test_gitlab_timeout_stops_the_container(engine: docker.DockerClient, host: P
     assert result.code == 1 and time.monotonic() - started < 35
     (container,) = _containers(engine, 705)
     container.reload()
-    assert container.status == "exited"
+    assert container.status != "running"  # stopped (exited, or already being removed)
     harness.stage("cleanup", job)
     assert _containers(engine, 705) == []
 

@@ -204,8 +204,11 @@ def test_driver_killed_while_prepare_waits_then_cleanup_leaves_no_lease(host: Pa
         harness = _harness(host, (3,))
         job = FakeJob(id=503)
         waiting = harness.start("prepare", job)
-        time.sleep(1.0)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not _leases(host).all():
+            time.sleep(0.05)
         assert [lease.job_id for lease in _leases(host).all()] == ["503"]  # leased, gated
+        assert waiting.poll() is None
         os.killpg(waiting.pid, signal.SIGKILL)
         waiting.wait()
         assert harness.stage("cleanup", job).code == 0
