@@ -1,8 +1,11 @@
 """What every driver gets and does: the stage context, the driver protocol, the registry.
 
-A driver implements the four stages for one way of running a job (a process group, a
-container, a Slurm job). The stage logic shared by all of them (GPU leases, the gate,
-exit-code mapping) lives in `stages`; drivers only start, run and remove.
+A driver implements the stages for one way of running a job (a process group, a
+container, a Slurm job) and `reap`, which ends whatever a job left behind given only its
+lease record: cleanup, a later prepare and the controller all reap through it, so what
+a dead job left is found the same way everywhere. The stage logic shared by all drivers
+(GPU leases, the gate, exit-code mapping) lives in `stages`; drivers only start, run
+and remove.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from runnerctl.executors.contract import (
     ENV_SYSTEM_FAILURE,
     DriverArgs,
 )
+from runnerctl.executors.lease import Lease
 from runnerctl.gpus import GpuSource, open_gpu_source
 from runnerctl.settings import Settings
 
@@ -68,6 +72,7 @@ class StageContext:
     settings: Settings
     env: Mapping[str, str]
     job: Job
+    lease: Lease | None = None  # this job's lease on one of its GPUs, once taken
 
     @property
     def build_failure_code(self) -> int:
@@ -79,7 +84,10 @@ class StageContext:
 
     @property
     def lease_token(self) -> str:
-        return f"{self.job.id}@{self.args.slot}"
+        if self.lease is None:
+            raise SystemFailure(f"job {self.job.id} holds no lease on GPUs "
+                                f"{','.join(str(g) for g in self.args.gpus)}")
+        return self.lease.token
 
     def gpu_source(self) -> GpuSource:
         return open_gpu_source(self.args.gpu_source, host=self.settings.host.name)
@@ -95,10 +103,17 @@ class StageContext:
 class Driver(Protocol):
     name: str
 
-    def config(self, ctx: StageContext) -> dict[str, Any]: ...
-    def prepare(self, ctx: StageContext) -> None: ...
-    def run(self, ctx: StageContext, script: Path, stage: str) -> int: ...
-    def cleanup(self, ctx: StageContext) -> None: ...
+    def config(self, ctx: StageContext) -> dict[str, Any]:
+        """The config_exec JSON (builds_dir, cache_dir, hostname, driver, job_env)."""
+
+    def prepare(self, ctx: StageContext) -> None:
+        """Create what the job runs in; ctx.lease is held. Raise SystemFailure if it cannot."""
+
+    def run(self, ctx: StageContext, script: Path, stage: str) -> int:
+        """Run one stage script; return its exit code (SystemFailure for infrastructure)."""
+
+    def reap(self, lease: Lease, settings: Settings) -> None:
+        """End and remove what the lease's job left: only things carrying its token (S4)."""
 
 
 def load_registry() -> dict[str, Callable[[], Driver]]:

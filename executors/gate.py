@@ -1,23 +1,42 @@
-"""The NVML gate (invariant S3): no job starts on a GPU with a foreign process.
+"""Which processes on a GPU are CI and which are foreign; the gate in prepare (S3).
 
-A process on a GPU is CI when its environment carries RUNNERCTL_LEASE naming the live
-lease of that GPU (/proc/<pid>/environ; PIDs from NVML are host PIDs, also inside
-containers). Anything else is foreign: a colleague's `python train.py`, a process we
-cannot read, a process another job left behind. The gate only reads; it never signals
-anything (S4).
+A process on GPU g is CI when it belongs to the live lease of g: its environment
+carries that lease's RUNNERCTL_LEASE token (/proc/<pid>/environ; NVML gives host PIDs,
+also for processes inside containers), or it lives in the lease's container cgroup or
+Slurm job cgroup, or it is in (or descends from) the lease's process group and started
+after the lease. Anything else is foreign: a colleague's `python train.py`, a process we
+cannot read, a process another job left behind or started on a GPU it does not hold.
+
+The controller calls `classify` with `read_leases` to keep runners closed on GPUs in
+foreign use; prepare calls `wait_until_free`. Both only read; nothing here signals (S4).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 
 import psutil
 
-from runnerctl.executors.lease import LEASE_ENV, Lease
+from runnerctl.executors.lease import Lease, environ_token
 from runnerctl.gpus import GpuSource
 from runnerctl.model import GpuProcess, GpuSnapshot
+
+CLOCK_SLACK_S = 2.0
+"""psutil dates processes from the whole-second boot time: compare creation times loosely."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuUse:
+    """One GPU's processes, split by whom they belong to."""
+
+    gpu: int
+    lease: Lease | None
+    ci: tuple[GpuProcess, ...] = ()
+    foreign: tuple[GpuProcess, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,22 +51,64 @@ class Foreign:
                 f"{self.process.user or 'unknown'}{size}")
 
 
-def lease_token(pid: int) -> str | None:
+def _cgroup(pid: int) -> str:
     try:
-        return psutil.Process(pid).environ().get(LEASE_ENV)
+        return Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return ""
+
+
+def lease_token(pid: int) -> str | None:
+    """The RUNNERCTL_LEASE a process carries (prefer `belongs_to`, which also knows cgroups)."""
+    return environ_token(pid)
+
+
+def belongs_to(pid: int, lease: Lease) -> bool:
+    """Is this process part of the lease's job? Reads /proc only."""
+    if environ_token(pid) == lease.token:
+        return True
+    cgroup = _cgroup(pid)
+    if lease.container and lease.container in cgroup:
+        return True
+    if lease.slurm_job and f"/job_{lease.slurm_job}/" in cgroup:
+        return True
+    if lease.pgid is None:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.create_time() < lease.created_at - CLOCK_SLACK_S:
+            return False  # older than the lease: a reused group id, not the job's
+        chain = [proc, *proc.parents()]
+        return any(p.pid == lease.pgid or _pgid(p) == lease.pgid for p in chain)
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+def _pgid(proc: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(proc.pid)
+    except ProcessLookupError:
         return None
+
+
+def classify(snapshot: GpuSnapshot, leases: Iterable[Lease]) -> Mapping[int, GpuUse]:
+    """Every GPU of the snapshot: its lease (if any), its CI and its foreign processes."""
+    by_gpu = {lease.gpu: lease for lease in leases}
+    result = {}
+    for gpu in snapshot.gpus:
+        lease = by_gpu.get(gpu.index)
+        ci: list[GpuProcess] = []
+        foreign: list[GpuProcess] = []
+        for proc in gpu.processes:
+            (ci if lease is not None and belongs_to(proc.pid, lease) else foreign).append(proc)
+        result[gpu.index] = GpuUse(gpu.index, lease, tuple(ci), tuple(foreign))
+    return result
 
 
 def foreign_processes(snapshot: GpuSnapshot, gpus: Iterable[int],
                       leases: Iterable[Lease]) -> list[Foreign]:
-    tokens = {lease.gpu: lease.token for lease in leases}
-    found = []
-    for gpu in gpus:
-        for proc in snapshot.gpu(gpu).processes:
-            if lease_token(proc.pid) != tokens.get(gpu) or gpu not in tokens:
-                found.append(Foreign(gpu, proc))
-    return found
+    uses = classify(snapshot, leases)
+    return [Foreign(gpu, proc) for gpu in gpus for proc in uses[gpu].foreign]
 
 
 def wait_until_free(source: GpuSource, gpus: tuple[int, ...], leases: Callable[[], list[Lease]],
@@ -60,4 +121,4 @@ def wait_until_free(source: GpuSource, gpus: tuple[int, ...], leases: Callable[[
         foreign = foreign_processes(source.snapshot(), gpus, leases())
         if not foreign or clock() >= deadline:
             return foreign
-        sleep(poll_s)
+        sleep(min(poll_s, max(deadline - clock(), 0.05)))

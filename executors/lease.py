@@ -3,9 +3,14 @@
 GitLab may race (two runners over one GPU picking jobs at once, a controller that is
 down); the lease cannot. `prepare` takes one lease file per GPU of its set, all or
 nothing, under a host-wide lock; `cleanup` releases them. A lease names its job and the
-process that owns the job (gitlab-runner, the parent of every stage): when that process
-is gone and no process of the job's process group is left, the lease is stale and the
-next prepare (or the controller) reclaims it; never while anything of the job runs.
+process that owns the job (gitlab-runner, the parent of every stage). It is stale only
+when that owner is gone *and* nothing of the job still runs (its process group, a
+process carrying its token, its Slurm job); then the next prepare or the controller
+reclaims it, never while the job's processes run.
+
+Each lease carries a random token, `<job id>@<slot>:<nonce>`, that every process of the
+job gets as RUNNERCTL_LEASE: a user cannot guess it, so a process outside CI cannot pass
+for one (gate) and cleanup cannot be led to signal it (S4).
 
 Files: <state_dir>/leases/gpu<N>.json (one JSON record each) and .lock (flock mutex).
 """
@@ -17,6 +22,8 @@ import dataclasses
 import fcntl
 import json
 import os
+import secrets
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +32,7 @@ from typing import Any
 import psutil
 
 LEASE_ENV = "RUNNERCTL_LEASE"
-"""Set in every process a job runs: `<job id>@<slot>`; tells CI processes from foreign ones."""
+"""Set in every process a job runs to the lease's token; tells CI processes from foreign ones."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,13 +47,18 @@ class Lease:
     pipeline_id: str = ""
     project: str = ""
     user: str = ""
-    pgid: int | None = None  # the job's process group (shell driver)
+    nonce: str = ""  # random per prepare: makes the token unguessable
+    pgid: int | None = None  # the process group of the job's latest host stage
     container: str | None = None  # docker driver
     slurm_job: str | None = None  # slurm driver
 
     @property
     def token(self) -> str:
-        return f"{self.job_id}@{self.slot}"
+        return f"{self.job_id}@{self.slot}:{self.nonce}"
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(8)
 
 
 class LeaseBusy(Exception):
@@ -75,9 +87,55 @@ def group_alive(pgid: int | None) -> bool:
     return True
 
 
+def environ_token(pid: int) -> str | None:
+    """The RUNNERCTL_LEASE a process runs with; None when it has none or cannot be read."""
+    try:
+        return psutil.Process(pid).environ().get(LEASE_ENV)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def token_processes(token: str, *, same_uid: bool = True) -> list[psutil.Process]:
+    """Processes carrying `token`; with same_uid, only those of this process's user (S4)."""
+    found = []
+    uid = os.getuid()
+    for proc in psutil.process_iter():
+        if environ_token(proc.pid) != token:
+            continue
+        try:
+            if not same_uid or proc.uids().real == uid:
+                found.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+_SLURM_DONE = ("", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+               "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+
+def slurm_active(job: str | None) -> bool:
+    """True while Slurm still lists the job as pending or running (unknown counts as active)."""
+    if job is None:
+        return False
+    try:
+        result = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                                text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return True  # cannot ask Slurm: keep the lease rather than guess
+    if result.returncode != 0 and "Invalid job id" not in result.stderr:
+        return True
+    return result.stdout.strip() not in _SLURM_DONE
+
+
+def job_running(lease: Lease) -> bool:
+    return (group_alive(lease.pgid) or bool(token_processes(lease.token, same_uid=False))
+            or slurm_active(lease.slurm_job))
+
+
 def is_stale(lease: Lease) -> bool:
     owner_alive = process_started(lease.owner_pid) == lease.owner_started
-    return not owner_alive and not group_alive(lease.pgid)
+    return not owner_alive and not job_running(lease)
 
 
 class LeaseTable:
@@ -100,11 +158,11 @@ class LeaseTable:
     def _read(self, gpu: int) -> Lease | None:
         try:
             data = json.loads(self._path(gpu).read_text())
+            return Lease(**data)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError):
+        except (OSError, ValueError, TypeError):
             return None  # a torn or foreign file holds nothing; it is rewritten on acquire
-        return Lease(**data)
 
     def _write(self, lease: Lease) -> None:
         tmp = self._path(lease.gpu).with_suffix(".tmp")
@@ -114,31 +172,45 @@ class LeaseTable:
     def all(self) -> list[Lease]:
         if not self.dir.exists():
             return []
-        found = (self._read(int(p.stem[3:])) for p in self.dir.glob("gpu*.json"))
+        found = (self._read(int(p.stem[3:])) for p in self.dir.glob("gpu*.json")
+                 if p.stem[3:].isdigit())
         return sorted((lease for lease in found if lease is not None), key=lambda x: x.gpu)
 
     def try_acquire(self, gpus: tuple[int, ...], template: Lease) -> list[Lease]:
         """Take every GPU or none; returns the live leases in the way (empty on success)."""
+        return self._take(gpus, template)[0]
+
+    def _take(self, gpus: tuple[int, ...], template: Lease) -> tuple[list[Lease], list[Lease]]:
+        """Take every GPU or none: (live leases in the way, leases replaced).
+
+        Replaced leases are stale ones and this job's own from an earlier prepare attempt;
+        the caller reaps what they left (a container, say) once it holds the GPUs.
+        """
         with self._mutex():
-            holders = []
+            holders, replaced = [], []
             for gpu in gpus:
                 held = self._read(gpu)
-                if held is not None and held.job_id != template.job_id and not is_stale(held):
+                if held is None:
+                    continue
+                if held.job_id == template.job_id or is_stale(held):
+                    replaced.append(held)
+                else:
                     holders.append(held)
             if holders:
-                return holders
+                return holders, []
             for gpu in gpus:
                 self._write(dataclasses.replace(template, gpu=gpu))
-            return []
+            return [], replaced
 
     def acquire(self, gpus: tuple[int, ...], template: Lease, *, wait_s: float,
                 poll_s: float = 1.0, sleep: Callable[[float], None] = time.sleep,
-                clock: Callable[[], float] = time.monotonic) -> None:
+                clock: Callable[[], float] = time.monotonic) -> list[Lease]:
+        """Wait up to wait_s for the GPUs; returns the leases replaced (see try_acquire)."""
         deadline = clock() + wait_s
         while True:
-            holders = self.try_acquire(gpus, template)
+            holders, replaced = self._take(gpus, template)
             if not holders:
-                return
+                return replaced
             if clock() >= deadline:
                 raise LeaseBusy(holders)
             sleep(poll_s)
@@ -146,18 +218,19 @@ class LeaseTable:
     def held_by(self, job_id: str) -> list[Lease]:
         return [lease for lease in self.all() if lease.job_id == job_id]
 
-    def update(self, job_id: str, **fields: Any) -> None:
+    def update(self, token: str, **fields: Any) -> None:
+        """Record a handle (pgid, container, Slurm job) on every lease with this token."""
         with self._mutex():
-            for lease in self.held_by(job_id):
-                self._write(dataclasses.replace(lease, **fields))
+            for lease in self.all():
+                if lease.token == token:
+                    self._write(dataclasses.replace(lease, **fields))
 
-    def release(self, job_id: str) -> list[int]:
-        """Remove this job's leases (only its own); returns the GPUs freed."""
+    def release(self, job_id: str) -> list[Lease]:
+        """Remove this job's leases (only its own); returns them."""
         with self._mutex():
-            freed = []
-            for lease in self.held_by(job_id):
+            freed = self.held_by(job_id)
+            for lease in freed:
                 self._path(lease.gpu).unlink(missing_ok=True)
-                freed.append(lease.gpu)
             return freed
 
     def reclaim_stale(self) -> list[Lease]:
@@ -166,3 +239,8 @@ class LeaseTable:
             for lease in stale:
                 self._path(lease.gpu).unlink(missing_ok=True)
             return stale
+
+
+def read_leases(state_dir: Path) -> list[Lease]:
+    """Every lease on this host, one per GPU (the controller's and the web page's view)."""
+    return LeaseTable(state_dir).all()

@@ -9,8 +9,10 @@ the docker driver where that matters. What the shell driver does guarantee: the 
 foreign process).
 
 Stages run in a new session, so a timeout or cancel is forwarded by the driver:
-SIGTERM to the job's process group, then SIGKILL after the graceful timeout; cleanup
-kills whatever still carries this job's RUNNERCTL_LEASE and nothing else (S4).
+SIGTERM to the job's process group, then SIGKILL after the graceful timeout; reap
+(cleanup) kills whatever still carries this job's RUNNERCTL_LEASE token and runs as
+this driver's user, and nothing else (S4). A stored process group id is never signalled
+after the fact: the group may be gone and its id reused.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import psutil
 from runnerctl import __version__
 from runnerctl.executors.contract import GRACEFUL_KILL_TIMEOUT_S
 from runnerctl.executors.driver import StageContext, on_stop
-from runnerctl.executors.gate import lease_token
-from runnerctl.executors.lease import LeaseTable
+from runnerctl.executors.lease import Lease, LeaseTable, token_processes
+from runnerctl.settings import Settings
 
 _GUARDED = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RUNNERCTL_LEASE")
 GUARD = (
@@ -65,31 +67,42 @@ class ShellDriver:
         env = {**ctx.env, **ctx.gpu_env([snapshot.gpu(g).uuid for g in ctx.args.gpus])}
         proc = subprocess.Popen(["bash", "--noprofile", "--norc", "-c", _PRELUDE, str(script)],
                                 env=env, start_new_session=True)
-        LeaseTable(ctx.settings.state_dir).update(ctx.job.id, pgid=proc.pid)
+        LeaseTable(ctx.settings.state_dir).update(ctx.lease_token, pgid=proc.pid)
 
-        with on_stop(lambda: _stop_group(proc)):
+        token = ctx.lease_token
+        with on_stop(lambda: _stop_group(proc, token)):
             return proc.wait()
 
-    def cleanup(self, ctx: StageContext) -> None:
-        for proc in psutil.process_iter():
-            if lease_token(proc.pid) == ctx.lease_token:
-                try:
-                    proc.kill()
-                except psutil.NoSuchProcess:
-                    continue
+    def reap(self, lease: Lease, settings: Settings) -> None:
+        for proc in token_processes(lease.token):
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                continue
 
 
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+def _stop_group(proc: subprocess.Popen[bytes], token: str) -> None:
     """SIGTERM the job's group now and SIGKILL it a little before gitlab-runner gives up.
 
-    Runs in a signal handler while the main thread waits on the process, so the
-    SIGKILL is left to a timer rather than a wait here.
+    Runs in a signal handler while the main thread waits on the process (so the group
+    exists), and leaves the SIGKILL to a timer. By then the group may be gone and its
+    id reused, so the timer kills it only while a process with the job's token is in it.
     """
     _signal_group(proc.pid, signal.SIGTERM)
-    timer = threading.Timer(max(GRACEFUL_KILL_TIMEOUT_S - 5, 1), _signal_group,
-                            args=(proc.pid, signal.SIGKILL))
+    timer = threading.Timer(max(GRACEFUL_KILL_TIMEOUT_S - 5, 1), _kill_leftovers,
+                            args=(proc.pid, token))
     timer.daemon = True
     timer.start()
+
+
+def _kill_leftovers(pgid: int, token: str) -> None:
+    for leftover in token_processes(token):
+        try:
+            if os.getpgid(leftover.pid) == pgid:
+                _signal_group(pgid, signal.SIGKILL)
+            leftover.kill()
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
 
 
 def _signal_group(pgid: int, signum: int) -> None:

@@ -3,12 +3,14 @@
 gitlab-runner starts `python -m runnerctl.executors <stage> <DriverArgs...> [script stage]`
 (executors/contract.py). prepare takes the GPU leases and passes the gate or fails as a
 system failure naming GPU, pid and user; run maps the script's exit code; cleanup
-always releases, and its own failures never change the job's result.
+always reaps and releases, and its own failures never change the job's result.
+`reclaim_stale` is the same reaping for the controller.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -19,8 +21,8 @@ from runnerctl.errors import RunnerctlError
 from runnerctl.executors.contract import DRIVERS, ENV_BUILD_EXIT_CODE_FILE, STAGES, DriverArgs
 from runnerctl.executors.driver import Driver, Job, StageContext, SystemFailure, load_registry
 from runnerctl.executors.gate import wait_until_free
-from runnerctl.executors.lease import Lease, LeaseBusy, LeaseTable, process_started
-from runnerctl.settings import load_settings
+from runnerctl.executors.lease import Lease, LeaseBusy, LeaseTable, new_nonce, process_started
+from runnerctl.settings import Settings, load_settings
 
 
 def parse(argv: list[str]) -> tuple[str, DriverArgs, list[str]]:
@@ -58,43 +60,48 @@ def main(argv: list[str]) -> int:
             if len(rest) != 2:
                 raise SystemFailure("run needs <script path> <stage name> after its arguments")
             return run(ctx, driver, Path(rest[0]), rest[1])
-        cleanup(ctx, driver)
+        cleanup(ctx)
         return 0
-    except (SystemFailure, RunnerctlError) as exc:
+    except (SystemFailure, RunnerctlError, OSError) as exc:
         print(f"runnerctl: {exc}", file=sys.stderr)
         return failure
 
 
 def prepare(ctx: StageContext, driver: Driver) -> None:
+    """Lease every GPU of the slot, then the gate, then the driver; one deadline for both waits."""
     leases = LeaseTable(ctx.settings.state_dir)
     owner = os.getppid()
     template = Lease(gpu=-1, job_id=ctx.job.id, slot=ctx.args.slot, driver=ctx.args.driver,
                      owner_pid=owner, owner_started=process_started(owner) or 0.0,
                      created_at=time.time(), pipeline_id=ctx.job.pipeline_id,
-                     project=ctx.job.project, user=ctx.job.user)
+                     project=ctx.job.project, user=ctx.job.user, nonce=new_nonce())
     wait_s = ctx.settings.executor.gate_wait_s
+    deadline = time.monotonic() + wait_s
     try:
-        leases.acquire(ctx.args.gpus, template, wait_s=wait_s)
+        replaced = leases.acquire(ctx.args.gpus, template, wait_s=wait_s)
     except LeaseBusy as exc:
         raise SystemFailure(f"GPUs {_gpus(ctx)} are leased to another job: {exc}") from None
-    foreign = wait_until_free(ctx.gpu_source(), ctx.args.gpus, leases.all, wait_s=wait_s)
+    ctx = dataclasses.replace(ctx, lease=dataclasses.replace(template, gpu=ctx.args.gpus[0]))
+    reap(replaced, ctx.settings)  # what a dead job, or this job's earlier attempt, left
+    foreign = wait_until_free(ctx.gpu_source(), ctx.args.gpus, leases.all,
+                              wait_s=max(deadline - time.monotonic(), 0.0))
     if foreign:
         leases.release(ctx.job.id)
         raise SystemFailure("; ".join(f.describe() for f in foreign)
                             + f" (waited {wait_s:.0f} s; no job runs on a GPU someone else uses)")
     try:
         driver.prepare(ctx)
-    except SystemFailure:
-        cleanup(ctx, driver)  # give the GPUs back now, not only when cleanup_exec comes
+    except BaseException:
+        cleanup(ctx)  # give the GPUs back now, not only when cleanup_exec comes
         raise
 
 
 def run(ctx: StageContext, driver: Driver, script: Path, stage: str) -> int:
-    held = {lease.gpu for lease in LeaseTable(ctx.settings.state_dir).held_by(ctx.job.id)}
-    if not set(ctx.args.gpus) <= held:
+    held = LeaseTable(ctx.settings.state_dir).held_by(ctx.job.id)
+    if not set(ctx.args.gpus) <= {lease.gpu for lease in held}:
         raise SystemFailure(f"job {ctx.job.id} holds no lease on GPUs {_gpus(ctx)}: prepare "
                             "did not run, or cleanup already released them")
-    code = driver.run(ctx, script, stage)
+    code = driver.run(dataclasses.replace(ctx, lease=held[0]), script, stage)
     if code == 0:
         return 0
     exit_file = ctx.env.get(ENV_BUILD_EXIT_CODE_FILE)
@@ -103,12 +110,32 @@ def run(ctx: StageContext, driver: Driver, script: Path, stage: str) -> int:
     return ctx.build_failure_code
 
 
-def cleanup(ctx: StageContext, driver: Driver) -> None:
-    try:
-        driver.cleanup(ctx)
-    except (SystemFailure, OSError) as exc:  # cleanup never changes the job result
-        print(f"runnerctl: cleanup of job {ctx.job.id}: {exc}", file=sys.stderr)
-    LeaseTable(ctx.settings.state_dir).release(ctx.job.id)
+def cleanup(ctx: StageContext) -> None:
+    """Reap what the job left, then release its leases; never changes the job's result."""
+    table = LeaseTable(ctx.settings.state_dir)
+    reap(table.held_by(ctx.job.id), ctx.settings)
+    table.release(ctx.job.id)
+
+
+def reap(leases: list[Lease], settings: Settings) -> None:
+    """Let each lease's driver remove what its job left (once per job, not once per GPU)."""
+    registry = load_registry()
+    done = set()
+    for lease in leases:
+        if lease.token in done or lease.driver not in registry:
+            continue
+        done.add(lease.token)
+        try:
+            registry[lease.driver]().reap(lease, settings)
+        except (SystemFailure, OSError) as exc:  # reported; the lease is still released
+            print(f"runnerctl: cleaning up job {lease.job_id}: {exc}", file=sys.stderr)
+
+
+def reclaim_stale(settings: Settings) -> list[Lease]:
+    """For the controller: drop leases whose gitlab-runner and job are gone, reap their rest."""
+    stale = LeaseTable(settings.state_dir).reclaim_stale()
+    reap(stale, settings)
+    return stale
 
 
 def _gpus(ctx: StageContext) -> str:

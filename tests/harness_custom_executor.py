@@ -5,8 +5,10 @@ Stages are separate processes: config_exec (stdout JSON), prepare_exec once, run
 arrive as CUSTOM_ENV_<NAME>; JOB_RESPONSE_FILE holds the job JSON; exit codes come from
 BUILD_FAILURE_EXIT_CODE / SYSTEM_FAILURE_EXIT_CODE, and the real build exit code is
 written to BUILD_EXIT_CODE_FILE. Like gitlab-runner's bash scripts, each stage script
-starts with `set -eo pipefail` and exports the job's variables. A stage past its timeout
-gets SIGTERM, then SIGKILL to its process group after the graceful timeout.
+starts with `set -eo pipefail` and exports the job's variables. Each stage runs in its
+own process group; one past its timeout gets SIGTERM to that group, then SIGKILL to it
+after the graceful timeout (gitlab-runner helpers/process/killer_unix.go signals -pid;
+`graceful_kill_timeout`, `force_kill_timeout` in docs/executors/custom.md).
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ class Harness:
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)
+            os.killpg(proc.pid, signal.SIGTERM)
             try:
                 out, _ = proc.communicate(timeout=graceful)
             except subprocess.TimeoutExpired:

@@ -4,16 +4,28 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
 
-from runnerctl.executors.lease import LeaseTable
+from runnerctl.executors.contract import stage_command
+from runnerctl.executors.gate import classify
+from runnerctl.executors.lease import LeaseTable, read_leases
 from runnerctl.gpus import open_gpu_source
-from tests.harness_custom_executor import SYSTEM_FAILURE, FakeJob, Harness, harness_for, make_host
+from tests.harness_custom_executor import (
+    BUILD_FAILURE,
+    SYSTEM_FAILURE,
+    FakeJob,
+    Harness,
+    harness_for,
+    make_host,
+)
 
 IMAGE = "runnerctl-test/busybox:latest"
 
@@ -40,8 +52,10 @@ def _uuids(host: Path, gpus: tuple[int, ...]) -> list[str]:
     return [snap.gpu(g).uuid for g in gpus]
 
 
-def _containers(engine: docker.DockerClient, job: int) -> list[object]:
-    return engine.containers.list(all=True, filters={"label": f"runnerctl.job={job}"})
+def _containers(engine: docker.DockerClient, host: Path, job: int) -> list[Any]:
+    """This test's containers for the job (other test runs may use the same job ids)."""
+    labels = [f"runnerctl.job={job}", f"runnerctl.state={(host / 'state').resolve()}"]
+    return list(engine.containers.list(all=True, filters={"label": labels}))
 
 
 def test_container_gets_exactly_the_slot_gpus_and_is_removed(engine: docker.DockerClient,
@@ -49,23 +63,37 @@ def test_container_gets_exactly_the_slot_gpus_and_is_removed(engine: docker.Dock
     harness = _harness(host, (2, 3))
     job = FakeJob(id=701, image=IMAGE, variables={"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"})
     assert harness.stage("prepare", job).code == 0
-    (container,) = _containers(engine, 701)
+    (container,) = _containers(engine, host, 701)
     requests = container.attrs["HostConfig"]["DeviceRequests"]
     assert [r["DeviceIDs"] for r in requests] == [_uuids(host, (2, 3))]
     assert requests[0]["Driver"] == "nvidia"
-    assert container.attrs["Config"]["Labels"]["runnerctl.lease"] == "701@runnerctl/gpu-a/gpu2-3"
+    (lease, _) = LeaseTable(host / "state").held_by("701")
+    assert container.attrs["Config"]["Labels"]["runnerctl.lease"] == lease.token
+    assert lease.container == container.id
     body = 'echo "nv=$NVIDIA_VISIBLE_DEVICES"; tr "\\0" "\\n" < /proc/1/environ | grep ^NVIDIA_VISIBLE'
-    script = harness.script(job, "build_script", body)
-    result = harness.stage("run", job, str(script), "build_script")
+    result = harness.stage("run", job, str(harness.script(job, "build_script", body)), "build_script")
     assert result.code == 0, result.output
     expected = ",".join(_uuids(host, (2, 3)))
     assert f"nv={expected}" in result.output  # the job's own variable changed nothing
     assert f"NVIDIA_VISIBLE_DEVICES={expected}" in result.output  # what the device hook saw
     failing = harness.stage("run", job, str(harness.script(job, "after_script", "exit 4")),
                             "after_script")
-    assert failing.code == 1 and (harness.workdir / "exit-701").read_text().strip() == "4"
+    assert failing.code == BUILD_FAILURE and (harness.workdir / "exit-701").read_text().strip() == "4"
     assert harness.stage("cleanup", job).code == 0
-    assert _containers(engine, 701) == [] and LeaseTable(host / "state").all() == []
+    assert _containers(engine, host, 701) == [] and LeaseTable(host / "state").all() == []
+
+
+def test_one_gpu_slot_sees_one_gpu_whatever_the_job_asks(engine: docker.DockerClient,
+                                                         host: Path) -> None:
+    harness = _harness(host, (6,))
+    job = FakeJob(id=706, image=IMAGE, variables={"CUDA_VISIBLE_DEVICES": "0,1,2,3",
+                                                  "NVIDIA_VISIBLE_DEVICES": "all"})
+    results = harness.run_job(job, 'echo "stage=$NVIDIA_VISIBLE_DEVICES"; '
+                                   'tr "\\0" "\\n" < /proc/1/environ | grep ^NVIDIA_VISIBLE')
+    assert results["build_script"].code == 0, results["build_script"].output
+    (uuid,) = _uuids(host, (6,))
+    assert f"NVIDIA_VISIBLE_DEVICES={uuid}\n" in results["build_script"].output  # the container's
+    assert results["cleanup"].code == 0 and _containers(engine, host, 706) == []
 
 
 def test_killed_mid_script_leaves_no_container(engine: docker.DockerClient, host: Path) -> None:
@@ -78,24 +106,71 @@ def test_killed_mid_script_leaves_no_container(engine: docker.DockerClient, host
     assert driver.poll() is None
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
-    assert len(_containers(engine, 702)) == 1
+    assert len(_containers(engine, host, 702)) == 1
     assert harness.stage("cleanup", job).code == 0
-    assert _containers(engine, 702) == [] and LeaseTable(host / "state").all() == []
+    assert _containers(engine, host, 702) == [] and LeaseTable(host / "state").all() == []
 
 
-def test_gitlab_timeout_stops_the_container(engine: docker.DockerClient, host: Path) -> None:
+def test_gitlab_timeout_stops_the_script_and_after_script_still_runs(
+        engine: docker.DockerClient, host: Path) -> None:
     harness = _harness(host, (1,))
     job = FakeJob(id=705, image=IMAGE)
     assert harness.stage("prepare", job).code == 0
     started = time.monotonic()
     result = harness.stage("run", job, str(harness.script(job, "build_script", "sleep 300")),
                            "build_script", timeout=2, graceful=40)
-    assert result.code == 1 and time.monotonic() - started < 35
-    (container,) = _containers(engine, 705)
-    container.reload()
-    assert container.status != "running"  # stopped (exited, or already being removed)
+    assert result.code == BUILD_FAILURE and time.monotonic() - started < 15
+    after = harness.stage("run", job, str(harness.script(job, "after_script", "echo tidy")),
+                          "after_script")
+    assert after.code == 0 and "tidy" in after.output
     harness.stage("cleanup", job)
-    assert _containers(engine, 705) == []
+    assert _containers(engine, host, 705) == []
+
+
+def test_container_processes_are_ci_for_the_controller(engine: docker.DockerClient,
+                                                       host: Path) -> None:
+    harness = _harness(host, (0,))
+    job = FakeJob(id=707, image=IMAGE)
+    assert harness.stage("prepare", job).code == 0
+    driver = harness.start("run", job, str(harness.script(job, "build_script", "sleep 300")),
+                           "build_script")
+    try:
+        (container,) = _containers(engine, host, 707)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(container.top()["Processes"]) < 3:
+            time.sleep(0.2)
+        pids = [int(p[1]) for p in container.top()["Processes"]]  # host pids: keepalive, sh, sleep
+        colleague = subprocess.Popen(["sleep", "60"])
+        procs = "".join(f"  - {{gpu: 0, pid: {pid}}}\n" for pid in [*pids, colleague.pid])
+        (host / "gpus.yaml").write_text(f"host: gpu-a\ngpus: 8\nprocesses:\n{procs}")
+        snapshot = open_gpu_source(f"sim:{host / 'gpus.yaml'}", host="gpu-a").snapshot()
+        use = classify(snapshot, read_leases(host / "state"))[0]
+        assert sorted(p.pid for p in use.ci) == sorted(pids)  # by token or container cgroup
+        assert [p.pid for p in use.foreign] == [colleague.pid]
+        colleague.kill()
+        colleague.wait()
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+        harness.stage("cleanup", job)
+    assert _containers(engine, host, 707) == []
+
+
+def test_next_prepare_reaps_the_container_of_a_dead_runner(engine: docker.DockerClient,
+                                                           host: Path) -> None:
+    """gitlab-runner dies after prepare: no cleanup comes; the next job's prepare tidies."""
+    harness = _harness(host, (5,))
+    exe, argv = stage_command("prepare", harness.args)
+    runner = f"import subprocess,sys; sys.exit(subprocess.call({[exe, *argv]!r}))"
+    assert subprocess.run([sys.executable, "-c", runner], env=harness.env(FakeJob(id=708, image=IMAGE)),
+                          timeout=60, check=False).returncode == 0
+    assert len(_containers(engine, host, 708)) == 1  # left behind, idle
+    nxt = FakeJob(id=709, image=IMAGE)
+    assert harness.stage("prepare", nxt).code == 0
+    assert _containers(engine, host, 708) == []
+    assert [lease.job_id for lease in LeaseTable(host / "state").all()] == ["709"]
+    harness.stage("cleanup", nxt)
+    assert _containers(engine, host, 709) == []
 
 
 def test_unpullable_image_is_a_system_failure(engine: docker.DockerClient, host: Path) -> None:
@@ -112,3 +187,4 @@ def test_stopped_engine_is_a_system_failure(host: Path, monkeypatch: pytest.Monk
     harness = _harness(host, (6,))
     result = harness.stage("prepare", FakeJob(id=704, image=IMAGE))
     assert result.code == SYSTEM_FAILURE and "Docker engine is not reachable" in result.output
+    assert LeaseTable(host / "state").all() == []

@@ -10,22 +10,35 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runnerctl.executors.lease import Lease, LeaseBusy, LeaseTable, is_stale, process_started
+from runnerctl.executors.lease import (
+    Lease,
+    LeaseBusy,
+    LeaseTable,
+    is_stale,
+    new_nonce,
+    process_started,
+    read_leases,
+)
 
 
 def _template(job: str, owner: int | None = None) -> Lease:
     pid = owner or os.getpid()
     return Lease(gpu=-1, job_id=job, slot=f"slot-{job}", driver="shell", owner_pid=pid,
-                 owner_started=process_started(pid) or 0.0, created_at=time.time())
+                 owner_started=process_started(pid) or 0.0, created_at=time.time(),
+                 nonce=new_nonce())
 
 
 def test_all_or_nothing(tmp_path: Path) -> None:
     table = LeaseTable(tmp_path)
-    assert table.try_acquire((0, 1), _template("a")) == []
+    first = _template("a")
+    assert table.try_acquire((0, 1), first) == []
     holders = table.try_acquire((1, 2), _template("b"))
     assert [(h.gpu, h.job_id) for h in holders] == [(1, "a")]
-    assert [(lease.gpu, lease.job_id) for lease in table.all()] == [(0, "a"), (1, "a")]  # no GPU 2
-    assert table.try_acquire((0, 1), _template("a")) == []  # a job re-preparing keeps its own
+    assert [(lease.gpu, lease.job_id) for lease in read_leases(tmp_path)] == [(0, "a"), (1, "a")]
+    retry = _template("a")  # gitlab-runner retries prepare: the job takes its own GPUs again
+    replaced = table.acquire((0, 1), retry, wait_s=0)
+    assert {lease.token for lease in replaced} == {first.token}
+    assert {lease.token for lease in table.all()} == {retry.token} != {first.token}
 
 
 def test_acquire_waits_with_injected_clock(tmp_path: Path) -> None:
@@ -51,7 +64,7 @@ def test_release_touches_only_that_job(tmp_path: Path) -> None:
     table = LeaseTable(tmp_path)
     table.try_acquire((0,), _template("a"))
     table.try_acquire((1,), _template("b"))
-    assert table.release("a") == [0]
+    assert [lease.gpu for lease in table.release("a")] == [0]
     assert [lease.job_id for lease in table.all()] == ["b"]
 
 
@@ -71,7 +84,7 @@ def test_stale_only_when_owner_and_group_are_gone(tmp_path: Path) -> None:
 
 
 @settings(max_examples=int(os.environ.get("LEASE_EXAMPLES", "50")), deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["prepare", "run", "cleanup", "kill"]),
+@given(st.lists(st.tuples(st.sampled_from(["prepare", "run", "cleanup", "kill", "orphan"]),
                           st.integers(0, 5),
                           st.sampled_from([(0,), (1,), (0, 1), (2, 3), (0, 1, 2, 3), (4, 5, 6, 7),
                                            tuple(range(8)), (7,)])),
@@ -79,37 +92,49 @@ def test_stale_only_when_owner_and_group_are_gone(tmp_path: Path) -> None:
 def test_random_interleavings_never_overlap(ops: list[tuple[str, int, tuple[int, ...]]]) -> None:
     """prepare/run/cleanup/kill of 6 jobs over 8 GPUs in any order: no GPU ever has two
     jobs, a job holds all of its GPUs or none, a job runs only on GPUs it holds (the check
-    the run stage makes), and a killed job's GPUs are reclaimed."""
+    the run stage makes), a killed job's GPUs are reclaimed, and an orphaned job's (its
+    gitlab-runner died, its processes still run) are not."""
     import tempfile
 
     table = LeaseTable(Path(tempfile.mkdtemp()))
     dead_owner = subprocess.Popen(["true"])
     dead_owner.wait()
+    live_group = subprocess.Popen(["sleep", "60"], start_new_session=True)
     wanted: dict[str, tuple[int, ...]] = {}
+    orphans: set[str] = set()
     running: dict[int, str] = {}  # GPU -> job whose run stage is on it
     generation = dict.fromkeys(range(6), 0)  # GitLab gives a retried job a new id
-    for action, job_no, gpus in ops:
-        job = f"job{job_no}.{generation[job_no]}"
-        if action == "prepare" and job not in wanted:
-            if table.try_acquire(gpus, _template(job)) == []:
-                wanted[job] = gpus
-        elif action == "run":
-            held = {lease.gpu for lease in table.held_by(job)}
-            if job in wanted and set(wanted[job]) <= held:  # else the stage refuses to run
-                for gpu in wanted[job]:
-                    assert running.get(gpu, job) == job, f"GPU {gpu}: {running[gpu]} and {job}"
-                    running[gpu] = job
-        elif action == "cleanup":
-            table.release(job)
-            wanted.pop(job, None)
-            running = {g: j for g, j in running.items() if j != job}
-        elif action == "kill" and job in wanted:  # its runner died: owner gone, no cleanup
-            table.update(job, owner_pid=dead_owner.pid, owner_started=-1.0)
-            wanted.pop(job)
-            running = {g: j for g, j in running.items() if j != job}  # its processes died
-            generation[job_no] += 1
-        leases = table.all()
-        gpus_seen = [lease.gpu for lease in leases]
-        assert len(gpus_seen) == len(set(gpus_seen))
-        for job_id, held in wanted.items():
-            assert sorted(lease.gpu for lease in leases if lease.job_id == job_id) == sorted(held)
+    try:
+        for action, job_no, gpus in ops:
+            job = f"job{job_no}.{generation[job_no]}"
+            if action == "prepare" and job not in wanted:
+                if table.try_acquire(gpus, _template(job)) == []:
+                    wanted[job] = gpus
+            elif action == "run":
+                held = {lease.gpu for lease in table.held_by(job)}
+                if job in wanted and set(wanted[job]) <= held:  # else the stage refuses to run
+                    for gpu in wanted[job]:
+                        assert running.get(gpu, job) == job, f"GPU {gpu}: {running[gpu]} and {job}"
+                        running[gpu] = job
+            elif action == "cleanup" and job not in orphans:
+                table.release(job)
+                wanted.pop(job, None)
+                running = {g: j for g, j in running.items() if j != job}
+            elif action in ("kill", "orphan") and job in wanted and job not in orphans:
+                pgid = live_group.pid if action == "orphan" else None
+                for token in {lease.token for lease in table.held_by(job)}:
+                    table.update(token, owner_pid=dead_owner.pid, owner_started=-1.0, pgid=pgid)
+                if action == "orphan":  # no cleanup will come, and its processes run on
+                    orphans.add(job)
+                    continue
+                wanted.pop(job)
+                running = {g: j for g, j in running.items() if j != job}  # its processes died
+                generation[job_no] += 1
+            leases = table.all()
+            gpus_seen = [lease.gpu for lease in leases]
+            assert len(gpus_seen) == len(set(gpus_seen))
+            for job_id, gpus_held in wanted.items():
+                assert sorted(lease.gpu for lease in leases if lease.job_id == job_id) == sorted(gpus_held)
+    finally:
+        live_group.kill()
+        live_group.wait()

@@ -12,8 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runnerctl.executors.gate import lease_token
-from runnerctl.executors.lease import LeaseTable
+from runnerctl.executors.lease import LeaseTable, environ_token
 from tests.harness_custom_executor import (
     BUILD_FAILURE,
     SYSTEM_FAILURE,
@@ -45,7 +44,7 @@ def test_job_runs_on_its_gpu_even_when_it_asks_for_more(host: Path) -> None:
     assert results["prepare"].code == 0, results["prepare"].output
     build = results["build_script"]
     assert build.code == 0, build.output
-    assert "cuda=5 lr=0.1 lease=101@runnerctl/gpu-a/gpu5" in build.output
+    assert "cuda=5 lr=0.1 lease=101@runnerctl/gpu-a/gpu5:" in build.output  # + the lease's nonce
     assert "ignoring the job's CUDA_VISIBLE_DEVICES" in build.output
     assert results["cleanup"].code == 0
     assert _leases(host).all() == []
@@ -129,17 +128,18 @@ def test_driver_killed_mid_script_then_cleanup_leaves_nothing(host: Path) -> Non
     harness = _harness(host, (7,))
     job = FakeJob(id=501)
     assert harness.stage("prepare", job).code == 0
+    (lease,) = _leases(host).held_by("501")
     script = harness.script(job, "build_script", "sleep 300")
     driver = harness.start("run", job, str(script), "build_script")
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not _job_processes("501@runnerctl/gpu-a/gpu7"):
+    while time.monotonic() < deadline and not _job_processes(lease.token):
         time.sleep(0.1)
-    assert _job_processes("501@runnerctl/gpu-a/gpu7")
+    assert _job_processes(lease.token)
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
     assert harness.stage("cleanup", job).code == 0
     time.sleep(0.2)
-    assert _job_processes("501@runnerctl/gpu-a/gpu7") == []
+    assert _job_processes(lease.token) == []
     assert _leases(host).all() == []
 
 
@@ -147,12 +147,13 @@ def test_timeout_sigterm_stops_the_job_group(host: Path) -> None:
     harness = _harness(host, (0,))
     job = FakeJob(id=502)
     assert harness.stage("prepare", job).code == 0
+    (lease,) = _leases(host).held_by("502")
     script = harness.script(job, "build_script", "sleep 300")
     started = time.monotonic()
     result = harness.stage("run", job, str(script), "build_script", timeout=2, graceful=30)
     assert time.monotonic() - started < 20
     assert result.code == BUILD_FAILURE  # the script died of SIGTERM
-    assert _job_processes("502@runnerctl/gpu-a/gpu0") == []
+    assert _job_processes(lease.token) == []
     harness.stage("cleanup", job)
 
 
@@ -173,7 +174,7 @@ def test_stale_lease_of_a_dead_runner_is_reclaimed_by_next_prepare(host: Path) -
 
 
 def _job_processes(token: str) -> list[int]:
-    return [p.pid for p in psutil.process_iter() if lease_token(p.pid) == token]
+    return [p.pid for p in psutil.process_iter() if environ_token(p.pid) == token]
 
 
 def test_two_prepares_at_once_exactly_one_gets_the_gpus(host: Path) -> None:
@@ -216,3 +217,44 @@ def test_driver_killed_while_prepare_waits_then_cleanup_leaves_no_lease(host: Pa
     finally:
         colleague.kill()
         colleague.wait()
+
+
+def test_cleanup_signals_only_processes_it_started(host: Path) -> None:
+    """S4: a process of another user carrying the token, or ours with another token, survives."""
+    harness = _harness(host, (4,))
+    job = FakeJob(id=504)
+    assert harness.stage("prepare", job).code == 0
+    (lease,) = _leases(host).held_by("504")
+    impostor = subprocess.Popen(["sleep", "60"], user="nobody", env={"RUNNERCTL_LEASE": lease.token})
+    bystander = subprocess.Popen(["sleep", "60"], env={"RUNNERCTL_LEASE": lease.token + "x"})
+    try:
+        assert harness.stage("cleanup", job).code == 0
+        assert impostor.poll() is None and bystander.poll() is None
+        assert _leases(host).all() == []
+    finally:
+        for proc in (impostor, bystander):
+            proc.kill()
+            proc.wait()
+
+
+def test_controller_reclaims_a_stale_lease_only_once_the_job_is_gone(host: Path) -> None:
+    from runnerctl.executors.contract import stage_command
+    from runnerctl.executors.stages import reclaim_stale
+    from runnerctl.settings import load_settings
+
+    harness = _harness(host, (5,))
+    exe, argv = stage_command("prepare", harness.args)
+    runner = f"import subprocess,sys; sys.exit(subprocess.call({[exe, *argv]!r}))"
+    assert subprocess.run([sys.executable, "-c", runner], env=harness.env(FakeJob(id=603)),
+                          timeout=60, check=False).returncode == 0
+    (lease,) = _leases(host).all()
+    leftover = subprocess.Popen(["sleep", "60"], env={"RUNNERCTL_LEASE": lease.token})
+    settings = load_settings(host / "runnerctl.toml")
+    try:
+        assert reclaim_stale(settings) == []  # its gitlab-runner is gone, its process is not
+        assert _leases(host).all() == [lease]
+    finally:
+        leftover.kill()
+        leftover.wait()
+    assert [x.job_id for x in reclaim_stale(settings)] == ["603"]
+    assert _leases(host).all() == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from runnerctl.executors.lease import LeaseTable
+from runnerctl.executors.slurm import scheduler_parameters
 from tests.harness_custom_executor import BUILD_FAILURE, FakeJob, Harness, harness_for, make_host
 
 
@@ -30,10 +32,22 @@ def _harness(host: Path, gpus: tuple[int, ...]) -> Harness:
     return harness_for(host, gpus, "slurm")
 
 
-def _slurm_jobs(name: str) -> list[str]:
-    out = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i %T"], capture_output=True,
+def _slurm_jobs(host: Path, job: int) -> list[str]:
+    """State of the job's Slurm jobs, found by the name the driver gives them (job + nonce)."""
+    leases = LeaseTable(host / "state").held_by(str(job))
+    if not leases:
+        return []
+    name = f"runnerctl-{job}-{leases[0].nonce}"
+    out = subprocess.run(["squeue", "-h", "-n", name, "-o", "%T"], capture_output=True,
                          text=True, check=False).stdout
     return out.split()
+
+
+def _wait_for(host: Path, job: int, state: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and state not in _slurm_jobs(host, job):
+        time.sleep(0.2)
+    assert state in _slurm_jobs(host, job)
 
 
 def test_two_gpu_job_runs_under_slurm_with_two_gpus(host: Path) -> None:
@@ -52,6 +66,28 @@ def test_two_gpu_job_runs_under_slurm_with_two_gpus(host: Path) -> None:
     assert results["cleanup"].code == 0 and LeaseTable(host / "state").all() == []
 
 
+def test_one_gpu_slot_gets_one_gpu_whatever_the_job_asks(host: Path) -> None:
+    harness = _harness(host, (7,))
+    job = FakeJob(id=805, variables={"CUDA_VISIBLE_DEVICES": "0,1,2,3",
+                                     "SCHEDULER_PARAMETERS": "--gpus=8 --gres gpu:4 -J mine"})
+    results = harness.run_job(job, 'echo "cuda=$CUDA_VISIBLE_DEVICES"; '
+                                   'scontrol show job "$SLURM_JOB_ID" | grep -o "TresPerNode=.*"')
+    build = results["build_script"]
+    assert build.code == 0, build.output
+    line = next(x for x in build.output.splitlines() if x.startswith("cuda="))
+    assert len(line.removeprefix("cuda=").split(",")) == 1
+    assert re.search(r"TresPerNode=gres[:/]gpu[:=]1$", build.output, re.M), build.output
+    assert "ignoring SCHEDULER_PARAMETERS --gpus=8 --gres gpu:4 -J mine" in build.output
+
+
+def test_scheduler_parameters_keep_everything_but_gpus_and_bookkeeping() -> None:
+    kept, dropped = scheduler_parameters("--nodes=2 -G 4 --time 10 --gpus-per-node=2 -o/x "
+                                         "--partition gpu --parsable --tres-per-task=gres/gpu:1")
+    assert kept == ["--nodes=2", "--time", "10", "--partition", "gpu"]
+    assert dropped == ["-G", "4", "--gpus-per-node=2", "-o/x", "--parsable",
+                       "--tres-per-task=gres/gpu:1"]
+
+
 def test_failing_script_fails_the_job_with_its_code(host: Path) -> None:
     harness = _harness(host, (0,))
     results = harness.run_job(FakeJob(id=802), "echo before; exit 5")
@@ -66,16 +102,13 @@ def test_cancel_from_gitlab_cancels_the_slurm_job(host: Path) -> None:
     assert harness.stage("prepare", job).code == 0
     driver = harness.start("run", job, str(harness.script(job, "build_script", "sleep 300")),
                            "build_script")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and "RUNNING" not in _slurm_jobs("runnerctl-803"):
-        time.sleep(0.2)
-    assert "RUNNING" in _slurm_jobs("runnerctl-803")
+    _wait_for(host, 803, "RUNNING")
     cancelled_at = time.monotonic()
-    driver.send_signal(signal.SIGTERM)  # what gitlab-runner does when the job is cancelled
+    os.killpg(driver.pid, signal.SIGTERM)  # what gitlab-runner does when the job is cancelled
     driver.communicate(timeout=30)
-    while time.monotonic() - cancelled_at < 10 and _slurm_jobs("runnerctl-803"):
+    while time.monotonic() - cancelled_at < 10 and _slurm_jobs(host, 803):
         time.sleep(0.2)
-    assert _slurm_jobs("runnerctl-803") == []
+    assert _slurm_jobs(host, 803) == []
     assert time.monotonic() - cancelled_at < 10
     assert driver.returncode == BUILD_FAILURE
     harness.stage("cleanup", job)
@@ -87,14 +120,18 @@ def test_driver_killed_then_cleanup_leaves_no_slurm_job(host: Path) -> None:
     assert harness.stage("prepare", job).code == 0
     driver = harness.start("run", job, str(harness.script(job, "build_script", "sleep 300")),
                            "build_script")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not _slurm_jobs("runnerctl-804"):
-        time.sleep(0.2)
+    _wait_for(host, 804, "RUNNING")
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
-    assert _slurm_jobs("runnerctl-804")  # the driver's death cancels nothing by itself
+    assert _slurm_jobs(host, 804)  # the driver's death cancels nothing by itself
+    name = f"runnerctl-804-{LeaseTable(host / 'state').held_by('804')[0].nonce}"
     assert harness.stage("cleanup", job).code == 0
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _slurm_jobs("runnerctl-804"):
+    while time.monotonic() < deadline and _squeue_name(name):
         time.sleep(0.2)
-    assert _slurm_jobs("runnerctl-804") == [] and LeaseTable(host / "state").all() == []
+    assert _squeue_name(name) == [] and LeaseTable(host / "state").all() == []
+
+
+def _squeue_name(name: str) -> list[str]:
+    return subprocess.run(["squeue", "-h", "-n", name, "-o", "%T"], capture_output=True, text=True,
+                          check=False).stdout.split()
