@@ -69,11 +69,47 @@ class PostgresSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class ControllerSettings:
+    interval_s: float = 5.0
+    """Reconcile interval (s): a drained block opens within about two of these (L1)."""
+    api_budget_per_min: int = 12
+    """GitLab requests per minute at steady state, per host (demand polls and runner
+    refreshes; pauses and resumes come on top only when something changes)."""
+    projects: tuple[int, ...] = ()
+    """GitLab project ids whose pending jobs are demand (polled only while active)."""
+    project_priorities: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Project id -> high|normal|low; a job's `priority:` tag overrides it."""
+    active_window_s: float = 3600.0
+    """A project is polled while it had a job event or a pending job this recently (s)."""
+    webhook_fresh_s: float = 300.0
+    """While webhooks arrived this recently (s), polling is only a slow safety net."""
+    foreign_memory_mib: int = 1024
+    """A GPU with no visible owner and more memory in use than this (MiB) is closed: its
+    user may be in another PID namespace. Idle drivers hold a few hundred MiB."""
+    foreign_utilization: float = 0.10
+    """Same for utilization (ratio 0-1 over NVML's sample period)."""
+    reopen_ratio: float = 0.5
+    """Hysteresis: a GPU closed for memory/utilization counts as clean again only below
+    this fraction of the thresholds, so a value near the threshold does not flap runners."""
+    cooldown_s: float = 60.0
+    """A GPU reopens only after this long (s) without foreign use: a flickering process
+    (a notebook between cells) does not flap runners."""
+    claim_ttl_s: float = 120.0
+    """A host's claim on a pending job (before draining for it) expires after this (s)
+    unless renewed each tick, so a dead host does not hold a job forever."""
+    backoff_max_s: float = 300.0
+    """Upper bound (s) of the back-off after repeated GitLab failures."""
+    store_url: str = ""
+    """PostgreSQL URL shared by the hosts (claims, toggles); empty: SQLite in state_dir."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
     host: HostSettings = dataclasses.field(default_factory=HostSettings)
     paths: PathSettings = dataclasses.field(default_factory=PathSettings)
     executor: ExecutorSettings = dataclasses.field(default_factory=ExecutorSettings)
     postgres: PostgresSettings = dataclasses.field(default_factory=PostgresSettings)
+    controller: ControllerSettings = dataclasses.field(default_factory=ControllerSettings)
     source: str = ""
     """The file these settings came from ('' for defaults only)."""
 
@@ -126,6 +162,10 @@ def _build(cls: type[Any], data: dict[str, Any], *, where: str) -> Any:
                 raise ConfigError(f"{where}: [{key}] must be a table")
             values[key] = _build(kind, value, where=f"{where} [{key}]")
             continue
+        origin = typing.get_origin(kind)
+        if origin in (tuple, dict):
+            values[key] = _container(kind, value, where=f"{where}: {key}")
+            continue
         expected = tuple(typing.get_args(kind)) if isinstance(kind, types.UnionType) else (kind,)
         if float in expected and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
@@ -133,3 +173,15 @@ def _build(cls: type[Any], data: dict[str, Any], *, where: str) -> Any:
             raise ConfigError(f"{where}: {key} must be {kind.__name__}, not {value!r}")
         values[key] = value
     return cls(**values)
+
+
+def _container(kind: Any, value: Any, *, where: str) -> Any:
+    """`tuple[T, ...]` from a TOML array, `dict[str, T]` from a TOML table."""
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) is tuple:
+        if not isinstance(value, list) or not all(isinstance(v, args[0]) for v in value):
+            raise ConfigError(f"{where} must be a list of {args[0].__name__}, not {value!r}")
+        return tuple(value)
+    if not isinstance(value, dict) or not all(isinstance(v, args[1]) for v in value.values()):
+        raise ConfigError(f"{where} must be a table of {args[1].__name__}, not {value!r}")
+    return {str(k): v for k, v in value.items()}

@@ -24,6 +24,11 @@ COMMANDS: list[click.Command] = [
     experiments.render_command,
     experiments.postgres,
     controller.simulate,
+    controller.serve,
+    controller.demo,
+    controller.pause,
+    controller.drain,
+    controller.resume,
 ]
 
 

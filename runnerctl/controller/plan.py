@@ -52,6 +52,16 @@ class Observed:
     closed: Mapping[int, str] = dataclasses.field(default_factory=dict)  # GPU -> why
     demand: tuple[Demand, ...] = ()
     reserved: Mapping[str, int] = dataclasses.field(default_factory=dict)  # slot name -> job id
+    held: Mapping[str, str] = dataclasses.field(default_factory=dict)  # slot name -> admin hold
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanPolicy:
+    """Tunables of the planner (the defaults are what the benchmark measures)."""
+
+    max_draining: int = 1
+    """Blocks that may drain (idle GPUs waiting for others) at once; more starts big
+    jobs sooner but idles more GPUs; later demand only takes blocks already idle."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,9 +87,9 @@ class Plan:
         return pauses, resumes
 
 
-def plan(observed: Observed) -> Plan:
+def plan(observed: Observed, policy: PlanPolicy = PlanPolicy()) -> Plan:
     busy = _busy_gpus(observed)
-    reservations = _reserve(observed, busy)
+    reservations = _reserve(observed, busy, policy)
     reserved_gpus = {g: name for name, (slot, _) in reservations.items() for g in slot.gpus}
     decisions = tuple(_decide(state, observed, busy, reservations, reserved_gpus)
                       for state in observed.slots)
@@ -97,7 +107,8 @@ def _busy_gpus(observed: Observed) -> dict[int, set[str]]:
     return busy
 
 
-def _reserve(observed: Observed, busy: Mapping[int, set[str]]) -> dict[str, tuple[Slot, int]]:
+def _reserve(observed: Observed, busy: Mapping[int, set[str]],
+             policy: PlanPolicy) -> dict[str, tuple[Slot, int]]:
     """Blocks reserved for pending multi-GPU jobs, most urgent first, disjoint.
 
     Only the most urgent job that fits drains GPUs for itself (a reservation, as a
@@ -107,14 +118,14 @@ def _reserve(observed: Observed, busy: Mapping[int, set[str]]) -> dict[str, tupl
     by_name = {s.slot.name: s for s in observed.slots}
     taken: set[int] = set()
     reservations: dict[str, tuple[Slot, int]] = {}
-    draining = False
+    draining = 0
     for demand in sorted(observed.demand, key=lambda d: d.urgency):
         if demand.gpus < 2:
             continue
         candidates = [s.slot for s in observed.slots if s.slot.size == demand.gpus
-                      and not taken & set(s.slot.gpus)
+                      and not taken & set(s.slot.gpus) and s.slot.name not in observed.held
                       and not any(g in observed.closed for g in s.slot.gpus)]
-        if draining:
+        if draining >= policy.max_draining:
             candidates = [c for c in candidates if not any(g in busy for g in c.gpus)]
         if not candidates:
             continue
@@ -122,7 +133,7 @@ def _reserve(observed: Observed, busy: Mapping[int, set[str]]) -> dict[str, tupl
         block = kept[0] if kept else min(candidates, key=lambda c: _cost(c, busy, by_name))
         reservations[block.name] = (block, demand.job_id)
         taken.update(block.gpus)
-        draining = True
+        draining += any(g in busy for g in block.gpus)
     return reservations
 
 
@@ -140,6 +151,8 @@ def _decide(state: SlotState, observed: Observed, busy: Mapping[int, set[str]],
     closed = [g for g in slot.gpus if g in observed.closed]
     if closed:
         return Decision(slot, False, f"GPU {closed[0]} closed: {observed.closed[closed[0]]}")
+    if slot.name in observed.held:
+        return Decision(slot, False, observed.held[slot.name])
     others = sorted(set().union(*(busy.get(g, set()) for g in slot.gpus)) - {slot.name})
     if slot.name in reservations:
         job = reservations[slot.name][1]

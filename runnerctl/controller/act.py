@@ -1,0 +1,107 @@
+"""Apply a plan: pauses first, resumes only once every pause went through (S1).
+
+One failed action never stops the loop. A failed pause leaves that runner's state
+unknown and skips every resume of the tick (a resume must never overlap a runner that
+might still be open); a failed resume leaves its runner paused or, if the request timed
+out, unknown, and the next tick sends the desired state again. GitLab
+failures are logged once per kind (repeats go to debug), and the loop backs off by the
+error's delay (`Retry-After` for a 429), doubling on repeats up to a cap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping, Sequence
+
+from runnerctl.controller.observe import RunnerCache
+from runnerctl.controller.plan import Decision
+from runnerctl.errors import GitLabError, TemporaryError
+from runnerctl.gitlab import GitLabPort
+
+log = logging.getLogger(__name__)
+DEFAULT_DELAY_S = 5.0
+"""Back-off after a failure that names no delay (a permanent error: 401, 403, 404)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    decision: Decision
+    ok: bool
+    error: str = ""
+
+
+class GitLabHealth:
+    """Logs each kind of failure once, and says when to try GitLab again."""
+
+    def __init__(self, *, backoff_max_s: float = 300.0, logger: logging.Logger = log) -> None:
+        self.backoff_max_s = backoff_max_s
+        self.retry_at = 0.0
+        self.failures = 0
+        self.last_error = ""
+        self._logged: str | None = None
+        self._log = logger
+
+    def ready(self, now: float) -> bool:
+        return now >= self.retry_at
+
+    def failed(self, exc: GitLabError, now: float) -> None:
+        base = exc.delay if isinstance(exc, TemporaryError) else DEFAULT_DELAY_S
+        delay = min(self.backoff_max_s, base * (2 ** min(self.failures, 10)))
+        self.failures += 1
+        self.retry_at = now + delay
+        self.last_error = str(exc)
+        kind = f"{type(exc).__name__}:{str(exc).split('(')[0][:60]}"
+        if kind != self._logged:
+            self._log.warning("GitLab failed: %s; runners stay as they are or paused; retrying in %.0f s",
+                              exc, delay)
+            self._logged = kind
+        else:
+            self._log.debug("GitLab failed again: %s; retrying in %.0f s", exc, delay)
+
+    def ok(self) -> None:
+        if self._logged is not None:
+            self._log.warning("GitLab answers again")
+        self.failures, self._logged, self.last_error = 0, None, ""
+
+
+def differences(decisions: Sequence[Decision],
+                paused: Mapping[str, bool | None]) -> tuple[list[Decision], list[Decision]]:
+    """(pauses, resumes) to send: a runner in an unknown state always gets the desired one."""
+    pauses = [d for d in decisions if not d.open and paused.get(d.slot.name) is not True]
+    resumes = [d for d in decisions if d.open and paused.get(d.slot.name) is not False]
+    return pauses, resumes
+
+
+def apply(decisions: Sequence[Decision], *, gitlab: GitLabPort, cache: RunnerCache,
+          health: GitLabHealth, now: float,
+          on_action: Callable[[Action], None] = lambda a: None) -> list[Action]:
+    pauses, resumes = differences([d for d in decisions if d.slot.name in cache.ids], cache.paused)
+    done: list[Action] = []
+    for decision in pauses:
+        done.append(_send(decision, gitlab=gitlab, cache=cache, health=health, now=now))
+        on_action(done[-1])
+        if not done[-1].ok:
+            break  # GitLab is failing: try nothing more this tick
+    if any(not a.ok for a in done):
+        return done
+    for decision in resumes:
+        done.append(_send(decision, gitlab=gitlab, cache=cache, health=health, now=now))
+        on_action(done[-1])
+        if not done[-1].ok:
+            break
+    return done
+
+
+def _send(decision: Decision, *, gitlab: GitLabPort, cache: RunnerCache, health: GitLabHealth,
+          now: float) -> Action:
+    name = decision.slot.name
+    try:
+        gitlab.set_paused(cache.ids[name], not decision.open)
+    except GitLabError as exc:
+        health.failed(exc, now)
+        cache.set(name, None)  # a timed-out request may still have been applied
+        return Action(decision, False, str(exc))
+    cache.set(name, not decision.open)
+    health.ok()
+    return Action(decision, True)

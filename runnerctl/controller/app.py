@@ -1,0 +1,51 @@
+"""The ASGI app `serve` runs: the controller's view as JSON, and GitLab's webhooks.
+
+Requests never reach NVML or GitLab: `GET /api/state` returns the last
+`ControllerView` (replaced once per tick), and `POST /webhooks/gitlab` hands a job
+event to the demand tracker after checking `X-Gitlab-Token`. The exporter (/metrics)
+and the web page hang on this app later.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fastapi import FastAPI, Header, Request, Response
+from fastapi.responses import JSONResponse
+
+from runnerctl.controller.loop import ControllerView
+
+log = logging.getLogger(__name__)
+
+
+def create_app(view: Callable[[], ControllerView],
+               webhook: Callable[[str | None, Mapping[str, Any]], bool]) -> FastAPI:
+    app = FastAPI(title="runnerctl", docs_url=None, redoc_url=None)
+
+    @app.get("/api/state")
+    def state() -> JSONResponse:
+        return JSONResponse(view().to_json())
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        current = view()
+        return {"ok": True, "tick": current.tick, "host": current.host}
+
+    @app.post("/webhooks/gitlab")
+    async def gitlab_webhook(request: Request,
+                             x_gitlab_token: str | None = Header(default=None)) -> Response:
+        try:
+            payload = json.loads(await request.body())
+        except ValueError:
+            return JSONResponse({"error": "body is not JSON"}, status_code=400)
+        if not isinstance(payload, dict):
+            return JSONResponse({"error": "body is not a JSON object"}, status_code=400)
+        if not webhook(x_gitlab_token, payload):
+            log.warning("webhook refused: missing or wrong X-Gitlab-Token")
+            return JSONResponse({"error": "invalid X-Gitlab-Token"}, status_code=401)
+        return JSONResponse({"ok": True})
+
+    return app

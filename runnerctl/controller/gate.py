@@ -1,0 +1,110 @@
+"""The controller's GPU gate: which GPUs no runner may serve now, and why.
+
+Per GPU, from one snapshot per tick: a process that is not CI (not under a runnerctl
+lease) closes the GPU at once; so does memory or utilization above the thresholds with
+no visible owner (a user in another PID namespace). A closed GPU reopens only after
+`cooldown_s` without such use, and a GPU closed for memory/utilization counts as clean
+only below `reopen_ratio` of the thresholds (hysteresis: no flapping). A GPU with ECC
+or Xid errors, or lost, is unhealthy and stays closed until an admin reopens it; the
+error counts seen then become the baseline. Unknown values are never read as zero.
+
+Pure: `step(state, gpu, ...) -> state`; the loop keeps the states in the store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from runnerctl.model import Gpu, GpuProcess
+
+MIB = 1024**2
+IsCi = Callable[[int, GpuProcess], bool]
+
+
+@dataclasses.dataclass(frozen=True)
+class GateThresholds:
+    memory_mib: int = 1024
+    utilization: float = 0.10
+    reopen_ratio: float = 0.5
+    cooldown_s: float = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class GateState:
+    closed: bool = False
+    reason: str = ""
+    last_dirty: float | None = None  # last time foreign use was seen
+    unhealthy: bool = False
+    ecc_baseline: int = 0
+    xid_baseline: int = 0
+
+    def to_row(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> GateState:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in row.items() if k in known})
+
+
+def step(state: GateState, gpu: Gpu, *, now: float, is_ci: IsCi, owned: bool,
+         limits: GateThresholds) -> GateState:
+    """The GPU's next state. `owned`: a CI lease holds this GPU (its memory is expected)."""
+    sick = _sickness(gpu, state)
+    if sick or state.unhealthy:
+        return dataclasses.replace(state, closed=True, unhealthy=True,
+                                   reason=sick or state.reason, last_dirty=now)
+    dirty = _foreign_use(gpu, is_ci=is_ci, owned=owned, limits=limits, was_closed=state.closed)
+    if dirty:
+        return dataclasses.replace(state, closed=True, reason=dirty, last_dirty=now)
+    if state.closed and (state.last_dirty is None or now - state.last_dirty >= limits.cooldown_s):
+        return dataclasses.replace(state, closed=False, reason="")
+    if state.closed:
+        left = limits.cooldown_s - (now - (state.last_dirty or now))
+        return dataclasses.replace(state, reason=_cooling(state.reason, left))
+    return state
+
+
+def reopen(state: GateState, gpu: Gpu | None) -> GateState:
+    """An admin's reopen of an unhealthy GPU: today's error counts become the baseline."""
+    if gpu is None:
+        return GateState()
+    return GateState(ecc_baseline=gpu.ecc_uncorrected_errors or 0, xid_baseline=gpu.xid_errors or 0)
+
+
+def _sickness(gpu: Gpu, state: GateState) -> str:
+    if gpu.lost:
+        return "unhealthy: the GPU fell off the bus (admin reopen needed)"
+    if (gpu.ecc_uncorrected_errors or 0) > state.ecc_baseline:
+        return f"unhealthy: {gpu.ecc_uncorrected_errors} uncorrected ECC errors (admin reopen needed)"
+    if (gpu.xid_errors or 0) > state.xid_baseline:
+        return f"unhealthy: {gpu.xid_errors} Xid errors (admin reopen needed)"
+    return ""
+
+
+def _foreign_use(gpu: Gpu, *, is_ci: IsCi, owned: bool, limits: GateThresholds,
+                 was_closed: bool) -> str:
+    foreign = [p for p in gpu.processes if not is_ci(gpu.index, p)]
+    if foreign:
+        p = foreign[0]
+        return f"foreign process {p.pid} ({p.user or 'unknown user'}{_command(p)})"
+    if owned or gpu.processes:
+        return ""  # every visible process is CI: its memory and load are expected
+    scale = limits.reopen_ratio if was_closed else 1.0
+    memory = gpu.memory_used_bytes
+    if memory is not None and memory > limits.memory_mib * MIB * scale:
+        return f"{memory // MIB} MiB in use with no visible process"
+    if gpu.utilization is not None and gpu.utilization > limits.utilization * scale:
+        return f"{gpu.utilization:.0%} utilization with no visible process"
+    return ""
+
+
+def _command(process: GpuProcess) -> str:
+    return f", {process.command}" if process.command else ""
+
+
+def _cooling(reason: str, left: float) -> str:
+    base = reason.split(" (cool-down", 1)[0]
+    return f"{base} (cool-down, {max(0.0, left):.0f} s left)"

@@ -1,0 +1,124 @@
+"""What one tick sees: GPUs, this host's runners and their jobs, leases, the gate.
+
+Sources are injected: the GPU source (NVML or simulated), GitLab (through the port),
+and a job source telling which slot runs which job (the executor's leases in
+production: the lease, not GitLab, is the ground truth of who holds a GPU). Which GPU
+processes are CI and which are foreign is one small function (`LeaseJobs.is_ci`), so
+the simulator and tests can swap it.
+
+Runner pause states are cached: the controller is their only writer, it knows what it
+set, and it re-reads one runner per tick from GitLab while the API budget allows (to
+notice a change someone made in GitLab's UI). A state it could not read is `None`
+(unknown), and the actor then sends the desired state instead of assuming one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Protocol
+
+from runnerctl.controller.demand import ApiBudget
+from runnerctl.controller.gate import GateState, GateThresholds, IsCi, step
+from runnerctl.gitlab import GitLabPort
+from runnerctl.model import GpuProcess, GpuSnapshot, Slot
+
+log = logging.getLogger(__name__)
+
+
+class JobSource(Protocol):
+    def running(self) -> dict[str, tuple[int, ...]]:
+        """Slot name -> ids of the jobs running on it now."""
+        ...
+
+
+class LeaseJobs:
+    """Running jobs from the executor's lease files (no GitLab request needed)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        from runnerctl.executors.lease import LeaseTable
+
+        self.table = LeaseTable(state_dir)
+        self._tokens: dict[int, str] = {}
+
+    def running(self) -> dict[str, tuple[int, ...]]:
+        found: dict[str, set[int]] = {}
+        leases = self.table.all()
+        self._tokens = {lease.gpu: lease.token for lease in leases}
+        for lease in leases:
+            job = int(lease.job_id) if lease.job_id.isdigit() else -1
+            found.setdefault(lease.slot, set()).add(job)
+        return {slot: tuple(sorted(jobs)) for slot, jobs in found.items()}
+
+    def is_ci(self, gpu: int, process: GpuProcess) -> bool:
+        """CI = the process carries the RUNNERCTL_LEASE token of its GPU's lease (as read
+        by the last `running()`, earlier in the same tick)."""
+        from runnerctl.executors.gate import lease_token
+
+        return gpu in self._tokens and lease_token(process.pid) == self._tokens[gpu]
+
+
+def nothing_is_ci(gpu: int, process: GpuProcess) -> bool:
+    """Until leases are wired in (simulated hosts): every GPU process is foreign."""
+    return False
+
+
+class RunnerCache:
+    """Last known `paused` of each runner (None = unknown), refreshed within budget."""
+
+    def __init__(self, runner_ids: Mapping[str, int]) -> None:
+        self.ids = dict(runner_ids)
+        self.paused: dict[str, bool | None] = {name: None for name in runner_ids}
+        self._next = 0
+
+    def sync_all(self, gitlab: GitLabPort) -> None:
+        """Read every runner once (start-up; not part of the steady-state budget)."""
+        for name in self.ids:
+            self._read(gitlab, name)
+
+    def refresh_one(self, gitlab: GitLabPort, budget: ApiBudget) -> None:
+        names = list(self.ids)
+        unknown = [n for n in names if self.paused[n] is None]
+        if not names or not budget.try_take():
+            return
+        name = unknown[0] if unknown else names[self._next % len(names)]
+        self._next += 1
+        self._read(gitlab, name)
+
+    def _read(self, gitlab: GitLabPort, name: str) -> None:
+        info = gitlab.get_runner(self.ids[name])  # GitLabError: the loop logs once, backs off
+        if info is None:  # 404: deleted, or a GitLab hiccup; keep managing it as unknown
+            if self.paused[name] is not None:
+                log.warning("runner %s (id %s) not found in GitLab; if it was deleted, run `runnerctl init`",
+                            name, self.ids[name])
+            self.paused[name] = None
+            return
+        self.paused[name] = info.paused
+
+    def set(self, name: str, paused: bool | None) -> None:
+        if name in self.paused:
+            self.paused[name] = paused
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    snapshot: GpuSnapshot
+    slots: tuple[Slot, ...]  # registered slots (a runner id known)
+    paused: Mapping[str, bool | None]
+    running: Mapping[str, tuple[int, ...]]
+    gate: Mapping[int, GateState]
+
+
+def registered_slots(snapshot: GpuSnapshot, runner_ids: Mapping[str, int],
+                     plan_slots: Callable[[GpuSnapshot], list[Slot]]) -> tuple[Slot, ...]:
+    return tuple(s for s in plan_slots(snapshot) if s.name in runner_ids)
+
+
+def gate_step(snapshot: GpuSnapshot, gate: Mapping[int, GateState], *, now: float, is_ci: IsCi,
+              owned: Iterable[int], limits: GateThresholds) -> dict[int, GateState]:
+    owned_set = set(owned)
+    return {gpu.index: step(gate.get(gpu.index, GateState()), gpu, now=now, is_ci=is_ci,
+                            owned=gpu.index in owned_set, limits=limits)
+            for gpu in snapshot.gpus}

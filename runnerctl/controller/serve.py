@@ -1,0 +1,80 @@
+"""`runnerctl serve`: the reconcile loop in a thread, the ASGI app in the foreground.
+
+Production wiring reads runner ids from gitlab-runner's config.toml (runnerctl-owned
+`[[runners]]` entries carry the GitLab `id` per slot name), running jobs and CI
+processes from the executor's leases in the state dir, and GPUs from NVML (or a
+simulated source). The store is SQLite in the state dir unless a PostgreSQL URL is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import uvicorn
+
+from runnerctl.controller.app import create_app
+from runnerctl.controller.loop import Controller, Wiring
+from runnerctl.controller.observe import LeaseJobs
+from runnerctl.controller.store import Store
+from runnerctl.errors import ConfigError
+from runnerctl.gitlab import PythonGitLab
+from runnerctl.gpus import open_gpu_source
+from runnerctl.runner_config import RunnerConfigFile
+from runnerctl.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def production_controller(settings: Settings, *, gitlab_url: str, token: str, gpu_source: str,
+                          runner_config: Path, webhook_secret: str) -> Controller:
+    entries = RunnerConfigFile(runner_config).owned_entries()
+    runner_ids = {name: int(e["id"]) for name, e in entries.items() if str(e.get("id", "")).isdigit()}
+    if not runner_ids:
+        raise ConfigError(f"{runner_config} has no runnerctl runners with an id",
+                          hint="register them first with `runnerctl init`")
+    jobs = LeaseJobs(settings.state_dir)
+    store = Store.open(url=settings.controller.store_url, state_dir=settings.state_dir)
+    wiring = Wiring(host=settings.host.name, gpus=open_gpu_source(gpu_source, host=settings.host.name),
+                    gitlab=PythonGitLab(gitlab_url, token), runner_ids=runner_ids, store=store, jobs=jobs,
+                    clock=time.time, is_ci=jobs.is_ci, webhook_secret=webhook_secret)
+    return Controller(wiring, settings.controller)
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--listen {listen!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def serve(controller: Controller, listen: str, *,
+          loop: Callable[[threading.Event], None] | None = None) -> None:
+    """Run until SIGINT/SIGTERM: `loop(stop)` (default: the controller's own) in a thread."""
+    host, port = parse_listen(listen)
+    stop = threading.Event()
+    worker = threading.Thread(target=loop or controller.run, args=(stop,), name="reconcile", daemon=True)
+    worker.start()
+    app = create_app(lambda: controller.view, controller.demand.webhook)
+    log.warning("runnerctl serve: http://%s:%d/api/state, webhooks at /webhooks/gitlab", host, port)
+    try:
+        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
+    finally:
+        stop.set()
+        worker.join(timeout=10)
+
+
+def serve_in_background(controller: Controller, listen: str) -> uvicorn.Server | None:
+    """The app on a daemon thread (the demo); None when the address is taken."""
+    host, port = parse_listen(listen)
+    app = create_app(lambda: controller.view, controller.demand.webhook)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, name="web", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return server if server.started else None

@@ -1,0 +1,110 @@
+"""One simulated host around a real controller: sim GPUs, HTTP GitLab, runner stand-ins.
+
+The controller talks to the simulated GitLab over HTTP through the real python-gitlab
+adapter, exactly as in production; only GitLab, the GPUs and gitlab-runner are fakes.
+Time is a `VirtualClock` that `advance()` moves in steps, so the demo can run an hour
+in a minute and tests run without sleeping. Used by `runnerctl demo`, by `serve
+--gitlab sim` and by the controller tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+from runnerctl.controller.loop import Controller, Wiring
+from runnerctl.controller.observe import nothing_is_ci
+from runnerctl.controller.plan import PlanPolicy
+from runnerctl.controller.store import Event, Store
+from runnerctl.gitlab import PythonGitLab, RunnerScope
+from runnerctl.layout import slot_tags
+from runnerctl.settings import ControllerSettings
+from runnerctl.sim.fleet import RunningJob, SimFleet, SimGpus
+from runnerctl.sim.gitlab_server import GitLabServer
+from runnerctl.sim.gitlab_state import GitLabState
+
+TOKEN = "glpat-runnerctl-sim"
+PROJECT = 1
+
+
+class VirtualClock:
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.start = start
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    @property
+    def elapsed(self) -> float:
+        return self.now - self.start
+
+
+@dataclasses.dataclass
+class World:
+    clock: VirtualClock
+    state: GitLabState
+    server: GitLabServer
+    gitlab: PythonGitLab
+    gpus: SimGpus
+    fleet: SimFleet
+    controller: Controller
+    store: Store
+    durations: dict[int, float]
+    submitted: dict[int, tuple[float, int]]  # job id -> (when, GPUs)
+    _next_tick: float = 0.0
+
+    def submit(self, gpus: int, duration: float, *, user: str = "bob", priority: str = "") -> int:
+        tags = ["gpu"] if gpus == 1 else [f"gpus:{gpus}"]
+        job = self.state.enqueue_job(project_id=PROJECT, tags=tags + ([f"priority:{priority}"] if priority
+                                                                       else []), user=user)
+        self.durations[job.id] = duration
+        self.submitted[job.id] = (self.clock(), gpus)
+        return job.id
+
+    def advance(self, seconds: float, *, step: float = 1.0, pace: Callable[[], None] | None = None) -> None:
+        """Move virtual time: runners poll on their beat, the controller ticks on its own."""
+        end = self.clock.now + seconds
+        while self.clock.now < end:
+            self.clock.now = min(end, self.clock.now + step)
+            self.fleet.step(self.clock.now)
+            if self.clock.now >= self._next_tick:
+                self.controller.tick()
+                self._next_tick = self.clock.now + self.controller.settings.interval_s
+            if pace is not None:
+                pace()
+
+    def close(self) -> None:
+        self.server.stop()
+        self.store.close()
+
+
+def build_world(state_dir: Path, *, host: str = "demo", gpu_count: int = 8,
+                settings: ControllerSettings | None = None, policy: PlanPolicy | None = None,
+                on_event: Callable[[Event], None] = lambda e: None,
+                on_job: Callable[[str, RunningJob, float], None] = lambda kind, job, now: None,
+                webhook_secret: str = "", store_url: str = "", check_s: float = 3.0) -> World:
+    clock = VirtualClock()
+    state = GitLabState(clock=clock)
+    server = GitLabServer(state, tokens={TOKEN: "admin"})
+    # small answers written in two sends otherwise wait 40 ms for a delayed ACK (Nagle)
+    server._httpd.RequestHandlerClass.disable_nagle_algorithm = True  # type: ignore[attr-defined]
+    server.start()
+    gitlab = PythonGitLab(server.url, TOKEN, timeout=5.0)
+    gpus = SimGpus(host, gpu_count, clock)
+    slots = gpus.slots()
+    runner_ids = {}
+    for slot in slots:
+        created = gitlab.create_runner(description=slot.name, tags=slot_tags(slot), paused=slot.size > 1,
+                                       scope=RunnerScope())
+        runner_ids[slot.name] = created.id
+    durations: dict[int, float] = {}
+    fleet = SimFleet(state, runner_ids, slots, gpus, check_s=check_s,
+                     duration_of=lambda job_id: durations.get(job_id, 60.0), on_change=on_job)
+    store = Store.open(url=store_url, state_dir=state_dir)
+    settings = settings or ControllerSettings(projects=(PROJECT,))
+    wiring = Wiring(host=host, gpus=gpus, gitlab=gitlab, runner_ids=runner_ids, store=store, jobs=fleet,
+                    clock=clock, is_ci=nothing_is_ci, webhook_secret=webhook_secret, on_event=on_event)
+    controller = Controller(wiring, settings, policy)
+    return World(clock, state, server, gitlab, gpus, fleet, controller, store, durations, {})

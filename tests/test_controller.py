@@ -1,0 +1,176 @@
+"""The reconcile loop against sim GPUs, the HTTP GitLab (real python-gitlab) and runner stand-ins."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from runnerctl.cli import main
+from runnerctl.controller.app import create_app
+from runnerctl.controller.loop import Controller
+from runnerctl.settings import ControllerSettings
+from runnerctl.sim.gitlab_server import Fault
+from runnerctl.sim.world import PROJECT, World, build_world
+
+SETTINGS = ControllerSettings(projects=(PROJECT,), cooldown_s=30.0)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = build_world(tmp_path, settings=SETTINGS, webhook_secret="s3cret")
+    yield w
+    w.close()
+
+
+def _open(world: World) -> set[str]:
+    return {r.description.rsplit("/", 1)[-1] for r in world.state.runners.values() if not r.paused}
+
+
+def _assert_s1(world: World) -> None:
+    slots = {s.name: s for s in world.fleet.slots.values()}
+    opened = [slots[r.description] for r in world.state.runners.values() if not r.paused]
+    for i, a in enumerate(opened):
+        for b in opened[i + 1:]:
+            assert not set(a.gpus) & set(b.gpus), (a.key, b.key)
+
+
+def test_idle_host_opens_singles_only(world: World) -> None:
+    world.advance(6)
+    assert _open(world) == {f"gpu{i}" for i in range(8)}
+
+
+def test_four_gpu_job_composed_run_and_released(world: World) -> None:
+    for i in range(8):
+        world.submit(1, 100.0 + 10 * i)
+    world.advance(5)
+    big = world.submit(4, 60.0)
+    for _ in range(200):
+        world.advance(1)
+        _assert_s1(world)
+        if big in world.fleet.started:
+            break
+    # L1: no later than the last job on its block, plus two intervals and a runner poll
+    assert world.fleet.started[big] <= world.clock.start + 6 + 130 + 2 * 5 + 3
+    world.advance(70)
+    assert big in world.fleet.finished
+    world.advance(6)  # L2: singles back within one interval
+    assert _open(world) == {f"gpu{i}" for i in range(8)}
+
+
+def test_foreign_process_closes_and_cooldown_reopens(world: World) -> None:
+    world.advance(6)
+    world.gpus.foreign[3] = (999, "alice")
+    world.advance(5)
+    assert "gpu3" not in _open(world)
+    view = world.controller.view
+    assert "alice" in next(g.reason for g in view.gpus if g.index == 3)
+    del world.gpus.foreign[3]
+    world.advance(20)
+    assert "gpu3" not in _open(world)  # cool-down
+    world.advance(20)
+    assert "gpu3" in _open(world)
+
+
+def test_unhealthy_gpu_stays_closed_until_admin_reopens(world: World, tmp_path: Path) -> None:
+    world.gpus.unhealthy.add(2)
+    world.advance(6)
+    world.gpus.unhealthy.discard(2)
+    world.gpus.unhealthy.add(2)  # the Xid count stays
+    world.advance(100)
+    assert "gpu2" not in _open(world)
+    assert main(["resume", "--gpu", "2", "--host-name", "demo", "--state-dir", str(tmp_path),
+                 "--why", "reseated"]) == 0
+    world.advance(6)
+    assert "gpu2" in _open(world)
+
+
+def test_admin_toggles_pause_drain_resume(world: World, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    job = world.submit(1, 100.0)
+    world.advance(6)
+    slot = next(n for n, j in world.fleet.jobs.items() if j.job_id == job).rsplit("/", 1)[-1]
+    args = ["--host-name", "demo", "--state-dir", str(tmp_path)]
+    assert main(["drain", "--slot", slot, "--why", "maintenance", "--who", "carol", *args]) == 0
+    assert main(["pause", "--gpu", "7", *args]) == 0
+    world.advance(6)
+    assert slot not in _open(world) and "gpu7" not in _open(world)
+    statuses = {t.target: s for t, s in world.controller.view.toggles}
+    assert statuses == {f"slot:{slot}": "draining (1 job left)", "gpu:7": "paused"}
+    world.advance(100)
+    assert {t.target: s for t, s in world.controller.view.toggles}[f"slot:{slot}"] == "drained"
+    assert main(["resume", "--host", *args]) == 0
+    world.advance(6)
+    assert _open(world) == {f"gpu{i}" for i in range(8)}
+    assert "carol" in capsys.readouterr().out
+    kinds = [e.kind for e in world.store.events("demo")]
+    assert {"drain", "pause", "resume"} <= set(kinds)
+
+
+def test_restart_recovers_drain_and_never_resumes_a_covered_single(world: World) -> None:
+    for _ in range(8):
+        world.submit(1, 200.0)
+    world.advance(5)
+    big = world.submit(8, 30.0)
+    world.advance(12)
+    assert world.controller.drains
+    # restart: a fresh controller on the same store and GitLab
+    world.controller = Controller(world.controller.w, SETTINGS)
+    assert world.controller.drains
+    for _ in range(250):
+        world.advance(1)
+        _assert_s1(world)
+        assert not _open(world) & {f"gpu{i}" for i in range(8)} or big in world.fleet.started
+    assert big in world.fleet.started
+
+
+FAULTS = ["401", "403", "404", "429", "500", "drop", "delay"]
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+def test_gitlab_failures_leave_runners_unchanged_or_paused(world: World, kind: str,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    world.gitlab = world.controller.w.gitlab  # the adapter the controller uses
+    world.controller.w.gitlab._gl.timeout = 0.3  # type: ignore[attr-defined]
+    world.advance(6)
+    before = _open(world)
+    world.server.faults.append(Fault("*", r"/runners|/projects", kind, count=10_000, delay_s=0.6))
+    world.submit(4, 30.0)
+    with caplog.at_level(logging.DEBUG, logger="runnerctl"):
+        world.advance(40)
+    assert _open(world) <= before  # unchanged or safer
+    _assert_s1(world)
+    warnings = [r for r in caplog.records
+                if r.levelno >= logging.WARNING and "GitLab failed" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert world.controller.health.retry_at > world.clock()  # backing off
+    changing = [r for r in world.server.requests if r.method == "PUT"]
+    world.server.faults.clear()
+    world.advance(300)
+    assert world.controller.health.failures == 0 and len(changing) <= 2
+
+
+def test_api_state_and_webhook(world: World) -> None:
+    world.advance(6)
+    client = TestClient(create_app(lambda: world.controller.view, world.controller.demand.webhook))
+    state = client.get("/api/state").json()
+    assert state["host"] == "demo" and len(state["slots"]) == 15
+    assert state["snapshot"]["gpus"][0]["index"] == 0
+    payload = {"object_kind": "build", "build_id": 77, "build_status": "pending", "project_id": PROJECT,
+               "build_tags": ["gpus:2"], "build_created_at": "2023-11-14 22:13:20 UTC"}
+    assert client.post("/webhooks/gitlab", json=payload).status_code == 401
+    wrong = client.post("/webhooks/gitlab", json=payload, headers={"X-Gitlab-Token": "nope"})
+    assert wrong.status_code == 401
+    ok = client.post("/webhooks/gitlab", json=payload, headers={"X-Gitlab-Token": "s3cret"})
+    assert ok.status_code == 200
+    assert [j.job_id for j in world.controller.demand.jobs] == [77]
+
+
+def test_polling_stays_within_the_api_budget(world: World) -> None:
+    world.advance(10)
+    start = len(world.server.requests)
+    world.advance(600)
+    assert len(world.server.requests) - start <= 12 * 10 + 2
