@@ -144,6 +144,56 @@ def test_gpu_source_nvml_uses_the_door() -> None:
     assert [g.uuid for g in snap.gpus] == ["GPU-0000", "GPU-1111"] and snap.host == "gpu-z"
 
 
+def test_live_source_counts_hardware_xids_between_snapshots(caplog: pytest.LogCaptureFixture) -> None:
+    state = _state()
+    with installed(state):
+        source = open_gpu_source("nvml", host="h")
+        first = source.snapshot()
+        assert [g.xid_errors for g in first.gpus] == [0, 0]  # watched from now on, none yet
+        state.raise_xid(1, 79)  # fallen off the bus: hardware
+        state.raise_xid(1, 13)  # graphics engine exception: the application's own fault
+        state.raise_xid(0, 31)  # MMU fault: the application's
+        with caplog.at_level(logging.INFO, logger="runnerctl.gpus.nvml"):
+            second = source.snapshot()
+        state.raise_xid(1, 48)
+        third = source.snapshot()
+    assert [g.xid_errors for g in second.gpus] == [0, 1]
+    assert second.gpus[1].healthy is False and second.gpus[0].healthy is True
+    assert [g.xid_errors for g in third.gpus] == [0, 2]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("Xid 79 (hardware" in m for m in messages)
+    assert any("Xid 13 (application fault" in m for m in messages)
+
+
+def test_xid_events_unsupported_stay_unknown() -> None:
+    state = _state(events_supported=False)
+    with installed(state):
+        source = open_gpu_source("nvml", host="h")
+        source.snapshot()
+        state.raise_xid(0, 79)  # nobody registered: NVML does not deliver it
+        snap = source.snapshot()
+    assert snap.gpus[0].xid_errors is None and snap.gpus[1].xid_errors == 0
+
+
+def test_one_shot_read_does_not_claim_zero_xids() -> None:
+    with installed(_state()) as library:
+        snap = read_snapshot("h")
+    assert [g.xid_errors for g in snap.gpus] == [None, None]
+    assert "nvmlEventSetCreate" not in library.calls
+
+
+def test_live_source_reopens_after_an_nvml_failure() -> None:
+    state = _state()
+    with installed(state) as library:
+        source = open_gpu_source("nvml", host="h")
+        source.snapshot()
+        library.initialised = False  # the driver was reloaded under us
+        with pytest.raises(GpuError):
+            source.snapshot()
+        assert len(source.snapshot().gpus) == 2
+    assert library.calls.count("nvmlInitWithFlags") + library.calls.count("nvmlInit_v2") == 2
+
+
 def _real_nvml_present() -> bool:
     import ctypes
 
@@ -164,3 +214,13 @@ def test_real_gpu_inventory() -> None:
         assert gpu.memory_total_bytes and gpu.memory_total_bytes > 0
         assert gpu.utilization is None or 0.0 <= gpu.utilization <= 1.0
     assert snap.driver_version
+
+
+@pytest.mark.real_gpu
+@pytest.mark.skipif(not _real_nvml_present(), reason="needs the NVIDIA driver and a GPU")
+def test_real_gpu_live_source_watches_xid() -> None:
+    source = open_gpu_source("nvml")
+    first, second = source.snapshot(), source.snapshot()
+    assert [g.uuid for g in first.gpus] == [g.uuid for g in second.gpus]
+    for gpu in second.gpus:  # a healthy machine: watched and clean, or not supported
+        assert gpu.xid_errors in (0, None)

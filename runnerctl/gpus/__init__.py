@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from runnerctl.errors import ConfigError
 from runnerctl.model import GpuSnapshot
@@ -20,14 +20,21 @@ class GpuSource(Protocol):
 
 
 class NvmlSource:
+    """NVML, opened on the first snapshot and kept open (Xid events between snapshots
+    are counted only while a session lives)."""
+
     def __init__(self, host: str) -> None:
         self.spec = "nvml"
         self.host = host
+        self._live: Any = None
 
     def snapshot(self) -> GpuSnapshot:
-        from runnerctl.gpus.nvml import read_snapshot
+        from runnerctl.gpus.nvml import LiveNvml
 
-        return read_snapshot(self.host)
+        if self._live is None:
+            self._live = LiveNvml(self.host)
+        snapshot: GpuSnapshot = self._live.snapshot()
+        return snapshot
 
 
 class SimSource:

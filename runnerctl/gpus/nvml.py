@@ -4,10 +4,20 @@ NVML is reached through nvidia-ml-py (import name `pynvml`). Functions a driver 
 not support raise `NVMLError_NotSupported`; older drivers lack some functions
 (`NVMLError_FunctionNotFound`). Both mean "unknown" and become `None` here, and each
 missing function is logged once. Nothing else in runnerctl imports pynvml.
+
+Xid errors arrive as NVML events (`nvmlDeviceRegisterEvents` with
+`nvmlEventTypeXidCriticalError`, read with `nvmlEventSetWait_v2`, whose `eventData` is
+the Xid). Only Xids that NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors)
+resolves with a GPU reset, a node reboot or support (`HARDWARE_XIDS`) count against a
+GPU; application faults such as 13, 31, 43 or 45 are logged and ignored, since a user's
+bad kernel must not close a GPU for everyone. Counts are kept for as long as the
+session lives, so a long-lived source (the controller's) sees every event.
 """
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import logging
 import socket
 import time
@@ -36,6 +46,11 @@ _HINTS = {
     "that can read /dev/nvidia*",
 }
 _NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE for unsigned long long
+# Double-bit ECC (48), micro-controller faults (61, 62), row remapping (63, 64), NVLink
+# (74), fallen off the bus (79), uncontained ECC (95), GSP errors (119, 120),
+# unrecovered ECC (140): the catalog's "reset GPU" / "reboot" / "contact support" Xids.
+HARDWARE_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 95, 119, 120, 140})
+_MAX_EVENTS_PER_SNAPSHOT = 1000  # a storm of events must not stall a tick
 
 
 class NvmlSession:
@@ -43,6 +58,10 @@ class NvmlSession:
 
     def __init__(self) -> None:
         self._missing_logged: set[str] = set()
+        self._events: Any | None = None  # the Xid event set, once created
+        self._xid_watched: dict[int, int] = {}  # device handle address -> GPU index
+        self._xid_counts: dict[int, int] = {}  # GPU index -> hardware Xids seen
+        self._xid_unwatchable: set[int] = set()
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
@@ -51,6 +70,12 @@ class NvmlSession:
             raise GpuError(f"cannot initialise NVML: {exc}", hint=hint) from None
 
     def close(self) -> None:
+        if self._events is not None:
+            try:
+                pynvml.nvmlEventSetFree(self._events)
+            except pynvml.NVMLError as exc:  # a dead session frees nothing; shut down anyway
+                log.debug("nvmlEventSetFree failed: %s", exc)
+            self._events = None
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as exc:
@@ -58,16 +83,62 @@ class NvmlSession:
 
     def query(self, func: Callable[..., Any], *args: Any) -> Any | None:
         """Call one pynvml function; None when the GPU or driver cannot say."""
+        return self._call(func, *args)[1]
+
+    def _call(self, func: Callable[..., Any], *args: Any) -> tuple[bool, Any | None]:
+        """(supported, result): for functions whose success returns None."""
         try:
-            return func(*args)
+            return True, func(*args)
         except _UNKNOWN_ERRORS as exc:
             name = getattr(func, "__name__", repr(func))
             if name not in self._missing_logged:
                 self._missing_logged.add(name)
                 log.info("NVML %s: %s; treating as unknown", name, exc)
-            return None
+            return False, None
 
-    def snapshot(self, host: str) -> GpuSnapshot:
+    def _watch_xid(self, handles: dict[int, Any]) -> None:
+        """Register every GPU not yet watched for Xid events (once per session)."""
+        if self._events is None:
+            supported, events = self._call(pynvml.nvmlEventSetCreate)
+            if not supported:
+                self._xid_unwatchable.update(handles)
+                return
+            self._events = events
+        for index, handle in handles.items():
+            address = _address(handle)
+            if address in self._xid_watched or index in self._xid_unwatchable:
+                continue
+            supported, _ = self._call(pynvml.nvmlDeviceRegisterEvents, handle,
+                                      pynvml.nvmlEventTypeXidCriticalError, self._events)
+            if supported:
+                self._xid_watched[address] = index
+                self._xid_counts.setdefault(index, 0)
+            else:
+                self._xid_unwatchable.add(index)
+
+    def _drain_xid(self) -> None:
+        """Count the hardware Xids waiting in the event set, without blocking."""
+        if self._events is None:
+            return
+        for _ in range(_MAX_EVENTS_PER_SNAPSHOT):
+            try:
+                data = pynvml.nvmlEventSetWait_v2(self._events, 0)
+            except pynvml.NVMLError_Timeout:
+                return
+            index = self._xid_watched.get(_address(data.device))
+            if index is None or not data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+                continue
+            xid = int(data.eventData)
+            if xid in HARDWARE_XIDS:
+                self._xid_counts[index] += 1
+                log.warning("GPU %d: Xid %d (hardware; the GPU is closed until an admin reopens it)",
+                            index, xid)
+            else:
+                log.info("GPU %d: Xid %d (application fault; the GPU stays open)", index, xid)
+
+    def snapshot(self, host: str, *, watch_xid: bool = False) -> GpuSnapshot:
+        """Every GPU once; with `watch_xid`, Xid counts since this session first watched
+        (a one-shot read leaves them unknown: it could not have seen any)."""
         count = pynvml.nvmlDeviceGetCount()
         gpus: list[Gpu] = []
         handles: dict[int, Any] = {}
@@ -78,6 +149,11 @@ class NvmlSession:
                 gpus.append(self._read_gpu(index, handle))
             except pynvml.NVMLError_GpuIsLost:
                 gpus.append(_lost_gpu(index))
+        if watch_xid:
+            self._watch_xid(handles)
+            self._drain_xid()
+            gpus = [g if g.lost else dataclasses.replace(g, xid_errors=self._xid_counts.get(g.index))
+                    for g in gpus]
         driver = self.query(pynvml.nvmlSystemGetDriverVersion)
         return GpuSnapshot(
             host=host,
@@ -185,8 +261,36 @@ def _lost_gpu(index: int) -> Gpu:
     )
 
 
+def _address(handle: Any) -> int:
+    """A device handle's pointer value: the key that ties an event to its GPU."""
+    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+
+
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+class LiveNvml:
+    """A session kept open across snapshots (the controller's), so Xid events between
+    ticks are counted; reopened after an NVML failure."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self._session: NvmlSession | None = None
+
+    def snapshot(self) -> GpuSnapshot:
+        if self._session is None:
+            self._session = NvmlSession()
+        try:
+            return self._session.snapshot(self.host, watch_xid=True)
+        except pynvml.NVMLError as exc:
+            self.close()
+            raise GpuError(f"NVML query failed: {exc}", hint="check `nvidia-smi`") from None
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
 
 
 def read_snapshot(host: str | None = None) -> GpuSnapshot:

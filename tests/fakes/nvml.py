@@ -13,6 +13,10 @@ NOT_SUPPORTED=3, INSUFFICIENT_SIZE=7, DRIVER_NOT_LOADED=9, GPU_IS_LOST=15; proce
 lists use the two-call size protocol (infoCount in/out, INSUFFICIENT_SIZE when the
 buffer is too small); usedGpuMemory is NVML_VALUE_NOT_AVAILABLE (ULLONG_MAX) when
 unknown; handles are opaque pointers; calls before nvmlInit fail with UNINITIALIZED.
+Events (nvmlEventSetCreate, nvmlDeviceRegisterEvents, nvmlEventSetWait_v2,
+nvmlEventSetFree): a device registered for a type mask gets the events of those types
+raised after it registered; a wait with nothing pending returns ERROR_TIMEOUT (10);
+nvmlEventData_t carries the device handle, the event type and, for Xid events, the Xid.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from typing import Any
 import pynvml
 
 SUCCESS, UNINITIALIZED, INVALID_ARGUMENT, NOT_SUPPORTED = 0, 1, 2, 3
-INSUFFICIENT_SIZE, DRIVER_NOT_LOADED, GPU_IS_LOST = 7, 9, 15
+INSUFFICIENT_SIZE, DRIVER_NOT_LOADED, TIMEOUT, GPU_IS_LOST = 7, 9, 10, 15
+XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
+_EVENT_SET_BASE = 0x9000
 NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
 _HANDLE_BASE = 0x5000
 
@@ -51,6 +57,7 @@ class FakeGpu:
     ecc_uncorrected: int | None = 0  # None: NOT_SUPPORTED
     bus_id: str = "00000000:01:00.0"
     lost: bool = False
+    events_supported: bool = True  # False: RegisterEvents says NOT_SUPPORTED
     processes: list[FakeProcess] = dataclasses.field(default_factory=list)
 
 
@@ -61,10 +68,19 @@ class FakeNvmlState:
     driver_version: str = "550.54.15"
     init_error: int = SUCCESS  # e.g. DRIVER_NOT_LOADED
     missing: set[str] = dataclasses.field(default_factory=set)  # functions the driver lacks
+    # set id -> {gpu index: registered event type mask}; pending (gpu index, type, data)
+    event_sets: dict[int, dict[int, int]] = dataclasses.field(default_factory=dict)
+    pending_events: dict[int, list[tuple[int, int, int]]] = dataclasses.field(default_factory=dict)
+
+    def raise_xid(self, gpu: int, xid: int) -> None:
+        """The driver reports an Xid on a GPU: queued for every set watching it."""
+        for set_id, masks in self.event_sets.items():
+            if masks.get(gpu, 0) & XID_EVENT:
+                self.pending_events[set_id].append((gpu, XID_EVENT, xid))
 
 
 _ERRORS = {UNINITIALIZED: b"Uninitialized", INVALID_ARGUMENT: b"Invalid Argument",
-           NOT_SUPPORTED: b"Not Supported", INSUFFICIENT_SIZE: b"Insufficient Size",
+           NOT_SUPPORTED: b"Not Supported", INSUFFICIENT_SIZE: b"Insufficient Size", TIMEOUT: b"Timeout",
            DRIVER_NOT_LOADED: b"Driver Not Loaded", GPU_IS_LOST: b"GPU is lost"}
 
 
@@ -118,6 +134,10 @@ class FakeNvmlLibrary:
             "nvmlDeviceGetComputeRunningProcesses_v3": ((h, p, p), self._device(self._procs("compute"))),
             "nvmlDeviceGetGraphicsRunningProcesses_v3": ((h, p, p), self._device(self._procs("graphics"))),
             "nvmlDeviceGetTopologyCommonAncestor": ((h, h, p), self._topology),
+            "nvmlEventSetCreate": ((p,), self._event_set_create),
+            "nvmlDeviceRegisterEvents": ((h, c_ulonglong, p), self._register_events),
+            "nvmlEventSetWait_v2": ((p, p, c_uint), self._event_wait),
+            "nvmlEventSetFree": ((p,), self._event_set_free),
         }
 
     # -- implementations ---------------------------------------------------------------
@@ -215,6 +235,47 @@ class FakeNvmlLibrary:
         if level is None:
             return NOT_SUPPORTED
         c_uint.from_address(out).value = level
+        return SUCCESS
+
+
+    def _event_set_create(self, out: int) -> int:
+        set_id = _EVENT_SET_BASE + len(self.state.event_sets) + 1
+        self.state.event_sets[set_id] = {}
+        self.state.pending_events[set_id] = []
+        c_void_p.from_address(out).value = set_id
+        return SUCCESS
+
+    def _register_events(self, handle: int | None, types: int, set_id: int | None) -> int:
+        gpu = self._gpu(handle)
+        if gpu is None or set_id not in self.state.event_sets:
+            return INVALID_ARGUMENT
+        if gpu.lost:
+            return GPU_IS_LOST
+        if not gpu.events_supported:
+            return NOT_SUPPORTED
+        masks = self.state.event_sets[set_id]
+        index = (handle or 0) - _HANDLE_BASE
+        masks[index] = masks.get(index, 0) | types
+        return SUCCESS
+
+    def _event_wait(self, set_id: int | None, out: int, timeout_ms: int) -> int:
+        if set_id not in self.state.event_sets:
+            return INVALID_ARGUMENT
+        pending = self.state.pending_events[set_id]
+        if not pending:
+            return TIMEOUT  # the fake never blocks: nothing can arrive while it waits
+        gpu, kind, data = pending.pop(0)
+        event = pynvml.c_nvmlEventData_t.from_address(out)
+        ctypes.cast(ctypes.pointer(event), ctypes.POINTER(c_void_p))[0] = _HANDLE_BASE + gpu
+        event.eventType, event.eventData = kind, data
+        event.gpuInstanceId = event.computeInstanceId = 0xFFFFFFFF
+        return SUCCESS
+
+    def _event_set_free(self, set_id: int | None) -> int:
+        if set_id not in self.state.event_sets:
+            return INVALID_ARGUMENT
+        del self.state.event_sets[set_id]
+        del self.state.pending_events[set_id]
         return SUCCESS
 
 
