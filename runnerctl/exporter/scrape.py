@@ -49,7 +49,7 @@ class RunnerctlCollector(Collector):
             if stats is not None:
                 try:
                     found = list(part(stats))
-                except (ArithmeticError, AttributeError, KeyError, LookupError, TypeError, ValueError):
+                except (ArithmeticError, AttributeError, LookupError, TypeError, ValueError):
                     log.exception("collector %s failed; its metrics are left out of this scrape", name)
                     ok = False
                 else:
