@@ -298,8 +298,8 @@ def wait_until_busy(prom: Prometheus) -> None:
 def test_promtool_checks_config_and_rules(env: dict[str, Any]) -> None:
     for args in (["check", "config", str(MONITORING / "prometheus" / "prometheus.yml")],
                  ["check", "config", str(env["config"])], ["check", "rules", str(ALERTS)]):
-        done = subprocess.run(["promtool", *args, "--lint=all", "--lint-fatal"], capture_output=True, text=True,
-                              check=False)
+        done = subprocess.run(["promtool", *args, "--lint=all", "--lint-fatal"], capture_output=True,
+                              text=True, check=False)
         out = done.stdout + done.stderr
         assert done.returncode == 0, out
         assert "SUCCESS" in out and not re.search(r"WARN|FAIL|error", out, re.IGNORECASE), out
@@ -310,7 +310,8 @@ def test_promtool_check_metrics_is_silent_on_busy_and_observe_only_scrapes(env: 
     for url in (env["metrics"], env["serve_metrics"], env["exporter_metrics"]):
         scrape = http_get(url)
         assert b"runnerctl_gpu_occupancy_state" in scrape
-        done = subprocess.run(["promtool", "check", "metrics"], input=scrape, capture_output=True, check=False)
+        done = subprocess.run(["promtool", "check", "metrics"], input=scrape, capture_output=True,
+                              check=False)
         assert done.returncode == 0 and done.stdout + done.stderr == b"", (url, done.stdout, done.stderr)
     busy = http_get(env["metrics"]).decode()
     for needle in ('state="ci"} 1.0', 'state="foreign"} 1.0', 'state="paused"} 1.0',
