@@ -189,9 +189,11 @@ class PythonGitLab:
         except gitlab.exceptions.GitlabError as exc:
             raise self._http_error(what, exc) from None
         except requests.exceptions.Timeout:
+            self.requests_by_status["unanswered"] += 1
             raise TemporaryError(f"GitLab at {self.url} did not answer in time while trying "
                                  f"to {what}", delay=DEFAULT_RETRY_S) from None
         except requests.exceptions.RequestException as exc:
+            self.requests_by_status["unanswered"] += 1
             reason = type(exc).__name__
             raise TemporaryError(
                 f"cannot reach GitLab at {self.url} ({reason}) while trying to {what}",

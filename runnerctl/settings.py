@@ -104,12 +104,23 @@ class ControllerSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class MonitoringSettings:
+    dcgm_job_mapping_dir: str = ""
+    """dcgm-exporter's `--hpc-job-mapping-dir`: when set, one file per GPU (named by its
+    index) lists the CI jobs on it after every tick, so dcgm-exporter's metrics get an
+    `hpc_job` label. Empty: no files are written."""
+    exporter_listen: str = "127.0.0.1:9835"
+    """HOST:PORT of the standalone `runnerctl exporter` (`serve` has /metrics on --listen)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
     host: HostSettings = dataclasses.field(default_factory=HostSettings)
     paths: PathSettings = dataclasses.field(default_factory=PathSettings)
     executor: ExecutorSettings = dataclasses.field(default_factory=ExecutorSettings)
     postgres: PostgresSettings = dataclasses.field(default_factory=PostgresSettings)
     controller: ControllerSettings = dataclasses.field(default_factory=ControllerSettings)
+    monitoring: MonitoringSettings = dataclasses.field(default_factory=MonitoringSettings)
     source: str = ""
     """The file these settings came from ('' for defaults only)."""
 

@@ -51,3 +51,14 @@ def test_low_layers_do_not_import_high_ones() -> None:
         for name in _imports(path):
             assert not name.startswith(("runnerctl.cli", "runnerctl.controller", "runnerctl.web",
                                         "runnerctl.exporter")), (rel, name)
+
+
+def test_controller_does_not_import_the_exporter() -> None:
+    """cli -> exporter -> controller: the loop feeds stats, the exporter reads them."""
+    assert not {p for p in _importers("runnerctl.exporter") if p.startswith("runnerctl/controller/")}
+
+
+def test_only_the_exporter_and_stats_build_metrics() -> None:
+    """Metrics are custom collectors in runnerctl/exporter/, never objects on the global registry."""
+    users = _importers("prometheus_client")
+    assert users and all(p.startswith("runnerctl/exporter/") for p in users), users

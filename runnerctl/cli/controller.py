@@ -19,15 +19,17 @@ from runnerctl.cli.host import (
     runner_config_option,
     token_option,
 )
+from runnerctl.cli.monitoring import attach
 from runnerctl.controller.store import Store, Toggle
 from runnerctl.controller.toggles import resume as resume_toggle
 from runnerctl.controller.toggles import set_toggle, target_of
 from runnerctl.errors import ConfigError
+from runnerctl.settings import Settings
 from runnerctl.sim.simulator import POLICIES, SimConfig, Simulator
 from runnerctl.sim.trace import read_foreign, read_jobs
 
 listen_option = click.option("--listen", default="127.0.0.1:8080", show_default=True,
-                             help="HOST:PORT of the web API (/api/state, /webhooks/gitlab).")
+                             help="HOST:PORT of the web API (/api/state, /webhooks/gitlab, /metrics).")
 
 
 @click.command()
@@ -56,22 +58,22 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
         settings = dataclasses.replace(settings, controller=dataclasses.replace(settings.controller,
                                                                                 interval_s=interval))
     if gitlab_url == "sim":
-        _serve_sim(settings.state_dir, listen, gpu_source, webhook_secret)
+        _serve_sim(settings, listen, gpu_source, webhook_secret)
         return
     if not token:
         raise ConfigError("no GitLab token", hint="pass --token or set RUNNERCTL_GITLAB_TOKEN")
     controller = serving.production_controller(
         settings, gitlab_url=gitlab_url, token=token, gpu_source=gpu_source or settings.host.gpu_source,
         runner_config=_runner_config(settings, runner_config).path, webhook_secret=webhook_secret)
-    serving.serve(controller, listen)
+    serving.serve(controller, listen, metrics=attach(controller, settings))
 
 
-def _serve_sim(state_dir: Path, listen: str, gpu_source: str | None, secret: str) -> None:
+def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: str) -> None:
     from runnerctl.controller import serve as serving
     from runnerctl.sim.world import build_world
 
     count = int(gpu_source[4:]) if gpu_source and gpu_source[4:].isdigit() else 8
-    world = build_world(state_dir, gpu_count=count, webhook_secret=secret,
+    world = build_world(settings.state_dir, gpu_count=count, webhook_secret=secret,
                         on_event=lambda e: click.echo(f"{e.kind:10} {e.subject:28} {e.detail}"))
     click.echo(f"simulated GitLab at {world.server.url} (token glpat-runnerctl-sim, project 1)")
 
@@ -81,7 +83,7 @@ def _serve_sim(state_dir: Path, listen: str, gpu_source: str | None, secret: str
             stop.wait(1.0)
 
     try:
-        serving.serve(world.controller, listen, loop=loop)
+        serving.serve(world.controller, listen, loop=loop, metrics=attach(world.controller, settings))
     finally:
         world.close()
 
@@ -101,7 +103,7 @@ def demo(ctx: click.Context, duration: float, listen: str) -> None:
     def web(world: World) -> None:
         if not listen:
             return
-        server = serve_in_background(world.controller, listen)
+        server = serve_in_background(world.controller, listen, attach(world.controller, Settings()))
         click.echo(f"web API: http://{listen}/api/state" if server else f"(web API off: {listen} is taken)")
 
     ctx.exit(run_demo(duration_s=duration, echo=click.echo, serve=web))

@@ -2,8 +2,8 @@
 
 Requests never reach NVML or GitLab: `GET /api/state` returns the last
 `ControllerView` (replaced once per tick), and `POST /webhooks/gitlab` hands a job
-event to the demand tracker after checking `X-Gitlab-Token`. The exporter (/metrics)
-and the web page hang on this app later.
+event to the demand tracker after checking `X-Gitlab-Token`. `GET /metrics` answers
+with whatever `metrics()` renders (the exporter's scrape of the same view) when given.
 """
 
 from __future__ import annotations
@@ -22,8 +22,16 @@ log = logging.getLogger(__name__)
 
 
 def create_app(view: Callable[[], ControllerView],
-               webhook: Callable[[str | None, Mapping[str, Any]], bool]) -> FastAPI:
+               webhook: Callable[[str | None, Mapping[str, Any]], bool],
+               metrics: Callable[[], tuple[bytes, str]] | None = None) -> FastAPI:
     app = FastAPI(title="runnerctl", docs_url=None, redoc_url=None)
+    if metrics is not None:
+        render = metrics
+
+        @app.get("/metrics")
+        def prometheus_metrics() -> Response:
+            body, content_type = render()
+            return Response(body, media_type=content_type)
 
     @app.get("/api/state")
     def state() -> JSONResponse:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,6 +26,7 @@ from runnerctl.controller.demand import ApiBudget, DemandTracker, PendingJob
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi, reopen
 from runnerctl.controller.observe import JobSource, RunnerCache, gate_step, nothing_is_ci
 from runnerctl.controller.plan import Decision, Observed, Plan, PlanPolicy, SlotState, plan
+from runnerctl.controller.stats import ControllerStats
 from runnerctl.controller.store import Event, Store, Toggle
 from runnerctl.controller.toggles import held_slots, toggle_status
 from runnerctl.errors import GitLabError, GpuError
@@ -120,9 +122,12 @@ class Controller:
         self.ticks = 0
         self._slots: tuple[Slot, ...] = ()
         self._synced = False
+        self.stats = ControllerStats()  # counters for the exporter, fed once per tick
+        self.on_tick: list[Callable[[ControllerView], None]] = []  # e.g. dcgm job mapping files
 
     # -- one tick ------------------------------------------------------------------
     def tick(self) -> ControllerView:
+        started = time.perf_counter()
         now = self.w.clock()
         self.ticks += 1
         snapshot = self._snapshot()
@@ -138,6 +143,10 @@ class Controller:
                          now=now, on_action=lambda a: self._acted(a, now))
         self._remember(result, now)
         self.view = self._view(snapshot, result, running, toggles, now)
+        self.stats.observe(self.view, duration_s=time.perf_counter() - started, is_ci=self.w.is_ci,
+                           gitlab=self.w.gitlab)
+        for hook in self.on_tick:
+            hook(self.view)
         return self.view
 
     def _snapshot(self) -> GpuSnapshot | None:
@@ -231,6 +240,7 @@ class Controller:
     def _event(self, now: float, kind: str, subject: str, detail: str) -> None:
         event = Event(now, self.host, kind, subject, detail)
         self.w.store.record(event)
+        self.stats.event(event)
         self.w.on_event(event)
 
     def _view(self, snapshot: GpuSnapshot | None, result: Plan, running: Mapping[str, tuple[int, ...]],

@@ -51,14 +51,17 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host, int(port)
 
 
+Metrics = Callable[[], tuple[bytes, str]]
+
+
 def serve(controller: Controller, listen: str, *,
-          loop: Callable[[threading.Event], None] | None = None) -> None:
+          loop: Callable[[threading.Event], None] | None = None, metrics: Metrics | None = None) -> None:
     """Run until SIGINT/SIGTERM: `loop(stop)` (default: the controller's own) in a thread."""
     host, port = parse_listen(listen)
     stop = threading.Event()
     worker = threading.Thread(target=loop or controller.run, args=(stop,), name="reconcile", daemon=True)
     worker.start()
-    app = create_app(lambda: controller.view, controller.demand.webhook)
+    app = create_app(lambda: controller.view, controller.demand.webhook, metrics)
     log.warning("runnerctl serve: http://%s:%d/api/state, webhooks at /webhooks/gitlab", host, port)
     try:
         uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
@@ -67,10 +70,11 @@ def serve(controller: Controller, listen: str, *,
         worker.join(timeout=10)
 
 
-def serve_in_background(controller: Controller, listen: str) -> uvicorn.Server | None:
+def serve_in_background(controller: Controller, listen: str,
+                        metrics: Metrics | None = None) -> uvicorn.Server | None:
     """The app on a daemon thread (the demo); None when the address is taken."""
     host, port = parse_listen(listen)
-    app = create_app(lambda: controller.view, controller.demand.webhook)
+    app = create_app(lambda: controller.view, controller.demand.webhook, metrics)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="error"))
     thread = threading.Thread(target=server.run, name="web", daemon=True)
     thread.start()

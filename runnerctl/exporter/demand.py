@@ -1,0 +1,44 @@
+"""Demand metrics: pending GPU jobs by GPUs asked, the oldest one's age, and waits.
+
+`gpus` (1, 2, 4, 8, ...) is the only label: job ids, projects and users stay out.
+Pending counts are exported for every block size of the host, 0 included, so a panel
+shows "no demand" rather than "no data". Waits are timed by the controller from a job's
+creation in GitLab to the first tick that sees it running on this host (see
+`runnerctl.controller.stats`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from runnerctl.controller.stats import StatsView
+
+
+def collect(stats: StatsView) -> Iterator[Metric]:
+    view = stats.view
+    mine = [j for j in view.demand if j.host in (None, view.host)]
+    sizes = sorted({len(s.gpus) for s in view.slots} | {j.gpus for j in mine})
+    pending = GaugeMetricFamily("runnerctl_pending_jobs", "GPU jobs pending in GitLab that this host could "
+                                "run, by GPUs asked.", labels=["Hostname", "gpus"])
+    oldest = GaugeMetricFamily("runnerctl_pending_job_oldest_age_seconds",
+                               "Age of the oldest pending job asking for this many GPUs (absent when none).",
+                               labels=["Hostname", "gpus"])
+    for size in sizes:
+        jobs = [j for j in mine if j.gpus == size]
+        pending.add_metric([view.host, str(size)], len(jobs))
+        created = [j.created_at for j in jobs if j.created_at > 0]
+        if created:
+            oldest.add_metric([view.host, str(size)], max(0.0, view.at - min(created)))
+    yield pending
+    yield oldest
+    waits = HistogramMetricFamily("runnerctl_job_wait_seconds", "Time from a job's creation to its start "
+                                  "on this host, by GPUs asked.", labels=["Hostname", "gpus"])
+    for size, hist in sorted(stats.job_waits.items()):
+        waits.add_metric([view.host, str(size)], bucket_samples(hist.bounds, hist.counts), hist.sum)
+    yield waits
+
+
+def bucket_samples(bounds: tuple[float, ...], counts: tuple[int, ...]) -> list[tuple[str, float]]:
+    return [*((repr(b), float(c)) for b, c in zip(bounds, counts, strict=False)), ("+Inf", float(counts[-1]))]

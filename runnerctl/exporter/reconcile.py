@@ -1,0 +1,74 @@
+"""Controller metrics: identity, ticks and their duration, GitLab requests, gate decisions.
+
+`runnerctl_occupancy_since_timestamp_seconds` and `runnerctl_last_reconcile_timestamp_seconds`
+are on the controller's clock, so `sum(runnerctl_gpu_occupancy_seconds_total)` equals the
+GPU count times their difference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+
+from runnerctl import __version__
+from runnerctl.controller.stats import StatsView
+from runnerctl.exporter.demand import bucket_samples
+
+GATE_DECISIONS = {"close": "gate-close", "open": "gate-open", "reopen": "reopen"}
+
+
+def collect(stats: StatsView) -> Iterator[Metric]:
+    view = stats.view
+    host = [view.host]
+    info = InfoMetricFamily("runnerctl_controller", "The controller: host, version and GPU source.",
+                            labels=["Hostname"])
+    source = view.snapshot.source if view.snapshot else ""
+    info.add_metric(host, {"version": __version__, "gpu_source": source})
+    yield info
+    hist = stats.reconcile
+    duration = HistogramMetricFamily("runnerctl_reconcile_duration_seconds",
+                                     "Wall time of one reconcile tick (observe, plan, act).",
+                                     labels=["Hostname"])
+    duration.add_metric(host, bucket_samples(hist.bounds, hist.counts), hist.sum)
+    yield duration
+    yield _counter("runnerctl_reconcile_ticks", "Reconcile ticks done.", host, stats.ticks)
+    yield _gauge("runnerctl_last_reconcile_timestamp_seconds", "When the last tick ran (controller clock).",
+                 host, view.at)
+    yield _gauge("runnerctl_occupancy_since_timestamp_seconds",
+                 "Start of the GPU-seconds counters (the first tick, controller clock).", host,
+                 stats.first_at)
+    gate = CounterMetricFamily("runnerctl_gate_decisions", "GPU gate decisions: close (foreign use or "
+                               "unhealthy), open (clean for the cool-down), reopen (an admin acknowledged "
+                               "an unhealthy GPU).", labels=["Hostname", "decision"])
+    for decision, kind in GATE_DECISIONS.items():
+        gate.add_metric([view.host, decision], stats.events.get(kind, 0))
+    yield gate
+    if stats.gitlab_requests is None:  # observe-only (`runnerctl exporter`): no GitLab here
+        return
+    yield _gauge("runnerctl_gitlab_up", "1 if the last tick talked to GitLab without error, else 0.", host,
+                 0.0 if view.gitlab_error else 1.0)
+    requests = CounterMetricFamily("runnerctl_gitlab_api_requests", "HTTP requests to GitLab's API by "
+                                   "status code (`unanswered`: timeout or no connection).",
+                                   labels=["Hostname", "status"])
+    for status, count in sorted((stats.gitlab_requests or {}).items()):
+        requests.add_metric([view.host, status], count)
+    yield requests
+
+
+def _counter(name: str, doc: str, host: list[str], value: float) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=["Hostname"])
+    family.add_metric(host, value)
+    return family
+
+
+def _gauge(name: str, doc: str, host: list[str], value: float) -> Metric:
+    family = GaugeMetricFamily(name, doc, labels=["Hostname"])
+    family.add_metric(host, value)
+    return family

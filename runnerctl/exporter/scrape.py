@@ -1,0 +1,60 @@
+"""The one collector a registry holds: runs every part over one `StatsView` and says how it went.
+
+Each part (`gpus`, `runners`, `demand`, `reconcile`) gets the same view, so a scrape
+never mixes two ticks. A part that fails is logged and reported as
+`runnerctl_exporter_scrape_success{collector="..."} 0`; the other parts still answer
+(node_exporter's `node_scrape_collector_success` pattern). Before the first tick only
+the success metrics are served.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from runnerctl.controller.stats import StatsView
+from runnerctl.exporter import demand, gpus, reconcile, runners
+
+log = logging.getLogger(__name__)
+Source = Callable[[], StatsView | None]
+Part = Callable[[StatsView], Iterable[Metric]]
+
+ALL_PARTS: dict[str, Part] = {
+    "gpus": gpus.collect,
+    "runners": runners.collect,
+    "demand": demand.collect,
+    "reconcile": reconcile.collect,
+}
+
+
+class RunnerctlCollector(Collector):
+    def __init__(self, source: Source, parts: Mapping[str, Part]) -> None:
+        self.source = source
+        self.parts = dict(parts)
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.source()
+        success = GaugeMetricFamily("runnerctl_exporter_scrape_success",
+                                    "1 if the collector produced its metrics in this scrape, else 0 "
+                                    "(also 0 before the controller's first tick).", labels=["collector"])
+        duration = GaugeMetricFamily("runnerctl_exporter_scrape_duration_seconds",
+                                     "Wall time each collector took in this scrape.", labels=["collector"])
+        for name, part in self.parts.items():
+            started = time.perf_counter()
+            ok = stats is not None
+            if stats is not None:
+                try:
+                    found = list(part(stats))
+                except (ArithmeticError, AttributeError, LookupError, TypeError, ValueError):
+                    log.exception("collector %s failed; its metrics are left out of this scrape", name)
+                    ok = False
+                else:
+                    yield from found
+            success.add_metric([name], 1.0 if ok else 0.0)
+            duration.add_metric([name], time.perf_counter() - started)
+        yield success
+        yield duration

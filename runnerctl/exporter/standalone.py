@@ -1,0 +1,106 @@
+"""`runnerctl exporter`: GPU occupancy metrics on a host where no controller runs.
+
+Standalone means observe-only: every interval it reads the GPUs (NVML or a simulated
+source) and the executor's leases, steps the same gate the controller uses (foreign
+processes, memory or utilization without an owner, cool-down, unhealthy GPUs) and
+serves the GPU and tick metrics on its own HTTP port. It talks to no GitLab, so runner,
+demand and GitLab metrics are absent; use `runnerctl serve`'s `/metrics` for those.
+Run it where runners are plain per-GPU gitlab-runner runners with runnerctl's executor
+(leases exist), or beside a controller for a second opinion. It also writes
+dcgm-exporter's job mapping files when `[monitoring] dcgm_job_mapping_dir` is set.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from prometheus_client.exposition import start_http_server
+
+from runnerctl.controller.gate import GateState, GateThresholds, IsCi
+from runnerctl.controller.loop import ControllerView, GpuView, SlotView
+from runnerctl.controller.observe import LeaseJobs, gate_step
+from runnerctl.controller.stats import ControllerStats, StatsView
+from runnerctl.controller.store import Event
+from runnerctl.errors import GpuError
+from runnerctl.exporter import build_registry, gpus, reconcile
+from runnerctl.exporter.scrape import Part
+from runnerctl.gpus import GpuSource
+
+log = logging.getLogger(__name__)
+HeldBy = Callable[[], Mapping[int, tuple[int, ...]]]
+"""GPU index -> ids of the CI jobs holding it (from the leases)."""
+
+
+def lease_holders(jobs: LeaseJobs) -> HeldBy:
+    def held() -> dict[int, tuple[int, ...]]:
+        jobs.running()  # refreshes the lease tokens that `jobs.is_ci` compares with
+        return {lease.gpu: (int(lease.job_id) if lease.job_id.isdigit() else -1,)
+                for lease in jobs.table.all()}
+    return held
+
+
+class Observer:
+    """One observe-only tick at a time; `stats.view` is what the exporter serves."""
+
+    def __init__(self, *, host: str, gpus: GpuSource, held: HeldBy, is_ci: IsCi, limits: GateThresholds,
+                 clock: Callable[[], float] = time.time,
+                 on_tick: list[Callable[[ControllerView], None]] | None = None) -> None:
+        self.host, self.gpus, self.held, self.is_ci, self.limits = host, gpus, held, is_ci, limits
+        self.clock = clock
+        self.on_tick = on_tick or []
+        self.stats = ControllerStats()
+        self.gate: dict[int, GateState] = {}
+        self.ticks = 0
+
+    def tick(self) -> StatsView:
+        started = time.perf_counter()
+        now = self.clock()
+        self.ticks += 1
+        try:
+            snapshot = self.gpus.snapshot()
+        except GpuError as exc:
+            log.warning("cannot read GPUs: %s", exc)
+            snapshot = None
+        held = self.held()
+        if snapshot is not None:
+            new = gate_step(snapshot, self.gate, now=now, is_ci=self.is_ci, owned=held, limits=self.limits)
+            for gpu, state in new.items():
+                if state.closed != self.gate.get(gpu, GateState()).closed:
+                    kind = "gate-close" if state.closed else "gate-open"
+                    self.stats.event(Event(now, self.host, kind, f"gpu{gpu}", state.reason))
+            self.gate = new
+        indexes = sorted(self.gate) if snapshot is None else [g.index for g in snapshot.gpus]
+        slots = tuple(SlotView(f"runnerctl/{self.host}/gpu{g}", (g,), 0, "open", None,
+                               "observe-only: runner state not read", held.get(g, ())) for g in indexes)
+        views = tuple(GpuView(g, not s.closed, s.reason, s.unhealthy) for g, s in sorted(self.gate.items()))
+        view = ControllerView(self.host, now, self.ticks, snapshot, slots, views)
+        stats = self.stats.observe(view, duration_s=time.perf_counter() - started, is_ci=self.is_ci)
+        for hook in self.on_tick:
+            hook(view)
+        return stats
+
+    def run(self, stop: threading.Event, interval_s: float) -> None:
+        while not stop.is_set():
+            try:
+                self.tick()
+            except (OSError, RuntimeError, ValueError) as exc:
+                log.error("tick %d failed, trying again next interval: %s", self.ticks, exc)
+            stop.wait(interval_s)
+
+
+def serve_exporter(observer: Observer, *, host: str, port: int, interval_s: float,
+                   stop: threading.Event) -> None:
+    """Serve /metrics on HOST:PORT and tick every `interval_s` until `stop` is set."""
+    parts: dict[str, Part] = {"gpus": gpus.collect, "reconcile": reconcile.collect}
+    registry = build_registry(lambda: observer.stats.view, parts)
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    log.warning("runnerctl exporter: http://%s:%d/metrics (observe-only)", host, server.server_port)
+    try:
+        observer.run(stop, interval_s)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -1,0 +1,276 @@
+"""The exporter over a real controller: what a scrape shows, what it never does, and the stats behind it.
+
+Scrapes are parsed with prometheus_client's own text parser. The controller runs against
+sim GPUs and the HTTP GitLab fake (python-gitlab), as in test_controller.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import prometheus_client
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from runnerctl.controller.app import create_app
+from runnerctl.controller.stats import OCCUPANCY, Histogram
+from runnerctl.controller.store import Toggle
+from runnerctl.controller.toggles import set_toggle
+from runnerctl.errors import GpuError
+from runnerctl.exporter import build_registry, endpoint, metrics_text
+from runnerctl.exporter.dcgm import JobMappingWriter
+from runnerctl.exporter.scrape import ALL_PARTS
+from runnerctl.model import GpuSnapshot
+from runnerctl.settings import ControllerSettings
+from runnerctl.sim.gitlab_server import Fault
+from runnerctl.sim.world import PROJECT, World, build_world
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = build_world(tmp_path, settings=ControllerSettings(projects=(PROJECT,), cooldown_s=30.0))
+    yield w
+    w.close()
+
+
+def scrape(world: World) -> Samples:
+    text = metrics_text(lambda: world.controller.stats.view).decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    found = [v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= ls]
+    assert len(found) == 1, (name, labels, len(found))
+    return found[0]
+
+
+def state_of(samples: Samples, gpu: int) -> str:
+    on = [dict(ls)["state"] for (n, ls), v in samples.items()
+          if n == "runnerctl_gpu_occupancy_state" and dict(ls)["gpu"] == str(gpu) and v == 1.0]
+    assert len(on) == 1, on
+    return on[0]
+
+
+def test_import_creates_no_metric_on_the_global_registry() -> None:
+    before = set(prometheus_client.REGISTRY._names_to_collectors)
+    for name in ("runnerctl.exporter", "runnerctl.exporter.gpus", "runnerctl.exporter.runners",
+                 "runnerctl.exporter.demand", "runnerctl.exporter.reconcile", "runnerctl.exporter.scrape",
+                 "runnerctl.exporter.standalone", "runnerctl.controller.stats"):
+        importlib.reload(importlib.import_module(name))
+    assert set(prometheus_client.REGISTRY._names_to_collectors) == before
+    assert not any(n.startswith("runnerctl") for n in before)
+
+
+def test_before_the_first_tick_only_scrape_success_is_served(world: World) -> None:
+    samples = scrape(world)
+    assert {n for n, _ in samples} == {"runnerctl_exporter_scrape_success",
+                                       "runnerctl_exporter_scrape_duration_seconds"}
+    assert all(v == 0.0 for (n, _), v in samples.items() if n == "runnerctl_exporter_scrape_success")
+
+
+def test_gpu_identity_and_labels_line_up_with_dcgm_exporter(world: World) -> None:
+    world.advance(6)
+    samples = scrape(world)
+    snapshot = world.controller.view.snapshot
+    assert snapshot is not None
+    for gpu in snapshot.gpus:
+        info = value(samples, "runnerctl_gpu_info", gpu=str(gpu.index))
+        labels = next(dict(ls) for (n, ls), _ in samples.items()
+                      if n == "runnerctl_gpu_info" and dict(ls)["gpu"] == str(gpu.index))
+        assert info == 1.0
+        assert labels["UUID"] == gpu.uuid and labels["Hostname"] == "demo"
+        assert labels["device"] == f"nvidia{gpu.index}" and labels["model_name"] == gpu.name
+        assert value(samples, "runnerctl_gpu_memory_total_bytes", UUID=gpu.uuid) == gpu.memory_total_bytes
+        assert value(samples, "runnerctl_gpu_utilization_ratio", UUID=gpu.uuid) == 0.0
+        assert state_of(samples, gpu.index) == "idle"
+
+
+def test_states_follow_ci_foreign_draining_paused_and_unhealthy(world: World) -> None:
+    for _ in range(4):
+        world.submit(1, 300.0)
+    world.advance(6)
+    world.submit(4, 60.0)  # singles 0-3 are busy: gpu0-3 drains, then waits on them
+    world.gpus.foreign[5] = (4242, "alice")
+    set_toggle(world.store, Toggle("demo", "gpu:6", "pause", "carol", world.clock(), "maintenance"))
+    world.gpus.unhealthy.add(7)
+    world.advance(20)
+    samples = scrape(world)
+    assert [state_of(samples, g) for g in range(8)] == ["ci"] * 4 + ["idle", "foreign", "paused", "unhealthy"]
+    assert value(samples, "runnerctl_gpu_foreign_processes", gpu="5") == 1.0
+    assert value(samples, "runnerctl_runner_state", slot="gpu0-3", state="draining") == 1.0
+    assert value(samples, "runnerctl_runner_paused", slot="gpu4") == 0.0
+    assert value(samples, "runnerctl_runner_running_jobs", slot="gpu0") == 1.0
+    assert value(samples, "runnerctl_pending_jobs", gpus="4") == 1.0
+    assert value(samples, "runnerctl_pending_job_oldest_age_seconds", gpus="4") >= 19.0
+    assert value(samples, "runnerctl_admin_toggles_active", action="pause") == 1.0
+    assert value(samples, "runnerctl_admin_toggles_total", action="pause") == 1.0
+    assert value(samples, "runnerctl_drains_total", slot="gpu0-3") == 1.0
+    assert value(samples, "runnerctl_gate_decisions_total", decision="close") == 2.0  # GPUs 5 and 7
+    world.gpus.foreign.clear()
+    world.advance(310)  # the 4-GPU job starts once the singles end (300 s)
+    samples = scrape(world)
+    assert value(samples, "runnerctl_job_wait_seconds_count", gpus="4") == 1.0
+    wait = value(samples, "runnerctl_job_wait_seconds_sum", gpus="4")
+    job = max(world.submitted, key=lambda j: world.submitted[j][1])
+    truth = world.fleet.started[job] - world.submitted[job][0]
+    assert truth <= wait <= truth + world.controller.settings.interval_s + 1
+    assert value(samples, "runnerctl_gate_decisions_total", decision="open") == 1.0
+
+
+def test_a_snapshot_failure_is_unknown_not_idle(world: World) -> None:
+    world.advance(6)
+
+    def broken() -> GpuSnapshot:
+        raise GpuError("NVML: driver not loaded")
+
+    world.gpus.snapshot = broken  # type: ignore[method-assign]
+    world.advance(5)
+    samples = scrape(world)
+    assert all(state_of(samples, g) == "unknown" for g in range(8))
+    assert not [k for k in samples if k[0] == "runnerctl_gpu_info"]  # identity unknown this tick
+
+
+def test_occupancy_seconds_add_up_per_gpu(world: World) -> None:
+    world.submit(2, 100.0)
+    world.gpus.foreign[3] = (1, "root")
+    world.advance(400)
+    stats = world.controller.stats.view
+    assert stats is not None
+    elapsed = stats.view.at - stats.first_at
+    for gpu in range(8):
+        mine = sum(v for (g, _), v in stats.gpu_seconds.items() if g == gpu)
+        assert mine == pytest.approx(elapsed)
+    samples = scrape(world)
+    assert value(samples, "runnerctl_gpu_occupancy_seconds_total", gpu="3", state="foreign") > 300
+    assert value(samples, "runnerctl_gpu_occupancy_seconds_total", gpu="0", state="ci") >= 95
+
+
+def test_a_scrape_never_calls_gitlab_or_the_gpus(world: World) -> None:
+    world.advance(11)
+    requests = len(world.server.requests)
+    calls = []
+    original = world.gpus.snapshot
+
+    def counting() -> GpuSnapshot:
+        calls.append(1)
+        return original()
+
+    world.gpus.snapshot = counting  # type: ignore[method-assign]
+    for _ in range(5):
+        assert scrape(world)
+    assert len(world.server.requests) == requests and not calls
+
+
+def test_no_job_ids_or_user_names_in_labels(world: World) -> None:
+    for _ in range(3):
+        world.submit(1, 100.0)
+    world.submit(8, 100.0)
+    world.gpus.foreign[2] = (4242, "alice")
+    world.advance(30)
+    jobs = {str(j) for j in world.submitted}
+    names = {name for (name, labels) in scrape(world) for name in dict(labels)}
+    values = {v for (_, labels) in scrape(world) for _, v in labels}
+    assert not jobs & values and not {"alice", "bob"} & values
+    assert not {"job", "job_id", "user", "pid"} & names
+
+
+def test_gitlab_requests_counted_by_status_and_unanswered(world: World) -> None:
+    world.advance(11)
+    samples = scrape(world)
+    assert value(samples, "runnerctl_gitlab_api_requests_total", status="200") > 0
+    assert value(samples, "runnerctl_gitlab_up") == 1.0
+    world.server.faults.append(Fault("*", r"/runners|/projects", "500", count=1))
+    world.server.faults.append(Fault("*", r"/runners|/projects", "drop", count=10_000))
+    world.advance(60)
+    samples = scrape(world)
+    assert value(samples, "runnerctl_gitlab_api_requests_total", status="500") == 1
+    assert value(samples, "runnerctl_gitlab_api_requests_total", status="unanswered") >= 1
+    assert value(samples, "runnerctl_gitlab_up") == 0.0
+
+
+def test_a_failing_collector_is_reported_and_the_others_still_answer(
+        world: World, caplog: pytest.LogCaptureFixture) -> None:
+    world.advance(6)
+
+    def broken(stats: object) -> list[object]:
+        raise KeyError("boom")
+
+    parts = {**ALL_PARTS, "runners": broken}
+    registry = build_registry(lambda: world.controller.stats.view, parts)
+    with caplog.at_level(logging.ERROR):
+        text = prometheus_client.generate_latest(registry).decode()
+    assert 'runnerctl_exporter_scrape_success{collector="runners"} 0.0' in text
+    assert 'runnerctl_exporter_scrape_success{collector="gpus"} 1.0' in text
+    assert "runnerctl_gpu_info" in text and "runnerctl_runner_state" not in text
+    assert "collector runners failed" in caplog.text
+
+
+def test_histogram_is_cumulative() -> None:
+    hist = Histogram((1.0, 10.0))
+    for v in (0.5, 5.0, 50.0, 1.0):
+        hist = hist.observe(v)
+    assert hist.counts == (2, 3, 4) and hist.count == 4 and hist.sum == 56.5
+
+
+def test_metrics_route_on_the_app_only_when_given(world: World) -> None:
+    world.advance(6)
+    with_metrics = TestClient(create_app(lambda: world.controller.view, world.controller.demand.webhook,
+                                         endpoint(lambda: world.controller.stats.view)))
+    answer = with_metrics.get("/metrics")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert "runnerctl_gpu_occupancy_state" in answer.text
+    plain = TestClient(create_app(lambda: world.controller.view, world.controller.demand.webhook))
+    assert plain.get("/metrics").status_code == 404
+
+
+def test_dcgm_job_mapping_files_follow_the_jobs(world: World, tmp_path: Path) -> None:
+    directory = tmp_path / "dcgm"
+    world.controller.on_tick.append(JobMappingWriter(directory))
+    world.submit(2, 30.0)
+    world.submit(1, 200.0)
+    world.advance(12)
+    files = {p.name: p.read_text() for p in directory.iterdir()}
+    running = {j.job_id: j.slot.gpus for j in world.fleet.jobs.values()}
+    expected = {str(g): f"{job}\n" for job, gpus in running.items() for g in gpus}
+    assert files == expected and len(files) == 3
+    world.advance(40)  # the 2-GPU job ended: its files are gone, never left empty
+    files = {p.name: p.read_text() for p in directory.iterdir()}
+    assert len(files) == 1 and all(text.strip().isdigit() for text in files.values())
+
+
+def test_dcgm_mapping_failure_is_logged_once_and_never_stops_the_loop(
+        world: World, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the directory should be")
+    world.controller.on_tick.append(JobMappingWriter(blocker))
+    world.submit(1, 100.0)
+    with caplog.at_level(logging.WARNING):
+        world.advance(30)
+    assert caplog.text.count("cannot write dcgm-exporter job mapping") == 1
+    assert world.controller.ticks >= 5 and world.fleet.jobs
+
+
+def test_every_occupancy_state_is_exported_for_every_gpu(world: World) -> None:
+    world.advance(6)
+    samples = scrape(world)
+    for gpu in range(8):
+        states = {dict(ls)["state"] for (n, ls), _ in samples.items()
+                  if n == "runnerctl_gpu_occupancy_state" and dict(ls)["gpu"] == str(gpu)}
+        assert states == set(OCCUPANCY)
+
+
+def test_stats_view_carries_the_view_it_was_made_from(world: World) -> None:
+    world.advance(16)
+    stats = world.controller.stats.view
+    assert stats is not None and stats.view is world.controller.view
+    assert stats.ticks == world.controller.ticks
+    assert dataclasses.is_dataclass(stats)
