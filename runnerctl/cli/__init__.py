@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import click
 
 from runnerctl import __version__
-from runnerctl.cli import controller, experiments, host
+from runnerctl.cli import controller, experiments, host, users
 from runnerctl.errors import ExitCode, RunnerctlError
 
 COMMANDS: list[click.Command] = [
@@ -29,6 +29,7 @@ COMMANDS: list[click.Command] = [
     controller.pause,
     controller.drain,
     controller.resume,
+    users.user,
 ]
 
 

@@ -2,15 +2,16 @@
 
 Requests never reach NVML or GitLab: `GET /api/state` returns the last
 `ControllerView` (replaced once per tick), and `POST /webhooks/gitlab` hands a job
-event to the demand tracker after checking `X-Gitlab-Token`. The exporter (/metrics)
-and the web page hang on this app later.
+event to the demand tracker after checking `X-Gitlab-Token`. The web page
+(runnerctl.web) and the exporter hang on this app through `extend`: callables the
+caller passes in, so the controller layer imports neither.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Header, Request, Response
@@ -22,7 +23,8 @@ log = logging.getLogger(__name__)
 
 
 def create_app(view: Callable[[], ControllerView],
-               webhook: Callable[[str | None, Mapping[str, Any]], bool]) -> FastAPI:
+               webhook: Callable[[str | None, Mapping[str, Any]], bool], *,
+               extend: Sequence[Callable[[FastAPI], None]] = ()) -> FastAPI:
     app = FastAPI(title="runnerctl", docs_url=None, redoc_url=None)
 
     @app.get("/api/state")
@@ -48,4 +50,6 @@ def create_app(view: Callable[[], ControllerView],
             return JSONResponse({"error": "invalid X-Gitlab-Token"}, status_code=401)
         return JSONResponse({"ok": True})
 
+    for hook in extend:
+        hook(app)
     return app
