@@ -82,9 +82,10 @@ function prefill(action, target) {
   say(`${action} ${target}: give a reason, then Apply`);
 }
 
-function rows(id, items, cells) {
+function rows(id, items, cells, key) {
   const body = document.querySelector(`#${id} tbody`);
-  body.replaceChildren(...items.map((item) => el("tr", {}, ...cells(item).map((c) => el("td", {}, c)))));
+  body.replaceChildren(...items.map((item) => el("tr", key ? { "data-key": key(item) } : {},
+                                                 ...cells(item).map((c) => el("td", {}, c)))));
 }
 
 function render(host) {
@@ -92,11 +93,13 @@ function render(host) {
   document.getElementById("gpus").replaceChildren(...host.gpus.map(gpuCard));
   document.getElementById("activity").replaceChildren(...host.activity.map((line) => el("li", { text: line })));
   document.getElementById("gitlab-error").textContent = host.gitlab_error ? `GitLab: ${host.gitlab_error}` : "";
-  rows("slots", host.slots, (s) => [s.key, s.gpus.join(","), s.state, s.running_jobs.join(", ") || "-", s.reason]);
+  rows("slots", host.slots, (s) => [s.key, s.gpus.join(","), s.state, s.running_jobs.join(", ") || "-", s.reason],
+       (s) => s.key);
   rows("demand", host.demand.filter((d) => d.gpus > 1), (d) => [
     d.url ? el("a", { href: d.url, text: String(d.job_id) }) : String(d.job_id), String(d.gpus),
     d.user || "?", ago(d.waiting_s)]);
-  rows("events", host.events, (e) => [new Date(e.at * 1000).toLocaleString(), e.kind, e.subject, e.detail]);
+  rows("events", host.events, (e) => [new Date(e.at * 1000).toLocaleString(), e.kind, e.subject, e.detail],
+       (e) => `${e.kind} ${e.subject}`);
 }
 
 async function refresh() {
