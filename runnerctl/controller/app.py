@@ -36,7 +36,10 @@ def create_app(view: Callable[[], ControllerView],
         current = view()
         return {"ok": True, "tick": current.tick, "host": current.host}
 
-    @app.post("/webhooks/gitlab")
+    @app.post("/webhooks/gitlab", responses={400: {"description": "body is not a JSON object"},
+                                             401: {"description": "missing or wrong X-Gitlab-Token"}},
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": {"type": "object"}}}}})
     async def gitlab_webhook(request: Request,
                              x_gitlab_token: str | None = Header(default=None)) -> Response:
         try:
