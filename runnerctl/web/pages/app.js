@@ -55,7 +55,7 @@ function gpuCard(gpu) {
       text: `${proc.user || "unknown user"}: ${proc.command || "pid " + proc.pid}` +
             (proc.memory_mib !== null ? `, ${proc.memory_mib} MiB` : "") }));
   }
-  if (gpu.detail && !gpu.jobs.length) detail.append(el("div", { text: gpu.detail }));
+  if (gpu.detail && !gpu.jobs.length && !gpu.processes.length) detail.append(el("div", { text: gpu.detail }));
   card.append(detail);
   const util = gpu.utilization === null ? null : Math.round(gpu.utilization * 100);
   const bar = el("div", { class: "bar" }, el("div"));
