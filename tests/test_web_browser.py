@@ -150,3 +150,18 @@ def test_operator_drains_a_gpu_and_it_survives_a_restart(state_dir: Path, browse
         expect(page.locator('#events tr[data-key="drain gpu:6"]')).to_contain_text("by olga: replace fan")
     finally:
         again.stop()
+
+
+def test_sign_in_with_gitlab_makes_a_maintainer_an_operator(state_dir: Path, browser: Browser) -> None:
+    serve = Serve(state_dir)
+    try:
+        page = browser.new_page()
+        page.goto(serve.url)
+        expect(page.locator('.gpu[data-gpu="0"]')).to_be_visible(timeout=30_000)
+        expect(page.locator("button.toggle")).to_have_count(0)
+        page.click("#gitlab-signin")
+        page.click("text=Authorize as mia")  # the simulated GitLab's consent page
+        expect(page.locator("#user-name")).to_contain_text("mia (operator)")
+        expect(page.locator('.gpu[data-gpu="6"] button[data-action="pause"]')).to_be_visible()
+    finally:
+        serve.stop()

@@ -29,9 +29,10 @@ def main() -> None:
         state = Path(tmp) / "state"
         subprocess.run([sys.executable, "-m", "runnerctl", "user", "add", "olga", "--role", "operator",
                         "--password-stdin", "--state-dir", str(state)], input=PASSWORD, text=True, check=True)
-        serve = subprocess.Popen([sys.executable, "-m", "runnerctl", "serve", "--gitlab", "sim", "--gpu-source",
-                                  "sim:8", "--listen", f"127.0.0.1:{port}", "--state-dir", str(state),
-                                  "--interval", "1", "--sim-workload", "busy"], stdout=subprocess.DEVNULL)
+        serve = subprocess.Popen([sys.executable, "-m", "runnerctl", "serve", "--gitlab", "sim",
+                                  "--gpu-source", "sim:8", "--listen", f"127.0.0.1:{port}",
+                                  "--state-dir", str(state), "--interval", "1", "--sim-workload", "busy"],
+                                 stdout=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
         try:
             for _ in range(100):
@@ -41,7 +42,8 @@ def main() -> None:
                 except httpx.HTTPError:
                     time.sleep(0.2)
             with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+                browser = playwright.chromium.launch(executable_path="/usr/bin/chromium",
+                                                     args=["--no-sandbox"])
                 page = browser.new_page(viewport={"width": 1280, "height": 900})
                 page.goto(url)
                 expect(page.locator('.gpu[data-gpu="7"]')).to_have_attribute("data-state", "foreign",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
     from runnerctl.controller.loop import Controller
     from runnerctl.sim.world import World
+    from runnerctl.web.oauth import GitLabOAuth
 
 listen_option = click.option("--listen", default="127.0.0.1:8080", show_default=True,
                              help="HOST:PORT of the web API (/api/state, /webhooks/gitlab).")
@@ -75,21 +77,32 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
     controller = serving.production_controller(
         settings, gitlab_url=gitlab_url, token=token, gpu_source=gpu_source or settings.host.gpu_source,
         runner_config=_runner_config(settings, runner_config).path, webhook_secret=webhook_secret)
-    serving.serve(controller, listen, extend=_web(controller, settings, listen))
+    oauth = None
+    if settings.web.gitlab_oauth_client_id:
+        from runnerctl.web.oauth import GitLabOAuth
+
+        oauth = GitLabOAuth(gitlab_url.rstrip("/"), settings.web.gitlab_oauth_client_id,
+                            os.environ.get("RUNNERCTL_GITLAB_OAUTH_SECRET", ""),
+                            settings.web.gitlab_oauth_group)
+        if not oauth.secret or not oauth.group:
+            raise ConfigError("[web] gitlab_oauth_client_id is set, but the secret or the group is missing",
+                              hint="set $RUNNERCTL_GITLAB_OAUTH_SECRET and [web] gitlab_oauth_group")
+    serving.serve(controller, listen, extend=_web(controller, settings, listen, oauth))
 
 
-def _web(controller: Controller, settings: Settings, listen: str) -> list[Callable[[FastAPI], None]]:
+def _web(controller: Controller, settings: Settings, listen: str,
+         oauth: GitLabOAuth | None = None) -> list[Callable[[FastAPI], None]]:
     """The page's routes; refuses a non-loopback address when nobody could sign in."""
     from runnerctl.controller.serve import is_loopback, parse_listen
     from runnerctl.web.routes import install
 
     store = controller.w.store
-    if not is_loopback(parse_listen(listen)[0]) and not store.users():
+    if not is_loopback(parse_listen(listen)[0]) and not store.users() and oauth is None:
         raise ConfigError(f"--listen {listen} is reachable from other machines, but no sign-in is configured",
                           hint="add an operator first (`runnerctl user add NAME --role operator`) "
                                "or listen on 127.0.0.1")
     return [lambda app: install(app, view=lambda: controller.view, store=store, settings=settings.web,
-                                state_dir=settings.state_dir)]
+                                state_dir=settings.state_dir, oauth=oauth)]
 
 
 def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: str, workload: str) -> None:
@@ -101,6 +114,7 @@ def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: 
                         settings=dataclasses.replace(settings.controller, projects=(1,)),
                         on_event=lambda e: click.echo(f"{e.kind:10} {e.subject:28} {e.detail}"))
     click.echo(f"simulated GitLab at {world.server.url} (project 1)")
+    oauth = _sim_oauth(world, listen)
 
     def loop(stop: threading.Event) -> None:
         while not stop.is_set():
@@ -110,9 +124,26 @@ def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: 
             stop.wait(min(1.0, settings.controller.interval_s))
 
     try:
-        serving.serve(world.controller, listen, loop=loop, extend=_web(world.controller, settings, listen))
+        serving.serve(world.controller, listen, loop=loop,
+                      extend=_web(world.controller, settings, listen, oauth))
     finally:
         world.close()
+
+
+def _sim_oauth(world: World, listen: str) -> GitLabOAuth:
+    """An OAuth application in the simulated GitLab, group `ml` with Maintainer `mia` and
+    Developer `dev`: "Sign in with GitLab" works out of the box."""
+    import secrets
+
+    from runnerctl.sim.gitlab_oauth import OAuthApp
+    from runnerctl.web.oauth import GitLabOAuth
+
+    provider = world.server.oauth
+    app = OAuthApp("runnerctl-sim", secrets.token_urlsafe(24), f"http://{listen}/oauth/gitlab/callback")
+    provider.apps[app.client_id] = app
+    provider.users.update({"mia": 11, "dev": 12})
+    provider.groups["ml"] = {"mia": 40, "dev": 30}
+    return GitLabOAuth(world.server.url, app.client_id, app.secret, "ml")
 
 
 def _busy(world: World) -> None:

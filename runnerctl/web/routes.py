@@ -26,6 +26,8 @@ from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import request as toggle_request
 from runnerctl.settings import WebSettings
 from runnerctl.web import auth
+from runnerctl.web.oauth import GitLabOAuth
+from runnerctl.web.oauth import install as install_oauth
 from runnerctl.web.view import EventOut, HostOut, JobMemory, event_out, host_page
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,7 @@ class SessionOut(BaseModel):
     can_toggle: bool
     csrf: str
     public_read: bool
+    gitlab_signin: bool
 
 
 class SignIn(BaseModel):
@@ -69,7 +72,7 @@ class ToggleResult(BaseModel):
 
 
 def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, settings: WebSettings,
-            state_dir: Path) -> None:
+            state_dir: Path, oauth: GitLabOAuth | None = None) -> None:
     limiter = auth.SignInLimiter(settings.signin_attempts)
     jobs = JobMemory()
 
@@ -91,7 +94,7 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
         who = auth.principal(request.session, store)
         return SessionOut(user=who.name if who else None, role=who.role if who else None,
                           can_toggle=bool(who and who.can_toggle), csrf=auth.csrf_token(request.session),
-                          public_read=settings.public_read)
+                          public_read=settings.public_read, gitlab_signin=oauth is not None)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page() -> HTMLResponse:
@@ -159,6 +162,9 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
                                  who=who.name, why=body.reason.strip() or "-", now=time.time())
         log.warning("web toggle: %s", message)
         return ToggleResult(message=message)
+
+    if oauth is not None:
+        install_oauth(app, oauth)
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

@@ -39,6 +39,7 @@ async function loadSession() {
   document.getElementById("user-name").textContent = session.user ? `${session.user} (${session.role})` : "";
   document.getElementById("signin").hidden = Boolean(session.user);
   document.getElementById("signout").hidden = !session.user;
+  document.getElementById("gitlab-signin").hidden = Boolean(session.user) || !session.gitlab_signin;
   document.getElementById("toggle-panel").hidden = !session.can_toggle;
 }
 
