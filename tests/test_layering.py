@@ -51,3 +51,17 @@ def test_low_layers_do_not_import_high_ones() -> None:
         for name in _imports(path):
             assert not name.startswith(("runnerctl.cli", "runnerctl.controller", "runnerctl.web",
                                         "runnerctl.exporter")), (rel, name)
+
+
+def test_controller_and_sim_do_not_import_the_web_page() -> None:
+    """The page hangs on the app through `create_app(extend=...)`; the controller knows nothing of it."""
+    for path in SOURCES:
+        rel = str(path.relative_to(ROOT))
+        if rel.startswith(("runnerctl/controller/", "runnerctl/sim/", "runnerctl/gpus/", "executors/")):
+            assert not any(n.startswith(("runnerctl.web", "runnerctl.cli")) for n in _imports(path)), rel
+
+
+def test_web_does_not_import_the_cli_or_python_gitlab() -> None:
+    for path in ROOT.joinpath("runnerctl", "web").rglob("*.py"):
+        names = _imports(path)
+        assert not any(n.startswith("runnerctl.cli") or n == "gitlab" for n in names), path

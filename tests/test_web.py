@@ -201,3 +201,15 @@ def test_non_loopback_listen_without_accounts_is_refused(tmp_path: Path,
                  "--state-dir", str(tmp_path)])
     assert code != 0
     assert "no sign-in is configured" in capsys.readouterr().err
+
+
+def test_fleet_lists_every_host_of_the_store(world: World, tmp_path: Path) -> None:
+    from runnerctl.controller.store import Event, Toggle
+
+    world.store.set_toggle(Toggle("gpu-b", "host", "drain", "olga", 1.0, "kernel update"))
+    world.store.record(Event(2.0, "gpu-b", "drain", "host", "by olga: kernel update"))
+    fleet = {h["host"]: h for h in _client(world, tmp_path).get("/api/fleet").json()}
+    assert set(fleet) == {"demo", "gpu-b"}
+    assert fleet["gpu-b"]["toggles"][0]["why"] == "kernel update"
+    assert fleet["gpu-b"]["last_event"]["detail"] == "by olga: kernel update"
+    assert fleet["demo"]["toggles"] == []

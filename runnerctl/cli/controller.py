@@ -90,14 +90,15 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
     serving.serve(controller, listen, extend=_web(controller, settings, listen, oauth))
 
 
-def _web(controller: Controller, settings: Settings, listen: str,
-         oauth: GitLabOAuth | None = None) -> list[Callable[[FastAPI], None]]:
-    """The page's routes; refuses a non-loopback address when nobody could sign in."""
+def _web(controller: Controller, settings: Settings, listen: str, oauth: GitLabOAuth | None = None, *,
+         simulated: bool = False) -> list[Callable[[FastAPI], None]]:
+    """The page's routes; refuses a non-loopback address when nobody could sign in (the
+    simulated GitLab lets anyone approve as anyone, so its sign-in does not count)."""
     from runnerctl.controller.serve import is_loopback, parse_listen
     from runnerctl.web.routes import install
 
     store = controller.w.store
-    if not is_loopback(parse_listen(listen)[0]) and not store.users() and oauth is None:
+    if not is_loopback(parse_listen(listen)[0]) and not store.users() and (oauth is None or simulated):
         raise ConfigError(f"--listen {listen} is reachable from other machines, but no sign-in is configured",
                           hint="add an operator first (`runnerctl user add NAME --role operator`) "
                                "or listen on 127.0.0.1")
@@ -125,7 +126,7 @@ def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: 
 
     try:
         serving.serve(world.controller, listen, loop=loop,
-                      extend=_web(world.controller, settings, listen, oauth))
+                      extend=_web(world.controller, settings, listen, oauth, simulated=True))
     finally:
         world.close()
 

@@ -190,6 +190,12 @@ class Store:
                 "SELECT gpu, state FROM gate WHERE host = ?", (host,))}
 
 
+    def hosts(self) -> list[str]:
+        """Every host that wrote to this store (the fleet, when hosts share PostgreSQL)."""
+        with self._tx() as cur:
+            rows = cur.query("SELECT DISTINCT host FROM events UNION SELECT DISTINCT host FROM toggles")
+        return sorted(r[0] for r in rows)
+
     # -- web users (local accounts; the hash comes from runnerctl.web.auth) -----------
     def save_user(self, name: str, password_hash: str, role: str, now: float) -> None:
         with self._tx() as cur:

@@ -28,7 +28,7 @@ from runnerctl.settings import WebSettings
 from runnerctl.web import auth
 from runnerctl.web.oauth import GitLabOAuth
 from runnerctl.web.oauth import install as install_oauth
-from runnerctl.web.view import EventOut, HostOut, JobMemory, event_out, host_page
+from runnerctl.web.view import EventOut, FleetHostOut, HostOut, JobMemory, event_out, host_page, toggle_out
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,17 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
                limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[EventOut]:
         """The activity log of this host, newest first (toggles with who and why, controller actions)."""
         return [event_out(e) for e in store.events(view().host, limit)]
+
+    @app.get("/api/fleet", response_model=list[FleetHostOut], tags=["host"],
+             responses={401: {"description": "sign in"}})
+    def fleet(who: Annotated[auth.Principal | None, Depends(reader)]) -> list[FleetHostOut]:
+        """Every host of the store (all hosts sharing a PostgreSQL store): toggles and last event."""
+        hosts = []
+        for name in store.hosts():
+            last = store.events(name, 1)
+            hosts.append(FleetHostOut(host=name, toggles=[toggle_out(t) for t in store.toggles(name)],
+                                      last_event=event_out(last[0]) if last else None))
+        return hosts
 
     @app.post("/api/toggles", response_model=ToggleResult, tags=["toggles"],
               responses={403: {"description": "not an operator, or no CSRF token"}})

@@ -103,9 +103,16 @@ function render(host) {
        (e) => `${e.kind} ${e.subject}`);
 }
 
+function renderFleet(hosts) {
+  rows("fleet", hosts, (h) => [h.host,
+    h.toggles.map((t) => `${t.target} ${t.action} by ${t.who}: ${t.why}`).join("; ") || "-",
+    h.last_event ? `${h.last_event.kind} ${h.last_event.subject}: ${h.last_event.detail}` : "-"], (h) => h.host);
+}
+
 async function refresh() {
   try {
     render(await call("GET", "/api/host"));
+    renderFleet(await call("GET", "/api/fleet"));
   } catch (error) {
     say(error.message, true);
   }
