@@ -103,7 +103,7 @@ def _web(controller: Controller, settings: Settings, listen: str, oauth: GitLabO
                           hint="add an operator first (`runnerctl user add NAME --role operator`) "
                                "or listen on 127.0.0.1")
     return [lambda app: install(app, view=lambda: controller.view, store=store, settings=settings.web,
-                                state_dir=settings.state_dir, oauth=oauth)]
+                                state_dir=settings.state_dir, oauth=oauth, clock=controller.w.clock)]
 
 
 def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: str, workload: str) -> None:

@@ -72,7 +72,8 @@ class ToggleResult(BaseModel):
 
 
 def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, settings: WebSettings,
-            state_dir: Path, oauth: GitLabOAuth | None = None) -> None:
+            state_dir: Path, oauth: GitLabOAuth | None = None,
+            clock: Callable[[], float] = time.time) -> None:
     limiter = auth.SignInLimiter(settings.signin_attempts)
     jobs = JobMemory()
 
@@ -170,7 +171,7 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
     def toggle(body: ToggleIn, who: Annotated[auth.Principal, Depends(operator)]) -> ToggleResult:
         """Pause, drain or resume a GPU, a slot or the whole host, with a reason."""
         message = toggle_request(store, action=body.action, host=view().host, target=body.target,
-                                 who=who.name, why=body.reason.strip() or "-", now=time.time())
+                                 who=who.name, why=body.reason.strip() or "-", now=clock())
         log.warning("web toggle: %s", message)
         return ToggleResult(message=message)
 
