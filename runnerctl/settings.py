@@ -114,6 +114,22 @@ class MonitoringSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class WebSettings:
+    public_read: bool = True
+    """Anyone who reaches the page may read it; False: only signed-in users."""
+    https_only_cookies: bool = False
+    """Mark the session cookie Secure; set it when a TLS proxy fronts `serve`."""
+    session_max_age_s: int = 8 * 3600
+    """A sign-in lasts this long (s) before the user signs in again."""
+    signin_attempts: int = 5
+    """Failed sign-ins per user name and client address per minute before 429."""
+    gitlab_oauth_client_id: str = ""
+    """Application id of a GitLab OAuth application (scope read_user); empty: no GitLab sign-in."""
+    gitlab_oauth_group: str = ""
+    """Full path of the group whose Maintainers (access level >= 40) may toggle."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Settings:
     host: HostSettings = dataclasses.field(default_factory=HostSettings)
     paths: PathSettings = dataclasses.field(default_factory=PathSettings)
@@ -121,6 +137,7 @@ class Settings:
     postgres: PostgresSettings = dataclasses.field(default_factory=PostgresSettings)
     controller: ControllerSettings = dataclasses.field(default_factory=ControllerSettings)
     monitoring: MonitoringSettings = dataclasses.field(default_factory=MonitoringSettings)
+    web: WebSettings = dataclasses.field(default_factory=WebSettings)
     source: str = ""
     """The file these settings came from ('' for defaults only)."""
 

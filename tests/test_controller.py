@@ -88,6 +88,26 @@ def test_unhealthy_gpu_stays_closed_until_admin_reopens(world: World, tmp_path: 
     assert "gpu2" in _open(world)
 
 
+def test_gate_counts_xids_again_after_the_counter_restarts() -> None:
+    """The Xid count lives as long as the controller's NVML session: after a restart it
+    starts from 0 below the stored baseline, and the next Xid must still close the GPU."""
+    from runnerctl.controller.gate import GateState, GateThresholds, reopen, step
+    from runnerctl.model import Gpu
+
+    def gpu(xids: int) -> Gpu:
+        return Gpu(0, "GPU-0", "sim", 80 << 30, 0, 0.0, xid_errors=xids, ecc_uncorrected_errors=0)
+
+    limits = GateThresholds()
+    sick = step(GateState(), gpu(3), now=0, is_ci=lambda i, p: False, owned=False, limits=limits)
+    assert sick.closed and sick.unhealthy
+    state = reopen(sick, gpu(3))  # the admin's reopen: 3 becomes the baseline
+    assert state.xid_baseline == 3 and not state.closed
+    state = step(state, gpu(0), now=1, is_ci=lambda i, p: False, owned=False, limits=limits)
+    assert not state.closed and state.xid_baseline == 0  # restarted counter: rebased, still open
+    state = step(state, gpu(1), now=2, is_ci=lambda i, p: False, owned=False, limits=limits)
+    assert state.closed and state.unhealthy and "1 Xid" in state.reason
+
+
 def test_admin_toggles_pause_drain_resume(world: World, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     job = world.submit(1, 100.0)

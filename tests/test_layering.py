@@ -62,3 +62,17 @@ def test_only_the_exporter_and_stats_build_metrics() -> None:
     """Metrics are custom collectors in runnerctl/exporter/, never objects on the global registry."""
     users = _importers("prometheus_client")
     assert users and all(p.startswith("runnerctl/exporter/") for p in users), users
+
+
+def test_controller_and_sim_do_not_import_the_web_page() -> None:
+    """The page hangs on the app through `create_app(extend=...)`; the controller knows nothing of it."""
+    for path in SOURCES:
+        rel = str(path.relative_to(ROOT))
+        if rel.startswith(("runnerctl/controller/", "runnerctl/sim/", "runnerctl/gpus/", "executors/")):
+            assert not any(n.startswith(("runnerctl.web", "runnerctl.cli")) for n in _imports(path)), rel
+
+
+def test_web_does_not_import_the_cli_or_python_gitlab() -> None:
+    for path in ROOT.joinpath("runnerctl", "web").rglob("*.py"):
+        names = _imports(path)
+        assert not any(n.startswith("runnerctl.cli") or n == "gitlab" for n in names), path

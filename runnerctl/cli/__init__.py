@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import click
 
 from runnerctl import __version__
-from runnerctl.cli import controller, experiments, host, monitoring
+from runnerctl.cli import controller, experiments, host, monitoring, users
 from runnerctl.errors import ExitCode, RunnerctlError
 
 COMMANDS: list[click.Command] = [
@@ -30,6 +30,7 @@ COMMANDS: list[click.Command] = [
     controller.drain,
     controller.resume,
     monitoring.exporter,
+    users.user,
 ]
 
 

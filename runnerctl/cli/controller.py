@@ -5,9 +5,13 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import json
+import os
+import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,13 +24,20 @@ from runnerctl.cli.host import (
     token_option,
 )
 from runnerctl.cli.monitoring import attach
-from runnerctl.controller.store import Store, Toggle
-from runnerctl.controller.toggles import resume as resume_toggle
-from runnerctl.controller.toggles import set_toggle, target_of
+from runnerctl.controller.store import Store
+from runnerctl.controller.toggles import request as toggle_request
+from runnerctl.controller.toggles import target_of
 from runnerctl.errors import ConfigError
-from runnerctl.settings import Settings
+from runnerctl.settings import PathSettings, Settings
 from runnerctl.sim.simulator import POLICIES, SimConfig, Simulator
 from runnerctl.sim.trace import read_foreign, read_jobs
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from runnerctl.controller.loop import Controller
+    from runnerctl.sim.world import World
+    from runnerctl.web.oauth import GitLabOAuth
 
 listen_option = click.option("--listen", default="127.0.0.1:8080", show_default=True,
                              help="HOST:PORT of the web API (/api/state, /webhooks/gitlab, /metrics).")
@@ -44,10 +55,12 @@ listen_option = click.option("--listen", default="127.0.0.1:8080", show_default=
 @click.option("--webhook-secret", envvar="RUNNERCTL_WEBHOOK_SECRET", show_envvar=True, default="",
               help="Secret GitLab sends in X-Gitlab-Token (webhooks are refused without one).")
 @click.option("--interval", type=click.FloatRange(0.05), help="Reconcile interval in seconds [default: 5].")
+@click.option("--sim-workload", type=click.Choice(["none", "busy"]), default="none", show_default=True,
+              help="With --gitlab sim: `busy` starts a 4-GPU job, 1-GPU jobs and a colleague's process.")
 def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | None,
           runner_config: Path | None, config_path: Path | None, state_dir: Path | None,
-          webhook_secret: str, interval: float | None) -> None:
-    """Run the reconcile loop and the web API until interrupted."""
+          webhook_secret: str, interval: float | None, sim_workload: str) -> None:
+    """Run the reconcile loop, the web page and its API until interrupted."""
     from runnerctl.controller import serve as serving
 
     settings, _ = _settings(config_path)
@@ -57,35 +70,95 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
     if interval is not None:
         settings = dataclasses.replace(settings, controller=dataclasses.replace(settings.controller,
                                                                                 interval_s=interval))
+    serving.parse_listen(listen)  # a bad --listen fails before anything starts
     if gitlab_url == "sim":
-        _serve_sim(settings, listen, gpu_source, webhook_secret)
+        _serve_sim(settings, listen, gpu_source, webhook_secret, sim_workload)
         return
     if not token:
         raise ConfigError("no GitLab token", hint="pass --token or set RUNNERCTL_GITLAB_TOKEN")
     controller = serving.production_controller(
         settings, gitlab_url=gitlab_url, token=token, gpu_source=gpu_source or settings.host.gpu_source,
         runner_config=_runner_config(settings, runner_config).path, webhook_secret=webhook_secret)
-    serving.serve(controller, listen, metrics=attach(controller, settings))
+    oauth = None
+    if settings.web.gitlab_oauth_client_id:
+        from runnerctl.web.oauth import GitLabOAuth
+
+        oauth = GitLabOAuth(gitlab_url.rstrip("/"), settings.web.gitlab_oauth_client_id,
+                            os.environ.get("RUNNERCTL_GITLAB_OAUTH_SECRET", ""),
+                            settings.web.gitlab_oauth_group)
+        if not oauth.secret or not oauth.group:
+            raise ConfigError("[web] gitlab_oauth_client_id is set, but the secret or the group is missing",
+                              hint="set $RUNNERCTL_GITLAB_OAUTH_SECRET and [web] gitlab_oauth_group")
+    serving.serve(controller, listen, metrics=attach(controller, settings),
+                  extend=_web(controller, settings, listen, oauth))
 
 
-def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: str) -> None:
+def _web(controller: Controller, settings: Settings, listen: str, oauth: GitLabOAuth | None = None, *,
+         simulated: bool = False) -> list[Callable[[FastAPI], None]]:
+    """The page's routes; refuses a non-loopback address when nobody could sign in (the
+    simulated GitLab lets anyone approve as anyone, so its sign-in does not count)."""
+    from runnerctl.controller.serve import is_loopback, parse_listen
+    from runnerctl.web.routes import install
+
+    store = controller.w.store
+    if not is_loopback(parse_listen(listen)[0]) and not store.users() and (oauth is None or simulated):
+        raise ConfigError(f"--listen {listen} is reachable from other machines, but no sign-in is configured",
+                          hint="add an operator first (`runnerctl user add NAME --role operator`) "
+                               "or listen on 127.0.0.1")
+    return [lambda app: install(app, view=lambda: controller.view, store=store, settings=settings.web,
+                                state_dir=settings.state_dir, oauth=oauth, clock=controller.w.clock)]
+
+
+def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: str, workload: str) -> None:
     from runnerctl.controller import serve as serving
     from runnerctl.sim.world import build_world
 
     count = int(gpu_source[4:]) if gpu_source and gpu_source[4:].isdigit() else 8
     world = build_world(settings.state_dir, gpu_count=count, webhook_secret=secret,
+                        settings=dataclasses.replace(settings.controller, projects=(1,)),
                         on_event=lambda e: click.echo(f"{e.kind:10} {e.subject:28} {e.detail}"))
-    click.echo(f"simulated GitLab at {world.server.url} (token glpat-runnerctl-sim, project 1)")
+    click.echo(f"simulated GitLab at {world.server.url} (project 1)")
+    oauth = _sim_oauth(world, listen)
 
     def loop(stop: threading.Event) -> None:
         while not stop.is_set():
+            if workload == "busy":
+                _busy(world)
             world.advance(1.0)
-            stop.wait(1.0)
+            stop.wait(min(1.0, settings.controller.interval_s))
 
     try:
-        serving.serve(world.controller, listen, loop=loop, metrics=attach(world.controller, settings))
+        serving.serve(world.controller, listen, loop=loop, metrics=attach(world.controller, settings),
+                      extend=_web(world.controller, settings, listen, oauth, simulated=True))
     finally:
         world.close()
+
+
+def _sim_oauth(world: World, listen: str) -> GitLabOAuth:
+    """An OAuth application in the simulated GitLab, group `ml` with Maintainer `mia` and
+    Developer `dev`: "Sign in with GitLab" works out of the box."""
+    import secrets
+
+    from runnerctl.sim.gitlab_oauth import OAuthApp
+    from runnerctl.web.oauth import GitLabOAuth
+
+    provider = world.server.oauth
+    app = OAuthApp("runnerctl-sim", secrets.token_urlsafe(24), f"http://{listen}/oauth/gitlab/callback")
+    provider.apps[app.client_id] = app
+    provider.users.update({"mia": 11, "dev": 12})
+    provider.groups["ml"] = {"mia": 40, "dev": 30}
+    return GitLabOAuth(world.server.url, app.client_id, app.secret, "ml")
+
+
+def _busy(world: World) -> None:
+    """A long 4-GPU job first, then 1-GPU jobs, and alice's own process on the last GPU."""
+    at = world.clock.elapsed
+    if at == 0:
+        world.submit(4, 86400.0, user="carol")
+    elif at == 15:
+        for _ in range(2):
+            world.submit(1, 86400.0, user="bob")
+        world.gpus.foreign[world.gpus.count - 1] = (4242, "alice")
 
 
 @click.command()
@@ -98,15 +171,19 @@ def demo(ctx: click.Context, duration: float, listen: str) -> None:
     """Watch runnerctl compose 4- and 8-GPU runners on a simulated host, no GPU or GitLab needed."""
     from runnerctl.controller.serve import serve_in_background
     from runnerctl.sim.demo import run_demo
-    from runnerctl.sim.world import World
 
-    def web(world: World) -> None:
-        if not listen:
-            return
-        server = serve_in_background(world.controller, listen, attach(world.controller, Settings()))
-        click.echo(f"web API: http://{listen}/api/state" if server else f"(web API off: {listen} is taken)")
+    with tempfile.TemporaryDirectory(prefix="runnerctl-demo-web-") as web_dir:
+        settings = Settings(paths=PathSettings(state_dir=web_dir))
 
-    ctx.exit(run_demo(duration_s=duration, echo=click.echo, serve=web))
+        def web(world: World) -> None:
+            if not listen:
+                return
+            server = serve_in_background(world.controller, listen, attach(world.controller, settings),
+                                         extend=_web(world.controller, settings, listen, simulated=True))
+            click.echo(f"web page: http://{listen}/ (metrics at /metrics)" if server
+                       else f"(web page off: {listen} is taken)")
+
+        ctx.exit(run_demo(duration_s=duration, echo=click.echo, serve=web))
 
 
 def _toggle_options(func: click.decorators.FC) -> click.decorators.FC:
@@ -135,14 +212,8 @@ def _toggle(action: str, gpu: int | None, slot: str | None, whole_host: bool, wh
     target = target_of(gpu=gpu, slot=slot, host=whole_host)
     store, host = _store(config_path, state_dir, host_name)
     try:
-        if action == "resume":
-            removed = resume_toggle(store, host=host, target=target, who=who, why=why, now=time.time())
-            if gpu is not None:  # also acknowledges an unhealthy GPU
-                store.set_toggle(Toggle(host, target, "reopen", who, time.time(), why))
-            click.echo(f"{host} {target}: resumed ({removed} toggle{'s' if removed != 1 else ''} removed)")
-        else:
-            set_toggle(store, Toggle(host, target, action, who, time.time(), why))
-            click.echo(f"{host} {target}: {action} by {who}" + (f" ({why})" if why else ""))
+        click.echo(toggle_request(store, action=action, host=host, target=target, who=who, why=why,
+                                  now=time.time()))
     finally:
         store.close()
 

@@ -4,13 +4,15 @@ Requests never reach NVML or GitLab: `GET /api/state` returns the last
 `ControllerView` (replaced once per tick), and `POST /webhooks/gitlab` hands a job
 event to the demand tracker after checking `X-Gitlab-Token`. `GET /metrics` answers
 with whatever `metrics()` renders (the exporter's scrape of the same view) when given.
+The web page (runnerctl.web) hangs on this app through `extend`: callables the caller
+passes in, so the controller layer imports neither the page nor the exporter.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Header, Request, Response
@@ -23,12 +25,13 @@ log = logging.getLogger(__name__)
 
 def create_app(view: Callable[[], ControllerView],
                webhook: Callable[[str | None, Mapping[str, Any]], bool],
-               metrics: Callable[[], tuple[bytes, str]] | None = None) -> FastAPI:
+               metrics: Callable[[], tuple[bytes, str]] | None = None, *,
+               extend: Sequence[Callable[[FastAPI], None]] = ()) -> FastAPI:
     app = FastAPI(title="runnerctl", docs_url=None, redoc_url=None)
     if metrics is not None:
         render = metrics
 
-        @app.get("/metrics")
+        @app.get("/metrics", include_in_schema=False)
         def prometheus_metrics() -> Response:
             body, content_type = render()
             return Response(body, media_type=content_type)
@@ -42,7 +45,10 @@ def create_app(view: Callable[[], ControllerView],
         current = view()
         return {"ok": True, "tick": current.tick, "host": current.host}
 
-    @app.post("/webhooks/gitlab")
+    @app.post("/webhooks/gitlab", responses={400: {"description": "body is not a JSON object"},
+                                             401: {"description": "missing or wrong X-Gitlab-Token"}},
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/json": {"schema": {"type": "object"}}}}})
     async def gitlab_webhook(request: Request,
                              x_gitlab_token: str | None = Header(default=None)) -> Response:
         try:
@@ -56,4 +62,6 @@ def create_app(view: Callable[[], ControllerView],
             return JSONResponse({"error": "invalid X-Gitlab-Token"}, status_code=401)
         return JSONResponse({"ok": True})
 
+    for hook in extend:
+        hook(app)
     return app

@@ -52,6 +52,7 @@ class GateState:
 def step(state: GateState, gpu: Gpu, *, now: float, is_ci: IsCi, owned: bool,
          limits: GateThresholds) -> GateState:
     """The GPU's next state. `owned`: a CI lease holds this GPU (its memory is expected)."""
+    state = _rebase(state, gpu)
     sick = _sickness(gpu, state)
     if sick or state.unhealthy:
         return dataclasses.replace(state, closed=True, unhealthy=True,
@@ -72,6 +73,17 @@ def reopen(state: GateState, gpu: Gpu | None) -> GateState:
     if gpu is None:
         return GateState()
     return GateState(ecc_baseline=gpu.ecc_uncorrected_errors or 0, xid_baseline=gpu.xid_errors or 0)
+
+
+def _rebase(state: GateState, gpu: Gpu) -> GateState:
+    """A count below its baseline was reset (the Xid count lives as long as the
+    controller's NVML session, ECC volatile counts as long as the driver): count from 0,
+    so the next error after a restart still closes the GPU."""
+    if gpu.xid_errors is not None and gpu.xid_errors < state.xid_baseline:
+        state = dataclasses.replace(state, xid_baseline=0)
+    if gpu.ecc_uncorrected_errors is not None and gpu.ecc_uncorrected_errors < state.ecc_baseline:
+        state = dataclasses.replace(state, ecc_baseline=0)
+    return state
 
 
 def _sickness(gpu: Gpu, state: GateState) -> str:

@@ -8,13 +8,15 @@ simulated source). The store is SQLite in the state dir unless a PostgreSQL URL 
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import uvicorn
+from fastapi import FastAPI
 
 from runnerctl.controller.app import create_app
 from runnerctl.controller.loop import Controller, Wiring
@@ -54,15 +56,26 @@ def parse_listen(listen: str) -> tuple[str, int]:
 Metrics = Callable[[], tuple[bytes, str]]
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def serve(controller: Controller, listen: str, *,
-          loop: Callable[[threading.Event], None] | None = None, metrics: Metrics | None = None) -> None:
+          loop: Callable[[threading.Event], None] | None = None, metrics: Metrics | None = None,
+          extend: Sequence[Callable[[FastAPI], None]] = ()) -> None:
     """Run until SIGINT/SIGTERM: `loop(stop)` (default: the controller's own) in a thread."""
     host, port = parse_listen(listen)
+    app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend)
     stop = threading.Event()
     worker = threading.Thread(target=loop or controller.run, args=(stop,), name="reconcile", daemon=True)
     worker.start()
-    app = create_app(lambda: controller.view, controller.demand.webhook, metrics)
-    log.warning("runnerctl serve: http://%s:%d/api/state, webhooks at /webhooks/gitlab", host, port)
+    log.warning("runnerctl serve: http://%s:%d/ (page), /api/state, /metrics, webhooks at /webhooks/gitlab",
+                host, port)
     try:
         uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
     finally:
@@ -70,11 +83,11 @@ def serve(controller: Controller, listen: str, *,
         worker.join(timeout=10)
 
 
-def serve_in_background(controller: Controller, listen: str,
-                        metrics: Metrics | None = None) -> uvicorn.Server | None:
+def serve_in_background(controller: Controller, listen: str, metrics: Metrics | None = None, *,
+                        extend: Sequence[Callable[[FastAPI], None]] = ()) -> uvicorn.Server | None:
     """The app on a daemon thread (the demo); None when the address is taken."""
     host, port = parse_listen(listen)
-    app = create_app(lambda: controller.view, controller.demand.webhook, metrics)
+    app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="error"))
     thread = threading.Thread(target=server.run, name="web", daemon=True)
     thread.start()

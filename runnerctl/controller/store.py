@@ -33,6 +33,8 @@ SCHEMA = (
         expires_at DOUBLE PRECISION NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS gate (host TEXT NOT NULL, gpu INTEGER NOT NULL,
         state TEXT NOT NULL, PRIMARY KEY (host, gpu))""",
+    """CREATE TABLE IF NOT EXISTS users (name TEXT PRIMARY KEY, password_hash TEXT NOT NULL,
+        role TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL)""",
 )
 
 
@@ -186,6 +188,36 @@ class Store:
         with self._tx() as cur:
             return {int(r[0]): json.loads(r[1]) for r in cur.query(
                 "SELECT gpu, state FROM gate WHERE host = ?", (host,))}
+
+
+    def hosts(self) -> list[str]:
+        """Every host that wrote to this store (the fleet, when hosts share PostgreSQL)."""
+        with self._tx() as cur:
+            rows = cur.query("SELECT DISTINCT host FROM events UNION SELECT DISTINCT host FROM toggles")
+        return sorted(r[0] for r in rows)
+
+    # -- web users (local accounts; the hash comes from runnerctl.web.auth) -----------
+    def save_user(self, name: str, password_hash: str, role: str, now: float) -> None:
+        with self._tx() as cur:
+            cur.execute("DELETE FROM users WHERE name = ?", (name,))
+            cur.execute("INSERT INTO users (name, password_hash, role, created_at) VALUES (?, ?, ?, ?)",
+                        (name, password_hash, role, now))
+
+    def user(self, name: str) -> tuple[str, str] | None:
+        """(password hash, role) of a local account, None when there is none."""
+        with self._tx() as cur:
+            rows = cur.query("SELECT password_hash, role FROM users WHERE name = ?", (name,))
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def users(self) -> list[tuple[str, str, float]]:
+        """(name, role, created_at) of every local account; never the hashes."""
+        with self._tx() as cur:
+            rows = cur.query("SELECT name, role, created_at FROM users ORDER BY name")
+        return [(r[0], r[1], float(r[2])) for r in rows]
+
+    def remove_user(self, name: str) -> bool:
+        with self._tx() as cur:
+            return cur.execute("DELETE FROM users WHERE name = ?", (name,)) > 0
 
 
 class _Cursor:

@@ -49,6 +49,19 @@ def resume(store: Store, *, host: str, target: str, who: str, why: str, now: flo
     return removed
 
 
+def request(store: Store, *, action: str, host: str, target: str, who: str, why: str,
+            now: float) -> str:
+    """One admin request (CLI or web page): pause/drain sets a toggle, resume removes it
+    and, for a GPU, also acknowledges it as healthy again. Returns a one-line outcome."""
+    if action == "resume":
+        removed = resume(store, host=host, target=target, who=who, why=why, now=now)
+        if target.startswith("gpu:"):
+            store.set_toggle(Toggle(host, target, "reopen", who, now, why))
+        return f"{host} {target}: resumed ({removed} toggle{'s' if removed != 1 else ''} removed)"
+    set_toggle(store, Toggle(host, target, action, who, now, why))
+    return f"{host} {target}: {action} by {who}" + (f" ({why})" if why else "")
+
+
 def held_slots(toggles: Iterable[Toggle], slots: Iterable[Slot]) -> dict[str, str]:
     """Slot name -> why an admin keeps it closed."""
     by_target = {t.target: t for t in toggles}

@@ -4,9 +4,12 @@ python-gitlab talks to it exactly as to GitLab, so the real client code runs in 
 demo and in tests. Shapes follow docs.gitlab.com/api/runners (POST /user/runners,
 GET/PUT/DELETE /runners/:id, GET /runners, GET /runners/:id/jobs, POST
 /runners/verify), docs.gitlab.com/api/jobs (GET /projects/:id/jobs?scope[]=...) and
-docs.gitlab.com/api/users (GET /user); authentication by the `PRIVATE-TOKEN` header
-(401 `{"message": "401 Unauthorized"}` otherwise); pagination by `page`/`per_page`
-with `X-Page`, `X-Per-Page`, `X-Total`, `X-Total-Pages`, `X-Next-Page` and `Link`.
+docs.gitlab.com/api/users (GET /user), docs.gitlab.com/api/members (GET
+/groups/:id/members/all/:user_id) and GitLab as an OAuth 2.0 provider (/oauth/authorize,
+/oauth/token: runnerctl.sim.gitlab_oauth); authentication by the `PRIVATE-TOKEN` header
+or an OAuth `Authorization: Bearer` token (401 `{"message": "401 Unauthorized"}`
+otherwise); pagination by `page`/`per_page` with `X-Page`, `X-Per-Page`, `X-Total`,
+`X-Total-Pages`, `X-Next-Page` and `Link`.
 
 Tests inject faults (`Fault`): a status (401, 403, 404, 429 with `Retry-After`, 500,
 502), `drop` (close the connection with no answer) or `delay` (answer late, so a
@@ -25,6 +28,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from runnerctl.sim.gitlab_oauth import OAuthProvider
 from runnerctl.sim.gitlab_state import GitLabState, SimJob, SimRunner
 
 CHANGING = frozenset({"POST", "PUT", "DELETE", "PATCH"})
@@ -63,6 +67,7 @@ class GitLabServer:
         self.state = state or GitLabState()
         self.tokens = dict(tokens or {"glpat-runnerctl-test": "admin"})
         self.faults: list[Fault] = []
+        self.oauth = OAuthProvider()
         self.requests: list[LoggedRequest] = []
         self.lock = threading.Lock()
         self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
@@ -105,7 +110,12 @@ class GitLabServer:
               body: dict[str, Any], user: str) -> tuple[int, Any, dict[str, str]]:
         s = self.state
         if method == "GET" and path == "/user":
-            return 200, {"id": 1, "username": user, "name": user, "state": "active"}, {}
+            return 200, {"id": self.oauth.users.get(user, 1), "username": user, "name": user,
+                         "state": "active"}, {}
+        match = re.fullmatch(r"/groups/([^/]+)/members/all/(\d+)", path)
+        if match and method == "GET":
+            code, member = self.oauth.member(match.group(1), int(match.group(2)))
+            return code, member, {}
         if method == "POST" and path == "/user/runners":
             return 201, self._create(body), {}
         if method == "POST" and path == "/runners/verify":
@@ -205,6 +215,14 @@ def _handler_for(server: GitLabServer) -> type[BaseHTTPRequestHandler]:
 
         def _serve(self) -> None:
             parsed = urllib.parse.urlsplit(self.path)
+            if parsed.path.startswith("/oauth/"):
+                query = urllib.parse.parse_qs(parsed.query)
+                body = self._body()
+                with server.lock:
+                    status, payload, headers = server.oauth.handle(self.command, parsed.path, query, body)
+                server.requests.append(LoggedRequest(self.command, parsed.path, query, status))
+                self._send(status, payload, headers, parsed)
+                return
             path = parsed.path.removeprefix("/api/v4")
             query = urllib.parse.parse_qs(parsed.query)
             body = self._body()
@@ -226,7 +244,8 @@ def _handler_for(server: GitLabServer) -> type[BaseHTTPRequestHandler]:
                 status = int(fault.kind)
                 headers = {"Retry-After": str(fault.retry_after)} if status == 429 else {}
                 return status, {"message": f"{status} {_REASONS.get(status, 'Error')}"}, headers
-            user = server.tokens.get(self.headers.get("PRIVATE-TOKEN", ""))
+            user = (server.tokens.get(self.headers.get("PRIVATE-TOKEN", ""))
+                    or server.oauth.user_of(self.headers.get("Authorization")))
             verify = path == "/runners/verify"  # authenticated by the runner token itself
             if user is None and not verify:
                 return 401, {"message": "401 Unauthorized"}, {}
@@ -248,7 +267,8 @@ def _handler_for(server: GitLabServer) -> type[BaseHTTPRequestHandler]:
 
         def _send(self, status: int, payload: Any, headers: dict[str, str],
                   parsed: urllib.parse.SplitResult) -> None:
-            data = b"" if payload is None else json.dumps(payload).encode()
+            page = isinstance(payload, str)  # the simulated sign-in/consent page
+            data = b"" if payload is None else payload.encode() if page else json.dumps(payload).encode()
             self.send_response(status)
             next_page = headers.pop("_next_page", None)
             if next_page:
@@ -260,7 +280,7 @@ def _handler_for(server: GitLabServer) -> type[BaseHTTPRequestHandler]:
             for key, value in headers.items():
                 self.send_header(key, value)
             if data:
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "text/html; charset=utf-8" if page else "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

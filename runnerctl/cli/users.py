@@ -1,0 +1,80 @@
+"""`runnerctl user add|list|remove`: local accounts of the web page.
+
+Accounts live in the controller's store (SQLite in the state dir, or the shared
+PostgreSQL), so every `serve` on that store knows them. Passwords are read without
+echo (or from stdin for scripts) and stored only as an Argon2id hash.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from runnerctl.cli.host import _settings, config_option
+from runnerctl.controller.store import Store
+from runnerctl.errors import ConfigError
+from runnerctl.web.auth import ROLES, add_user
+
+state_dir_option = click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
+                                help="Store of the controller [default: from settings].")
+
+
+def _open(config_path: Path | None, state_dir: Path | None) -> Store:
+    settings, _ = _settings(config_path)
+    return Store.open(url=settings.controller.store_url, state_dir=state_dir or settings.state_dir)
+
+
+@click.group("user")
+def user() -> None:
+    """Local accounts that may sign in to the web page."""
+
+
+@user.command("add")
+@click.argument("name")
+@click.option("--role", type=click.Choice(ROLES), default="viewer", show_default=True,
+              help="viewer reads the page; operator may also pause, drain and resume.")
+@click.option("--password-stdin", is_flag=True, help="Read the password from stdin (for scripts).")
+@state_dir_option
+@config_option
+def add(name: str, role: str, password_stdin: bool, state_dir: Path | None, config_path: Path | None) -> None:
+    """Add an account (or set a new password and role for an existing one)."""
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = click.prompt("password", hide_input=True, confirmation_prompt=True)
+    store = _open(config_path, state_dir)
+    try:
+        add_user(store, name, password, role)
+    finally:
+        store.close()
+    click.echo(f"user {name}: {role}")
+
+
+@user.command("list")
+@state_dir_option
+@config_option
+def list_users(state_dir: Path | None, config_path: Path | None) -> None:
+    """Names and roles (never the password hashes)."""
+    store = _open(config_path, state_dir)
+    try:
+        for name, role, _created in store.users():
+            click.echo(f"{name:24} {role}")
+    finally:
+        store.close()
+
+
+@user.command("remove")
+@click.argument("name")
+@state_dir_option
+@config_option
+def remove(name: str, state_dir: Path | None, config_path: Path | None) -> None:
+    """Remove an account; its open sessions stop working at their next request."""
+    store = _open(config_path, state_dir)
+    try:
+        if not store.remove_user(name):
+            raise ConfigError(f"no user {name!r}", hint="see `runnerctl user list`")
+    finally:
+        store.close()
+    click.echo(f"user {name}: removed")

@@ -1,0 +1,131 @@
+"""Who may read and who may toggle: local accounts, sessions, CSRF and sign-in limits.
+
+Passwords are hashed with Argon2id (argon2-cffi, its default parameters); the hash sits
+in the store's `users` table and never leaves the server. A session is Starlette's
+signed cookie (HttpOnly, SameSite=Lax, optionally Secure) holding the user name, role
+and a random CSRF token; the signing key is a random file in the state dir (0600) so
+sessions survive a restart of `serve`. Every state-changing request must echo the
+token in `X-CSRF-Token` (the double-submit is checked against the signed session, so a
+cross-site form cannot forge it).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hmac
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+
+from runnerctl.controller.store import Store
+from runnerctl.errors import ConfigError
+
+ROLES = ("viewer", "operator")
+"""viewer: reads (also when the page is not public); operator: pause, drain, resume."""
+_HASHER = PasswordHasher()
+_DUMMY_HASH = _HASHER.hash("runnerctl-no-such-user")  # equal work for unknown names
+
+
+@dataclasses.dataclass(frozen=True)
+class Principal:
+    name: str
+    role: str
+    via: str  # local | gitlab
+
+    @property
+    def can_toggle(self) -> bool:
+        return self.role == "operator"
+
+
+def hash_password(password: str) -> str:
+    if len(password) < 8:
+        raise ConfigError("the password is shorter than 8 characters", hint="choose a longer one")
+    return _HASHER.hash(password)
+
+
+def add_user(store: Store, name: str, password: str, role: str) -> None:
+    if role not in ROLES:
+        raise ConfigError(f"unknown role {role!r}; one of {', '.join(ROLES)}")
+    if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise ConfigError(f"user name {name!r} must be letters, digits, '-', '_' or '.'")
+    store.save_user(name, hash_password(password), role, time.time())
+
+
+def check_password(store: Store, name: str, password: str) -> Principal | None:
+    found = store.user(name)
+    try:
+        _HASHER.verify(found[0] if found else _DUMMY_HASH, password)
+    except (VerificationError, InvalidHashError):
+        return None
+    return Principal(name, found[1], "local") if found else None
+
+
+def session_key(state_dir: Path) -> str:
+    """The cookie signing key: <state_dir>/web-session.key, created (0600) on first use."""
+    path = state_dir / "web-session.key"
+    if not path.exists():
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(48))
+    return path.read_text().strip()
+
+
+def csrf_token(session: MutableMapping[str, Any]) -> str:
+    if not isinstance(session.get("csrf"), str):
+        session["csrf"] = secrets.token_urlsafe(32)
+    return str(session["csrf"])
+
+
+def csrf_ok(session: MutableMapping[str, Any], sent: str | None) -> bool:
+    expected = session.get("csrf")
+    return isinstance(expected, str) and sent is not None and hmac.compare_digest(expected, sent)
+
+
+def sign_in(session: MutableMapping[str, Any], who: Principal) -> None:
+    """A fresh session (new CSRF token) for the signed-in user, against session fixation."""
+    session.clear()
+    session.update(user=who.name, role=who.role, via=who.via, csrf=secrets.token_urlsafe(32))
+
+
+def principal(session: MutableMapping[str, Any], store: Store) -> Principal | None:
+    """The signed-in user; a local account removed or re-roled since counts as it is now."""
+    name, via = session.get("user"), session.get("via")
+    if not isinstance(name, str) or not isinstance(via, str):
+        return None
+    if via == "local":
+        found = store.user(name)
+        return Principal(name, found[1], via) if found else None
+    role = session.get("role")
+    return Principal(name, role if role in ROLES else "viewer", via)
+
+
+class SignInLimiter:
+    """At most `attempts` failed sign-ins per (client, name) in a sliding minute."""
+
+    def __init__(self, attempts: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.attempts, self.clock = attempts, clock
+        self._failures: dict[tuple[str, str], collections.deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def blocked(self, client: str, name: str) -> bool:
+        with self._lock:
+            return len(self._recent((client, name))) >= self.attempts
+
+    def failed(self, client: str, name: str) -> None:
+        with self._lock:
+            self._recent((client, name)).append(self.clock())
+
+    def _recent(self, key: tuple[str, str]) -> collections.deque[float]:
+        window = self._failures.setdefault(key, collections.deque())
+        while window and window[0] < self.clock() - 60.0:
+            window.popleft()
+        return window

@@ -1,0 +1,92 @@
+""""Sign in with GitLab": OAuth 2.0 authorization code flow with PKCE against the same GitLab.
+
+Contract: docs.gitlab.com/api/oauth2 (authorize -> code -> POST /oauth/token -> Bearer
+token), docs.gitlab.com/api/users (GET /api/v4/user) and docs.gitlab.com/api/members
+(GET /api/v4/groups/:id/members/all/:user_id, `access_level` 40 = Maintainer). A member
+of the configured group with at least Maintainer becomes an operator, anyone else who
+signs in a viewer. The access token is used for these two reads and then dropped: it is
+never stored, logged or sent to the browser. `state` and the PKCE verifier live in the
+signed session cookie.
+"""
+
+import base64
+import dataclasses
+import hashlib
+import json
+import logging
+import secrets
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import RedirectResponse
+
+from runnerctl.web import auth
+
+log = logging.getLogger(__name__)
+MAINTAINER = 40
+
+
+@dataclasses.dataclass(frozen=True)
+class GitLabOAuth:
+    url: str  # GitLab base URL
+    client_id: str
+    secret: str = dataclasses.field(repr=False)
+    group: str  # full path of the group whose Maintainers may toggle
+
+
+def install(app: FastAPI, oauth: GitLabOAuth) -> None:
+    @app.get("/oauth/gitlab", include_in_schema=False)
+    def start(request: Request) -> RedirectResponse:
+        verifier = secrets.token_urlsafe(48)
+        request.session["oauth"] = {"state": secrets.token_urlsafe(24), "verifier": verifier}
+        challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+        query = urllib.parse.urlencode({
+            "client_id": oauth.client_id, "redirect_uri": str(request.url_for("gitlab_callback")),
+            "response_type": "code", "state": request.session["oauth"]["state"], "scope": "read_user",
+            "code_challenge": challenge, "code_challenge_method": "S256"})
+        return RedirectResponse(f"{oauth.url}/oauth/authorize?{query}", status_code=303)
+
+    @app.get("/oauth/gitlab/callback", name="gitlab_callback", include_in_schema=False)
+    def callback(request: Request, code: str = "", state: str = "") -> RedirectResponse:
+        pending = request.session.pop("oauth", None)
+        if not isinstance(pending, dict) or not code or not secrets.compare_digest(pending["state"], state):
+            raise HTTPException(403, "GitLab sign-in failed: stale or forged state; start again")
+        who = _principal(oauth, code, pending["verifier"], str(request.url_for("gitlab_callback")))
+        auth.sign_in(request.session, who)
+        log.warning("%s signed in with GitLab as %s", who.name, who.role)
+        return RedirectResponse("/", status_code=303)
+
+
+def _principal(oauth: GitLabOAuth, code: str, verifier: str, redirect_uri: str) -> auth.Principal:
+    token = _call(f"{oauth.url}/oauth/token", data={
+        "client_id": oauth.client_id, "client_secret": oauth.secret, "code": code,
+        "grant_type": "authorization_code", "redirect_uri": redirect_uri, "code_verifier": verifier})
+    bearer = {"Authorization": f"Bearer {token['access_token']}"}
+    user = _call(f"{oauth.url}/api/v4/user", headers=bearer)
+    group = urllib.parse.quote(oauth.group, safe="")
+    try:
+        member = _call(f"{oauth.url}/api/v4/groups/{group}/members/all/{int(user['id'])}", headers=bearer)
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:
+            raise HTTPException(502, f"GitLab answered {exc.code} for the group membership") from None
+        member = {}
+    level = int(member.get("access_level") or 0)
+    return auth.Principal(str(user["username"]), "operator" if level >= MAINTAINER else "viewer", "gitlab")
+
+
+def _call(url: str, *, data: dict[str, str] | None = None, headers: dict[str, str] | None = None) -> Any:
+    body = urllib.parse.urlencode(data).encode() if data is not None else None
+    request = urllib.request.Request(url, data=body,
+                                     headers={"Accept": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - the configured GitLab
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        if "/groups/" in url:
+            raise
+        raise HTTPException(502, f"GitLab sign-in failed: {exc.code} from {url.split('?')[0]}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise HTTPException(502, f"GitLab sign-in failed: cannot reach GitLab ({exc})") from None

@@ -1,0 +1,152 @@
+// runnerctl page: polls /api/host every 2 s; toggles POST /api/toggles with the CSRF token.
+"use strict";
+let session = null;
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (key === "text") node.textContent = value; else node.setAttribute(key, value);
+  }
+  for (const child of children) if (child) node.append(child);
+  return node;
+}
+
+function ago(seconds) {
+  if (seconds < 90) return `${Math.round(seconds)} s`;
+  if (seconds < 5400) return `${Math.round(seconds / 60)} min`;
+  return `${(seconds / 3600).toFixed(1)} h`;
+}
+
+async function call(method, url, body) {
+  const headers = { "Accept": "application/json" };
+  if (method !== "GET") headers["X-CSRF-Token"] = session ? session.csrf : "";
+  if (body) headers["Content-Type"] = "application/json";
+  const response = await fetch(url, { method, headers, body: body ? JSON.stringify(body) : undefined,
+                                      credentials: "same-origin" });
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(typeof data.detail === "string" ? data.detail : `HTTP ${response.status}`);
+  return data;
+}
+
+function say(text, error) {
+  const box = document.getElementById("message");
+  box.textContent = text;
+  box.className = error ? "error" : "";
+}
+
+async function loadSession() {
+  session = await call("GET", "/api/session");
+  document.getElementById("user-name").textContent = session.user ? `${session.user} (${session.role})` : "";
+  document.getElementById("signin").hidden = Boolean(session.user);
+  document.getElementById("signout").hidden = !session.user;
+  document.getElementById("gitlab-signin").hidden = Boolean(session.user) || !session.gitlab_signin;
+  document.getElementById("toggle-panel").hidden = !session.can_toggle;
+}
+
+function gpuCard(gpu) {
+  const card = el("div", { class: "gpu", "data-gpu": String(gpu.index), "data-state": gpu.state },
+    el("h3", {}, el("span", { text: `GPU ${gpu.index}` }), el("span", { class: "state", text: gpu.state })));
+  const detail = el("div", { class: "detail" });
+  for (const job of gpu.jobs) {
+    const label = `job ${job.job_id}` + (job.user ? ` by ${job.user}` : "") + `, ${ago(job.runtime_s)}`;
+    detail.append(job.url ? el("a", { href: job.url, text: label }) : el("span", { text: label }), " ");
+  }
+  for (const proc of gpu.processes) {
+    detail.append(el("div", { class: "process",
+      text: `${proc.user || "unknown user"}: ${proc.command || "pid " + proc.pid}` +
+            (proc.memory_mib !== null ? `, ${proc.memory_mib} MiB` : "") }));
+  }
+  if (gpu.detail && !gpu.jobs.length && !gpu.processes.length) detail.append(el("div", { text: gpu.detail }));
+  card.append(detail);
+  const util = gpu.utilization === null ? null : Math.round(gpu.utilization * 100);
+  const bar = el("div", { class: "bar" }, el("div"));
+  bar.firstChild.style.width = `${util || 0}%`;
+  card.append(bar, el("div", { class: "numbers", text:
+    `util ${util === null ? "?" : util + " %"} · memory ${gpu.memory_used_mib ?? "?"} / ${gpu.memory_total_mib ?? "?"} MiB` }));
+  if (session && session.can_toggle) {
+    const buttons = el("div", { class: "buttons" });
+    for (const action of gpu.toggle ? ["resume"] : ["drain", "pause"]) {
+      const button = el("button", { type: "button", class: "toggle", "data-action": action,
+                                    "data-target": `gpu:${gpu.index}`, text: action });
+      button.addEventListener("click", () => prefill(action, `gpu:${gpu.index}`));
+      buttons.append(button);
+    }
+    card.append(buttons);
+  }
+  return card;
+}
+
+function prefill(action, target) {
+  document.getElementById("toggle-action").value = action;
+  document.getElementById("toggle-target").value = target;
+  document.getElementById("toggle-reason").focus();
+  say(`${action} ${target}: give a reason, then Apply`);
+}
+
+function rows(id, items, cells, key) {
+  const body = document.querySelector(`#${id} tbody`);
+  body.replaceChildren(...items.map((item) => el("tr", key ? { "data-key": key(item) } : {},
+                                                 ...cells(item).map((c) => el("td", {}, c)))));
+}
+
+function render(host) {
+  document.getElementById("host").textContent = host.host;
+  document.getElementById("gpus").replaceChildren(...host.gpus.map(gpuCard));
+  document.getElementById("activity").replaceChildren(...host.activity.map((line) => el("li", { text: line })));
+  document.getElementById("gitlab-error").textContent = host.gitlab_error ? `GitLab: ${host.gitlab_error}` : "";
+  rows("slots", host.slots, (s) => [s.key, s.gpus.join(","), s.state, s.running_jobs.join(", ") || "-", s.reason],
+       (s) => s.key);
+  rows("demand", host.demand.filter((d) => d.gpus > 1), (d) => [
+    d.url ? el("a", { href: d.url, text: String(d.job_id) }) : String(d.job_id), String(d.gpus),
+    d.user || "?", ago(d.waiting_s)]);
+  rows("events", host.events, (e) => [new Date(e.at * 1000).toLocaleString(), e.kind, e.subject, e.detail],
+       (e) => `${e.kind} ${e.subject}`);
+}
+
+function renderFleet(hosts) {
+  rows("fleet", hosts, (h) => [h.host,
+    h.toggles.map((t) => `${t.target} ${t.action} by ${t.who}: ${t.why}`).join("; ") || "-",
+    h.last_event ? `${h.last_event.kind} ${h.last_event.subject}: ${h.last_event.detail}` : "-"], (h) => h.host);
+}
+
+async function refresh() {
+  try {
+    render(await call("GET", "/api/host"));
+    renderFleet(await call("GET", "/api/fleet"));
+  } catch (error) {
+    say(error.message, true);
+  }
+}
+
+document.addEventListener("DOMContentLoaded", async () => {
+  document.getElementById("signin").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    try {
+      await call("POST", "/api/session", { name: document.getElementById("signin-name").value,
+                                           password: document.getElementById("signin-password").value });
+      document.getElementById("signin-password").value = "";
+      await loadSession();
+      say("signed in");
+      await refresh();
+    } catch (error) { say(error.message, true); }
+  });
+  document.getElementById("signout").addEventListener("click", async () => {
+    try { await call("POST", "/api/session/end"); await loadSession(); await refresh(); say("signed out"); }
+    catch (error) { say(error.message, true); }
+  });
+  document.getElementById("toggle-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    try {
+      const result = await call("POST", "/api/toggles", {
+        action: document.getElementById("toggle-action").value,
+        target: document.getElementById("toggle-target").value.trim(),
+        reason: document.getElementById("toggle-reason").value });
+      document.getElementById("toggle-reason").value = "";
+      say(result.message);
+      await refresh();
+    } catch (error) { say(error.message, true); }
+  });
+  await loadSession();
+  await refresh();
+  setInterval(refresh, 2000);
+});

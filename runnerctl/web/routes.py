@@ -1,0 +1,200 @@
+"""The page and its JSON API, hung on the app that `serve` runs (`install(app, ...)`).
+
+Reads come from the controller's last frozen view and the store; toggles go through
+`runnerctl.controller.toggles.request`, the same path as `runnerctl pause|drain|resume`,
+so they are stored with who, when and why and survive a restart. Access: reads are
+public or need a session (`[web] public_read`); toggles need a signed-in operator and
+the session's CSRF token in `X-CSRF-Token`. Security headers go on every response.
+"""
+
+# no `from __future__ import annotations`: FastAPI reads the Depends() of closures at def time
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Literal
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response
+from fastapi.responses import HTMLResponse
+from pydantic import BaseModel, Field
+from starlette.middleware.sessions import SessionMiddleware
+
+from runnerctl.controller.loop import ControllerView
+from runnerctl.controller.store import Store
+from runnerctl.controller.toggles import request as toggle_request
+from runnerctl.settings import WebSettings
+from runnerctl.web import auth
+from runnerctl.web.oauth import GitLabOAuth
+from runnerctl.web.oauth import install as install_oauth
+from runnerctl.web.view import EventOut, FleetHostOut, HostOut, JobMemory, event_out, host_page, toggle_out
+
+log = logging.getLogger(__name__)
+
+HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+                               "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; "
+                               "form-action 'self'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+OPEN_PATHS = ("/api/session", "/healthz", "/webhooks/")
+"""Reachable without a session even when reads are not public (sign-in, probes, GitLab)."""
+ASSETS = {"app.js": "text/javascript", "style.css": "text/css"}
+
+
+class SessionOut(BaseModel):
+    user: str | None
+    role: str | None
+    can_toggle: bool
+    csrf: str
+    public_read: bool
+    gitlab_signin: bool
+
+
+class SignIn(BaseModel):
+    name: str = Field(min_length=1, max_length=100)
+    password: str = Field(min_length=1, max_length=1000)
+
+
+class ToggleIn(BaseModel):
+    action: Literal["pause", "drain", "resume"]
+    target: str = Field(pattern=r"^(host|gpu:[0-9]{1,3}|slot:gpu[0-9]{1,3}([-+][0-9]{1,3})*)$",
+                        description="host, gpu:N or slot:KEY (e.g. slot:gpu0-3)")
+    reason: str = Field(min_length=1, max_length=500, description="Why; stored and shown in the log.")
+
+
+class ToggleResult(BaseModel):
+    message: str
+
+
+def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, settings: WebSettings,
+            state_dir: Path, oauth: GitLabOAuth | None = None,
+            clock: Callable[[], float] = time.time) -> None:
+    limiter = auth.SignInLimiter(settings.signin_attempts)
+    jobs = JobMemory()
+
+    def reader(request: Request) -> auth.Principal | None:
+        who = auth.principal(request.session, store)
+        if who is None and not settings.public_read:
+            raise HTTPException(401, "sign in to see this page")
+        return who
+
+    def operator(request: Request, x_csrf_token: Annotated[str | None, Header()] = None) -> auth.Principal:
+        if not auth.csrf_ok(request.session, x_csrf_token):
+            raise HTTPException(403, "missing or wrong X-CSRF-Token")
+        who = auth.principal(request.session, store)
+        if who is None or not who.can_toggle:
+            raise HTTPException(403, "toggles need a signed-in operator")
+        return who
+
+    def session_out(request: Request) -> SessionOut:
+        who = auth.principal(request.session, store)
+        return SessionOut(user=who.name if who else None, role=who.role if who else None,
+                          can_toggle=bool(who and who.can_toggle), csrf=auth.csrf_token(request.session),
+                          public_read=settings.public_read, gitlab_signin=oauth is not None)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def page() -> HTMLResponse:
+        return HTMLResponse(_asset("index.html"))
+
+    @app.get("/static/{name}", include_in_schema=False)
+    def asset(name: str) -> Response:
+        if name not in ASSETS:
+            raise HTTPException(404, "no such file")
+        return Response(_asset(name), media_type=ASSETS[name])
+
+    @app.get("/api/session", response_model=SessionOut, tags=["session"])
+    def get_session(request: Request) -> SessionOut:
+        """Who is signed in, whether they may toggle, and the CSRF token for state changes."""
+        return session_out(request)
+
+    @app.post("/api/session", response_model=SessionOut, tags=["session"],
+              responses={401: {"description": "wrong name or password"},
+                         403: {"description": "no CSRF token"},
+                         429: {"description": "too many failed sign-ins"}})
+    def post_session(body: SignIn, request: Request,
+                     x_csrf_token: Annotated[str | None, Header()] = None) -> SessionOut:
+        """Sign in with a local account (`runnerctl user add`)."""
+        if not auth.csrf_ok(request.session, x_csrf_token):
+            raise HTTPException(403, "missing or wrong X-CSRF-Token")
+        client = request.client.host if request.client else "?"
+        if limiter.blocked(client, body.name):
+            raise HTTPException(429, "too many failed sign-ins; wait a minute")
+        who = auth.check_password(store, body.name, body.password)
+        if who is None:
+            limiter.failed(client, body.name)
+            log.warning("failed sign-in for %r from %s", body.name, client)
+            raise HTTPException(401, "wrong name or password")
+        auth.sign_in(request.session, who)
+        log.warning("%s signed in from %s", who.name, client)
+        return session_out(request)
+
+    @app.post("/api/session/end", response_model=SessionOut, tags=["session"],
+              responses={403: {"description": "no CSRF token"}})
+    def end_session(request: Request, x_csrf_token: Annotated[str | None, Header()] = None) -> SessionOut:
+        """Sign out."""
+        if not auth.csrf_ok(request.session, x_csrf_token):
+            raise HTTPException(403, "missing or wrong X-CSRF-Token")
+        request.session.clear()
+        return session_out(request)
+
+    @app.get("/api/host", response_model=HostOut, tags=["host"], responses={401: {"description": "sign in"}})
+    def host(who: Annotated[auth.Principal | None, Depends(reader)]) -> HostOut:
+        """This host: every GPU's state, the slots, pending demand, what the controller does, the log."""
+        current = view()
+        return host_page(current, store.events(current.host, 50), jobs)
+
+    @app.get("/api/events", response_model=list[EventOut], tags=["host"],
+             responses={401: {"description": "sign in"}})
+    def events(who: Annotated[auth.Principal | None, Depends(reader)],
+               limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[EventOut]:
+        """The activity log of this host, newest first (toggles with who and why, controller actions)."""
+        return [event_out(e) for e in store.events(view().host, limit)]
+
+    @app.get("/api/fleet", response_model=list[FleetHostOut], tags=["host"],
+             responses={401: {"description": "sign in"}})
+    def fleet(who: Annotated[auth.Principal | None, Depends(reader)]) -> list[FleetHostOut]:
+        """Every host of the store (all hosts sharing a PostgreSQL store): toggles and last event."""
+        hosts = []
+        for name in store.hosts():
+            last = store.events(name, 1)
+            hosts.append(FleetHostOut(host=name, toggles=[toggle_out(t) for t in store.toggles(name)],
+                                      last_event=event_out(last[0]) if last else None))
+        return hosts
+
+    @app.post("/api/toggles", response_model=ToggleResult, tags=["toggles"],
+              responses={403: {"description": "not an operator, or no CSRF token"}})
+    def toggle(body: ToggleIn, who: Annotated[auth.Principal, Depends(operator)]) -> ToggleResult:
+        """Pause, drain or resume a GPU, a slot or the whole host, with a reason."""
+        message = toggle_request(store, action=body.action, host=view().host, target=body.target,
+                                 who=who.name, why=body.reason.strip() or "-", now=clock())
+        log.warning("web toggle: %s", message)
+        return ToggleResult(message=message)
+
+    if oauth is not None:
+        install_oauth(app, oauth)
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if (not settings.public_read and request.url.path.startswith("/api/")
+                and not request.url.path.startswith(OPEN_PATHS)
+                and auth.principal(request.session, store) is None):
+            response: Response = Response('{"detail":"sign in to see this page"}', status_code=401,
+                                          media_type="application/json")
+        else:
+            response = await call_next(request)
+        response.headers.update(HEADERS)
+        return response
+
+    # added last, so it runs first: `guard` reads the session it decodes
+    app.add_middleware(SessionMiddleware, secret_key=auth.session_key(state_dir),
+                       session_cookie="runnerctl_session", max_age=settings.session_max_age_s,
+                       same_site="lax", https_only=settings.https_only_cookies)
+
+
+def _asset(name: str) -> str:
+    return resources.files("runnerctl.web").joinpath("pages", name).read_text()

@@ -1,0 +1,219 @@
+"""What the page shows, computed from the controller's frozen view and the store.
+
+The page and scripts read these pydantic models through the JSON API (so they are the
+OpenAPI schema too). Nothing here calls NVML or GitLab: a GPU's state is derived from
+the last `ControllerView` (gate, slots, running jobs, toggles, drains) and the store's
+events. Secrets never enter these models: only names, numbers and reasons.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+from pydantic import BaseModel
+
+from runnerctl.controller.loop import ControllerView, SlotView
+from runnerctl.controller.store import Event, Toggle
+from runnerctl.model import Gpu
+
+GpuState = Literal["idle", "job", "foreign", "draining", "paused", "reserved", "unhealthy", "unknown"]
+
+
+class ProcessOut(BaseModel):
+    pid: int
+    user: str | None
+    memory_mib: int | None
+    command: str | None
+
+
+class JobOut(BaseModel):
+    job_id: int
+    slot: str
+    user: str | None
+    url: str | None
+    runtime_s: float
+
+
+class ToggleOut(BaseModel):
+    target: str
+    action: str
+    who: str
+    at: float
+    why: str
+    status: str
+
+
+class GpuOut(BaseModel):
+    index: int
+    name: str
+    state: GpuState
+    detail: str
+    utilization: float | None
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+    processes: list[ProcessOut]
+    jobs: list[JobOut]
+    toggle: ToggleOut | None
+
+
+class SlotOut(BaseModel):
+    name: str
+    key: str
+    gpus: list[int]
+    state: str
+    open: bool
+    reason: str
+    running_jobs: list[int]
+
+
+class DemandOut(BaseModel):
+    job_id: int
+    gpus: int
+    project_id: int
+    priority: str
+    user: str | None
+    url: str | None
+    waiting_s: float
+
+
+class EventOut(BaseModel):
+    at: float
+    host: str
+    kind: str
+    subject: str
+    detail: str
+
+
+class HostOut(BaseModel):
+    host: str
+    at: float
+    tick: int
+    gitlab_error: str
+    gpus: list[GpuOut]
+    slots: list[SlotOut]
+    demand: list[DemandOut]
+    activity: list[str]
+    toggles: list[ToggleOut]
+    events: list[EventOut]
+
+
+class FleetHostOut(BaseModel):
+    host: str
+    toggles: list[ToggleOut]
+    last_event: EventOut | None
+
+
+class JobMemory:
+    """Who submitted a job and its link, remembered from demand (GitLab forgets neither,
+    but the controller stops listing a job once it runs); and when it was first seen running."""
+
+    def __init__(self) -> None:
+        self.owner: dict[int, tuple[str | None, str | None]] = {}
+        self.first_seen: dict[int, float] = {}
+
+    def update(self, view: ControllerView) -> None:
+        for job in view.demand:
+            self.owner[job.job_id] = (job.user, job.web_url)
+        running = {j for s in view.slots for j in s.running_jobs}
+        for job_id in running:
+            self.first_seen.setdefault(job_id, view.at)
+        for job_id in [j for j in self.first_seen if j not in running]:
+            del self.first_seen[job_id]
+            self.owner.pop(job_id, None)
+
+
+def host_page(view: ControllerView, events: Iterable[Event], jobs: JobMemory) -> HostOut:
+    jobs.update(view)
+    toggles = [ToggleOut(target=t.target, action=t.action, who=t.who, at=t.at, why=t.why, status=status)
+               for t, status in view.toggles]
+    gpus = [_gpu(gpu, view, toggles, jobs) for gpu in (view.snapshot.gpus if view.snapshot else ())]
+    return HostOut(
+        host=view.host, at=view.at, tick=view.tick, gitlab_error=view.gitlab_error, gpus=gpus,
+        slots=[_slot(s) for s in view.slots],
+        demand=[DemandOut(job_id=d.job_id, gpus=d.gpus, project_id=d.project_id, priority=d.priority,
+                          user=d.user, url=d.web_url, waiting_s=max(0.0, view.at - d.created_at))
+                for d in view.demand],
+        activity=activity(view), toggles=toggles, events=[event_out(e) for e in events])
+
+
+def event_out(event: Event) -> EventOut:
+    return EventOut(at=event.at, host=event.host, kind=event.kind, subject=event.subject, detail=event.detail)
+
+
+def toggle_out(toggle: Toggle, status: str = "") -> ToggleOut:
+    return ToggleOut(target=toggle.target, action=toggle.action, who=toggle.who, at=toggle.at,
+                     why=toggle.why, status=status)
+
+
+def activity(view: ControllerView) -> list[str]:
+    """What the controller is doing, one sentence per drain ("draining GPUs 4-7 for job 1234,
+    waiting on 2 jobs")."""
+    lines = []
+    by_name = {s.name: s for s in view.slots}
+    for name, job in sorted(view.drains.items()):
+        slot = by_name.get(name)
+        if slot is None:
+            continue
+        busy = sum(len(s.running_jobs) for s in view.slots
+                   if s.name != name and set(s.gpus) & set(slot.gpus))
+        waiting = f"waiting on {busy} job{'s' if busy != 1 else ''}" if busy else "opening"
+        lines.append(f"draining GPUs {_span(slot.gpus)} for job {job}, {waiting}")
+    closed = [g for g in view.gpus if not g.open]
+    lines.extend(f"GPU {g.index} closed: {g.reason}" for g in closed)
+    if not lines:
+        lines.append("nothing pending: every free runner is open" if view.tick else "starting")
+    return lines
+
+
+def _gpu(gpu: Gpu, view: ControllerView, toggles: list[ToggleOut], jobs: JobMemory) -> GpuOut:
+    gate = next((g for g in view.gpus if g.index == gpu.index), None)
+    slots = [s for s in view.slots if gpu.index in s.gpus]
+    running = [JobOut(job_id=j, slot=s.name.rsplit("/", 1)[-1], user=jobs.owner.get(j, (None, None))[0],
+                      url=jobs.owner.get(j, (None, None))[1],
+                      runtime_s=max(0.0, view.at - jobs.first_seen.get(j, view.at)))
+               for s in slots for j in s.running_jobs]
+    toggle = _toggle_over(gpu.index, slots, toggles)
+    drained_for = [view.drains[s.name] for s in slots if s.name in view.drains]
+    procs = [ProcessOut(pid=p.pid, user=p.user, command=p.command,
+                        memory_mib=None if p.used_memory_bytes is None else p.used_memory_bytes >> 20)
+             for p in gpu.processes]
+    state: GpuState
+    if gpu.healthy is False or (gate is not None and gate.unhealthy):
+        state, detail = "unhealthy", gate.reason if gate else "NVML reports errors"
+    elif toggle is not None:
+        state = "paused" if toggle.action == "pause" else "draining"
+        detail = f"{toggle.action} by {toggle.who}" + (f": {toggle.why}" if toggle.why else "")
+    elif running:
+        state, detail = "job", ", ".join(f"job {j.job_id} on {j.slot}" for j in running)
+    elif gate is not None and not gate.open:
+        state, detail = "foreign", gate.reason
+    elif drained_for:
+        state, detail = "reserved", f"held for job {drained_for[0]}"
+    elif view.snapshot is None:
+        state, detail = "unknown", "no GPU snapshot"
+    else:
+        state, detail = "idle", ""
+    return GpuOut(index=gpu.index, name=gpu.name, state=state, detail=detail, utilization=gpu.utilization,
+                  memory_used_mib=_mib(gpu.memory_used_bytes), memory_total_mib=_mib(gpu.memory_total_bytes),
+                  processes=procs, jobs=running, toggle=toggle)
+
+
+def _toggle_over(index: int, slots: list[SlotView], toggles: list[ToggleOut]) -> ToggleOut | None:
+    keys = {f"slot:{s.name.rsplit('/', 1)[-1]}" for s in slots}
+    return next((t for t in toggles if t.target in ("host", f"gpu:{index}") or t.target in keys), None)
+
+
+def _slot(slot: SlotView) -> SlotOut:
+    return SlotOut(name=slot.name, key=slot.name.rsplit("/", 1)[-1], gpus=list(slot.gpus), state=slot.state,
+                   open=slot.state == "open", reason=slot.reason, running_jobs=list(slot.running_jobs))
+
+
+def _span(gpus: tuple[int, ...]) -> str:
+    if len(gpus) > 1 and list(gpus) == list(range(gpus[0], gpus[-1] + 1)):
+        return f"{gpus[0]}-{gpus[-1]}"
+    return ",".join(str(g) for g in gpus)
+
+
+def _mib(value: int | None) -> int | None:
+    return None if value is None else value >> 20

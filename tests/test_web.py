@@ -1,0 +1,219 @@
+"""The web page's API in process: access, CSRF, sign-in limits, headers, toggles that
+persist, and no secret in any response or log line."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from runnerctl.cli import main
+from runnerctl.controller.app import create_app
+from runnerctl.controller.store import Store
+from runnerctl.exporter import endpoint
+from runnerctl.settings import ControllerSettings, WebSettings
+from runnerctl.sim.world import PROJECT, TOKEN, World, build_world
+from runnerctl.web.auth import add_user
+from runnerctl.web.routes import install
+
+PASSWORD = "correct horse battery"
+
+
+def _world(state_dir: Path) -> World:
+    return build_world(state_dir, settings=ControllerSettings(projects=(PROJECT,), interval_s=1.0))
+
+
+def _client(world: World, state_dir: Path, web: WebSettings | None = None) -> TestClient:
+    metrics = endpoint(lambda: world.controller.stats.view)  # as `serve` mounts it: the secret grep reads it
+    app = create_app(lambda: world.controller.view, world.controller.demand.webhook, metrics, extend=[
+        lambda app: install(app, view=lambda: world.controller.view, store=world.store,
+                            settings=web or WebSettings(), state_dir=state_dir)])
+    return TestClient(app)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    world = _world(tmp_path)
+    add_user(world.store, "olga", PASSWORD, "operator")
+    add_user(world.store, "victor", PASSWORD, "viewer")
+    world.submit(4, 3600.0, user="carol")
+    world.gpus.foreign[7] = (4242, "alice")
+    world.advance(20.0)
+    yield world
+    world.close()
+
+
+def _sign_in(client: TestClient, name: str, password: str = PASSWORD) -> tuple[int, str]:
+    csrf = client.get("/api/session").json()["csrf"]
+    response = client.post("/api/session", json={"name": name, "password": password},
+                           headers={"X-CSRF-Token": csrf})
+    return response.status_code, response.json().get("csrf", "")
+
+
+def test_page_data_shows_job_foreign_process_and_block(world: World, tmp_path: Path) -> None:
+    host = _client(world, tmp_path).get("/api/host").json()
+    states = {g["index"]: g["state"] for g in host["gpus"]}
+    assert [states[i] for i in range(4)] == ["job"] * 4
+    assert states[7] == "foreign"
+    assert host["gpus"][7]["processes"][0]["user"] == "alice"
+    assert host["gpus"][7]["processes"][0]["memory_mib"] == 2048
+    block = next(s for s in host["slots"] if s["key"] == "gpu0-3")
+    assert block["running_jobs"] == [host["gpus"][0]["jobs"][0]["job_id"]]
+
+
+def test_security_headers_and_cookie_flags(world: World, tmp_path: Path) -> None:
+    client = _client(world, tmp_path)
+    response = client.get("/")
+    assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
+    assert "script-src 'self'" in response.headers["content-security-policy"]
+    assert response.headers["x-frame-options"] == "DENY"
+    assert response.headers["x-content-type-options"] == "nosniff"
+    assert response.headers["referrer-policy"] == "no-referrer"
+    cookie = client.get("/api/session").headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=lax" in cookie
+
+
+def test_toggles_need_an_operator_and_the_csrf_token(world: World, tmp_path: Path) -> None:
+    body = {"action": "drain", "target": "gpu:2", "reason": "fan noise"}
+    anonymous = _client(world, tmp_path)
+    csrf = anonymous.get("/api/session").json()["csrf"]
+    assert anonymous.post("/api/toggles", json=body, headers={"X-CSRF-Token": csrf}).status_code == 403
+    viewer = _client(world, tmp_path)
+    status, csrf = _sign_in(viewer, "victor")
+    assert status == 200
+    assert viewer.post("/api/toggles", json=body, headers={"X-CSRF-Token": csrf}).status_code == 403
+    operator = _client(world, tmp_path)
+    status, csrf = _sign_in(operator, "olga")
+    assert status == 200
+    assert operator.post("/api/toggles", json=body).status_code == 403
+    assert operator.post("/api/toggles", json=body, headers={"X-CSRF-Token": "forged"}).status_code == 403
+    assert world.store.toggles(world.controller.host) == []
+    assert operator.post("/api/toggles", json={**body, "reason": ""},
+                         headers={"X-CSRF-Token": csrf}).status_code == 422
+    response = operator.post("/api/toggles", json=body, headers={"X-CSRF-Token": csrf})
+    assert response.status_code == 200, response.text
+    [toggle] = world.store.toggles(world.controller.host)
+    assert (toggle.target, toggle.action, toggle.who, toggle.why) == ("gpu:2", "drain", "olga", "fan noise")
+    world.advance(2.0)
+    host = operator.get("/api/host").json()
+    assert host["gpus"][2]["state"] == "draining"
+    assert any(e["kind"] == "drain" and "olga: fan noise" in e["detail"] for e in host["events"])
+
+
+def test_a_toggle_survives_a_restart(tmp_path: Path) -> None:
+    world = _world(tmp_path)
+    add_user(world.store, "olga", PASSWORD, "operator")
+    client = _client(world, tmp_path)
+    _, csrf = _sign_in(client, "olga")
+    assert client.post("/api/toggles", json={"action": "pause", "target": "gpu:5", "reason": "reboot"},
+                       headers={"X-CSRF-Token": csrf}).status_code == 200
+    world.close()
+    again = _world(tmp_path)
+    try:
+        again.advance(3.0)
+        host = _client(again, tmp_path).get("/api/host").json()
+        assert host["gpus"][5]["state"] == "paused"
+        assert host["gpus"][5]["toggle"]["who"] == "olga" and host["gpus"][5]["toggle"]["why"] == "reboot"
+        assert any(e["kind"] == "pause" and e["subject"] == "gpu:5" for e in host["events"])
+        slot = next(s for s in host["slots"] if s["key"] == "gpu5")
+        assert not slot["open"]
+    finally:
+        again.close()
+
+
+def test_sign_in_is_rate_limited(world: World, tmp_path: Path) -> None:
+    client = _client(world, tmp_path)
+    for _ in range(5):
+        assert _sign_in(client, "olga", "wrong password")[0] == 401
+    assert _sign_in(client, "olga")[0] == 429
+    assert _sign_in(client, "victor")[0] == 200
+
+
+def test_sign_in_without_csrf_token_is_refused(world: World, tmp_path: Path) -> None:
+    client = _client(world, tmp_path)
+    response = client.post("/api/session", json={"name": "olga", "password": PASSWORD})
+    assert response.status_code == 403
+    assert client.get("/api/session").json()["user"] is None
+
+
+def test_private_reads_need_a_session(world: World, tmp_path: Path) -> None:
+    client = _client(world, tmp_path, WebSettings(public_read=False))
+    for path in ("/api/host", "/api/state", "/api/events"):
+        assert client.get(path).status_code == 401, path
+    assert _sign_in(client, "victor")[0] == 200
+    for path in ("/api/host", "/api/state", "/api/events"):
+        assert client.get(path).status_code == 200, path
+
+
+def test_removed_user_loses_the_session(world: World, tmp_path: Path) -> None:
+    client = _client(world, tmp_path)
+    _, csrf = _sign_in(client, "olga")
+    world.store.remove_user("olga")
+    assert client.get("/api/session").json()["user"] is None
+    assert client.post("/api/toggles", json={"action": "pause", "target": "host", "reason": "x"},
+                       headers={"X-CSRF-Token": csrf}).status_code == 403
+
+
+def test_no_secret_in_responses_or_logs(world: World, tmp_path: Path,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    client = _client(world, tmp_path)
+    _, csrf = _sign_in(client, "olga")
+    _sign_in(_client(world, tmp_path), "olga", "wrong password")
+    client.post("/api/toggles", json={"action": "drain", "target": "gpu:1", "reason": "check"},
+                headers={"X-CSRF-Token": csrf})
+    world.advance(2.0)
+    bodies = [client.get(path).text for path in ("/", "/static/app.js", "/api/host", "/api/state",
+                                                 "/api/events", "/api/session", "/openapi.json",
+                                                 "/metrics")]
+    password_hash = world.store.user("olga")
+    assert password_hash is not None
+    secrets = [TOKEN, PASSWORD, password_hash[0], (tmp_path / "web-session.key").read_text().strip()]
+    everything = "\n".join(bodies + [r.getMessage() for r in caplog.records])
+    assert "olga" in everything  # the grep reads the right text
+    assert "runnerctl_gpu_info{" in everything  # ... the metrics too
+    for secret in secrets:
+        assert secret not in everything
+
+
+def test_user_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    monkeypatch.setattr("sys.stdin", io.StringIO(PASSWORD + "\n"))
+    assert main(["user", "add", "ann", "--role", "operator", "--password-stdin",
+                 "--state-dir", str(tmp_path)]) == 0
+    assert main(["user", "list", "--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "ann" in out and "operator" in out and "argon2" not in out
+    store = Store.open(state_dir=tmp_path)
+    found = store.user("ann")
+    store.close()
+    assert found is not None and found[0].startswith("$argon2id$") and PASSWORD not in found[0]
+    monkeypatch.setattr("sys.stdin", io.StringIO("short\n"))
+    assert main(["user", "add", "bo", "--password-stdin", "--state-dir", str(tmp_path)]) != 0
+    assert "shorter than 8" in capsys.readouterr().err
+    assert main(["user", "remove", "ann", "--state-dir", str(tmp_path)]) == 0
+    assert main(["user", "remove", "ann", "--state-dir", str(tmp_path)]) != 0
+
+
+def test_non_loopback_listen_without_accounts_is_refused(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["serve", "--gitlab", "sim", "--gpu-source", "sim:2", "--listen", "0.0.0.0:0",
+                 "--state-dir", str(tmp_path)])
+    assert code != 0
+    assert "no sign-in is configured" in capsys.readouterr().err
+
+
+def test_fleet_lists_every_host_of_the_store(world: World, tmp_path: Path) -> None:
+    from runnerctl.controller.store import Event, Toggle
+
+    world.store.set_toggle(Toggle("gpu-b", "host", "drain", "olga", 1.0, "kernel update"))
+    world.store.record(Event(2.0, "gpu-b", "drain", "host", "by olga: kernel update"))
+    fleet = {h["host"]: h for h in _client(world, tmp_path).get("/api/fleet").json()}
+    assert set(fleet) == {"demo", "gpu-b"}
+    assert fleet["gpu-b"]["toggles"][0]["why"] == "kernel update"
+    assert fleet["gpu-b"]["last_event"]["detail"] == "by olga: kernel update"
+    assert fleet["demo"]["toggles"] == []

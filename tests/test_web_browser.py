@@ -1,0 +1,167 @@
+"""The page in a real browser: Playwright drives Debian's Chromium against a real
+`runnerctl serve --gitlab sim --gpu-source sim:8` subprocess. Fails (never skips) when
+Chromium is missing."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+CHROMIUM = "/usr/bin/chromium"
+PASSWORD = "correct horse battery"
+
+
+class Serve:
+    """One `runnerctl serve` subprocess on a free loopback port over a state dir."""
+
+    def __init__(self, state_dir: Path) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(state_dir.parent / f"serve-{self.port}.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runnerctl", "serve", "--gitlab", "sim", "--gpu-source", "sim:8",
+             "--listen", f"127.0.0.1:{self.port}", "--state-dir", str(state_dir), "--interval", "1",
+             "--sim-workload", "busy"], stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, Path(self.log.name).read_text()
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise AssertionError("serve did not answer /healthz within 60 s")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+def _runnerctl(*args: str, stdin: str = "") -> None:
+    subprocess.run([sys.executable, "-m", "runnerctl", *args], input=stdin, text=True, check=True,
+                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    state = tmp_path / "state"
+    _runnerctl("user", "add", "olga", "--role", "operator", "--password-stdin", "--state-dir", str(state),
+               stdin=PASSWORD + "\n")
+    _runnerctl("user", "add", "victor", "--role", "viewer", "--password-stdin", "--state-dir", str(state),
+               stdin=PASSWORD + "\n")
+    return state
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: run .ci/setup (Debian's chromium package)"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        yield browser
+        browser.close()
+
+
+def _sign_in(page: Page, name: str) -> None:
+    page.fill("#signin-name", name)
+    page.fill("#signin-password", PASSWORD)
+    page.click("#signin-submit")
+    expect(page.locator("#user-name")).to_contain_text(name)
+
+
+def _busy_page(page: Page) -> None:
+    """The scripted workload is up: a 4-GPU job on gpu0-3, alice's process on GPU 7."""
+    for gpu in range(4):
+        expect(page.locator(f'.gpu[data-gpu="{gpu}"]')).to_have_attribute("data-state", "job", timeout=60_000)
+    expect(page.locator('.gpu[data-gpu="0"]')).to_contain_text("job 1000")
+    foreign = page.locator('.gpu[data-gpu="7"]')
+    expect(foreign).to_have_attribute("data-state", "foreign", timeout=60_000)
+    expect(foreign).to_contain_text("alice")
+    expect(foreign).to_contain_text("2048 MiB")
+    expect(page.locator('#slots tr[data-key="gpu0-3"]')).to_contain_text("1000")
+
+
+def test_anonymous_and_viewer_see_the_host_but_cannot_toggle(state_dir: Path, browser: Browser) -> None:
+    serve = Serve(state_dir)
+    try:
+        page = browser.new_page()
+        page.goto(serve.url)
+        _busy_page(page)
+        expect(page.locator("button.toggle")).to_have_count(0)
+        expect(page.locator("#toggle-panel")).to_be_hidden()
+        for who in ("anonymous", "victor"):
+            if who == "victor":
+                _sign_in(page, who)
+                page.wait_for_timeout(2500)  # one more poll: the cards would now carry buttons
+                expect(page.locator("button.toggle")).to_have_count(0)
+            csrf = page.request.get(f"{serve.url}/api/session").json()["csrf"]
+            forged = page.request.post(f"{serve.url}/api/toggles", headers={"X-CSRF-Token": csrf},
+                                       data={"action": "pause", "target": "host", "reason": "forged"})
+            assert forged.status == 403, who
+        assert httpx.get(f"{serve.url}/api/host").json()["toggles"] == []
+    finally:
+        serve.stop()
+
+
+def test_operator_drains_a_gpu_and_it_survives_a_restart(state_dir: Path, browser: Browser) -> None:
+    serve = Serve(state_dir)
+    try:
+        page = browser.new_page()
+        page.goto(serve.url)
+        _busy_page(page)
+        _sign_in(page, "olga")
+        no_csrf = page.request.post(f"{serve.url}/api/toggles",
+                                    data={"action": "drain", "target": "gpu:6", "reason": "no token"})
+        assert no_csrf.status == 403
+        page.click('.gpu[data-gpu="6"] button[data-action="drain"]')
+        expect(page.locator("#toggle-target")).to_have_value("gpu:6")
+        page.fill("#toggle-reason", "replace fan")
+        page.click("#toggle-submit")
+        card = page.locator('.gpu[data-gpu="6"]')
+        expect(card).to_have_attribute("data-state", "draining")
+        expect(card).to_contain_text("drain by olga: replace fan")
+        expect(page.locator('#events tr[data-key="drain gpu:6"]')).to_contain_text("by olga: replace fan")
+        state = httpx.get(f"{serve.url}/api/state").json()
+        assert [(t["target"], t["action"], t["who"], t["why"]) for t in state["toggles"]] == [
+            ("gpu:6", "drain", "olga", "replace fan")]
+        slot = next(s for s in state["slots"] if s["name"].endswith("/gpu6"))
+        assert slot["state"] == "paused" and "drain by olga" in slot["reason"]
+    finally:
+        serve.stop()
+    again = Serve(state_dir)
+    try:
+        page = browser.new_page()
+        page.goto(again.url)
+        card = page.locator('.gpu[data-gpu="6"]')
+        expect(card).to_have_attribute("data-state", "draining", timeout=30_000)
+        expect(card).to_contain_text("drain by olga: replace fan")
+        expect(page.locator('#events tr[data-key="drain gpu:6"]')).to_contain_text("by olga: replace fan")
+    finally:
+        again.stop()
+
+
+def test_sign_in_with_gitlab_makes_a_maintainer_an_operator(state_dir: Path, browser: Browser) -> None:
+    serve = Serve(state_dir)
+    try:
+        page = browser.new_page()
+        page.goto(serve.url)
+        expect(page.locator('.gpu[data-gpu="0"]')).to_be_visible(timeout=30_000)
+        expect(page.locator("button.toggle")).to_have_count(0)
+        page.click("#gitlab-signin")
+        page.click("text=Authorize as mia")  # the simulated GitLab's consent page
+        expect(page.locator("#user-name")).to_contain_text("mia (operator)")
+        expect(page.locator('.gpu[data-gpu="6"] button[data-action="pause"]')).to_be_visible()
+    finally:
+        serve.stop()
