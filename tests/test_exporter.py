@@ -274,3 +274,19 @@ def test_stats_view_carries_the_view_it_was_made_from(world: World) -> None:
     assert stats is not None and stats.view is world.controller.view
     assert stats.ticks == world.controller.ticks
     assert dataclasses.is_dataclass(stats)
+
+
+def test_runner_online_follows_gitlab_and_goes_to_zero_when_gitlab_runner_stops(world: World) -> None:
+    """GitLab's `online` (a poll within the last two hours): a runner whose gitlab-runner no
+    longer polls shows 0 once the controller reads it again, the others stay 1."""
+    world.advance(30)
+    assert value(scrape(world), "runnerctl_runner_online", slot="gpu3") == 1.0
+    name = next(n for n in world.fleet.slots if n.endswith("/gpu3"))
+    world.fleet.slots.pop(name)  # its gitlab-runner stopped polling ...
+    runner = world.state.runners[world.fleet.runner_ids[name]]
+    assert runner.contacted_at is not None
+    runner.contacted_at -= 3 * 3600  # ... three hours ago
+    world.advance(900)
+    samples = scrape(world)
+    assert value(samples, "runnerctl_runner_online", slot="gpu3") == 0.0
+    assert value(samples, "runnerctl_runner_online", slot="gpu2") == 1.0

@@ -53,8 +53,9 @@ MONITORING = ROOT / "monitoring"
 DASHBOARDS = sorted((MONITORING / "grafana" / "dashboards").glob("*.json"))
 ALERTS = MONITORING / "prometheus" / "alerts.yml"
 GRAFANA_VARS = {"$Hostname": "demo", "$__rate_interval": "20s", "$__range": "10m"}
-NOT_IN_A_HEALTHY_RUN = {"RunnerctlRunnerOffline", "RunnerctlControllerDown", "RunnerctlGitLabUnreachable",
-                        "RunnerctlExporterCollectorFailed", "RunnerctlMultiGpuJobWaiting"}
+NOT_IN_A_HEALTHY_RUN = {"RunnerctlRunnerOffline", "RunnerctlRunnerUnknown", "RunnerctlControllerDown",
+                        "RunnerctlGitLabUnreachable", "RunnerctlExporterCollectorFailed",
+                        "RunnerctlMultiGpuJobWaiting"}
 THRESHOLD = re.compile(r"\s*(==|!=|>=|<=|>|<)\s*[0-9.e+-]+\s*$")
 STEP_S, PACE_S = 5.0, 0.1  # virtual seconds per step, wall seconds between steps (about 50x)
 

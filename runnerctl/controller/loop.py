@@ -49,6 +49,7 @@ class SlotView:
     paused_in_gitlab: bool | None
     reason: str
     running_jobs: tuple[int, ...]
+    online: bool | None = None  # GitLab's `online`: gitlab-runner polled lately; None unknown
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,5 +270,5 @@ def _slot_view(decision: Decision, cache: RunnerCache, running: Mapping[str, tup
     name = decision.slot.name
     state = "open" if decision.open else "draining" if name in result.reserved else "paused"
     return SlotView(name, decision.slot.gpus, cache.ids.get(name, 0), state, cache.paused.get(name),
-                    decision.reason, running.get(name, ()))
+                    decision.reason, running.get(name, ()), cache.online.get(name))
 

@@ -66,11 +66,13 @@ def nothing_is_ci(gpu: int, process: GpuProcess) -> bool:
 
 
 class RunnerCache:
-    """Last known `paused` of each runner (None = unknown), refreshed within budget."""
+    """Last known `paused` of each runner and GitLab's `online` (gitlab-runner contacted
+    GitLab lately) (None = unknown), refreshed within budget."""
 
     def __init__(self, runner_ids: Mapping[str, int]) -> None:
         self.ids = dict(runner_ids)
         self.paused: dict[str, bool | None] = {name: None for name in runner_ids}
+        self.online: dict[str, bool | None] = {name: None for name in runner_ids}
         self._next = 0
 
     def sync_all(self, gitlab: GitLabPort) -> None:
@@ -93,9 +95,10 @@ class RunnerCache:
             if self.paused[name] is not None:
                 log.warning("runner %s (id %s) not found in GitLab; if it was deleted, run `runnerctl init`",
                             name, self.ids[name])
-            self.paused[name] = None
+            self.paused[name] = self.online[name] = None
             return
         self.paused[name] = info.paused
+        self.online[name] = info.online
 
     def set(self, name: str, paused: bool | None) -> None:
         if name in self.paused:

@@ -30,6 +30,9 @@ def collect(stats: StatsView) -> Iterator[Metric]:
     known = GaugeMetricFamily("runnerctl_runner_state_known",
                               "1 if the runner's paused flag in GitLab is known, 0 if it could not be read "
                               "(runner deleted in GitLab, or GitLab unreachable).", labels=SLOT_LABELS)
+    online = GaugeMetricFamily("runnerctl_runner_online",
+                               "1 if GitLab shows the runner online (its gitlab-runner polled lately), "
+                               "0 if offline (absent while unknown).", labels=SLOT_LABELS)
     jobs = GaugeMetricFamily("runnerctl_runner_running_jobs", "CI jobs running on the runner.",
                              labels=SLOT_LABELS)
     for slot in view.slots:
@@ -39,8 +42,10 @@ def collect(stats: StatsView) -> Iterator[Metric]:
         if slot.paused_in_gitlab is not None:
             paused.add_metric(labels, 1.0 if slot.paused_in_gitlab else 0.0)
         known.add_metric(labels, 0.0 if slot.paused_in_gitlab is None else 1.0)
+        if slot.online is not None:
+            online.add_metric(labels, 1.0 if slot.online else 0.0)
         jobs.add_metric(labels, len(slot.running_jobs))
-    yield from (state, paused, known, jobs)
+    yield from (state, paused, known, online, jobs)
     yield from _toggles(stats)
     drains = CounterMetricFamily("runnerctl_drains", "Drains started: a block's singles closed so that "
                                  "a pending multi-GPU job can start on it.", labels=["Hostname", "slot"])
