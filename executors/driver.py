@@ -43,6 +43,7 @@ class Job:
     project: str
     user: str
     image: str | None
+    url: str = ""  # CI_JOB_URL: the job's page, shown on runnerctl's web page
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Job:
@@ -63,7 +64,8 @@ class Job:
             raise SystemFailure("no job id: neither JOB_RESPONSE_FILE nor CUSTOM_ENV_CI_JOB_ID")
         image = (data.get("image") or {}).get("name") if isinstance(data.get("image"), dict) else None
         return cls(id=job_id, pipeline_id=pick("CI_PIPELINE_ID"), project=pick("CI_PROJECT_PATH"),
-                   user=pick("GITLAB_USER_LOGIN"), image=image or pick("CI_JOB_IMAGE") or None)
+                   user=pick("GITLAB_USER_LOGIN"), image=image or pick("CI_JOB_IMAGE") or None,
+                   url=pick("CI_JOB_URL"))
 
 
 @dataclasses.dataclass(frozen=True)

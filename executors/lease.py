@@ -47,6 +47,7 @@ class Lease:
     pipeline_id: str = ""
     project: str = ""
     user: str = ""
+    url: str = ""  # the job's page in GitLab (CI_JOB_URL)
     nonce: str = ""  # random per prepare: makes the token unguessable
     pgid: int | None = None  # the process group of the job's latest host stage
     container: str | None = None  # docker driver

@@ -51,7 +51,8 @@ class Harness:
     def env(self, job: FakeJob) -> dict[str, str]:
         job_file = self.workdir / f"job-{job.id}.json"
         variables = {"CI_JOB_ID": str(job.id), "CI_PIPELINE_ID": str(job.pipeline_id),
-                     "GITLAB_USER_LOGIN": job.user, "CI_PROJECT_PATH": job.project, **job.variables}
+                     "GITLAB_USER_LOGIN": job.user, "CI_PROJECT_PATH": job.project,
+                     "CI_JOB_URL": f"https://gitlab.example/{job.project}/-/jobs/{job.id}", **job.variables}
         if job.image:
             variables["CI_JOB_IMAGE"] = job.image
         job_file.write_text(json.dumps({"id": job.id, "image": {"name": job.image} if job.image else None,

@@ -138,3 +138,19 @@ def test_random_interleavings_never_overlap(ops: list[tuple[str, int, tuple[int,
     finally:
         live_group.kill()
         live_group.wait()
+
+
+def test_the_controller_reads_who_runs_each_job_from_the_leases(tmp_path: Path) -> None:
+    """`LeaseJobs` gives the web page a job's user and link even for a job the controller
+    never saw pending (1-GPU jobs); leases written before the link field still load."""
+    from runnerctl.controller.observe import LeaseJobs
+
+    table = LeaseTable(tmp_path)
+    url = "https://gitlab.example/ml/train/-/jobs/41"
+    lease = Lease(**{**vars(_template("41")), "user": "carol", "url": url})
+    table.try_acquire((2, 3), lease)
+    jobs = LeaseJobs(tmp_path)
+    assert jobs.running() == {"slot-41": (41,)}
+    assert jobs.owners() == {41: ("carol", url)}
+    table.release("41")
+    assert jobs.running() == {} and jobs.owners() == {}

@@ -73,7 +73,8 @@ def test_overlapping_job_waits_for_cleanup_then_starts(host: Path) -> None:
     waiting = second.start("prepare", job_b)
     time.sleep(1.0)
     assert waiting.poll() is None  # blocked on GPU 1's lease
-    assert {lease.job_id for lease in _leases(host).all()} == {"201"}
+    assert {(lease.job_id, lease.user, lease.url) for lease in _leases(host).all()} == {
+        ("201", "alice", "https://gitlab.example/ml/experiments/-/jobs/201")}  # who and where, for the page
     assert first.stage("cleanup", job_a).code == 0
     out, _ = waiting.communicate(timeout=30)
     assert waiting.returncode == 0, out

@@ -64,6 +64,19 @@ def test_page_data_shows_job_foreign_process_and_block(world: World, tmp_path: P
     assert block["running_jobs"] == [host["gpus"][0]["jobs"][0]["job_id"]]
 
 
+def test_a_running_job_shows_its_user_and_link_even_if_never_seen_pending(world: World,
+                                                                         tmp_path: Path) -> None:
+    """A 1-GPU job is not multi-GPU demand, so the controller learns who runs it from the
+    executor's lease (the simulated host's fleet stands in for it)."""
+    job = world.submit(1, 3600.0, user="dora")
+    world.advance(10.0)
+    host = _client(world, tmp_path).get("/api/host").json()
+    shown = [j for g in host["gpus"] for j in g["jobs"] if j["job_id"] == job]
+    assert shown, host["gpus"]
+    assert shown[0]["user"] == "dora"
+    assert shown[0]["url"].endswith(f"/-/jobs/{job}")
+
+
 def test_security_headers_and_cookie_flags(world: World, tmp_path: Path) -> None:
     client = _client(world, tmp_path)
     response = client.get("/")

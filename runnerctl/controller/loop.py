@@ -75,6 +75,8 @@ class ControllerView:
     drains: Mapping[str, int] = dataclasses.field(default_factory=dict)
     gitlab_error: str = ""
     api_requests: int = 0
+    owners: Mapping[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    """Running job id -> (user, link), from the executor's leases."""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -251,7 +253,7 @@ class Controller:
         return ControllerView(
             self.host, now, self.ticks, snapshot, slots, gpus, tuple(self.demand.jobs),
             tuple((t, toggle_status(t, self._slots, running)) for t in toggles), dict(result.reserved),
-            self.health.last_error, self.budget.spent)
+            self.health.last_error, self.budget.spent, self.w.jobs.owners())
 
     # -- running ---------------------------------------------------------------------
     def run(self, stop: threading.Event, *, sleep: Callable[[float], None] | None = None) -> None:

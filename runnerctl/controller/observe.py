@@ -28,9 +28,17 @@ from runnerctl.model import GpuProcess, GpuSnapshot, Slot
 log = logging.getLogger(__name__)
 
 
+Owner = tuple[str, str]
+"""(user, link to the job's page); '' where unknown."""
+
+
 class JobSource(Protocol):
     def running(self) -> dict[str, tuple[int, ...]]:
         """Slot name -> ids of the jobs running on it now."""
+        ...
+
+    def owners(self) -> dict[int, Owner]:
+        """Job id -> who started it and its link, for the jobs of the last `running()`."""
         ...
 
 
@@ -42,15 +50,21 @@ class LeaseJobs:
 
         self.table = LeaseTable(state_dir)
         self._tokens: dict[int, str] = {}
+        self._owners: dict[int, Owner] = {}
 
     def running(self) -> dict[str, tuple[int, ...]]:
         found: dict[str, set[int]] = {}
         leases = self.table.all()
         self._tokens = {lease.gpu: lease.token for lease in leases}
+        self._owners = {}
         for lease in leases:
             job = int(lease.job_id) if lease.job_id.isdigit() else -1
             found.setdefault(lease.slot, set()).add(job)
+            self._owners[job] = (lease.user, lease.url)
         return {slot: tuple(sorted(jobs)) for slot, jobs in found.items()}
+
+    def owners(self) -> dict[int, Owner]:
+        return dict(self._owners)
 
     def is_ci(self, gpu: int, process: GpuProcess) -> bool:
         """CI = the process carries the RUNNERCTL_LEASE token of its GPU's lease (as read

@@ -28,6 +28,7 @@ GIB = 1024**3
 class SimGitLabState(Protocol):
     def request_job(self, runner_id: int) -> Any: ...
     def finish_job(self, job_id: int, status: str = ...) -> Any: ...
+    def owner(self, job_id: int) -> tuple[str, str] | None: ...
 
 
 class SimGpus:
@@ -90,6 +91,11 @@ class SimFleet:
 
     def running(self) -> dict[str, tuple[int, ...]]:
         return {name: (job.job_id,) for name, job in self.jobs.items()}
+
+    def owners(self) -> dict[int, tuple[str, str]]:
+        """What the executor's lease would say: GITLAB_USER_LOGIN and CI_JOB_URL."""
+        found = {j.job_id: self.gitlab.owner(j.job_id) for j in self.jobs.values()}
+        return {job_id: owner for job_id, owner in found.items() if owner}
 
     def step(self, now: float) -> None:
         """Finish jobs that are done; on the poll beat, every idle runner polls GitLab."""

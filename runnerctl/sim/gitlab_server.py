@@ -190,7 +190,7 @@ class GitLabServer:
                 "started_at": _iso(j.started_at), "finished_at": _iso(j.finished_at),
                 "queued_duration": ((j.started_at or self.state.clock()) - j.created_at),
                 "user": {"id": abs(hash(j.user)) % 10_000, "username": j.user},
-                "web_url": f"{self.state.base_url}/p{j.project_id}/-/jobs/{j.id}",
+                "web_url": self.state.web_url(j),
                 "project": {"id": j.project_id},
                 "pipeline": {"id": j.pipeline_id, "project_id": j.project_id},
                 "runner": None if runner is None else self._runner_brief(runner)}

@@ -113,6 +113,14 @@ class GitLabState:
         self._pending.setdefault(job.tags, collections.deque()).append(job.id)
         return job
 
+    def web_url(self, job: SimJob) -> str:
+        return f"{self.base_url}/p{job.project_id}/-/jobs/{job.id}"
+
+    def owner(self, job_id: int) -> tuple[str, str] | None:
+        """(user, link) of a job, as the executor's lease records them."""
+        job = self.jobs.get(job_id)
+        return None if job is None else (job.user, self.web_url(job))
+
     def request_job(self, runner_id: int) -> SimJob | None:
         """What a runner's poll gets: the oldest pending job it may run, now running."""
         runner = self.runners.get(runner_id)

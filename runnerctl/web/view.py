@@ -115,6 +115,9 @@ class JobMemory:
     def update(self, view: ControllerView) -> None:
         for job in view.demand:
             self.owner[job.job_id] = (job.user, job.web_url)
+        for job_id, (user, url) in view.owners.items():  # from the lease: covers jobs never seen pending
+            known = self.owner.get(job_id, (None, None))
+            self.owner[job_id] = (known[0] or user or None, known[1] or url or None)
         running = {j for s in view.slots for j in s.running_jobs}
         for job_id in running:
             self.first_seen.setdefault(job_id, view.at)
