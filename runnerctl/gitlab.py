@@ -94,6 +94,7 @@ class GitLabPort(Protocol):
     def create_runner(self, *, description: str, tags: list[str], paused: bool,
                       scope: RunnerScope) -> CreatedRunner: ...
     def get_runner(self, runner_id: int) -> RunnerInfo | None: ...
+    def list_runners(self, runner_type: RunnerType) -> list[RunnerInfo]: ...
     def set_paused(self, runner_id: int, paused: bool) -> None: ...
     def set_tags(self, runner_id: int, tags: list[str]) -> None: ...
     def delete_runner(self, runner_id: int) -> None: ...
@@ -142,6 +143,18 @@ class PythonGitLab:
             paused=bool(attrs.get("paused", not attrs.get("active", True))),
             tags=tuple(attrs.get("tag_list") or ()), online=attrs.get("online"),
         )
+
+    def list_runners(self, runner_type: RunnerType) -> list[RunnerInfo]:
+        """Runners of one type the token can see (`GET /runners/all` for instance runners,
+        which needs an admin; `GET /runners` for group and project runners). The list
+        carries no tags: `tags` is empty."""
+        manager = self._gl.runners_all if runner_type == "instance_type" else self._gl.runners
+        found = self._call("list runners",
+                           lambda: manager.list(type=runner_type, get_all=True, **_NO_RETRY))
+        return [RunnerInfo(id=int(a["id"]), description=str(a.get("description") or ""),
+                           paused=bool(a.get("paused", not a.get("active", True))), tags=(),
+                           online=a.get("online"))
+                for a in (r.attributes for r in found)]
 
     def set_paused(self, runner_id: int, paused: bool) -> None:
         self._call(f"update runner {runner_id}",

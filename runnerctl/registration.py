@@ -5,6 +5,9 @@ through the GitLab port and then writes config.toml once. Tokens of runners crea
 before a failure are written before the error is raised, so nothing is lost, and a
 second run picks up where the first stopped. Existing entries keep their credentials
 (gitlab-runner may have rotated the token); only the keys runnerctl sets are updated.
+A create whose answer never arrived (a timeout) may still have made a runner in GitLab
+whose token nobody knows: every run first deletes such orphans (a runner named like one
+of this host's slots that config.toml does not know), so they never pile up.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any, Literal
 import tomlkit
 
 from runnerctl.executors.contract import DriverArgs, custom_section
-from runnerctl.gitlab import CreatedRunner, GitLabPort, RunnerScope
+from runnerctl.gitlab import CreatedRunner, GitLabPort, RunnerInfo, RunnerScope
 from runnerctl.layout import plan_slots, slot_tags
 from runnerctl.model import GpuSnapshot, Slot
 from runnerctl.runner_config import RunnerConfigFile, replace_owned_entries
@@ -133,6 +136,7 @@ class RegistrationResult:
     retagged: list[str] = dataclasses.field(default_factory=list)
     retired: list[str] = dataclasses.field(default_factory=list)
     unchanged: list[str] = dataclasses.field(default_factory=list)
+    orphans: list[str] = dataclasses.field(default_factory=list)
 
 
 def apply_registration(plan: RegistrationPlan, snapshot: GpuSnapshot,
@@ -142,6 +146,9 @@ def apply_registration(plan: RegistrationPlan, snapshot: GpuSnapshot,
     entries: dict[str, dict[str, Any]] = {}
     retired: set[str] = set()
     now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    for orphan in find_orphans(plan, options.scope, gitlab):
+        gitlab.delete_runner(orphan.id)
+        result.orphans.append(f"{orphan.description} (runner {orphan.id}, deleted: its token was lost)")
     try:
         for slot, runner_id in plan.keep:
             values = entry_values(slot, snapshot, options)
@@ -170,6 +177,14 @@ def apply_registration(plan: RegistrationPlan, snapshot: GpuSnapshot,
         if entries or retired:
             _write(config, entries, retired, len(plan.slots))
     return result
+
+
+def find_orphans(plan: RegistrationPlan, scope: RunnerScope, gitlab: GitLabPort) -> list[RunnerInfo]:
+    """Runners in GitLab named like this host's slots (or slots being retired) that
+    config.toml does not know: made by a create whose answer was lost, token unknown."""
+    names = {s.name for s in plan.slots} | {name for name, _ in plan.retire}
+    known = {rid for _, rid in plan.keep} | {rid for _, rid in plan.retire if rid}
+    return [r for r in gitlab.list_runners(scope.runner_type) if r.description in names and r.id not in known]
 
 
 def _create(gitlab: GitLabPort, slot: Slot, options: RegistrationOptions) -> CreatedRunner:

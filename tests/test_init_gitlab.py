@@ -147,3 +147,25 @@ def test_optuna_storage_goes_into_every_runner_environment(gitlab_server: GitLab
     assert _init(gitlab_server, config, "sim:2", "--optuna-storage", url) == 0
     for entry in tomlkit.parse(config.read_text()).unwrap()["runners"]:
         assert f"RUNNERCTL_OPTUNA_STORAGE={url}" in entry["environment"]
+
+
+def test_a_create_whose_answer_was_lost_leaves_no_orphan(gitlab_server: GitLabServer, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """GitLab made the runner but the answer (its token) never arrived: init fails, and the
+    next init deletes that runner (nobody can use it) before creating the slot again."""
+    config = tmp_path / "config.toml"
+    gitlab_server.faults.append(Fault("POST", "^/user/runners$", "lost", count=1))
+    assert _init(gitlab_server, config, "sim:2") != 0
+    state = gitlab_server.state
+    assert len(state.runners) == 1  # in GitLab, unknown to config.toml
+    [orphan] = state.runners
+    assert not config.exists() or "runners" not in tomlkit.parse(config.read_text())
+    capsys.readouterr()
+    assert _init(gitlab_server, config, "sim:2") == 0
+    assert orphan not in state.runners and len(state.runners) == 3
+    written = tomlkit.parse(config.read_text())["runners"]
+    assert {e["id"] for e in written} == set(state.runners)
+    assert f"runner {orphan}, deleted" in capsys.readouterr().out
+    gitlab_server.requests.clear()
+    assert _init(gitlab_server, config, "sim:2") == 0
+    assert gitlab_server.changing_requests() == []  # known runners are never taken for orphans

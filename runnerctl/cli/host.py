@@ -107,7 +107,8 @@ def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: i
     gitlab = PythonGitLab(options.gitlab_url, token)
     result = apply_registration(plan, snapshot, options, gitlab, config)
     for label, names in (("created", result.created), ("retagged", result.retagged),
-                         ("retired", result.retired), ("unchanged", result.unchanged)):
+                         ("retired", result.retired), ("unchanged", result.unchanged),
+                         ("orphans", result.orphans)):
         if names:
             click.echo(f"{label:9} {len(names):3}  " + ", ".join(n.rsplit('/', 1)[-1] for n in names))
     click.echo(f"wrote {config.path}" if (result.created or result.retired) else

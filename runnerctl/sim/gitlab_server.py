@@ -12,8 +12,9 @@ otherwise); pagination by `page`/`per_page` with `X-Page`, `X-Per-Page`, `X-Tota
 `X-Total-Pages`, `X-Next-Page` and `Link`.
 
 Tests inject faults (`Fault`): a status (401, 403, 404, 429 with `Retry-After`, 500,
-502), `drop` (close the connection with no answer) or `delay` (answer late, so a
-client times out). Every request is logged in `requests`.
+502), `drop` (close the connection with no answer), `lost` (carry the request out,
+then close the connection with no answer: a create that happened although the client
+saw a failure) or `delay` (answer late, so a client times out). Every request is logged in `requests`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ CHANGING = frozenset({"POST", "PUT", "DELETE", "PATCH"})
 class Fault:
     method: str  # "*" for any
     path: str  # regex matched against the path without /api/v4
-    kind: str  # "401", "403", "404", "429", "500", "502", "drop" or "delay"
+    kind: str  # "401", "403", "404", "429", "500", "502", "drop", "lost" or "delay"
     count: int = 1  # how many requests it hits
     retry_after: int = 1  # seconds, for 429
     delay_s: float = 0.0  # for "delay"
@@ -236,6 +237,10 @@ def _handler_for(server: GitLabServer) -> type[BaseHTTPRequestHandler]:
                 time.sleep(fault.delay_s)
             status, payload, headers = self._answer(path, query, body, fault)
             server.requests.append(LoggedRequest(self.command, path, query, status))
+            if fault is not None and fault.kind == "lost":  # done, but the answer never arrives
+                self.close_connection = True
+                self.connection.close()
+                return
             self._send(status, payload, headers, parsed)
 
         def _answer(self, path: str, query: dict[str, list[str]], body: dict[str, Any],
