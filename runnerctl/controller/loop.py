@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -106,15 +107,18 @@ class Controller:
         self.w, self.settings, self.policy = wiring, settings, policy or PlanPolicy()
         self.host = wiring.host
         self.budget = ApiBudget(settings.api_budget_per_min, wiring.clock)
+        self.wake = threading.Event()  # a webhook brought multi-GPU demand: tick now
         self.demand = DemandTracker(
             projects=settings.projects, priorities=settings.project_priorities, budget=self.budget,
             clock=wiring.clock, active_window_s=settings.active_window_s,
-            webhook_fresh_s=settings.webhook_fresh_s, secret=wiring.webhook_secret)
+            webhook_fresh_s=settings.webhook_fresh_s, secret=wiring.webhook_secret,
+            on_demand=self.wake.set)
         self.cache = RunnerCache(wiring.runner_ids)
         self.health = acting.GitLabHealth(backoff_max_s=settings.backoff_max_s)
         self.limits = GateThresholds(settings.foreign_memory_mib, settings.foreign_utilization,
                                      settings.reopen_ratio, settings.cooldown_s)
         self.drains = wiring.store.drains(self.host)
+        self.protected: frozenset[int] = frozenset()  # drains no later job may delay (plan.py)
         self.gate = {gpu: GateState.from_row(row) for gpu, row in wiring.store.gate(self.host).items()}
         self.view = ControllerView(self.host, wiring.clock(), 0, None)
         self.ticks = 0
@@ -199,7 +203,7 @@ class Controller:
         demand = tuple(d for d in self.demand.demand(self.host) if d.job_id not in elsewhere)
         states = tuple(SlotState(s, self.cache.paused.get(s.name) is not False, running.get(s.name, ()))
                        for s in self._slots)
-        return Observed(states, closed, demand, self.drains, held_slots(toggles, self._slots))
+        return Observed(states, closed, demand, self.drains, held_slots(toggles, self._slots), self.protected)
 
     def _plan_with_claims(self, observed: Observed, now: float) -> Plan:
         """Plan; a job another host claimed meanwhile is dropped and the plan redone."""
@@ -225,6 +229,7 @@ class Controller:
             if self.drains.get(name) != job:
                 self._event(now, "drain", name, f"for pending job {job}")
         self.drains = dict(result.reserved)
+        self.protected = result.protected
         self.w.store.save_drains(self.host, self.drains, now)
         self.w.store.save_gate(self.host, {g: s.to_row() for g, s in self.gate.items()})
 
@@ -244,14 +249,21 @@ class Controller:
 
     # -- running ---------------------------------------------------------------------
     def run(self, stop: threading.Event, *, sleep: Callable[[float], None] | None = None) -> None:
-        """Tick every `interval_s` until `stop` is set; one failed tick never ends the loop."""
-        wait = sleep or stop.wait
+        """Tick every `interval_s` until `stop` is set, and at once when a webhook brings
+        multi-GPU demand (so a block is reserved before runners hand out smaller jobs on
+        it); one failed tick never ends the loop."""
         while not stop.is_set():
+            self.wake.clear()
             try:
                 self.tick()
             except (OSError, RuntimeError, ValueError) as exc:
                 log.error("tick %d failed, trying again next interval: %s", self.ticks, exc)
-            wait(self.settings.interval_s)
+            if sleep is not None:
+                sleep(self.settings.interval_s)
+                continue
+            deadline = time.monotonic() + self.settings.interval_s
+            while not stop.is_set() and not self.wake.is_set() and time.monotonic() < deadline:
+                self.wake.wait(min(0.2, max(0.0, deadline - time.monotonic())))
 
 
 def _slot_view(decision: Decision, cache: RunnerCache, running: Mapping[str, tuple[int, ...]],
