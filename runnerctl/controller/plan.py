@@ -6,25 +6,28 @@ calls it, and applies the returned actions (all pauses before any resume). It ke
 - S1: the GPU sets of the slots it opens are pairwise disjoint; a slot on a closed GPU
   (foreign process, unhealthy, admin pause) or on a GPU busy with another slot's job is
   never opened.
-- L1: the most urgent pending N-GPU job (priority, then age) reserves an aligned block
-  at once; the singles and smaller blocks under it are paused (drained) so a stream of
-  1-GPU jobs cannot starve it, and the block opens as soon as no other job runs on its
-  GPUs. The block chosen is the one that frees soonest: fewest busy GPUs, then the
-  one whose youngest job started earliest (when start times are known), then fewest
-  running jobs; a block already reserved keeps its reservation.
+- L1: pending multi-GPU jobs get aligned blocks: idle ones at once, and the most
+  urgent job (priority, then age) drains one for itself: the singles and smaller blocks
+  under it are paused, so a stream of 1-GPU jobs cannot starve it, and it opens as
+  soon as no other job runs on its GPUs. The block chosen frees soonest: fewest busy
+  GPUs, then the one whose youngest job started earliest (when start times are
+  known), then fewest running jobs; a drain under way keeps its block. A job that came
+  while no other multi-GPU job waited is protected: no later job delays it.
 - L2: without demand for a block, it is paused and its singles open again in the same
   tick.
 
-Besides the one block that drains, GPUs that are idle now go to the pending jobs in
-urgency order, 1-GPU jobs included: a waiting 1-GPU job keeps an idle single open
-(the one that splits the fewest idle blocks) rather than let a younger N-GPU job take
-it, so 1-GPU jobs do not starve under a stream of multi-GPU jobs either.
+Idle GPUs go to pending jobs by claim: age, where a big job counts older (it is harder
+to place), so big jobs take idle blocks as they appear instead of draining one, and a
+1-GPU job that waited long enough keeps an idle single open rather than let a younger
+N-GPU job take it: 1-GPU jobs do not starve under a stream of multi-GPU jobs either.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from runnerctl.model import Slot
 
@@ -49,7 +52,7 @@ class Demand:
     created_at: float
     priority: str = "normal"
 
-    @property
+    @functools.cached_property
     def urgency(self) -> tuple[int, float, int]:
         return PRIORITY_RANK.get(self.priority, 1), self.created_at, self.job_id
 
@@ -81,8 +84,7 @@ class PlanPolicy:
     of small ones; a small credit, as whole-host drains idle the most GPUs)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):  # a tuple: plans are made often (the simulator), keep them cheap
     slot: Slot
     open: bool
     reason: str
@@ -109,9 +111,7 @@ def plan(observed: Observed, policy: PlanPolicy = PlanPolicy()) -> Plan:
     busy = _busy_gpus(observed.slots)
     reserver = _Reserver(observed, busy, policy)
     reservations = reserver.run()
-    reserved_gpus = {g: name for name, (slot, _) in reservations.items() for g in slot.gpus}
-    decisions = tuple(_decide(state, observed, busy, reservations, reserved_gpus)
-                      for state in observed.slots)
+    decisions = _decide(observed, busy, reservations)
     return Plan(decisions, {name: job for name, (_, job) in reservations.items()},
                 frozenset(reserver.protected))
 
@@ -146,23 +146,26 @@ def _busy_gpus(states: Iterable[SlotState]) -> dict[int, list[str]]:
 
 
 class _Reserver:
-    """Blocks reserved for pending jobs, disjoint: idle GPUs first, then drains.
+    """Blocks reserved for pending jobs, disjoint: idle GPUs first, then one drain.
 
-    A job's claim: priority, then age, where a job of N GPUs counts as `size_credit_s`
-    older per GPU beyond the first (it is harder to place).
+    A job's claim: priority, then age, where a job of N GPUs counts `idle_credit_s`
+    older per GPU beyond the first (big jobs are hard to place).
 
     1. Idle now: in order of claim, each job takes an idle slot of its size (a block
-       for an N-GPU job; a single kept open for a 1-GPU job), outside the blocks still
-       draining for jobs with a better claim.
-    2. Drain: the most urgent multi-GPU jobs (priority, then age) still without a block,
-       up to `max_draining`, reserve one, busy GPUs allowed, as a backfilling scheduler
-       reserves for its top job: the block they already drain, else the one that frees
-       soonest. Idle blocks taken in step 1 by jobs with a worse claim give way.
+       for an N-GPU job; a single kept open for a 1-GPU job). GPUs of a block that
+       drains for another job it may take only with a better claim and, if that job is
+       protected, only if it was waiting before that job came.
+    2. Drain: protected jobs first, then by priority and age (`drain_credit_s` per
+       extra GPU), the first multi-GPU jobs still without a block (up to
+       `max_draining`) reserve one, busy GPUs allowed, as a backfilling scheduler
+       reserves for its top job: the block they already drain, else the one that
+       frees soonest. Blocks taken in step 1 by jobs they may cut in on give way.
 
-    So idle GPUs go to work whenever some job fits them, yet only jobs with a better
-    claim can delay a drain: every job's claim eventually beats all newcomers'.
+    Protected: a multi-GPU job that came when no other one waited; no later job delays
+    it (the L1 bound). Otherwise idle GPUs go to work whenever some job fits them, and
+    a job waits only behind better claims: its claim eventually beats every newcomer's.
     Candidates only shrink along the order: once a job of some size finds no idle slot,
-    later jobs of that size will not either.
+    later ones of that size will not either (`relevant_demand` relies on it).
     """
 
     def __init__(self, observed: Observed, busy: Mapping[int, list[str]], policy: PlanPolicy) -> None:
@@ -175,12 +178,13 @@ class _Reserver:
             if slot.name not in held and not any(g in closed for g in slot.gpus):
                 self.usable.setdefault(len(slot.gpus), []).append(slot)
         self.demand = {d.job_id: d for d in observed.demand}
+        self.claims: dict[int, tuple[int, float, int]] = {}
         self.owner: dict[int, int] = {}  # GPU of a reserved block -> its job
         self.kept_open: set[int] = set()  # idle singles held for 1-GPU jobs
         self.reservations: dict[str, tuple[Slot, int]] = {}
         sizes = {len(s.slot.gpus) for s in observed.slots}
         multi = [d.job_id for d in observed.demand if d.gpus > 1 and d.gpus in sizes]
-        self.protected = {j for j in observed.protected if j in self.demand}
+        self.protected = {j for j in observed.protected if j in self.demand and self.demand[j].gpus > 1}
         if len(multi) == 1 and multi[0] not in observed.reserved.values():
             self.protected.add(multi[0])  # came when no other multi-GPU job waited
         usable = {s.name: s for slots in self.usable.values() for s in slots}
@@ -189,7 +193,10 @@ class _Reserver:
                          and len(usable[name].gpus) == self.demand[job].gpus > 1 for g in usable[name].gpus}
 
     def claim(self, job_id: int) -> tuple[int, float, int]:
-        return _credited(self.demand[job_id], self.policy.idle_credit_s)
+        found = self.claims.get(job_id)
+        if found is None:
+            found = self.claims[job_id] = _credited(self.demand[job_id], self.policy.idle_credit_s)
+        return found
 
     def run(self) -> dict[str, tuple[Slot, int]]:
         self._idle()
@@ -277,25 +284,40 @@ def _credited(demand: Demand, credit_s: float) -> tuple[int, float, int]:
     return demand.urgency[0], demand.created_at - credit_s * (demand.gpus - 1), demand.job_id
 
 
-def _decide(state: SlotState, observed: Observed, busy: Mapping[int, list[str]],
-            reservations: Mapping[str, tuple[Slot, int]],
-            reserved_gpus: Mapping[int, str]) -> Decision:
-    slot = state.slot
-    for g in slot.gpus:
-        if g in observed.closed:
-            return Decision(slot, False, f"GPU {g} closed: {observed.closed[g]}")
-    if slot.name in observed.held:
-        return Decision(slot, False, observed.held[slot.name])
-    others = sorted({h for g in slot.gpus for h in busy.get(g, ()) if h != slot.name})
-    if slot.name in reservations:
-        job = reservations[slot.name][1]
+def _decide(observed: Observed, busy: Mapping[int, list[str]],
+            reservations: Mapping[str, tuple[Slot, int]]) -> tuple[Decision, ...]:
+    closed, held = observed.closed, observed.held
+    reserved_gpus = {g: name for name, (slot, _) in reservations.items() for g in slot.gpus}
+    decisions = []
+    for state in observed.slots:
+        slot = state.slot
+        name, gpus = slot.name, slot.gpus
+        shut = [g for g in gpus if g in closed]
+        if shut:
+            decisions.append(Decision(slot, False, f"GPU {shut[0]} closed: {closed[shut[0]]}"))
+        elif name in held:
+            decisions.append(Decision(slot, False, held[name]))
+        else:
+            decisions.append(_open_or_not(slot, busy, reservations, reserved_gpus))
+    return tuple(decisions)
+
+
+def _open_or_not(slot: Slot, busy: Mapping[int, list[str]], reservations: Mapping[str, tuple[Slot, int]],
+                 reserved_gpus: Mapping[int, str]) -> Decision:
+    """A slot on open GPUs: opened when reserved and free, or a free single not drained."""
+    name, gpus = slot.name, slot.gpus
+    others = sorted({h for g in gpus for h in busy.get(g, ()) if h != name}) \
+        if any(g in busy for g in gpus) else []
+    if name in reservations:
+        job = reservations[name][1]
         if others:
             return Decision(slot, False, f"draining for job {job}: waiting on {', '.join(others)}")
         return Decision(slot, True, f"open for job {job}")
-    blocking = sorted({reserved_gpus[g] for g in slot.gpus if g in reserved_gpus})
+    blocking = sorted({reserved_gpus[g] for g in gpus if g in reserved_gpus}) \
+        if any(g in reserved_gpus for g in gpus) else []
     if blocking:
         return Decision(slot, False, f"drained for {blocking[0]}")
-    if len(slot.gpus) > 1:
+    if len(gpus) > 1:
         return Decision(slot, False, "no pending job needs this block")
     if others:
         return Decision(slot, False, f"GPU in use by {others[0]}")

@@ -341,8 +341,10 @@ class Simulator:
                         break
             top[size] = tuple(found)
         if top != self._top:
+            multi_changed = any(top[n] != self._top.get(n) for n in top if n > 1)
             self._top = top
-            self._dirty.update(range(len(self.hosts)))
+            # 1-GPU demand only counts for a host's idle GPUs (see plan._Reserver)
+            self._dirty.update(h for h in range(len(self.hosts)) if multi_changed or self._free[h])
 
     def _host_demand(self, host_no: int) -> tuple[Demand, ...]:
         """What this host's controller would read: pending jobs not claimed by another
