@@ -175,7 +175,7 @@ class _Reserver:
         closed, held = observed.closed, observed.held
         for state in observed.slots:
             slot = state.slot
-            if slot.name not in held and not any(g in closed for g in slot.gpus):
+            if not (held and slot.name in held) and not (closed and any(g in closed for g in slot.gpus)):
                 self.usable.setdefault(len(slot.gpus), []).append(slot)
         self.demand = {d.job_id: d for d in observed.demand}
         self.claims: dict[int, tuple[int, float, int]] = {}
@@ -211,20 +211,24 @@ class _Reserver:
         return self.reservations
 
     def _idle(self) -> None:
+        avail = {g for slots in self.usable.values() for s in slots for g in s.gpus if g not in self.busy}
         no_idle: set[int] = set()
-        for job_id in sorted(self.demand, key=self.claim):
+        for job_id in sorted(self.demand, key=self.claim) if avail else ():
             size = self.demand[job_id].gpus
             if size in no_idle:
                 continue
-            idle = [s for s in self.usable.get(size, ()) if not any(
-                g in self.busy or g in self.owner or g in self.kept_open
-                or not self._may_cut_in(job_id, g) for g in s.gpus)]
+            idle = [s for s in self.usable.get(size, ()) if avail.issuperset(s.gpus)
+                    and all(self._may_cut_in(job_id, g) for g in s.gpus if g in self.draining)]
             if not idle:
                 no_idle.add(size)
-            elif size == 1:
-                self.kept_open.add(max(idle, key=self._crowding).gpus[0])
+                continue
+            if size == 1:
+                chosen = max(idle, key=self._crowding)
+                self.kept_open.add(chosen.gpus[0])
             else:
-                self._reserve(min(idle, key=self._cost), job_id)
+                chosen = min(idle, key=self._cost)
+                self._reserve(chosen, job_id)
+            avail.difference_update(chosen.gpus)
 
     def _may_cut_in(self, job_id: int, gpu: int) -> bool:
         """May this job take a GPU that a block holds for another job (draining since an

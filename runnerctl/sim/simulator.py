@@ -164,7 +164,6 @@ class Simulator:
         sizes = {r.slot.size for h in self.hosts for r in h.runners}
         self._slots = [r.slot for r in self.hosts[0].runners] if self.hosts else []
         self._room = {n: 1 + sum(1 for s in self._slots if s.size == n) for n in sizes}
-        self._sizes = set(range(1, config.gpus_per_host + 1)) if config.policy in REFERENCE else sizes
         for job in sorted(self.jobs.values(), key=lambda j: (j.submit, j.job_id)):
             self._push(job.submit, ARRIVE, job.job_id)
         for use in foreign:
@@ -180,11 +179,18 @@ class Simulator:
     def run(self) -> dict[str, object]:
         reference = self.config.policy in REFERENCE
         events = self._events
+        idle_ticks = 0
         while events:
             now, kind, _, a, b = heapq.heappop(events)
             if kind == TICK:
+                idle_ticks += 1
+                if idle_ticks > 10_000:
+                    raise RuntimeError(f"the planner keeps changing runners with nothing else happening "
+                                       f"(t={now}): it does not settle")
                 self._tick(now)
-            elif kind == POLL:
+                continue
+            idle_ticks = 0
+            if kind == POLL:
                 self._poll(now)
             else:
                 self._handle(now, kind, a, b)
