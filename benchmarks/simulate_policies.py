@@ -34,6 +34,7 @@ def main() -> int:
              "| hosts | policy | makespan / lower bound | makespan / greedy | occupancy | "
              "never started | max wait 1/2/4/8 GPUs (s) | sim time (s) |",
              "|---|---|---|---|---|---|---|---|"]
+    checks = []
     for hosts, foreign_per_host in ((1, 0), (4, 2)):
         jobs, foreign = synthetic(args.jobs_per_host * hosts, hosts=hosts, seed=args.seed,
                                   foreign_per_host=foreign_per_host)
@@ -53,7 +54,9 @@ def main() -> int:
                    f"{result['gpu_occupancy']} | {result['jobs_never_started']} | {wait_text} | {cpu:.1f} |")
             lines.append(row)
             print(row, flush=True)
-    lines.append(END)
+        checks.append(_checks(f"{hosts}x8", results, len(jobs), sum(1 for j in jobs if j.gpus > 1)))
+    lines += ["", *checks, END]
+    print("\n".join(checks))
     path = ROOT / "benchmarks" / "RESULTS.md"
     text = path.read_text() if path.exists() else "# Benchmark results\n"
     if BEGIN in text:
@@ -63,6 +66,19 @@ def main() -> int:
         text = text.rstrip() + "\n\n" + "\n".join(lines) + "\n"
     path.write_text(text)
     return 0
+
+
+def _checks(name: str, results: dict[str, tuple[dict[str, object], float]], jobs: int, multi: int) -> str:
+    """Issue 3's acceptance on this trace, as ratios (tests/test_simulator_acceptance.py
+    asserts the same relations)."""
+    dynamic, greedy, fifo = (results[p][0] for p in ("dynamic", "greedy", "fifo"))
+    makespan = float(dynamic["makespan_s"])  # type: ignore[arg-type]
+    wait8 = dynamic["wait_max_s"][8] / greedy["wait_max_s"][8]  # type: ignore[index]
+    return (f"- {name}: dynamic completes {dynamic['jobs_completed']}/{jobs} jobs; makespan "
+            f"{makespan / float(greedy['makespan_s']):.3f}x greedy's (at most 1.05), "  # type: ignore[arg-type]
+            f"{makespan / float(fifo['makespan_s']):.3f}x fifo's (below 1); longest 8-GPU wait "  # type: ignore[arg-type]
+            f"{wait8:.3f}x greedy's (at most 1/3); static-singles never starts "
+            f"{results['static-singles'][0]['jobs_never_started']} jobs ({multi} ask for several GPUs).")
 
 
 if __name__ == "__main__":

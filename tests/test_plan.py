@@ -148,14 +148,16 @@ def test_s1_and_gate_hold_for_any_observation(running: dict[str, tuple[int, ...]
                                  st.floats(0, 20_000), st.sampled_from(["high", "normal", "low"])),
                        max_size=30, unique_by=lambda d: d.job_id),
        reserved=st.dictionaries(slot_keys, st.integers(1, 60), max_size=2),
-       protected=st.frozensets(st.integers(1, 60), max_size=3))
+       protected=st.frozensets(st.integers(1, 60), max_size=3),
+       elsewhere=st.frozensets(st.integers(1, 60), max_size=8))
 def test_relevant_demand_gives_the_same_plan(running: dict[str, tuple[int, ...]], paused: set[str],
                                              closed: dict[int, str], demand: list[Demand],
-                                             reserved: dict[str, int], protected: frozenset[int]) -> None:
+                                             reserved: dict[str, int], protected: frozenset[int],
+                                             elsewhere: frozenset[int]) -> None:
     """The simulator hands `plan` only `relevant_demand`: it must not change the plan."""
     full = dataclasses.replace(_observed(running, paused=paused, closed=closed, demand=tuple(demand),
-                                         reserved=reserved), protected=protected)
-    cut = dataclasses.replace(full, demand=relevant_demand(demand, SLOTS, protected))
+                                         reserved=reserved), protected=protected, elsewhere=elsewhere)
+    cut = dataclasses.replace(full, demand=relevant_demand(demand, SLOTS, protected, elsewhere))
     assert len(cut.demand) <= len(demand)
     assert plan(full) == plan(cut)
 
@@ -185,3 +187,17 @@ def test_idle_gpus_go_to_the_bigger_job_unless_a_smaller_one_waited_much_longer(
     for arrival, winner in ((4 * 7200.0 - 100, 2), (4 * 7200.0 + 100, 1)):
         demand = (Demand(1, 4, 0.0), Demand(2, 8, arrival))
         assert list(plan(_observed(demand=demand)).reserved.values()) == [winner]
+
+
+def test_a_job_claimed_elsewhere_takes_an_idle_block_but_is_never_drained_for() -> None:
+    wanted = (Demand(5, 8, 10.0),)
+    busy = {"gpu0": (1,)}
+    assert plan(_observed(busy, paused=set(), demand=wanted)).reserved == {BY_KEY["gpu0-7"].name: 5}
+    away = plan(dataclasses.replace(_observed(busy, paused=set(), demand=wanted), elsewhere=frozenset({5})))
+    assert away.reserved == {} and away.claims == frozenset()
+    assert "gpu1" in {s.key for s in away.open_slots()}  # no drain: its singles stay open
+    idle = plan(dataclasses.replace(_observed(demand=wanted), elsewhere=frozenset({5})))
+    assert idle.reserved == {BY_KEY["gpu0-7"].name: 5} and idle.claims == frozenset()
+    assert {s.key for s in idle.open_slots()} == {"gpu0-7"}
+    here = plan(_observed(demand=wanted))
+    assert here.claims == {5}

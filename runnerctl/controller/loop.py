@@ -199,23 +199,25 @@ class Controller:
             closed = {g: "GPU snapshot failed" for s in self._slots for g in s.gpus}
         else:
             closed = {gpu: state.reason for gpu, state in self.gate.items() if state.closed}
-        elsewhere = {job for job, host in self.w.store.claims(now).items() if host != self.host}
-        demand = tuple(d for d in self.demand.demand(self.host) if d.job_id not in elsewhere)
+        claimed = {job for job, host in self.w.store.claims(now).items() if host != self.host}
+        demand = tuple(self.demand.demand(self.host))
+        elsewhere = frozenset(d.job_id for d in demand if d.job_id in claimed)
         states = tuple(SlotState(s, self.cache.paused.get(s.name) is not False, running.get(s.name, ()))
                        for s in self._slots)
-        return Observed(states, closed, demand, self.drains, held_slots(toggles, self._slots), self.protected)
+        return Observed(states, closed, demand, self.drains, held_slots(toggles, self._slots), self.protected,
+                        elsewhere)
 
     def _plan_with_claims(self, observed: Observed, now: float) -> Plan:
-        """Plan; a job another host claimed meanwhile is dropped and the plan redone."""
+        """Plan and claim the jobs it reserves blocks for; a job another host claimed
+        meanwhile counts as claimed elsewhere (no drain for it here) and the plan is redone."""
         for _ in range(4):
             result = plan(observed, self.policy)
-            lost = [job for job in set(result.reserved.values())
+            lost = [job for job in result.claims
                     if not self.w.store.claim(job, self.host, now=now, ttl_s=self.settings.claim_ttl_s)]
             if not lost:
                 break
-            observed = dataclasses.replace(observed, demand=tuple(
-                d for d in observed.demand if d.job_id not in lost))
-        self.w.store.release_claims(self.host, keep=list(result.reserved.values()))
+            observed = dataclasses.replace(observed, elsewhere=observed.elsewhere | frozenset(lost))
+        self.w.store.release_claims(self.host, keep=list(result.claims))
         return result
 
     def _acted(self, action: acting.Action, now: float) -> None:

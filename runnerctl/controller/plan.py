@@ -13,6 +13,9 @@ calls it, and applies the returned actions (all pauses before any resume). It ke
   GPUs, then the one whose youngest job started earliest (when start times are
   known), then fewest running jobs; a drain under way keeps its block. A job that came
   while no other multi-GPU job waited is protected: no later job delays it.
+- Several hosts: a job another host claimed (`Observed.elsewhere`) is never drained for
+  here, but may take an idle block here: a host that must drain never holds a job back
+  from a host that has room now.
 - L2: without demand for a block, it is paused and its singles open again in the same
   tick.
 
@@ -65,6 +68,9 @@ class Observed:
     reserved: Mapping[str, int] = dataclasses.field(default_factory=dict)  # slot name -> job id
     held: Mapping[str, str] = dataclasses.field(default_factory=dict)  # slot name -> admin hold
     protected: frozenset[int] = frozenset()  # jobs no later job may delay (Plan.protected)
+    elsewhere: frozenset[int] = frozenset()
+    """Pending jobs another host claimed (drains for): this host may start them on an idle
+    block, but never drains for them (two hosts never drain for one job)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +101,7 @@ class Plan:
     decisions: tuple[Decision, ...]
     reserved: Mapping[str, int]  # block name -> the job it drains for (to remember)
     protected: frozenset[int] = frozenset()  # to remember, too
+    claims: frozenset[int] = frozenset()  # reserved jobs not claimed elsewhere: claim them
 
     def open_slots(self) -> list[Slot]:
         return [d.slot for d in self.decisions if d.open]
@@ -112,24 +119,31 @@ def plan(observed: Observed, policy: PlanPolicy = PlanPolicy()) -> Plan:
     reserver = _Reserver(observed, busy, policy)
     reservations = reserver.run()
     decisions = _decide(observed, busy, reservations)
-    return Plan(decisions, {name: job for name, (_, job) in reservations.items()},
-                frozenset(reserver.protected))
+    reserved = {name: job for name, (_, job) in reservations.items()}
+    return Plan(decisions, reserved, frozenset(reserver.protected),
+                frozenset(reserved.values()) - observed.elsewhere)
 
 
-def relevant_demand(demand: Iterable[Demand], slots: Iterable[Slot],
-                    protected: Iterable[int] = ()) -> tuple[Demand, ...]:
+def relevant_demand(demand: Iterable[Demand], slots: Iterable[Slot], protected: Iterable[int] = (),
+                    elsewhere: Iterable[int] = ()) -> tuple[Demand, ...]:
     """The jobs `plan` can act on: per size, one more than the host has slots of that
     size, most urgent first (each takes a slot or, failing, so does every later one of
-    its size), and the protected ones. Handing `plan` only these gives the same plan as
-    the whole queue; the simulator relies on it."""
+    its size), as many again of those not claimed `elsewhere` (only they may drain),
+    and the protected ones. Handing `plan` only these gives the same plan as the whole
+    queue; the simulator relies on it."""
     room: dict[int, int] = {}
     for slot in slots:
         room[len(slot.gpus)] = room.get(len(slot.gpus), 1) + 1
-    keep = set(protected)
+    keep, away = set(protected), set(elsewhere)
+    left, left_here = dict(room), dict(room)
     kept = []
     for d in sorted(demand, key=lambda d: d.urgency):
-        if room.get(d.gpus, 0) > 0 or d.job_id in keep:
-            room[d.gpus] = room.get(d.gpus, 0) - 1
+        first = left.get(d.gpus, 0) > 0
+        here = d.job_id not in away and left_here.get(d.gpus, 0) > 0
+        if first or here or d.job_id in keep:
+            left[d.gpus] = left.get(d.gpus, 0) - 1
+            if d.job_id not in away:
+                left_here[d.gpus] = left_here.get(d.gpus, 0) - 1
             kept.append(d)
     return tuple(kept)
 
@@ -183,8 +197,10 @@ class _Reserver:
         self.kept_open: set[int] = set()  # idle singles held for 1-GPU jobs
         self.reservations: dict[str, tuple[Slot, int]] = {}
         sizes = {len(s.slot.gpus) for s in observed.slots}
-        multi = [d.job_id for d in observed.demand if d.gpus > 1 and d.gpus in sizes]
-        self.protected = {j for j in observed.protected if j in self.demand and self.demand[j].gpus > 1}
+        away = observed.elsewhere  # not waiting for this host: another one drains for them
+        multi = [d.job_id for d in observed.demand if d.gpus > 1 and d.gpus in sizes and d.job_id not in away]
+        self.protected = {j for j in observed.protected
+                          if j in self.demand and self.demand[j].gpus > 1 and j not in away}
         if len(multi) == 1 and multi[0] not in observed.reserved.values():
             self.protected.add(multi[0])  # came when no other multi-GPU job waited
         usable = {s.name: s for slots in self.usable.values() for s in slots}
@@ -206,7 +222,8 @@ class _Reserver:
                 d.urgency[0], d.job_id not in self.protected, *_credited(d, credit)[1:])):
             if drains >= self.policy.max_draining:
                 break
-            if demand.gpus > 1 and demand.job_id not in self.owner.values():
+            if demand.gpus > 1 and demand.job_id not in self.owner.values() \
+                    and demand.job_id not in self.observed.elsewhere:
                 drains += self._drain(demand)
         return self.reservations
 

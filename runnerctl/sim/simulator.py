@@ -335,15 +335,18 @@ class Simulator:
                 self._reconcile(now, host_no)
 
     def _refresh_top(self) -> None:
-        """The most urgent unclaimed jobs of each size, as many as a host has slots for;
-        when they change, every host's demand may have changed."""
+        """The most urgent jobs of each size, as many as a host has slots for, and as many
+        again unclaimed (what `relevant_demand` keeps); when they change, every host's
+        demand may have changed."""
         top = {}
         for size, room in self._room.items():
             found: list[int] = []
+            unclaimed = 0
             for job_id in self.queue.by_urgency(size):
-                if job_id not in self.claims:
+                if len(found) < room or job_id not in self.claims:
                     found.append(job_id)
-                    if len(found) == room:
+                    unclaimed += job_id not in self.claims
+                    if len(found) >= room and unclaimed == room:
                         break
             top[size] = tuple(found)
         if top != self._top:
@@ -352,14 +355,16 @@ class Simulator:
             # 1-GPU demand only counts for a host's idle GPUs (see plan._Reserver)
             self._dirty.update(h for h in range(len(self.hosts)) if multi_changed or self._free[h])
 
-    def _host_demand(self, host_no: int) -> tuple[Demand, ...]:
-        """What this host's controller would read: pending jobs not claimed by another
-        host, cut as `relevant_demand` cuts them."""
+    def _host_demand(self, host_no: int) -> tuple[tuple[Demand, ...], frozenset[int]]:
+        """What this host's controller would read: pending jobs and those another host
+        claimed, cut as `relevant_demand` cuts them."""
         host = self.hosts[host_no]
         jobs = dict.fromkeys(j for top in self._top.values() for j in top)
         jobs.update(dict.fromkeys(j for j in (*host.claimed, *host.protected)
                                   if j in self.queue and self.claims.get(j, host_no) == host_no))
-        return relevant_demand([self._demand_of(j) for j in jobs], self._slots, host.protected)
+        elsewhere = frozenset(j for j in jobs if self.claims.get(j, host_no) != host_no)
+        demand = relevant_demand([self._demand_of(j) for j in jobs], self._slots, host.protected, elsewhere)
+        return demand, elsewhere
 
     def _demand_of(self, job_id: int) -> Demand:
         demand = self._demand.get(job_id)
@@ -371,8 +376,9 @@ class Simulator:
     def _reconcile(self, now: float, host_no: int) -> None:
         host = self.hosts[host_no]
         closed = {g: "foreign" for g in range(len(host.owner)) if host.gated(g, now)}
-        observed = Observed(tuple(r.state for r in host.runners), closed, self._host_demand(host_no),
-                            host.reserved, protected=host.protected)
+        demand, elsewhere = self._host_demand(host_no)
+        observed = Observed(tuple(r.state for r in host.runners), closed, demand, host.reserved,
+                            protected=host.protected, elsewhere=elsewhere & {d.job_id for d in demand})
         result = plan(observed, self.config.plan_policy)
         self.plans += 1
         pauses, resumes = result.actions(observed)
@@ -396,7 +402,7 @@ class Simulator:
             return
         host.reserved, host.protected = reserved, result.protected  # plan again next beat
         self._want_tick(now)
-        claims = set(reserved.values())
+        claims = set(result.claims)
         if claims != host.claimed:
             for job_id in host.claimed - claims:
                 self.claims.pop(job_id, None)
@@ -404,6 +410,7 @@ class Simulator:
                 self.claims[job_id] = host_no
             host.claimed = claims
             self._refresh_top()
+            self._dirty.update(h for h in range(len(self.hosts)) if h != host_no)  # their `elsewhere`
 
     # -- reference policies ------------------------------------------------------------
     def _schedule_reference(self, now: float) -> None:
