@@ -218,12 +218,13 @@ class _Reserver:
         self._idle()
         drains = 0
         credit = self.policy.drain_credit_s
-        for demand in sorted(self.observed.demand, key=lambda d: (
+        away = self.observed.elsewhere
+        candidates = [d for d in self.observed.demand if d.gpus > 1 and d.job_id not in away]
+        for demand in sorted(candidates, key=lambda d: (
                 d.urgency[0], d.job_id not in self.protected, *_credited(d, credit)[1:])):
             if drains >= self.policy.max_draining:
                 break
-            if demand.gpus > 1 and demand.job_id not in self.owner.values() \
-                    and demand.job_id not in self.observed.elsewhere:
+            if demand.job_id not in self.owner.values():  # a block of its own already
                 drains += self._drain(demand)
         return self.reservations
 
@@ -312,12 +313,11 @@ def _decide(observed: Observed, busy: Mapping[int, list[str]],
     decisions = []
     for state in observed.slots:
         slot = state.slot
-        name, gpus = slot.name, slot.gpus
-        shut = [g for g in gpus if g in closed]
+        shut = [g for g in slot.gpus if g in closed] if closed else None
         if shut:
             decisions.append(Decision(slot, False, f"GPU {shut[0]} closed: {closed[shut[0]]}"))
-        elif name in held:
-            decisions.append(Decision(slot, False, held[name]))
+        elif held and slot.name in held:
+            decisions.append(Decision(slot, False, held[slot.name]))
         else:
             decisions.append(_open_or_not(slot, busy, reservations, reserved_gpus))
     return tuple(decisions)
@@ -327,19 +327,24 @@ def _open_or_not(slot: Slot, busy: Mapping[int, list[str]], reservations: Mappin
                  reserved_gpus: Mapping[int, str]) -> Decision:
     """A slot on open GPUs: opened when reserved and free, or a free single not drained."""
     name, gpus = slot.name, slot.gpus
-    others = sorted({h for g in gpus for h in busy.get(g, ()) if h != name}) \
-        if any(g in busy for g in gpus) else []
-    if name in reservations:
-        job = reservations[name][1]
+    reservation = reservations.get(name)
+    if reservation is not None:
+        others = _others(name, gpus, busy)
         if others:
-            return Decision(slot, False, f"draining for job {job}: waiting on {', '.join(others)}")
-        return Decision(slot, True, f"open for job {job}")
-    blocking = sorted({reserved_gpus[g] for g in gpus if g in reserved_gpus}) \
-        if any(g in reserved_gpus for g in gpus) else []
-    if blocking:
-        return Decision(slot, False, f"drained for {blocking[0]}")
+            return Decision(slot, False, f"draining for job {reservation[1]}: waiting on {', '.join(others)}")
+        return Decision(slot, True, f"open for job {reservation[1]}")
+    if reserved_gpus:
+        blocking = sorted({reserved_gpus[g] for g in gpus if g in reserved_gpus})
+        if blocking:
+            return Decision(slot, False, f"drained for {blocking[0]}")
     if len(gpus) > 1:
         return Decision(slot, False, "no pending job needs this block")
+    others = _others(name, gpus, busy)
     if others:
         return Decision(slot, False, f"GPU in use by {others[0]}")
     return Decision(slot, True, "free")
+
+
+def _others(name: str, gpus: tuple[int, ...], busy: Mapping[int, list[str]]) -> list[str]:
+    """The other slots whose running jobs are on these GPUs."""
+    return sorted({h for g in gpus for h in busy.get(g, ()) if h != name}) if busy else []

@@ -364,7 +364,7 @@ class Simulator:
                                   if j in self.queue and self.claims.get(j, host_no) == host_no))
         elsewhere = frozenset(j for j in jobs if self.claims.get(j, host_no) != host_no)
         demand = relevant_demand([self._demand_of(j) for j in jobs], self._slots, host.protected, elsewhere)
-        return demand, elsewhere
+        return demand, elsewhere & {d.job_id for d in demand}
 
     def _demand_of(self, job_id: int) -> Demand:
         demand = self._demand.get(job_id)
@@ -378,7 +378,7 @@ class Simulator:
         closed = {g: "foreign" for g in range(len(host.owner)) if host.gated(g, now)}
         demand, elsewhere = self._host_demand(host_no)
         observed = Observed(tuple(r.state for r in host.runners), closed, demand, host.reserved,
-                            protected=host.protected, elsewhere=elsewhere & {d.job_id for d in demand})
+                            protected=host.protected, elsewhere=elsewhere)
         result = plan(observed, self.config.plan_policy)
         self.plans += 1
         pauses, resumes = result.actions(observed)
