@@ -17,10 +17,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-BEGIN, END = "<!-- simulate-policies:begin -->", "<!-- simulate-policies:end -->"
 
 
 def main() -> int:
+    from results_md import write_section
+
     from runnerctl.sim.simulator import POLICIES, SimConfig, Simulator
     from runnerctl.sim.trace import synthetic
 
@@ -28,7 +29,7 @@ def main() -> int:
     parser.add_argument("--jobs-per-host", type=int, default=600)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
-    lines = [BEGIN, "## Scheduling policies in the simulator", "",
+    lines = ["## Scheduling policies in the simulator", "",
              f"`python benchmarks/simulate_policies.py` ({args.jobs_per_host} jobs per host, seed "
              f"{args.seed}, mixed 1/2/4/8-GPU jobs offered at 1.3x capacity in bursts).", "",
              "| hosts | policy | makespan / lower bound | makespan / greedy | occupancy | "
@@ -55,16 +56,8 @@ def main() -> int:
             lines.append(row)
             print(row, flush=True)
         checks.append(_checks(f"{hosts}x8", results, len(jobs), sum(1 for j in jobs if j.gpus > 1)))
-    lines += ["", *checks, END]
     print("\n".join(checks))
-    path = ROOT / "benchmarks" / "RESULTS.md"
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if BEGIN in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + "\n".join(lines) + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + "\n".join(lines) + "\n"
-    path.write_text(text)
+    write_section("simulate-policies", [*lines, "", *checks])
     return 0
 
 

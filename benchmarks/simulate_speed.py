@@ -25,10 +25,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-BEGIN, END = "<!-- simulate-speed:begin -->", "<!-- simulate-speed:end -->"
 
 
 def main() -> int:
+    from results_md import write_section
+
     from runnerctl.cli import main as cli
     from runnerctl.sim.simulator import host_name
     from runnerctl.sim.trace import synthetic
@@ -66,7 +67,7 @@ def main() -> int:
                 results[policy] = json.loads(out.getvalue())
     ratio = timings["dynamic"] / timings["greedy"]
     dynamic = results["dynamic"]
-    lines = [BEGIN, "## Simulator speed", "",
+    lines = ["## Simulator speed", "",
              f"`python benchmarks/simulate_speed.py` ({args.jobs} jobs, {args.hosts} hosts x 8 GPUs, "
              f"2 foreign processes per host, seed {args.seed}; CPU seconds of one process, best of "
              f"{args.repeat}; `runnerctl simulate` including reading the CSV files).", "",
@@ -77,24 +78,12 @@ def main() -> int:
         makespan = float(result["makespan_s"]) / float(result["lower_bound_s"])  # type: ignore[arg-type]
         lines.append(f"| {policy} | {timings[policy]:.2f} | {timings[policy] / timings['greedy']:.1f} | "
                      f"{makespan:.3f} | {result['jobs_completed']} |")
-    lines.append(END)
-    print("\n".join(lines[6:-1]))
+    print("\n".join(lines[5:]))
     print(f"dynamic: {timings['dynamic']:.2f} s CPU ({ratio:.1f}x greedy's {timings['greedy']:.2f} s); "
           f"target under 30 s; double allocations {dynamic['double_allocations']}, "
           f"foreign collisions {dynamic['foreign_collisions']}")
-    _write(lines)
+    write_section("simulate-speed", lines)
     return 0
-
-
-def _write(lines: list[str]) -> None:
-    path = ROOT / "benchmarks" / "RESULTS.md"
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if BEGIN in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + "\n".join(lines) + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + "\n".join(lines) + "\n"
-    path.write_text(text)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Issue 3's acceptance in the simulator: how `dynamic` compares with the references on
-a saturated mixed trace, and the start bound of an N-GPU job that waits alone.
+"""Issue 3's acceptance in the simulator: no double allocation and no job on a foreign
+GPU on any trace, how `dynamic` compares with the references on a saturated mixed
+trace, and the start bound of an N-GPU job that waits alone.
 
 The traces are the benchmark's (benchmarks/simulate_policies.py: `synthetic`, 600 jobs
 per host, 1.3x capacity in bursts), seeded; the test asserts relations between policies
@@ -14,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runnerctl.sim.simulator import POLICIES, SimConfig, Simulator, TraceJob
+from runnerctl.sim.simulator import POLICIES, ForeignUse, SimConfig, Simulator, TraceJob
 from runnerctl.sim.trace import synthetic
 
 
@@ -54,7 +55,29 @@ _traces = st.lists(
     min_size=1, max_size=40)
 
 
-@settings(max_examples=int(os.environ.get("SIM_EXAMPLES", "60")), deadline=None)
+_foreign = st.lists(
+    st.tuples(st.floats(0, 800, allow_nan=False).map(lambda t: round(t, 1)),
+              st.floats(1, 500, allow_nan=False).map(lambda t: round(t, 1)),
+              st.integers(0, 1), st.integers(0, 7)),
+    max_size=6)
+
+
+@settings(max_examples=int(os.environ.get("SIM_EXAMPLES", "200")), deadline=None)
+@given(_traces, _foreign, st.integers(1, 2), st.sampled_from(POLICIES))
+def test_no_double_allocation_or_foreign_collision_on_any_trace(
+        rows: list[tuple[float, int, float]], uses: list[tuple[float, float, int, int]], hosts: int,
+        policy: str) -> None:
+    jobs = [TraceJob(i + 1, submit, gpus, duration) for i, (submit, gpus, duration) in enumerate(rows)]
+    foreign = [ForeignUse(start, duration, host % hosts, gpu) for start, duration, host, gpu in uses]
+    result = Simulator(jobs, SimConfig(hosts=hosts, policy=policy), foreign).run()
+    assert result["double_allocations"] == 0 and result["foreign_collisions"] == 0
+    started = len(jobs) - int(result["jobs_never_started"])  # type: ignore[call-overload]
+    assert result["jobs_completed"] == started
+    if policy in ("dynamic", "greedy", "fifo"):
+        assert started == len(jobs)  # foreign use ends, so every job runs in the end
+
+
+@settings(max_examples=int(os.environ.get("SIM_EXAMPLES", "200")), deadline=None)
 @given(_traces, st.integers(1, 2))
 def test_a_job_that_waits_alone_starts_when_its_block_frees(rows: list[tuple[float, int, float]],
                                                             hosts: int) -> None:
