@@ -9,8 +9,8 @@ import pytest
 
 from runnerctl.cli import main
 from runnerctl.errors import ConfigError
-from runnerctl.sim.simulator import POLICIES, ForeignUse, SimConfig, Simulator, TraceJob
-from runnerctl.sim.trace import read_jobs, synthetic
+from runnerctl.sim.simulator import POLICIES, ForeignUse, SimConfig, Simulator, TraceJob, host_name
+from runnerctl.sim.trace import read_foreign, read_jobs, synthetic
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -75,3 +75,21 @@ def test_cli_json_and_bad_trace(tmp_path: Path, capsys: pytest.CaptureFixture[st
     with pytest.raises(ConfigError, match="missing column"):
         read_jobs(bad)
     assert main(["simulate", "--trace", str(bad)]) == 3
+
+
+def test_hosts_beyond_gpu_z_and_foreign_use_on_a_missing_host(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert [host_name(i) for i in (0, 25, 26, 27, 52)] == ["gpu-a", "gpu-z", "gpu-aa", "gpu-ab", "gpu-ba"]
+    trace = tmp_path / "jobs.csv"
+    trace.write_text("job_id,submit_time,gpus,duration\n1,0,8,30\n")
+    foreign = tmp_path / "foreign.csv"
+    foreign.write_text("start,duration,host,gpu\n0,100,gpu-ab,3\n")
+    assert [u.host for u in read_foreign(foreign)] == [27]
+    args = ["simulate", "--trace", str(trace), "--foreign", str(foreign), "--json"]
+    assert main([*args, "--hosts", "28"]) == 0
+    assert json.loads(capsys.readouterr().out)["jobs_completed"] == 1
+    assert main([*args, "--hosts", "2"]) == 3  # a clear error, not a traceback
+    assert "gpu-ab" in capsys.readouterr().err
+    foreign.write_text("start,duration,host,gpu\n0,100,gpu-1,3\n")
+    with pytest.raises(ConfigError, match="gpu-1"):
+        read_foreign(foreign)
