@@ -31,7 +31,7 @@ def main() -> int:
     from results_md import write_section
 
     from runnerctl.cli import main as cli
-    from runnerctl.sim.simulator import host_name
+    from runnerctl.sim.hosts import host_name
     from runnerctl.sim.trace import synthetic
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

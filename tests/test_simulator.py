@@ -9,7 +9,8 @@ import pytest
 
 from runnerctl.cli import main
 from runnerctl.errors import ConfigError
-from runnerctl.sim.simulator import POLICIES, ForeignUse, SimConfig, Simulator, TraceJob, host_name
+from runnerctl.sim.hosts import host_name
+from runnerctl.sim.simulator import POLICIES, ForeignUse, SimConfig, Simulator, TraceJob
 from runnerctl.sim.trace import read_foreign, read_jobs, synthetic
 
 

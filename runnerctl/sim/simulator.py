@@ -32,10 +32,8 @@ import heapq
 import itertools
 from collections.abc import Iterable
 
-from runnerctl.controller.plan import Demand, Observed, PlanPolicy, SlotState, plan, relevant_demand
-from runnerctl.gpus.sim import count_snapshot
-from runnerctl.layout import plan_slots
-from runnerctl.model import Slot
+from runnerctl.controller.plan import Demand, Observed, PlanPolicy, plan, relevant_demand
+from runnerctl.sim.hosts import SimHost, SimRunner, host_name
 from runnerctl.sim.metrics import metrics
 from runnerctl.sim.queue import PendingQueue
 
@@ -76,60 +74,6 @@ class SimConfig:
     plan_policy: PlanPolicy = PlanPolicy()
 
 
-def host_name(index: int) -> str:
-    """gpu-a ... gpu-z, then gpu-aa, gpu-ab, ... (as spreadsheet columns)."""
-    letters = ""
-    index += 1
-    while index:
-        index, rest = divmod(index - 1, 26)
-        letters = chr(97 + rest) + letters
-    return f"gpu-{letters}"
-
-
-class _Runner:
-    __slots__ = ("slot", "index", "open", "job", "started", "state")
-
-    def __init__(self, slot: Slot, index: int, open_: bool) -> None:
-        self.slot, self.index, self.open = slot, index, open_
-        self.job: int | None = None
-        self.started: float | None = None
-        self.state = SlotState(slot, not open_)
-
-    def refresh(self) -> None:
-        self.state = SlotState(self.slot, not self.open, () if self.job is None else (self.job,),
-                               self.started)
-
-
-class _Host:
-    def __init__(self, index: int, config: SimConfig) -> None:
-        slots = plan_slots(count_snapshot(host_name(index), config.gpus_per_host))
-        dynamic = config.policy == "dynamic"
-        self.runners = [_Runner(s, i, not dynamic or s.size == 1)
-                        for i, s in enumerate(_policy_slots(slots, config.policy))]
-        self.idle = {r.index for r in self.runners if r.open}  # open runners without a job
-        self.owner: list[int | None] = [None] * config.gpus_per_host
-        self.foreign = [0] * config.gpus_per_host  # active foreign processes
-        self.closed_until = [0.0] * config.gpus_per_host
-        self.reserved: dict[str, int] = {}
-        self.claimed: set[int] = set()
-        self.protected: frozenset[int] = frozenset()
-
-    def gated(self, gpu: int, now: float) -> bool:
-        return bool(self.foreign[gpu]) or self.closed_until[gpu] > now
-
-    def free_gpus(self, now: float) -> list[int]:
-        return [g for g, owner in enumerate(self.owner) if owner is None and not self.gated(g, now)]
-
-
-def _policy_slots(slots: list[Slot], policy: str) -> list[Slot]:
-    if policy == "static-singles":
-        return [s for s in slots if s.size == 1]
-    if policy == "static-partition":
-        keys = {"gpu0-3", "gpu4-5", "gpu6", "gpu7"}
-        return [s for s in slots if s.key in keys] or [s for s in slots if s.size == 1]
-    return slots
-
-
 class Simulator:
     def __init__(self, jobs: Iterable[TraceJob], config: SimConfig,
                  foreign: Iterable[ForeignUse] = ()) -> None:
@@ -137,7 +81,8 @@ class Simulator:
             raise ValueError(f"unknown policy {config.policy!r}; one of {', '.join(POLICIES)}")
         self.config = config
         self.jobs = {j.job_id: j for j in jobs}
-        self.hosts = [_Host(i, config) for i in range(config.hosts)]
+        self.hosts = [SimHost(i, gpus=config.gpus_per_host, policy=config.policy)
+                      for i in range(config.hosts)]
         self.queue = PendingQueue()
         self.started: dict[int, float] = {}
         self.finished: dict[int, float] = {}
@@ -244,7 +189,7 @@ class Simulator:
         self._want_poll(now)
 
     def _start(self, now: float, host_no: int, gpus: tuple[int, ...], job_id: int,
-               runner: _Runner | None) -> None:
+               runner: SimRunner | None) -> None:
         host = self.hosts[host_no]
         if any(host.owner[g] is not None for g in gpus):
             self.double_allocations += 1

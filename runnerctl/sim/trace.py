@@ -2,7 +2,7 @@
 
 JOBS.csv: `job_id,submit_time,gpus,duration` (seconds), optional `project,priority`.
 FOREIGN.csv: `start,duration,host,gpu`, hosts named gpu-a, gpu-b, ... in order (after
-gpu-z: gpu-aa, gpu-ab, ..., as `simulator.host_name` names them).
+gpu-z: gpu-aa, gpu-ab, ..., as `hosts.host_name` names them).
 """
 
 from __future__ import annotations
