@@ -12,33 +12,15 @@ import dataclasses
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
-import pytest
 
 from runnerctl.controller.gate import GateState, GateThresholds, step
 from runnerctl.controller.observe import LeaseJobs
 from runnerctl.executors.gate import classify
 from runnerctl.executors.lease import LEASE_ENV, Lease, LeaseTable, new_nonce, read_leases
-from runnerctl.gpus import open_gpu_source
-from runnerctl.model import GpuSnapshot
-
-
-@pytest.fixture
-def spawned() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    yield procs
-    for proc in procs:
-        proc.kill()
-        proc.wait()
-
-
-def _snapshot(tmp_path: Path, placed: dict[int, list[int]]) -> GpuSnapshot:
-    rows = "".join(f"  - {{gpu: {gpu}, pid: {pid}}}\n" for gpu, pids in placed.items() for pid in pids)
-    (tmp_path / "gpus.yaml").write_text(f"host: gpu-a\ngpus: 8\nprocesses:\n{rows}")
-    return open_gpu_source(f"sim:{tmp_path / 'gpus.yaml'}", host="gpu-a").snapshot()
+from tests.gpu_procs import sim_snapshot
 
 
 def test_controller_and_prepare_gate_agree_on_ci_and_foreign(
@@ -57,7 +39,7 @@ def test_controller_and_prepare_gate_agree_on_ci_and_foreign(
     while time.monotonic() < deadline and not psutil.Process(group.pid).children():
         time.sleep(0.05)
     (child,) = psutil.Process(group.pid).children()  # the job's, without the token
-    snapshot = _snapshot(tmp_path, {0: [child.pid, carrier.pid, colleague.pid], 1: [child.pid],
+    snapshot = sim_snapshot(tmp_path, {0: [child.pid, carrier.pid, colleague.pid], 1: [child.pid],
                                     2: [carrier.pid]})
     jobs = LeaseJobs(state)
     assert jobs.running() == {lease.slot: (900,)}
