@@ -16,7 +16,8 @@ runner from starting on a GPU with a foreign process. Reference policies (`greed
 Policies: `static-singles` (one runner per GPU), `static-partition` (per host one
 quad, one pair and two singles, always open), `dynamic` (runnerctl: every slot, opened
 by `runnerctl.controller.plan.plan` on the reconcile beat; hosts claim a pending job
-before draining for it), `greedy` (start any queued job that fits, oldest first) and
+before draining for it, and no other host drains for it, though one with an idle block
+may start it), `greedy` (start any queued job that fits, oldest first) and
 `fifo` (strict arrival order).
 
 `dynamic` calls `plan` for a host only when its inputs changed since its last plan
