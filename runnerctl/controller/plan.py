@@ -130,7 +130,8 @@ def relevant_demand(demand: Iterable[Demand], slots: Iterable[Slot], protected: 
     size, most urgent first (each takes a slot or, failing, so does every later one of
     its size), as many again of those not claimed `elsewhere` (only they may drain),
     and the protected ones. Handing `plan` only these gives the same plan as the whole
-    queue; the simulator relies on it."""
+    queue, and so does handing it any part of the queue that holds these (the cut of
+    that part is the same cut); the simulator relies on it."""
     room: dict[int, int] = {}
     for slot in slots:
         room[len(slot.gpus)] = room.get(len(slot.gpus), 1) + 1

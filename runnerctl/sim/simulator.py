@@ -23,7 +23,8 @@ may start it), `greedy` (start any queued job that fits, oldest first) and
 `dynamic` calls `plan` for a host only when its inputs changed since its last plan
 (its jobs, its closed GPUs, the demand it can act on) or that plan acted; the plan is
 a pure function, so an unchanged input would give the same plan again. Demand is
-handed over as `relevant_demand` cuts it (the same plan as the whole queue).
+handed over as the top of the queue, which holds what `relevant_demand` keeps (the
+same plan as the whole queue).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import heapq
 import itertools
 from collections.abc import Iterable
 
-from runnerctl.controller.plan import Demand, Observed, PlanPolicy, plan, relevant_demand
+from runnerctl.controller.plan import Demand, Observed, PlanPolicy, plan
 from runnerctl.sim.hosts import SimHost, SimRunner, host_name
 from runnerctl.sim.metrics import metrics
 from runnerctl.sim.queue import PendingQueue
@@ -104,6 +105,8 @@ class Simulator:
         self._dirty: set[int] = set(range(config.hosts))
         self._demand_changed = True
         self._top: dict[int, tuple[int, ...]] = {}
+        # the top jobs' demand, their ids, those claimed (same for every host; see _host_demand)
+        self._common: tuple[tuple[Demand, ...], frozenset[int], frozenset[int]] | None = None
         self._demand: dict[int, Demand] = {}
         self._queue_since: float | None = None  # pending queue non-empty since
         self._queued_beats = 0  # reconcile beats with jobs pending (demand polls per host)
@@ -209,6 +212,7 @@ class Simulator:
             self._count_beats(now)
         self._demand_changed = True
         claimer = self.claims.pop(job_id, None)
+        self._common = None
         if claimer is not None:
             self.hosts[claimer].claimed.discard(job_id)
             self._dirty.add(claimer)
@@ -298,19 +302,26 @@ class Simulator:
         if top != self._top:
             multi_changed = any(top[n] != self._top.get(n) for n in top if n > 1)
             self._top = top
+            self._common = None
             # 1-GPU demand only counts for a host's idle GPUs (see plan._Reserver)
             self._dirty.update(h for h in range(len(self.hosts)) if multi_changed or self._free[h])
 
     def _host_demand(self, host_no: int) -> tuple[tuple[Demand, ...], frozenset[int]]:
-        """What this host's controller would read: pending jobs and those another host
-        claimed, cut as `relevant_demand` cuts them."""
+        """What this host's controller would read: pending jobs, those another host
+        claimed (`elsewhere`) among them. Not the whole queue: the top jobs, which hold
+        all that `relevant_demand` keeps for any host, and this host's own claimed and
+        protected jobs; `plan` of any such superset of the cut is the plan of the queue
+        (the cut of the superset is the same cut)."""
         host = self.hosts[host_no]
-        jobs = dict.fromkeys(j for top in self._top.values() for j in top)
-        jobs.update(dict.fromkeys(j for j in (*host.claimed, *host.protected)
-                                  if j in self.queue and self.claims.get(j, host_no) == host_no))
-        elsewhere = frozenset(j for j in jobs if self.claims.get(j, host_no) != host_no)
-        demand = relevant_demand([self._demand_of(j) for j in jobs], self._slots, host.protected, elsewhere)
-        return demand, elsewhere & {d.job_id for d in demand}
+        if self._common is None:
+            ids = frozenset(j for top in self._top.values() for j in top)
+            self._common = (tuple(self._demand_of(j) for j in ids), ids, ids.intersection(self.claims))
+        demand, ids, claimed = self._common
+        own = [j for j in (*host.claimed, *host.protected)
+               if j not in ids and j in self.queue and self.claims.get(j, host_no) == host_no]
+        if own:
+            demand = demand + tuple(self._demand_of(j) for j in dict.fromkeys(own))
+        return demand, claimed - host.claimed if host.claimed else claimed
 
     def _demand_of(self, job_id: int) -> Demand:
         demand = self._demand.get(job_id)
@@ -355,6 +366,7 @@ class Simulator:
             for job_id in claims - host.claimed:
                 self.claims[job_id] = host_no
             host.claimed = claims
+            self._common = None
             self._refresh_top()
             self._dirty.update(h for h in range(len(self.hosts)) if h != host_no)  # their `elsewhere`
 
