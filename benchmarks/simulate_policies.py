@@ -17,10 +17,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-BEGIN, END = "<!-- simulate-policies:begin -->", "<!-- simulate-policies:end -->"
 
 
 def main() -> int:
+    from results_md import write_section
+
     from runnerctl.sim.simulator import POLICIES, SimConfig, Simulator
     from runnerctl.sim.trace import synthetic
 
@@ -28,12 +29,13 @@ def main() -> int:
     parser.add_argument("--jobs-per-host", type=int, default=600)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
-    lines = [BEGIN, "## Scheduling policies in the simulator", "",
+    lines = ["## Scheduling policies in the simulator", "",
              f"`python benchmarks/simulate_policies.py` ({args.jobs_per_host} jobs per host, seed "
              f"{args.seed}, mixed 1/2/4/8-GPU jobs offered at 1.3x capacity in bursts).", "",
              "| hosts | policy | makespan / lower bound | makespan / greedy | occupancy | "
              "never started | max wait 1/2/4/8 GPUs (s) | sim time (s) |",
              "|---|---|---|---|---|---|---|---|"]
+    checks = []
     for hosts, foreign_per_host in ((1, 0), (4, 2)):
         jobs, foreign = synthetic(args.jobs_per_host * hosts, hosts=hosts, seed=args.seed,
                                   foreign_per_host=foreign_per_host)
@@ -53,16 +55,23 @@ def main() -> int:
                    f"{result['gpu_occupancy']} | {result['jobs_never_started']} | {wait_text} | {cpu:.1f} |")
             lines.append(row)
             print(row, flush=True)
-    lines.append(END)
-    path = ROOT / "benchmarks" / "RESULTS.md"
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if BEGIN in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + "\n".join(lines) + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + "\n".join(lines) + "\n"
-    path.write_text(text)
+        checks.append(_checks(f"{hosts}x8", results, len(jobs), sum(1 for j in jobs if j.gpus > 1)))
+    print("\n".join(checks))
+    write_section("simulate-policies", [*lines, "", *checks])
     return 0
+
+
+def _checks(name: str, results: dict[str, tuple[dict[str, object], float]], jobs: int, multi: int) -> str:
+    """Issue 3's acceptance on this trace, as ratios (tests/test_simulator_acceptance.py
+    asserts the same relations)."""
+    dynamic, greedy, fifo = (results[p][0] for p in ("dynamic", "greedy", "fifo"))
+    makespan = float(dynamic["makespan_s"])  # type: ignore[arg-type]
+    wait8 = dynamic["wait_max_s"][8] / greedy["wait_max_s"][8]  # type: ignore[index]
+    return (f"- {name}: dynamic completes {dynamic['jobs_completed']}/{jobs} jobs; makespan "
+            f"{makespan / float(greedy['makespan_s']):.3f}x greedy's (at most 1.05), "  # type: ignore[arg-type]
+            f"{makespan / float(fifo['makespan_s']):.3f}x fifo's (below 1); longest 8-GPU wait "  # type: ignore[arg-type]
+            f"{wait8:.3f}x greedy's (at most 1/3); static-singles never starts "
+            f"{results['static-singles'][0]['jobs_never_started']} jobs ({multi} ask for several GPUs).")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from collections.abc import Mapping
 
 
@@ -98,7 +99,7 @@ class Slot:
     def size(self) -> int:
         return len(self.gpus)
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         """Stable short name, e.g. `gpu3` or `gpu4-7` (blocks are contiguous in slot order)."""
         if self.size == 1:
@@ -107,9 +108,10 @@ class Slot:
             return f"gpu{self.gpus[0]}-{self.gpus[-1]}"
         return "gpu" + "+".join(str(g) for g in self.gpus)
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
-        """The runner's name in config.toml and its description in GitLab."""
+        """The runner's name in config.toml and its description in GitLab (computed once:
+        the planner and the simulator read it many times a tick)."""
         return f"runnerctl/{self.host}/{self.key}"
 
     def overlaps(self, other: Slot) -> bool:

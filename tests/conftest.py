@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -24,3 +25,13 @@ def pg_server() -> Iterator[object]:
 
     with running_server() as server:
         yield server
+
+
+@pytest.fixture
+def spawned() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes a test starts; killed and reaped after it."""
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.wait()

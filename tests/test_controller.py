@@ -147,6 +147,25 @@ def test_restart_recovers_drain_and_never_resumes_a_covered_single(world: World)
     assert big in world.fleet.started
 
 
+def test_job_another_host_drains_for_is_not_drained_for_here_but_takes_an_idle_block(world: World) -> None:
+    """Claims (shared store) keep two hosts from draining for one job; a host with room
+    for it now still starts it."""
+    world.advance(6)
+    small = world.submit(1, 100.0)
+    world.advance(6)
+    assert small in world.fleet.started
+    big = world.submit(8, 30.0)
+    assert world.store.claim(big, "gpu-b", now=world.clock(), ttl_s=3600.0)  # gpu-b drains for it
+    world.advance(60)
+    assert big not in world.fleet.started
+    assert _open(world) == {f"gpu{i}" for i in range(8)}  # no drain here
+    assert "drain" not in {e.kind for e in world.store.events("demo")}
+    world.advance(100)  # the 1-GPU job ends: an idle host has room for the 8-GPU job
+    assert big in world.fleet.started
+    assert world.fleet.started[big] <= world.fleet.started[small] + 100.0 + 2 * 5 + 3
+    assert world.store.claims(world.clock()) == {big: "gpu-b"}  # not taken from gpu-b
+
+
 FAULTS = ["401", "403", "404", "429", "500", "drop", "delay"]
 
 

@@ -6,16 +6,14 @@ import dataclasses
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
-import pytest
 
 from runnerctl.executors.gate import classify, wait_until_free
 from runnerctl.executors.lease import LEASE_ENV, Lease, new_nonce
 from runnerctl.gpus import open_gpu_source
-from runnerctl.model import GpuSnapshot
+from tests.gpu_procs import sim_snapshot
 
 
 def _lease(gpu: int, **fields: object) -> Lease:
@@ -25,28 +23,13 @@ def _lease(gpu: int, **fields: object) -> Lease:
     return dataclasses.replace(base, **fields)  # type: ignore[arg-type]
 
 
-def _snapshot(tmp_path: Path, placed: dict[int, list[int]]) -> GpuSnapshot:
-    rows = "".join(f"  - {{gpu: {gpu}, pid: {pid}}}\n" for gpu, pids in placed.items() for pid in pids)
-    (tmp_path / "gpus.yaml").write_text(f"host: gpu-a\ngpus: 8\nprocesses:\n{rows}")
-    return open_gpu_source(f"sim:{tmp_path / 'gpus.yaml'}", host="gpu-a").snapshot()
-
-
-@pytest.fixture
-def spawned() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    yield procs
-    for proc in procs:
-        proc.kill()
-        proc.wait()
-
-
 def test_token_counts_only_on_the_gpus_its_lease_holds(tmp_path: Path,
                                                        spawned: list[subprocess.Popen[bytes]]) -> None:
     lease = _lease(0)
     ci = subprocess.Popen(["sleep", "60"], env={LEASE_ENV: lease.token})
     guessed = subprocess.Popen(["sleep", "60"], env={LEASE_ENV: f"{lease.job_id}@{lease.slot}:"})
     spawned += [ci, guessed]
-    uses = classify(_snapshot(tmp_path, {0: [ci.pid, guessed.pid], 1: [ci.pid]}), [lease])
+    uses = classify(sim_snapshot(tmp_path, {0: [ci.pid, guessed.pid], 1: [ci.pid]}), [lease])
     assert [p.pid for p in uses[0].ci] == [ci.pid] and uses[0].lease == lease
     assert [p.pid for p in uses[0].foreign] == [guessed.pid]  # no nonce, no pass
     assert [p.pid for p in uses[1].foreign] == [ci.pid]  # a job on a GPU it does not hold
@@ -61,7 +44,7 @@ def test_process_group_of_the_lease_is_ci_but_not_older_processes(
     while time.monotonic() < deadline and not psutil.Process(group.pid).children():
         time.sleep(0.05)
     (child,) = psutil.Process(group.pid).children()  # no token in its environment
-    snapshot = _snapshot(tmp_path, {0: [child.pid]})
+    snapshot = sim_snapshot(tmp_path, {0: [child.pid]})
     assert [p.pid for p in classify(snapshot, [_lease(0, pgid=group.pid)])[0].ci] == [child.pid]
     later = _lease(0, pgid=group.pid, created_at=time.time() + 60)  # a reused group id
     assert [p.pid for p in classify(snapshot, [later])[0].foreign] == [child.pid]
@@ -71,7 +54,7 @@ def test_gate_waits_then_names_gpu_pid_and_user(tmp_path: Path,
                                                 spawned: list[subprocess.Popen[bytes]]) -> None:
     colleague = subprocess.Popen(["sleep", "60"], user="nobody")
     spawned.append(colleague)
-    _snapshot(tmp_path, {1: [colleague.pid]})
+    sim_snapshot(tmp_path, {1: [colleague.pid]})
     source = open_gpu_source(f"sim:{tmp_path / 'gpus.yaml'}", host="gpu-a")
     now = [0.0]
 

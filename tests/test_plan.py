@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runnerctl.controller.plan import Demand, Observed, SlotState, plan
+from runnerctl.controller.plan import Demand, Observed, SlotState, plan, relevant_demand
 from runnerctl.gpus.sim import count_snapshot
 from runnerctl.layout import plan_slots
 from runnerctl.model import Slot
@@ -128,8 +129,80 @@ def test_s1_and_gate_hold_for_any_observation(running: dict[str, tuple[int, ...]
     reserved_slots = [BY_KEY[s.rsplit("/", 1)[-1]] for s in result.reserved]
     for a, b in itertools.combinations(reserved_slots, 2):
         assert set(a.gpus).isdisjoint(b.gpus)
-    # L1: the most urgent multi-GPU demand that fits somewhere gets a block
-    fitting = [d for d in sorted(demand, key=lambda d: d.urgency) if d.gpus > 1 and any(
+    # L1: while a multi-GPU job fits somewhere, some block is reserved (so demand is never
+    # stuck), and a job that waits alone gets one and is protected from later jobs
+    fitting = [d for d in demand if d.gpus > 1 and any(
         s.size == d.gpus and not set(s.gpus) & set(closed) for s in SLOTS)]
     if fitting:
-        assert fitting[0].job_id in result.reserved.values()
+        assert result.reserved
+    multi = [d for d in demand if d.gpus > 1]
+    if len(multi) == 1 and fitting and multi[0].job_id not in reserved.values():
+        assert multi[0].job_id in result.reserved.values() and multi[0].job_id in result.protected
+
+
+@settings(max_examples=int(os.environ.get("PLAN_EXAMPLES", "500")), deadline=None)
+@given(running=st.dictionaries(slot_keys, st.integers(1, 9).map(lambda j: (1000 + j,)), max_size=6),
+       paused=st.sets(slot_keys),
+       closed=st.dictionaries(st.integers(0, 7), st.just("foreign"), max_size=2),
+       demand=st.lists(st.builds(Demand, st.integers(1, 60), st.sampled_from([1, 2, 4, 8, 16]),
+                                 st.floats(0, 20_000), st.sampled_from(["high", "normal", "low"])),
+                       max_size=30, unique_by=lambda d: d.job_id),
+       reserved=st.dictionaries(slot_keys, st.integers(1, 60), max_size=2),
+       protected=st.frozensets(st.integers(1, 60), max_size=3),
+       elsewhere=st.frozensets(st.integers(1, 60), max_size=8),
+       more=st.sets(st.integers(0, 29)))
+def test_relevant_demand_gives_the_same_plan(running: dict[str, tuple[int, ...]], paused: set[str],
+                                             closed: dict[int, str], demand: list[Demand],
+                                             reserved: dict[str, int], protected: frozenset[int],
+                                             elsewhere: frozenset[int], more: set[int]) -> None:
+    """The simulator hands `plan` a part of the queue that holds `relevant_demand`'s cut:
+    it must not change the plan."""
+    full = dataclasses.replace(_observed(running, paused=paused, closed=closed, demand=tuple(demand),
+                                         reserved=reserved), protected=protected, elsewhere=elsewhere)
+    cut = relevant_demand(demand, SLOTS, protected, elsewhere)
+    part = (*cut, *(d for i, d in enumerate(reversed(demand)) if i in more and d not in cut))
+    assert len(cut) <= len(demand)
+    expected = plan(full)
+    assert plan(dataclasses.replace(full, demand=cut)) == expected
+    assert plan(dataclasses.replace(full, demand=part)) == expected  # in another order, too
+
+
+def test_a_later_job_never_delays_a_job_that_waited_alone() -> None:
+    """A 2-GPU job drains gpu0-1 alone; an 8-GPU job that comes later, with a better claim
+    for idle GPUs, still may not take them when they free (the L1 bound)."""
+    running = {f"gpu{i}": (i + 1,) for i in range(8)}
+    first = plan(_observed(running, paused=set(), demand=(Demand(10, 2, 100.0),)))
+    assert first.reserved == {BY_KEY["gpu0-1"].name: 10} and first.protected == {10}
+    later = dataclasses.replace(
+        _observed({}, paused={"gpu0", "gpu1"}, demand=(Demand(10, 2, 100.0), Demand(11, 8, 150.0)),
+                  reserved={"gpu0-1": 10}), protected=first.protected)
+    result = plan(later)
+    assert result.reserved[BY_KEY["gpu0-1"].name] == 10 and "gpu0-1" in _open(later)
+    unprotected = plan(dataclasses.replace(later, protected=frozenset()))
+    assert unprotected.reserved == {BY_KEY["gpu0-7"].name: 11}  # the bigger job's claim wins
+
+
+def test_idle_gpus_go_to_the_bigger_job_unless_a_smaller_one_waited_much_longer() -> None:
+    demand = (Demand(1, 1, 0.0), Demand(2, 2, 10.0), Demand(3, 4, 20.0))
+    result = plan(_observed(demand=demand))
+    assert BY_KEY["gpu0-3"].name in result.reserved or BY_KEY["gpu4-7"].name in result.reserved
+    assert sorted(result.reserved.values()) == [2, 3]
+    # 7 GPUs more than one count 7 x 7200 s older, 3 more 3 x: the 8-GPU job wins an idle
+    # host unless the 4-GPU one waited 4 x 7200 s longer
+    for arrival, winner in ((4 * 7200.0 - 100, 2), (4 * 7200.0 + 100, 1)):
+        demand = (Demand(1, 4, 0.0), Demand(2, 8, arrival))
+        assert list(plan(_observed(demand=demand)).reserved.values()) == [winner]
+
+
+def test_a_job_claimed_elsewhere_takes_an_idle_block_but_is_never_drained_for() -> None:
+    wanted = (Demand(5, 8, 10.0),)
+    busy = {"gpu0": (1,)}
+    assert plan(_observed(busy, paused=set(), demand=wanted)).reserved == {BY_KEY["gpu0-7"].name: 5}
+    away = plan(dataclasses.replace(_observed(busy, paused=set(), demand=wanted), elsewhere=frozenset({5})))
+    assert away.reserved == {} and away.claims == frozenset()
+    assert "gpu1" in {s.key for s in away.open_slots()}  # no drain: its singles stay open
+    idle = plan(dataclasses.replace(_observed(demand=wanted), elsewhere=frozenset({5})))
+    assert idle.reserved == {BY_KEY["gpu0-7"].name: 5} and idle.claims == frozenset()
+    assert {s.key for s in idle.open_slots()} == {"gpu0-7"}
+    here = plan(_observed(demand=wanted))
+    assert here.claims == {5}

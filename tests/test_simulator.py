@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from runnerctl.cli import main
+from runnerctl.controller.plan import Demand, relevant_demand
 from runnerctl.errors import ConfigError
+from runnerctl.sim.hosts import host_name
 from runnerctl.sim.simulator import POLICIES, ForeignUse, SimConfig, Simulator, TraceJob
-from runnerctl.sim.trace import read_jobs, synthetic
+from runnerctl.sim.trace import read_foreign, read_jobs, synthetic
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -75,3 +77,47 @@ def test_cli_json_and_bad_trace(tmp_path: Path, capsys: pytest.CaptureFixture[st
     with pytest.raises(ConfigError, match="missing column"):
         read_jobs(bad)
     assert main(["simulate", "--trace", str(bad)]) == 3
+
+
+def test_hosts_beyond_gpu_z_and_foreign_use_on_a_missing_host(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert [host_name(i) for i in (0, 25, 26, 27, 52)] == ["gpu-a", "gpu-z", "gpu-aa", "gpu-ab", "gpu-ba"]
+    trace = tmp_path / "jobs.csv"
+    trace.write_text("job_id,submit_time,gpus,duration\n1,0,8,30\n")
+    foreign = tmp_path / "foreign.csv"
+    foreign.write_text("start,duration,host,gpu\n0,100,gpu-ab,3\n")
+    assert [u.host for u in read_foreign(foreign)] == [27]
+    args = ["simulate", "--trace", str(trace), "--foreign", str(foreign), "--json"]
+    assert main([*args, "--hosts", "28"]) == 0
+    assert json.loads(capsys.readouterr().out)["jobs_completed"] == 1
+    assert main([*args, "--hosts", "2"]) == 3  # a clear error, not a traceback
+    assert "gpu-ab" in capsys.readouterr().err
+    foreign.write_text("start,duration,host,gpu\n0,100,gpu-1,3\n")
+    with pytest.raises(ConfigError, match="gpu-1"):
+        read_foreign(foreign)
+
+
+def test_every_host_is_handed_all_of_the_queue_its_plan_can_act_on() -> None:
+    """The simulator hands `plan` the top of the queue, not all of it: that part must hold
+    what `relevant_demand` keeps of the whole queue for that host (then the plan is the
+    same), and mark exactly the jobs other hosts claimed."""
+    jobs, foreign = synthetic(300, hosts=3, seed=5, foreign_per_host=1)
+    sim = Simulator(jobs, SimConfig(hosts=3), foreign)
+    handed = sim._host_demand
+    checked = []
+
+    def checking(host_no: int) -> tuple[tuple[Demand, ...], frozenset[int]]:
+        demand, elsewhere = handed(host_no)
+        queue = [sim._demand_of(j) for j in sim.jobs if j in sim.queue]
+        away = {d.job_id for d in queue if sim.claims.get(d.job_id, host_no) != host_no}
+        protected = [j for j in sim.hosts[host_no].protected if j not in away]
+        cut = relevant_demand(queue, sim._slots, protected, away)
+        ids = {d.job_id for d in demand}
+        assert {d.job_id for d in cut} <= ids and len(ids) == len(demand)
+        assert elsewhere == away & ids
+        checked.append(host_no)
+        return demand, elsewhere
+
+    sim._host_demand = checking  # type: ignore[method-assign]
+    assert sim.run()["jobs_completed"] == len(jobs)
+    assert len(checked) > 100 and set(checked) == {0, 1, 2}

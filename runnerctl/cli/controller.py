@@ -243,8 +243,8 @@ def resume(**kwargs: object) -> None:
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
               help="JOBS.csv: job_id,submit_time,gpus,duration[,project,priority].")
 @click.option("--foreign", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="FOREIGN.csv: start,duration,host,gpu (hosts gpu-a, gpu-b, ...).")
-@click.option("--hosts", type=click.IntRange(1, 26), default=1, show_default=True)
+              help="FOREIGN.csv: start,duration,host,gpu (hosts gpu-a, gpu-b, ..., gpu-z, gpu-aa, ...).")
+@click.option("--hosts", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--gpus-per-host", type=click.IntRange(1, 64), default=8, show_default=True)
 @click.option("--policy", type=click.Choice(POLICIES), default="dynamic", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -253,8 +253,11 @@ def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, 
     """Replay a job trace on simulated hosts under a scheduling policy; print the outcome."""
     jobs = read_jobs(trace)
     uses = read_foreign(foreign) if foreign else []
-    result = Simulator(jobs, SimConfig(hosts=hosts, gpus_per_host=gpus_per_host, policy=policy),
-                       uses).run()
+    try:
+        simulator = Simulator(jobs, SimConfig(hosts=hosts, gpus_per_host=gpus_per_host, policy=policy), uses)
+    except ValueError as exc:
+        raise ConfigError(str(exc), hint="check --hosts and --gpus-per-host against FOREIGN.csv") from None
+    result = simulator.run()
     if as_json:
         click.echo(json.dumps(result))
         return

@@ -1,4 +1,4 @@
-"""Pending multi-GPU demand: from polling within an API budget, and from webhooks.
+"""Pending GPU demand: from polling within an API budget, and from webhooks.
 
 Polling: `GET /projects/:id/jobs?scope[]=pending` for the watched projects that had
 activity recently (a webhook, a pending job), round robin, never faster than a token
@@ -8,8 +8,10 @@ as a slow safety net. Errors go to the loop, which logs them once and backs off.
 
 Webhooks (GitLab "Job Hook", `object_kind: build`): the `X-Gitlab-Token` header must
 equal the configured secret (constant-time compare). A pending job with tags is demand
-at once; a job that left pending is dropped; a job event without tags (older GitLab
-versions send none) only marks its project for the next poll.
+at once (new multi-GPU demand also wakes the loop for an early tick, so its block is
+reserved before runners hand out smaller jobs on it); a job that left pending is
+dropped; a job event without tags (older GitLab versions send none) only marks its
+project for the next poll.
 """
 
 from __future__ import annotations
@@ -85,11 +87,12 @@ def pending_job(job: JobInfo, *, project_id: int, priorities: Mapping[str, str])
 class DemandTracker:
     def __init__(self, *, projects: Iterable[int], priorities: Mapping[str, str], budget: ApiBudget,
                  clock: Clock, active_window_s: float = 3600.0, webhook_fresh_s: float = 300.0,
-                 secret: str = "") -> None:
+                 secret: str = "", on_demand: Callable[[], None] = lambda: None) -> None:
         self.projects = list(projects)
         self.priorities = dict(priorities)
         self.budget = budget
         self.secret = secret
+        self.on_demand = on_demand
         self._clock = clock
         self._active_window = active_window_s
         self._webhook_fresh = webhook_fresh_s
@@ -109,7 +112,7 @@ class DemandTracker:
 
     def demand(self, host: str) -> tuple[Demand, ...]:
         return tuple(Demand(j.job_id, j.gpus, j.created_at, j.priority) for j in self.jobs
-                     if j.gpus > 1 and j.host in (None, host))
+                     if j.host in (None, host))
 
     def poll(self, gitlab: GitLabPort) -> None:
         """At most one project per call, when the budget and any back-off allow."""
@@ -155,14 +158,17 @@ class DemandTracker:
         if not self.secret or not hmac.compare_digest((token or "").encode(), self.secret.encode()):
             return False
         with self._lock:
-            self._event(payload)
+            new = self._event(payload)
+        if new is not None and new.gpus > 1:
+            self.on_demand()
         return True
 
-    def _event(self, payload: Mapping[str, Any]) -> None:
+    def _event(self, payload: Mapping[str, Any]) -> PendingJob | None:
+        """Apply the event; the job when it is new pending demand."""
         now = self._clock()
         self._last_webhook = now
         if payload.get("object_kind") != "build" or not isinstance(payload.get("project_id"), int):
-            return
+            return None
         project = int(payload["project_id"])
         self._active[project] = now
         if project not in self.projects:
@@ -176,9 +182,12 @@ class DemandTracker:
                            payload.get("build_created_at"), None, None)
             found = pending_job(info, project_id=project, priorities=self.priorities)
             if found is not None:
+                new = job_id not in self._jobs
                 self._jobs[job_id] = found
+                return found if new else None
         else:
             self._polled.pop(project, None)  # no tags in this GitLab's payload: poll it next
+        return None
 
 
 def _timestamp(value: str | None) -> float:

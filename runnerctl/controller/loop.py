@@ -111,15 +111,18 @@ class Controller:
         self.w, self.settings, self.policy = wiring, settings, policy or PlanPolicy()
         self.host = wiring.host
         self.budget = ApiBudget(settings.api_budget_per_min, wiring.clock)
+        self.wake = threading.Event()  # a webhook brought multi-GPU demand: tick now
         self.demand = DemandTracker(
             projects=settings.projects, priorities=settings.project_priorities, budget=self.budget,
             clock=wiring.clock, active_window_s=settings.active_window_s,
-            webhook_fresh_s=settings.webhook_fresh_s, secret=wiring.webhook_secret)
+            webhook_fresh_s=settings.webhook_fresh_s, secret=wiring.webhook_secret,
+            on_demand=self.wake.set)
         self.cache = RunnerCache(wiring.runner_ids)
         self.health = acting.GitLabHealth(backoff_max_s=settings.backoff_max_s)
         self.limits = GateThresholds(settings.foreign_memory_mib, settings.foreign_utilization,
                                      settings.reopen_ratio, settings.cooldown_s)
         self.drains = wiring.store.drains(self.host)
+        self.protected: frozenset[int] = frozenset()  # drains no later job may delay (plan.py)
         self.gate = {gpu: GateState.from_row(row) for gpu, row in wiring.store.gate(self.host).items()}
         self.view = ControllerView(self.host, wiring.clock(), 0, None)
         self.ticks = 0
@@ -207,23 +210,25 @@ class Controller:
             closed = {g: "GPU snapshot failed" for s in self._slots for g in s.gpus}
         else:
             closed = {gpu: state.reason for gpu, state in self.gate.items() if state.closed}
-        elsewhere = {job for job, host in self.w.store.claims(now).items() if host != self.host}
-        demand = tuple(d for d in self.demand.demand(self.host) if d.job_id not in elsewhere)
+        claimed = {job for job, host in self.w.store.claims(now).items() if host != self.host}
+        demand = tuple(self.demand.demand(self.host))
+        elsewhere = frozenset(d.job_id for d in demand if d.job_id in claimed)
         states = tuple(SlotState(s, self.cache.paused.get(s.name) is not False, running.get(s.name, ()))
                        for s in self._slots)
-        return Observed(states, closed, demand, self.drains, held_slots(toggles, self._slots))
+        return Observed(states, closed, demand, self.drains, held_slots(toggles, self._slots), self.protected,
+                        elsewhere)
 
     def _plan_with_claims(self, observed: Observed, now: float) -> Plan:
-        """Plan; a job another host claimed meanwhile is dropped and the plan redone."""
+        """Plan and claim the jobs it reserves blocks for; a job another host claimed
+        meanwhile counts as claimed elsewhere (no drain for it here) and the plan is redone."""
         for _ in range(4):
             result = plan(observed, self.policy)
-            lost = [job for job in set(result.reserved.values())
+            lost = [job for job in result.claims
                     if not self.w.store.claim(job, self.host, now=now, ttl_s=self.settings.claim_ttl_s)]
             if not lost:
                 break
-            observed = dataclasses.replace(observed, demand=tuple(
-                d for d in observed.demand if d.job_id not in lost))
-        self.w.store.release_claims(self.host, keep=list(result.reserved.values()))
+            observed = dataclasses.replace(observed, elsewhere=observed.elsewhere | frozenset(lost))
+        self.w.store.release_claims(self.host, keep=list(result.claims))
         return result
 
     def _acted(self, action: acting.Action, now: float) -> None:
@@ -237,6 +242,7 @@ class Controller:
             if self.drains.get(name) != job:
                 self._event(now, "drain", name, f"for pending job {job}")
         self.drains = dict(result.reserved)
+        self.protected = result.protected
         self.w.store.save_drains(self.host, self.drains, now)
         self.w.store.save_gate(self.host, {g: s.to_row() for g, s in self.gate.items()})
 
@@ -257,14 +263,21 @@ class Controller:
 
     # -- running ---------------------------------------------------------------------
     def run(self, stop: threading.Event, *, sleep: Callable[[float], None] | None = None) -> None:
-        """Tick every `interval_s` until `stop` is set; one failed tick never ends the loop."""
-        wait = sleep or stop.wait
+        """Tick every `interval_s` until `stop` is set, and at once when a webhook brings
+        multi-GPU demand (so a block is reserved before runners hand out smaller jobs on
+        it); one failed tick never ends the loop."""
         while not stop.is_set():
+            self.wake.clear()
             try:
                 self.tick()
             except (OSError, RuntimeError, ValueError) as exc:
                 log.error("tick %d failed, trying again next interval: %s", self.ticks, exc)
-            wait(self.settings.interval_s)
+            if sleep is not None:
+                sleep(self.settings.interval_s)
+                continue
+            deadline = time.monotonic() + self.settings.interval_s
+            while not stop.is_set() and not self.wake.is_set() and time.monotonic() < deadline:
+                self.wake.wait(min(0.2, max(0.0, deadline - time.monotonic())))
 
 
 def _slot_view(decision: Decision, cache: RunnerCache, running: Mapping[str, tuple[int, ...]],

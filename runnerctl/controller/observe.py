@@ -3,8 +3,8 @@
 Sources are injected: the GPU source (NVML or simulated), GitLab (through the port),
 and a job source telling which slot runs which job (the executor's leases in
 production: the lease, not GitLab, is the ground truth of who holds a GPU). Which GPU
-processes are CI and which are foreign is one small function (`LeaseJobs.is_ci`), so
-the simulator and tests can swap it.
+processes are CI and which are foreign is one small function (`LeaseJobs.is_ci`, the
+executors' own `belongs_to` test), so the simulator and tests can swap it.
 
 Runner pause states are cached: the controller is their only writer, it knows what it
 set, and it re-reads one runner per tick from GitLab while the API budget allows (to
@@ -46,16 +46,16 @@ class LeaseJobs:
     """Running jobs from the executor's lease files (no GitLab request needed)."""
 
     def __init__(self, state_dir: Path) -> None:
-        from runnerctl.executors.lease import LeaseTable
+        from runnerctl.executors.lease import Lease, LeaseTable
 
         self.table = LeaseTable(state_dir)
-        self._tokens: dict[int, str] = {}
+        self._leases: dict[int, Lease] = {}
         self._owners: dict[int, Owner] = {}
 
     def running(self) -> dict[str, tuple[int, ...]]:
         found: dict[str, set[int]] = {}
         leases = self.table.all()
-        self._tokens = {lease.gpu: lease.token for lease in leases}
+        self._leases = {lease.gpu: lease for lease in leases}
         self._owners = {}
         for lease in leases:
             job = int(lease.job_id) if lease.job_id.isdigit() else -1
@@ -67,11 +67,15 @@ class LeaseJobs:
         return dict(self._owners)
 
     def is_ci(self, gpu: int, process: GpuProcess) -> bool:
-        """CI = the process carries the RUNNERCTL_LEASE token of its GPU's lease (as read
-        by the last `running()`, earlier in the same tick)."""
-        from runnerctl.executors.gate import lease_token
+        """CI = the process belongs to the lease of its GPU (as read by the last
+        `running()`, earlier in the same tick), by the very test the executor's prepare
+        gate applies (`executors.gate.belongs_to`, through `classify`): its lease token,
+        the lease's container or Slurm job cgroup, or its process group. So the
+        controller and the executors never disagree on what is foreign."""
+        from runnerctl.executors.gate import belongs_to
 
-        return gpu in self._tokens and lease_token(process.pid) == self._tokens[gpu]
+        lease = self._leases.get(gpu)
+        return lease is not None and belongs_to(process.pid, lease)
 
 
 def nothing_is_ci(gpu: int, process: GpuProcess) -> bool:

@@ -6,19 +6,31 @@ calls it, and applies the returned actions (all pauses before any resume). It ke
 - S1: the GPU sets of the slots it opens are pairwise disjoint; a slot on a closed GPU
   (foreign process, unhealthy, admin pause) or on a GPU busy with another slot's job is
   never opened.
-- L1: the most urgent pending N-GPU job (priority, then age) reserves an aligned block
-  at once; the singles and smaller blocks under it are paused (drained) so a stream of
-  1-GPU jobs cannot starve it, and the block opens as soon as no other job runs on its
-  GPUs. The block chosen is the one that frees soonest: fewest busy GPUs, then fewest
-  running jobs; a block already reserved keeps its reservation.
+- L1: pending multi-GPU jobs get aligned blocks: idle ones at once, and the most
+  urgent job (priority, then age) drains one for itself: the singles and smaller blocks
+  under it are paused, so a stream of 1-GPU jobs cannot starve it, and it opens as
+  soon as no other job runs on its GPUs. The block chosen frees soonest: fewest busy
+  GPUs, then the one whose youngest job started earliest (when start times are
+  known), then fewest running jobs; a drain under way keeps its block. A job that came
+  while no other multi-GPU job waited is protected: no later job delays it.
+- Several hosts: a job another host claimed (`Observed.elsewhere`) is never drained for
+  here, but may take an idle block here: a host that must drain never holds a job back
+  from a host that has room now.
 - L2: without demand for a block, it is paused and its singles open again in the same
   tick.
+
+Idle GPUs go to pending jobs by claim: age, where a big job counts older (it is harder
+to place), so big jobs take idle blocks as they appear instead of draining one, and a
+1-GPU job that waited long enough keeps an idle single open rather than let a younger
+N-GPU job take it: 1-GPU jobs do not starve under a stream of multi-GPU jobs either.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import functools
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from runnerctl.model import Slot
 
@@ -30,18 +42,20 @@ class SlotState:
     slot: Slot
     paused: bool
     running_jobs: tuple[int, ...] = ()
+    started_at: float | None = None
+    """When the latest of its running jobs started (lease time), if known."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Demand:
-    """A pending job that asked for `gpus` GPUs (tag gpus:N)."""
+    """A pending job that asked for `gpus` GPUs (tag gpus:N, or 1 for tag gpu)."""
 
     job_id: int
     gpus: int
     created_at: float
     priority: str = "normal"
 
-    @property
+    @functools.cached_property
     def urgency(self) -> tuple[int, float, int]:
         return PRIORITY_RANK.get(self.priority, 1), self.created_at, self.job_id
 
@@ -53,6 +67,10 @@ class Observed:
     demand: tuple[Demand, ...] = ()
     reserved: Mapping[str, int] = dataclasses.field(default_factory=dict)  # slot name -> job id
     held: Mapping[str, str] = dataclasses.field(default_factory=dict)  # slot name -> admin hold
+    protected: frozenset[int] = frozenset()  # jobs no later job may delay (Plan.protected)
+    elsewhere: frozenset[int] = frozenset()
+    """Pending jobs another host claimed (drains for): this host may start them on an idle
+    block, but never drains for them (two hosts never drain for one job)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,11 +79,18 @@ class PlanPolicy:
 
     max_draining: int = 1
     """Blocks that may drain (idle GPUs waiting for others) at once; more starts big
-    jobs sooner but idles more GPUs; later demand only takes blocks already idle."""
+    jobs sooner but idles more GPUs."""
+    idle_credit_s: float = 7200.0
+    """For GPUs idle now, a job counts as this many seconds older per GPU beyond the
+    first: big jobs are hard to place, so they take an idle block when one appears,
+    unless a smaller job has waited that much longer (1-GPU jobs do not starve)."""
+    drain_credit_s: float = 1200.0
+    """The same, in choosing which job drains a block: the oldest one, where a big job
+    counts this much older per extra GPU (so 8-GPU jobs do not wait behind a long queue
+    of small ones; a small credit, as whole-host drains idle the most GPUs)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):  # a tuple: plans are made often (the simulator), keep them cheap
     slot: Slot
     open: bool
     reason: str
@@ -75,6 +100,8 @@ class Decision:
 class Plan:
     decisions: tuple[Decision, ...]
     reserved: Mapping[str, int]  # block name -> the job it drains for (to remember)
+    protected: frozenset[int] = frozenset()  # to remember, too
+    claims: frozenset[int] = frozenset()  # reserved jobs not claimed elsewhere: claim them
 
     def open_slots(self) -> list[Slot]:
         return [d.slot for d in self.decisions if d.open]
@@ -88,82 +115,237 @@ class Plan:
 
 
 def plan(observed: Observed, policy: PlanPolicy = PlanPolicy()) -> Plan:
-    busy = _busy_gpus(observed)
-    reservations = _reserve(observed, busy, policy)
-    reserved_gpus = {g: name for name, (slot, _) in reservations.items() for g in slot.gpus}
-    decisions = tuple(_decide(state, observed, busy, reservations, reserved_gpus)
-                      for state in observed.slots)
-    return Plan(decisions, {name: job for name, (_, job) in reservations.items()})
+    busy = _busy_gpus(observed.slots)
+    reserver = _Reserver(observed, busy, policy)
+    reservations = reserver.run()
+    decisions = _decide(observed, busy, reservations)
+    reserved = {name: job for name, (_, job) in reservations.items()}
+    return Plan(decisions, reserved, frozenset(reserver.protected),
+                frozenset(reserved.values()) - observed.elsewhere)
 
 
-def _busy_gpus(observed: Observed) -> dict[int, set[str]]:
+def relevant_demand(demand: Iterable[Demand], slots: Iterable[Slot], protected: Iterable[int] = (),
+                    elsewhere: Iterable[int] = ()) -> tuple[Demand, ...]:
+    """The jobs `plan` can act on: per size, one more than the host has slots of that
+    size, most urgent first (each takes a slot or, failing, so does every later one of
+    its size), as many again of those not claimed `elsewhere` (only they may drain),
+    and the protected ones. Handing `plan` only these gives the same plan as the whole
+    queue, and so does handing it any part of the queue that holds these (the cut of
+    that part is the same cut); the simulator relies on it."""
+    room: dict[int, int] = {}
+    for slot in slots:
+        room[len(slot.gpus)] = room.get(len(slot.gpus), 1) + 1
+    keep, away = set(protected), set(elsewhere)
+    left, left_here = dict(room), dict(room)
+    kept = []
+    for d in sorted(demand, key=lambda d: d.urgency):
+        first = left.get(d.gpus, 0) > 0
+        here = d.job_id not in away and left_here.get(d.gpus, 0) > 0
+        if first or here or d.job_id in keep:
+            left[d.gpus] = left.get(d.gpus, 0) - 1
+            if d.job_id not in away:
+                left_here[d.gpus] = left_here.get(d.gpus, 0) - 1
+            kept.append(d)
+    return tuple(kept)
+
+
+def _busy_gpus(states: Iterable[SlotState]) -> dict[int, list[str]]:
     """GPU -> names of the slots whose running jobs are on it (more than one only if
     something already went wrong; the planner must stay safe then too)."""
-    busy: dict[int, set[str]] = {}
-    for state in observed.slots:
+    busy: dict[int, list[str]] = {}
+    for state in states:
         if state.running_jobs:
             for gpu in state.slot.gpus:
-                busy.setdefault(gpu, set()).add(state.slot.name)
+                busy.setdefault(gpu, []).append(state.slot.name)
     return busy
 
 
-def _reserve(observed: Observed, busy: Mapping[int, set[str]],
-             policy: PlanPolicy) -> dict[str, tuple[Slot, int]]:
-    """Blocks reserved for pending multi-GPU jobs, most urgent first, disjoint.
+class _Reserver:
+    """Blocks reserved for pending jobs, disjoint: idle GPUs first, then one drain.
 
-    Only the most urgent job that fits drains GPUs for itself (a reservation, as a
-    backfilling scheduler makes for its top job); later jobs take a block only when all
-    of its GPUs are idle already, so draining never idles more than one block at a time.
+    A job's claim: priority, then age, where a job of N GPUs counts `idle_credit_s`
+    older per GPU beyond the first (big jobs are hard to place).
+
+    1. Idle now: in order of claim, each job takes an idle slot of its size (a block
+       for an N-GPU job; a single kept open for a 1-GPU job). GPUs of a block that
+       drains for another job it may take only with a better claim and, if that job is
+       protected, only if it was waiting before that job came.
+    2. Drain: protected jobs first, then by priority and age (`drain_credit_s` per
+       extra GPU), the first multi-GPU jobs still without a block (up to
+       `max_draining`) reserve one, busy GPUs allowed, as a backfilling scheduler
+       reserves for its top job: the block they already drain, else the one that
+       frees soonest. Blocks taken in step 1 by jobs they may cut in on give way.
+
+    Protected: a multi-GPU job that came when no other one waited; no later job delays
+    it (the L1 bound). Otherwise idle GPUs go to work whenever some job fits them, and
+    a job waits only behind better claims: its claim eventually beats every newcomer's.
+    Candidates only shrink along the order: once a job of some size finds no idle slot,
+    later ones of that size will not either (`relevant_demand` relies on it).
     """
-    by_name = {s.slot.name: s for s in observed.slots}
-    taken: set[int] = set()
-    reservations: dict[str, tuple[Slot, int]] = {}
-    draining = 0
-    for demand in sorted(observed.demand, key=lambda d: d.urgency):
-        if demand.gpus < 2:
-            continue
-        candidates = [s.slot for s in observed.slots if s.slot.size == demand.gpus
-                      and not taken & set(s.slot.gpus) and s.slot.name not in observed.held
-                      and not any(g in observed.closed for g in s.slot.gpus)]
-        if draining >= policy.max_draining:
-            candidates = [c for c in candidates if not any(g in busy for g in c.gpus)]
+
+    def __init__(self, observed: Observed, busy: Mapping[int, list[str]], policy: PlanPolicy) -> None:
+        self.observed, self.busy, self.policy = observed, busy, policy
+        self.states = {s.slot.name: s for s in observed.slots}
+        self.usable: dict[int, list[Slot]] = {}
+        closed, held = observed.closed, observed.held
+        for state in observed.slots:
+            slot = state.slot
+            if not (held and slot.name in held) and not (closed and any(g in closed for g in slot.gpus)):
+                self.usable.setdefault(len(slot.gpus), []).append(slot)
+        self.demand = {d.job_id: d for d in observed.demand}
+        self.claims: dict[int, tuple[int, float, int]] = {}
+        self.owner: dict[int, int] = {}  # GPU of a reserved block -> its job
+        self.kept_open: set[int] = set()  # idle singles held for 1-GPU jobs
+        self.reservations: dict[str, tuple[Slot, int]] = {}
+        sizes = {len(s.slot.gpus) for s in observed.slots}
+        away = observed.elsewhere  # not waiting for this host: another one drains for them
+        multi = [d.job_id for d in observed.demand if d.gpus > 1 and d.gpus in sizes and d.job_id not in away]
+        self.protected = {j for j in observed.protected
+                          if j in self.demand and self.demand[j].gpus > 1 and j not in away}
+        if len(multi) == 1 and multi[0] not in observed.reserved.values():
+            self.protected.add(multi[0])  # came when no other multi-GPU job waited
+        usable = {s.name: s for slots in self.usable.values() for s in slots}
+        self.draining = {g: job for name, job in observed.reserved.items()  # drains under way
+                         if job in self.demand and name in usable
+                         and len(usable[name].gpus) == self.demand[job].gpus > 1 for g in usable[name].gpus}
+
+    def claim(self, job_id: int) -> tuple[int, float, int]:
+        found = self.claims.get(job_id)
+        if found is None:
+            found = self.claims[job_id] = _credited(self.demand[job_id], self.policy.idle_credit_s)
+        return found
+
+    def run(self) -> dict[str, tuple[Slot, int]]:
+        self._idle()
+        drains = 0
+        credit = self.policy.drain_credit_s
+        away = self.observed.elsewhere
+        candidates = [d for d in self.observed.demand if d.gpus > 1 and d.job_id not in away]
+        for demand in sorted(candidates, key=lambda d: (
+                d.urgency[0], d.job_id not in self.protected, *_credited(d, credit)[1:])):
+            if drains >= self.policy.max_draining:
+                break
+            if demand.job_id not in self.owner.values():  # a block of its own already
+                drains += self._drain(demand)
+        return self.reservations
+
+    def _idle(self) -> None:
+        avail = {g for slots in self.usable.values() for s in slots for g in s.gpus if g not in self.busy}
+        no_idle: set[int] = set()
+        for job_id in sorted(self.demand, key=self.claim) if avail else ():
+            size = self.demand[job_id].gpus
+            if size in no_idle:
+                continue
+            idle = [s for s in self.usable.get(size, ()) if avail.issuperset(s.gpus)
+                    and all(self._may_cut_in(job_id, g) for g in s.gpus if g in self.draining)]
+            if not idle:
+                no_idle.add(size)
+                continue
+            if size == 1:
+                chosen = max(idle, key=self._crowding)
+                self.kept_open.add(chosen.gpus[0])
+            else:
+                chosen = min(idle, key=self._cost)
+                self._reserve(chosen, job_id)
+            avail.difference_update(chosen.gpus)
+
+    def _may_cut_in(self, job_id: int, gpu: int) -> bool:
+        """May this job take a GPU that a block holds for another job (draining since an
+        earlier tick, or taken in this one)? Only if it was already waiting when that
+        job came, and its claim is better: no later job ever delays a job."""
+        other = self.owner.get(gpu, self.draining.get(gpu, job_id))
+        if other == job_id:
+            return True
+        mine, theirs = self.demand[job_id], self.demand[other]
+        if mine.urgency[0] != theirs.urgency[0]:
+            return mine.urgency[0] < theirs.urgency[0]  # a higher priority always may
+        came_first = mine.created_at < theirs.created_at
+        return (came_first or other not in self.protected) and self.claim(job_id) < self.claim(other)
+
+    def _drain(self, demand: Demand) -> bool:
+        """Reserve a block for the job, busy GPUs allowed; True if one was found."""
+        candidates = [s for s in self.usable.get(demand.gpus, ())
+                      if all(self._may_cut_in(demand.job_id, g) for g in s.gpus)]
         if not candidates:
-            continue
-        kept = [c for c in candidates if observed.reserved.get(c.name) == demand.job_id]
-        block = kept[0] if kept else min(candidates, key=lambda c: _cost(c, busy, by_name))
-        reservations[block.name] = (block, demand.job_id)
-        taken.update(block.gpus)
-        draining += any(g in busy for g in block.gpus)
-    return reservations
+            return False
+        kept = [c for c in candidates if self.observed.reserved.get(c.name) == demand.job_id]
+        block = kept[0] if kept else min(candidates, key=self._cost)
+        for name, (slot, _) in list(self.reservations.items()):
+            if not set(slot.gpus).isdisjoint(block.gpus):  # a worse claim gives way
+                del self.reservations[name]
+                for g in slot.gpus:
+                    del self.owner[g]
+        self._reserve(block, demand.job_id)
+        return True
+
+    def _reserve(self, block: Slot, job_id: int) -> None:
+        self.reservations[block.name] = (block, job_id)
+        for g in block.gpus:
+            self.owner[g] = job_id
+
+    def _crowding(self, single: Slot) -> tuple[int, int]:
+        """Busy or taken GPUs in the blocks around a single: using a GPU in a crowded
+        block leaves whole idle blocks for multi-GPU jobs (best fit)."""
+        gpu = single.gpus[0]
+        around = sum(1 for size, blocks in self.usable.items() if size > 1 for b in blocks
+                     if gpu in b.gpus for g in b.gpus
+                     if g in self.busy or g in self.owner or g in self.kept_open)
+        return around, -gpu
+
+    def _cost(self, block: Slot) -> tuple[int, float, int, tuple[int, ...]]:
+        busy = self.busy
+        holders = {h for g in block.gpus for h in busy.get(g, ())}
+        states = [self.states[h] for h in holders if h in self.states]
+        jobs = sum(len(s.running_jobs) for s in states)
+        youngest = max((s.started_at or 0.0 for s in states), default=0.0)
+        used = sum(1 for g in block.gpus if g in busy or g in self.owner or g in self.kept_open)
+        return used, youngest, jobs, block.gpus
 
 
-def _cost(block: Slot, busy: Mapping[int, set[str]],
-          by_name: Mapping[str, SlotState]) -> tuple[int, int, tuple[int, ...]]:
-    holders = set().union(*(busy.get(g, set()) for g in block.gpus))
-    jobs = sum(len(by_name[h].running_jobs) for h in holders if h in by_name)
-    return sum(1 for g in block.gpus if g in busy), jobs, block.gpus
+def _credited(demand: Demand, credit_s: float) -> tuple[int, float, int]:
+    """Priority, then age, a job of N GPUs counting `credit_s` older per extra GPU."""
+    return demand.urgency[0], demand.created_at - credit_s * (demand.gpus - 1), demand.job_id
 
 
-def _decide(state: SlotState, observed: Observed, busy: Mapping[int, set[str]],
-            reservations: Mapping[str, tuple[Slot, int]],
-            reserved_gpus: Mapping[int, str]) -> Decision:
-    slot = state.slot
-    closed = [g for g in slot.gpus if g in observed.closed]
-    if closed:
-        return Decision(slot, False, f"GPU {closed[0]} closed: {observed.closed[closed[0]]}")
-    if slot.name in observed.held:
-        return Decision(slot, False, observed.held[slot.name])
-    others = sorted(set().union(*(busy.get(g, set()) for g in slot.gpus)) - {slot.name})
-    if slot.name in reservations:
-        job = reservations[slot.name][1]
+def _decide(observed: Observed, busy: Mapping[int, list[str]],
+            reservations: Mapping[str, tuple[Slot, int]]) -> tuple[Decision, ...]:
+    closed, held = observed.closed, observed.held
+    reserved_gpus = {g: name for name, (slot, _) in reservations.items() for g in slot.gpus}
+    decisions = []
+    for state in observed.slots:
+        slot = state.slot
+        shut = [g for g in slot.gpus if g in closed] if closed else None
+        if shut:
+            decisions.append(Decision(slot, False, f"GPU {shut[0]} closed: {closed[shut[0]]}"))
+        elif held and slot.name in held:
+            decisions.append(Decision(slot, False, held[slot.name]))
+        else:
+            decisions.append(_open_or_not(slot, busy, reservations, reserved_gpus))
+    return tuple(decisions)
+
+
+def _open_or_not(slot: Slot, busy: Mapping[int, list[str]], reservations: Mapping[str, tuple[Slot, int]],
+                 reserved_gpus: Mapping[int, str]) -> Decision:
+    """A slot on open GPUs: opened when reserved and free, or a free single not drained."""
+    name, gpus = slot.name, slot.gpus
+    reservation = reservations.get(name)
+    if reservation is not None:
+        others = _others(name, gpus, busy)
         if others:
-            return Decision(slot, False, f"draining for job {job}: waiting on {', '.join(others)}")
-        return Decision(slot, True, f"open for job {job}")
-    blocking = sorted({reserved_gpus[g] for g in slot.gpus if g in reserved_gpus})
-    if blocking:
-        return Decision(slot, False, f"drained for {blocking[0]}")
-    if slot.size > 1:
+            return Decision(slot, False, f"draining for job {reservation[1]}: waiting on {', '.join(others)}")
+        return Decision(slot, True, f"open for job {reservation[1]}")
+    if reserved_gpus:
+        blocking = sorted({reserved_gpus[g] for g in gpus if g in reserved_gpus})
+        if blocking:
+            return Decision(slot, False, f"drained for {blocking[0]}")
+    if len(gpus) > 1:
         return Decision(slot, False, "no pending job needs this block")
+    others = _others(name, gpus, busy)
     if others:
         return Decision(slot, False, f"GPU in use by {others[0]}")
     return Decision(slot, True, "free")
+
+
+def _others(name: str, gpus: tuple[int, ...], busy: Mapping[int, list[str]]) -> list[str]:
+    """The other slots whose running jobs are on these GPUs."""
+    return sorted({h for g in gpus for h in busy.get(g, ()) if h != name}) if busy else []

@@ -1,16 +1,30 @@
 """A discrete-event simulator: the same planner against simulated GPUs and GitLab.
 
-Virtual clock, no I/O. Runner policies model gitlab-runner's mechanics: runners poll
-every `check_s` seconds (all on one beat), GitLab hands the oldest pending job to an
-open, idle runner whose tags cover the job's (`gpus:N` -> a slot of N GPUs), and the
-executor's gate keeps a runner from starting on a GPU with a foreign process. Reference
-policies (`greedy`, `fifo`) have no runners, polling or drain latency.
+Virtual clock, no I/O, event driven: time jumps from one event to the next (a job
+arrives or ends, foreign use starts or ends, a GPU's cool-down runs out, a controller
+tick, a runner poll), and ticks and polls are only scheduled when something changed
+that they could act on, so idle stretches cost nothing. State is kept incrementally
+(pending jobs by size and urgency, idle open runners, free GPUs per host); nothing is
+rescanned per event.
+
+Runner policies model gitlab-runner's mechanics: runners poll every `check_s` seconds
+(all on one beat), GitLab hands the oldest pending job to an open, idle runner whose
+tags cover the job's (`gpus:N` -> a slot of N GPUs), and the executor's gate keeps a
+runner from starting on a GPU with a foreign process. Reference policies (`greedy`,
+`fifo`) have no runners, polling or drain latency.
 
 Policies: `static-singles` (one runner per GPU), `static-partition` (per host one
 quad, one pair and two singles, always open), `dynamic` (runnerctl: every slot, opened
-by `runnerctl.controller.plan.plan` every `reconcile_s`; hosts claim a pending job
-before draining for it), `greedy` (start any queued job that fits, oldest first) and
+by `runnerctl.controller.plan.plan` on the reconcile beat; hosts claim a pending job
+before draining for it, and no other host drains for it, though one with an idle block
+may start it), `greedy` (start any queued job that fits, oldest first) and
 `fifo` (strict arrival order).
+
+`dynamic` calls `plan` for a host only when its inputs changed since its last plan
+(its jobs, its closed GPUs, the demand it can act on) or that plan acted; the plan is
+a pure function, so an unchanged input would give the same plan again. Demand is
+handed over as the top of the queue, which holds what `relevant_demand` keeps (the
+same plan as the whole queue).
 """
 
 from __future__ import annotations
@@ -18,15 +32,19 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-import statistics
 from collections.abc import Iterable
 
-from runnerctl.controller.plan import Demand, Observed, SlotState, plan
-from runnerctl.gpus.sim import count_snapshot
-from runnerctl.layout import plan_slots
-from runnerctl.model import Slot
+from runnerctl.controller.plan import Demand, Observed, PlanPolicy, plan
+from runnerctl.sim.hosts import SimHost, SimRunner, host_name
+from runnerctl.sim.metrics import metrics
+from runnerctl.sim.queue import PendingQueue
 
 POLICIES = ("dynamic", "static-singles", "static-partition", "greedy", "fifo")
+REFERENCE = ("greedy", "fifo")
+
+# event kinds; at one instant they run in this order (state changes, then the
+# controller, then the runners)
+END, FOREIGN_OFF, FOREIGN_ON, ARRIVE, REOPEN, TICK, POLL = range(7)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,33 +73,7 @@ class SimConfig:
     reconcile_s: float = 5.0  # controller interval
     check_s: float = 3.0  # gitlab-runner check_interval
     cooldown_s: float = 30.0  # a GPU stays closed this long after foreign use ends
-
-
-@dataclasses.dataclass
-class _Runner:
-    slot: Slot
-    open: bool
-    job: int | None = None
-
-
-class _Host:
-    def __init__(self, index: int, config: SimConfig) -> None:
-        slots = plan_slots(count_snapshot(f"gpu-{chr(97 + index)}", config.gpus_per_host))
-        chosen = _policy_slots(slots, config.policy)
-        self.runners = [_Runner(s, open=config.policy != "dynamic" or s.size == 1) for s in chosen]
-        self.owner: list[int | None] = [None] * config.gpus_per_host
-        self.foreign: list[int] = [0] * config.gpus_per_host  # active foreign processes
-        self.closed_until: list[float] = [0.0] * config.gpus_per_host
-        self.reserved: dict[str, int] = {}
-
-
-def _policy_slots(slots: list[Slot], policy: str) -> list[Slot]:
-    if policy == "static-singles":
-        return [s for s in slots if s.size == 1]
-    if policy == "static-partition":
-        keys = {"gpu0-3", "gpu4-5", "gpu6", "gpu7"}
-        return [s for s in slots if s.key in keys] or [s for s in slots if s.size == 1]
-    return slots
+    plan_policy: PlanPolicy = PlanPolicy()
 
 
 class Simulator:
@@ -91,85 +83,117 @@ class Simulator:
             raise ValueError(f"unknown policy {config.policy!r}; one of {', '.join(POLICIES)}")
         self.config = config
         self.jobs = {j.job_id: j for j in jobs}
-        self.hosts = [_Host(i, config) for i in range(config.hosts)]
-        self.pending: dict[int, None] = {}  # arrival order
-        self.by_size: dict[int, dict[int, None]] = {}  # pending jobs by GPU count
+        self.hosts = [SimHost(i, gpus=config.gpus_per_host, policy=config.policy)
+                      for i in range(config.hosts)]
+        self.queue = PendingQueue()
         self.started: dict[int, float] = {}
         self.finished: dict[int, float] = {}
         self.claims: dict[int, int] = {}  # job -> host draining for it
+        self.placement: dict[int, tuple[int, tuple[int, ...]]] = {}  # job -> (host, GPUs)
+        self.first_block: dict[int, tuple[int, tuple[int, ...]]] = {}  # job -> first reserved
         self.double_allocations = 0
         self.foreign_collisions = 0
-        self.api_calls = 0
+        self.actions = 0  # runner pauses and resumes sent to GitLab
         self.busy_gpu_s = 0.0
-        self._events: list[tuple[float, int, str, tuple[int, ...]]] = []
+        self.plans = 0  # host plans computed (the benchmark reports it)
+        self._events: list[tuple[float, int, int, int, int]] = []
         self._seq = itertools.count()
-        for job in self.jobs.values():
-            self._push(job.submit, "arrive", job.job_id)
+        self._free = [len(h.owner) for h in self.hosts]  # reference policies' free GPUs
+        self._next_poll = -1.0  # scheduled poll, or -1
+        self._ticks: set[float] = set()  # scheduled controller ticks
+        self._last_poll = self._last_tick = float("-inf")
+        self._dirty: set[int] = set(range(config.hosts))
+        self._demand_changed = True
+        self._top: dict[int, tuple[int, ...]] = {}
+        # the top jobs' demand, their ids, those claimed (same for every host; see _host_demand)
+        self._common: tuple[tuple[Demand, ...], frozenset[int], frozenset[int]] | None = None
+        self._demand: dict[int, Demand] = {}
+        self._queue_since: float | None = None  # pending queue non-empty since
+        self._queued_beats = 0  # reconcile beats with jobs pending (demand polls per host)
+        sizes = {r.slot.size for h in self.hosts for r in h.runners}
+        self._slots = [r.slot for r in self.hosts[0].runners] if self.hosts else []
+        self._room = {n: 1 + sum(1 for s in self._slots if s.size == n) for n in sizes}
+        for job in sorted(self.jobs.values(), key=lambda j: (j.submit, j.job_id)):
+            self._push(job.submit, ARRIVE, job.job_id)
         for use in foreign:
-            self._push(use.start, "foreign+", use.host, use.gpu)
-            self._push(use.start + use.duration, "foreign-", use.host, use.gpu)
+            if not (0 <= use.host < config.hosts and 0 <= use.gpu < config.gpus_per_host):
+                raise ValueError(f"foreign use on {host_name(use.host)} GPU {use.gpu}: no such host "
+                                 f"or GPU ({config.hosts} hosts x {config.gpus_per_host} GPUs)")
+            self._push(use.start, FOREIGN_ON, use.host, use.gpu)
+            self._push(use.start + use.duration, FOREIGN_OFF, use.host, use.gpu)
 
-    def _push(self, at: float, kind: str, *data: int) -> None:
-        heapq.heappush(self._events, (at, next(self._seq), kind, data))
+    def _push(self, at: float, kind: int, a: int = 0, b: int = 0) -> None:
+        heapq.heappush(self._events, (at, kind, next(self._seq), a, b))
 
     def run(self) -> dict[str, object]:
-        runner_policy = self.config.policy not in ("greedy", "fifo")
-        beat = self.config.check_s if runner_policy else None
-        next_poll = 0.0
-        next_tick = 0.0
-        now = 0.0
-        while self._events or (self.pending and self._can_progress()):  # cheap while events remain
-            if runner_policy and self.pending:
-                upcoming = self._events[0][0] if self._events else float("inf")
-                wake = min(next_poll, next_tick if self.config.policy == "dynamic" else float("inf"))
-                if wake <= upcoming:
-                    now = max(now, wake)
-                    if self.config.policy == "dynamic" and next_tick <= next_poll:
-                        self._reconcile(now)
-                        next_tick = now + self.config.reconcile_s
-                    else:
-                        self._poll(now)
-                        next_poll = now + (beat or 3.0)
-                    continue
-            if not self._events:
-                break
-            now, _, kind, data = heapq.heappop(self._events)
-            self._handle(now, kind, data)
-            if runner_policy:
-                next_poll = max(next_poll, _next_beat(now, beat or 3.0))
-                next_tick = max(next_tick, _next_beat(now, self.config.reconcile_s))
+        reference = self.config.policy in REFERENCE
+        events = self._events
+        idle_ticks = 0
+        while events:
+            now, kind, _, a, b = heapq.heappop(events)
+            if kind == TICK:
+                idle_ticks += 1
+                if idle_ticks > 10_000:
+                    raise RuntimeError(f"the planner keeps changing runners with nothing else happening "
+                                       f"(t={now}): it does not settle")
+                self._tick(now)
+                continue
+            idle_ticks = 0
+            if kind == POLL:
+                self._poll(now)
             else:
-                self._schedule_reference(now)
-        return self._metrics()
-
-    def _can_progress(self) -> bool:
-        return any(self._fits_somewhere(self.jobs[j]) for j in self.pending)
-
-    def _fits_somewhere(self, job: TraceJob) -> bool:
-        return job.gpus in self._sizes
+                self._handle(now, kind, a, b)
+                if reference:
+                    self._schedule_reference(now)
+        if self._queue_since is not None:  # jobs never started: polled until the last event
+            self._count_beats(max(self.finished.values(), default=self._queue_since))
+        return metrics(self)
 
     @property
-    def _sizes(self) -> set[int]:
-        if self.config.policy in ("greedy", "fifo"):
-            return set(range(1, self.config.gpus_per_host + 1))
-        return {r.slot.size for h in self.hosts for r in h.runners}
+    def gitlab_api_calls(self) -> int:
+        """Runner pauses/resumes plus one pending-jobs poll per host and reconcile beat
+        while jobs wait (what the controller spends; runner polls are not counted)."""
+        if self.config.policy != "dynamic":
+            return self.actions
+        return self.actions + self._queued_beats * self.config.hosts
 
     # -- events ----------------------------------------------------------------------
-    def _handle(self, now: float, kind: str, data: tuple[int, ...]) -> None:
-        if kind == "arrive":
-            self.pending[data[0]] = None
-            self.by_size.setdefault(self.jobs[data[0]].gpus, {})[data[0]] = None
-        elif kind == "end":
-            self._finish(now, data[0], data[1])
-        elif kind == "foreign+":
-            self.hosts[data[0]].foreign[data[1]] += 1
-        elif kind == "foreign-":
-            host = self.hosts[data[0]]
-            host.foreign[data[1]] -= 1
-            host.closed_until[data[1]] = now + self.config.cooldown_s
+    def _handle(self, now: float, kind: int, a: int, b: int) -> None:
+        if kind == ARRIVE:
+            job = self.jobs[a]
+            if not self.queue:
+                self._queue_since = now
+            self.queue.add(a, job.gpus, job.priority)
+            self._demand_changed = True
+            if job.gpus > 1 and self.config.policy == "dynamic":  # its webhook wakes the loop
+                self._schedule_tick(now)
+            self._want_tick(now)
+            self._want_poll(now)
+            return
+        host = self.hosts[b] if kind == END else self.hosts[a]
+        if kind == END:
+            self._finish(now, a, b)
+            return
+        if kind == FOREIGN_ON:
+            host.foreign[b] += 1
+        elif kind == FOREIGN_OFF:
+            host.foreign[b] -= 1
+            host.closed_until[b] = max(host.closed_until[b], now + self.config.cooldown_s)
+            self._push(host.closed_until[b], REOPEN, a, b)
+        elif kind == REOPEN and host.gated(b, now):
+            return  # still in use, or a later cool-down runs
+        self._changed(now, a)
+
+    def _changed(self, now: float, host_no: int) -> None:
+        """Something on this host changed: its free GPUs, its plan, its runners' chances."""
+        host = self.hosts[host_no]
+        self._free[host_no] = len(host.free_gpus(now))
+        self._dirty.add(host_no)
+        self._want_tick(now)
+        self._want_poll(now)
 
     def _start(self, now: float, host_no: int, gpus: tuple[int, ...], job_id: int,
-               runner: _Runner | None) -> None:
+               runner: SimRunner | None) -> None:
         host = self.hosts[host_no]
         if any(host.owner[g] is not None for g in gpus):
             self.double_allocations += 1
@@ -178,15 +202,25 @@ class Simulator:
             self.foreign_collisions += 1
         for g in gpus:
             host.owner[g] = job_id
+        self.placement[job_id] = (host_no, gpus)
         if runner is not None:
-            runner.job = job_id
-        del self.pending[job_id]
-        del self.by_size[self.jobs[job_id].gpus][job_id]
-        self.claims.pop(job_id, None)
+            runner.job, runner.started = job_id, now
+            runner.refresh()
+            host.idle.discard(runner.index)
+        self.queue.remove(job_id)
+        if not self.queue:
+            self._count_beats(now)
+        self._demand_changed = True
+        claimer = self.claims.pop(job_id, None)
+        self._common = None
+        if claimer is not None:
+            self.hosts[claimer].claimed.discard(job_id)
+            self._dirty.add(claimer)
         self.started[job_id] = now
         job = self.jobs[job_id]
         self.busy_gpu_s += job.gpus * job.duration
-        self._push(now + job.duration, "end", job_id, host_no)
+        self._push(now + job.duration, END, job_id, host_no)
+        self._changed(now, host_no)
 
     def _finish(self, now: float, job_id: int, host_no: int) -> None:
         host = self.hosts[host_no]
@@ -195,88 +229,162 @@ class Simulator:
                 host.owner[g] = None
         for runner in host.runners:
             if runner.job == job_id:
-                runner.job = None
+                runner.job = runner.started = None
+                runner.refresh()
+                if runner.open:
+                    host.idle.add(runner.index)
         self.finished[job_id] = now
+        self._changed(now, host_no)
+
+    # -- scheduling of beats ----------------------------------------------------------
+    def _want_poll(self, now: float) -> None:
+        if self.config.policy in REFERENCE or self._next_poll >= now:
+            return
+        self._next_poll = _beat(now, self.config.check_s, self._last_poll)
+        self._push(self._next_poll, POLL)
+
+    def _want_tick(self, now: float) -> None:
+        if self.config.policy == "dynamic":
+            self._schedule_tick(_beat(now, self.config.reconcile_s, self._last_tick))
+
+    def _schedule_tick(self, at: float) -> None:
+        """A controller tick at `at`, unless one comes by then anyway."""
+        if not any(t <= at for t in self._ticks):
+            self._ticks.add(at)
+            self._push(at, TICK)
+
+    def _count_beats(self, until: float) -> None:
+        """The queue empties at `until`: count the reconcile beats it was non-empty."""
+        assert self._queue_since is not None
+        period = self.config.reconcile_s
+        self._queued_beats += int(until // period) - int(self._queue_since // period)
+        self._queue_since = None
 
     # -- runner policies ---------------------------------------------------------------
     def _poll(self, now: float) -> None:
-        """Every runner polls: GitLab gives the oldest matching pending job to the first."""
+        """Every idle open runner polls: GitLab gives the oldest matching job to the first."""
+        self._last_poll, self._next_poll = now, -1.0
         for host_no, host in enumerate(self.hosts):
-            for runner in host.runners:
-                if not self.pending or not runner.open or runner.job is not None:
-                    continue
-                if any(host.foreign[g] or host.closed_until[g] > now for g in runner.slot.gpus):
-                    continue  # the executor's gate refuses to start there
-                job_id = next(iter(self.by_size.get(runner.slot.size, ())), None)
-                if job_id is not None:
-                    self._start(now, host_no, runner.slot.gpus, job_id, runner)
+            if not host.idle or not self.queue:
+                continue
+            for index in sorted(host.idle):
+                runner = host.runners[index]
+                job_id = self.queue.oldest(runner.slot.size)
+                if job_id is None or any(host.gated(g, now) for g in runner.slot.gpus):
+                    continue  # nothing for it, or the executor's gate refuses to start here
+                self._start(now, host_no, runner.slot.gpus, job_id, runner)
 
-    def _reconcile(self, now: float) -> None:
-        multi = [self.jobs[j] for size, queue in self.by_size.items() if size > 1 for j in queue]
-        for host_no, host in enumerate(self.hosts):
-            closed = {g: "foreign" for g in range(len(host.owner))
-                      if host.foreign[g] or host.closed_until[g] > now}
-            demand = tuple(Demand(j.job_id, j.gpus, j.submit, j.priority) for j in multi
-                           if self.claims.get(j.job_id, host_no) == host_no)
-            observed = Observed(
-                tuple(SlotState(r.slot, not r.open, () if r.job is None else (r.job,))
-                      for r in host.runners), closed, demand, host.reserved)
-            result = plan(observed)
-            pauses, resumes = result.actions(observed)
-            by_name = {r.slot.name: r for r in host.runners}
-            for decision in [*pauses, *resumes]:
-                by_name[decision.slot.name].open = decision.open
-                self.api_calls += 1
-            host.reserved = dict(result.reserved)
-            for job_id in result.reserved.values():
+    def _tick(self, now: float) -> None:
+        self._last_tick = now
+        self._ticks.discard(now)
+        if self._demand_changed:
+            self._demand_changed = False
+            self._refresh_top()
+        for host_no in range(len(self.hosts)):
+            if host_no in self._dirty:
+                self._reconcile(now, host_no)
+
+    def _refresh_top(self) -> None:
+        """The most urgent jobs of each size, as many as a host has slots for, and as many
+        again unclaimed (what `relevant_demand` keeps); when they change, every host's
+        demand may have changed."""
+        top = {}
+        for size, room in self._room.items():
+            found: list[int] = []
+            unclaimed = 0
+            for job_id in self.queue.by_urgency(size):
+                if len(found) < room or job_id not in self.claims:
+                    found.append(job_id)
+                    unclaimed += job_id not in self.claims
+                    if len(found) >= room and unclaimed == room:
+                        break
+            top[size] = tuple(found)
+        if top != self._top:
+            multi_changed = any(top[n] != self._top.get(n) for n in top if n > 1)
+            self._top = top
+            self._common = None
+            # 1-GPU demand only counts for a host's idle GPUs (see plan._Reserver)
+            self._dirty.update(h for h in range(len(self.hosts)) if multi_changed or self._free[h])
+
+    def _host_demand(self, host_no: int) -> tuple[tuple[Demand, ...], frozenset[int]]:
+        """What this host's controller would read: pending jobs, those another host
+        claimed (`elsewhere`) among them. Not the whole queue: the top jobs, which hold
+        all that `relevant_demand` keeps for any host, and this host's own claimed and
+        protected jobs; `plan` of any such superset of the cut is the plan of the queue
+        (the cut of the superset is the same cut)."""
+        host = self.hosts[host_no]
+        if self._common is None:
+            ids = frozenset(j for top in self._top.values() for j in top)
+            self._common = (tuple(self._demand_of(j) for j in ids), ids, ids.intersection(self.claims))
+        demand, ids, claimed = self._common
+        own = [j for j in (*host.claimed, *host.protected)
+               if j not in ids and j in self.queue and self.claims.get(j, host_no) == host_no]
+        if own:
+            demand = demand + tuple(self._demand_of(j) for j in dict.fromkeys(own))
+        return demand, claimed - host.claimed if host.claimed else claimed
+
+    def _demand_of(self, job_id: int) -> Demand:
+        demand = self._demand.get(job_id)
+        if demand is None:
+            job = self.jobs[job_id]
+            demand = self._demand[job_id] = Demand(job_id, job.gpus, job.submit, job.priority)
+        return demand
+
+    def _reconcile(self, now: float, host_no: int) -> None:
+        host = self.hosts[host_no]
+        closed = {g: "foreign" for g in range(len(host.owner)) if host.gated(g, now)}
+        demand, elsewhere = self._host_demand(host_no)
+        observed = Observed(tuple(r.state for r in host.runners), closed, demand, host.reserved,
+                            protected=host.protected, elsewhere=elsewhere)
+        result = plan(observed, self.config.plan_policy)
+        self.plans += 1
+        pauses, resumes = result.actions(observed)
+        by_name = {r.slot.name: r for r in host.runners}
+        for decision in [*pauses, *resumes]:
+            runner = by_name[decision.slot.name]
+            runner.open = decision.open
+            runner.refresh()
+            if runner.open and runner.job is None:
+                host.idle.add(runner.index)
+            else:
+                host.idle.discard(runner.index)
+            self.actions += 1
+        if resumes:
+            self._want_poll(now)
+        reserved = dict(result.reserved)
+        for name, job_id in reserved.items():
+            self.first_block.setdefault(job_id, (host_no, by_name[name].slot.gpus))
+        if not pauses and not resumes and reserved == host.reserved and result.protected == host.protected:
+            self._dirty.discard(host_no)
+            return
+        host.reserved, host.protected = reserved, result.protected  # plan again next beat
+        self._want_tick(now)
+        claims = set(result.claims)
+        if claims != host.claimed:
+            for job_id in host.claimed - claims:
+                self.claims.pop(job_id, None)
+            for job_id in claims - host.claimed:
                 self.claims[job_id] = host_no
-            self.api_calls += 1  # polling pending jobs
+            host.claimed = claims
+            self._common = None
+            self._refresh_top()
+            self._dirty.update(h for h in range(len(self.hosts)) if h != host_no)  # their `elsewhere`
 
     # -- reference policies ------------------------------------------------------------
     def _schedule_reference(self, now: float) -> None:
-        for job_id in list(self.pending):
-            job = self.jobs[job_id]
-            placed = False
-            for host_no, host in enumerate(self.hosts):
-                free = [g for g in range(len(host.owner))
-                        if host.owner[g] is None and not host.foreign[g] and host.closed_until[g] <= now]
-                if len(free) >= job.gpus:
-                    self._start(now, host_no, tuple(free[: job.gpus]), job_id, None)
-                    placed = True
-                    break
-            if not placed and self.config.policy == "fifo":
+        """Greedy: the oldest queued job that fits somewhere, again and again; fifo stops
+        at the first that does not fit. A job goes to the first host with room."""
+        while self.queue:
+            most = max(self._free)
+            job_id = self.queue.oldest_fitting(most if self.config.policy == "greedy" else 10**9)
+            if job_id is None or self.jobs[job_id].gpus > most:
                 return
-
-    # -- results -----------------------------------------------------------------------
-    def _metrics(self) -> dict[str, object]:
-        jobs = list(self.jobs.values())
-        gpus = self.config.hosts * self.config.gpus_per_host
-        first = min((j.submit for j in jobs), default=0.0)
-        end = max(self.finished.values(), default=first)
-        makespan = end - first
-        lower = max(sum(j.gpus * j.duration for j in jobs) / gpus,
-                    max((j.submit + j.duration for j in jobs), default=0.0) - first)
-        waits: dict[int, list[float]] = {}
-        for job in jobs:
-            if job.job_id in self.started:
-                waits.setdefault(job.gpus, []).append(self.started[job.job_id] - job.submit)
-        return {
-            "policy": self.config.policy, "makespan_s": round(makespan, 3),
-            "lower_bound_s": round(lower, 3),
-            "gpu_occupancy": round(self.busy_gpu_s / (gpus * makespan), 4) if makespan else 0.0,
-            "wait_p50_s": {n: round(statistics.median(w), 3) for n, w in sorted(waits.items())},
-            "wait_p95_s": {n: round(_quantile(w, 0.95), 3) for n, w in sorted(waits.items())},
-            "wait_max_s": {n: round(max(w), 3) for n, w in sorted(waits.items())},
-            "jobs_completed": len(self.finished), "jobs_never_started": len(jobs) - len(self.started),
-            "double_allocations": self.double_allocations,
-            "foreign_collisions": self.foreign_collisions, "gitlab_api_calls": self.api_calls,
-        }
+            need = self.jobs[job_id].gpus
+            host_no = next(h for h, free in enumerate(self._free) if free >= need)
+            self._start(now, host_no, tuple(self.hosts[host_no].free_gpus(now)[:need]), job_id, None)
 
 
-def _next_beat(now: float, period: float) -> float:
-    return (int(now // period) + 1) * period
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def _beat(now: float, period: float, last: float) -> float:
+    """The first beat (a multiple of `period`) at or after `now` that has not run yet."""
+    beat = -(-now // period) * period
+    return beat if beat > last else beat + period

@@ -1,7 +1,8 @@
 """Trace files for `runnerctl simulate`, and a synthetic workload generator.
 
 JOBS.csv: `job_id,submit_time,gpus,duration` (seconds), optional `project,priority`.
-FOREIGN.csv: `start,duration,host,gpu`, hosts named gpu-a, gpu-b, ... in order.
+FOREIGN.csv: `start,duration,host,gpu`, hosts named gpu-a, gpu-b, ... in order (after
+gpu-z: gpu-aa, gpu-ab, ..., as `hosts.host_name` names them).
 """
 
 from __future__ import annotations
@@ -34,9 +35,13 @@ def read_foreign(path: Path) -> list[ForeignUse]:
 
 
 def _host(name: str) -> int:
-    if not (name.startswith("gpu-") and len(name) == 5 and name[4].isalpha()):
-        raise ValueError(f"host {name!r} is not gpu-a, gpu-b, ...")
-    return ord(name[4]) - ord("a")
+    letters = name[4:]
+    if not (name.startswith("gpu-") and letters and all("a" <= c <= "z" for c in letters)):
+        raise ValueError(f"host {name!r} is not gpu-a, gpu-b, ..., gpu-z, gpu-aa, ...")
+    index = 0
+    for c in letters:  # as spreadsheet columns: a..z, aa..az, ba..
+        index = index * 26 + ord(c) - ord("a") + 1
+    return index - 1
 
 
 def _rows(path: Path, needed: tuple[str, ...]) -> list[dict[str, str]]:

@@ -1,0 +1,73 @@
+"""The simulator's hosts: runners, GPU owners, foreign use, and their controller's memory.
+
+Split from `simulator` (the event loop) so each stays small; the state here is mutated
+only by `Simulator`. Hosts are named as FOREIGN.csv names them: gpu-a ... gpu-z, gpu-aa.
+"""
+
+from __future__ import annotations
+
+from runnerctl.controller.plan import SlotState
+from runnerctl.gpus.sim import count_snapshot
+from runnerctl.layout import plan_slots
+from runnerctl.model import Slot
+
+
+def host_name(index: int) -> str:
+    """gpu-a ... gpu-z, then gpu-aa, gpu-ab, ... (as spreadsheet columns)."""
+    letters = ""
+    index += 1
+    while index:
+        index, rest = divmod(index - 1, 26)
+        letters = chr(97 + rest) + letters
+    return f"gpu-{letters}"
+
+
+class SimRunner:
+    """One runner: its slot, open (unpaused) or not, the job it runs."""
+
+    __slots__ = ("slot", "index", "open", "job", "started", "state")
+
+    def __init__(self, slot: Slot, index: int, open_: bool) -> None:
+        self.slot, self.index, self.open = slot, index, open_
+        self.job: int | None = None
+        self.started: float | None = None
+        self.state = SlotState(slot, not open_)
+
+    def refresh(self) -> None:
+        self.state = SlotState(self.slot, not self.open, () if self.job is None else (self.job,),
+                               self.started)
+
+
+class SimHost:
+    """One host: its runners under a policy, who holds each GPU, foreign use and cool-downs,
+    and what its controller remembers (drains, claims, protected jobs)."""
+
+    def __init__(self, index: int, *, gpus: int, policy: str) -> None:
+        slots = plan_slots(count_snapshot(host_name(index), gpus))
+        dynamic = policy == "dynamic"
+        self.runners = [SimRunner(s, i, not dynamic or s.size == 1)
+                        for i, s in enumerate(policy_slots(slots, policy))]
+        self.idle = {r.index for r in self.runners if r.open}  # open runners without a job
+        self.owner: list[int | None] = [None] * gpus
+        self.foreign = [0] * gpus  # active foreign processes
+        self.closed_until = [0.0] * gpus
+        self.reserved: dict[str, int] = {}
+        self.claimed: set[int] = set()
+        self.protected: frozenset[int] = frozenset()
+
+    def gated(self, gpu: int, now: float) -> bool:
+        return bool(self.foreign[gpu]) or self.closed_until[gpu] > now
+
+    def free_gpus(self, now: float) -> list[int]:
+        return [g for g, owner in enumerate(self.owner) if owner is None and not self.gated(g, now)]
+
+
+def policy_slots(slots: list[Slot], policy: str) -> list[Slot]:
+    """The runners a policy registers: every slot (dynamic, references), the singles, or
+    a fixed partition (one quad, one pair, two singles)."""
+    if policy == "static-singles":
+        return [s for s in slots if s.size == 1]
+    if policy == "static-partition":
+        keys = {"gpu0-3", "gpu4-5", "gpu6", "gpu7"}
+        return [s for s in slots if s.key in keys] or [s for s in slots if s.size == 1]
+    return slots

@@ -1,0 +1,40 @@
+"""What `runnerctl simulate --json` prints: makespan against its lower bound, occupancy,
+waits by job size, and the invariant counters (double allocations, foreign collisions)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runnerctl.sim.simulator import Simulator
+
+
+def metrics(sim: Simulator) -> dict[str, object]:
+    jobs = list(sim.jobs.values())
+    gpus = sim.config.hosts * sim.config.gpus_per_host
+    first = min((j.submit for j in jobs), default=0.0)
+    end = max(sim.finished.values(), default=first)
+    makespan = end - first
+    lower = max(sum(j.gpus * j.duration for j in jobs) / gpus,
+                max((j.submit + j.duration for j in jobs), default=0.0) - first)
+    waits: dict[int, list[float]] = {}
+    for job in jobs:
+        if job.job_id in sim.started:
+            waits.setdefault(job.gpus, []).append(sim.started[job.job_id] - job.submit)
+    return {
+        "policy": sim.config.policy, "makespan_s": round(makespan, 3),
+        "lower_bound_s": round(lower, 3),
+        "gpu_occupancy": round(sim.busy_gpu_s / (gpus * makespan), 4) if makespan else 0.0,
+        "wait_p50_s": {n: round(statistics.median(w), 3) for n, w in sorted(waits.items())},
+        "wait_p95_s": {n: round(_quantile(w, 0.95), 3) for n, w in sorted(waits.items())},
+        "wait_max_s": {n: round(max(w), 3) for n, w in sorted(waits.items())},
+        "jobs_completed": len(sim.finished), "jobs_never_started": len(jobs) - len(sim.started),
+        "double_allocations": sim.double_allocations,
+        "foreign_collisions": sim.foreign_collisions, "gitlab_api_calls": sim.gitlab_api_calls,
+    }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

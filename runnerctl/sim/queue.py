@@ -1,0 +1,58 @@
+"""The simulator's pending jobs: what GitLab hands out and what the planner reads.
+
+Two orders over the same jobs, both kept incrementally (no rescans): per GPU count in
+arrival order (GitLab gives a polling runner the oldest pending job its tags cover),
+and per GPU count in urgency order (priority, then age: the order `plan` serves).
+Arrivals are pushed in (submit time, job id) order, so within a priority arrival order
+is urgency order and insertion-ordered dicts are enough.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from runnerctl.controller.plan import PRIORITY_RANK
+
+RANKS = len(PRIORITY_RANK)
+
+
+class PendingQueue:
+    def __init__(self) -> None:
+        self._arrival: dict[int, dict[int, None]] = {}  # GPUs -> job ids, oldest first
+        self._urgent: dict[int, list[dict[int, None]]] = {}  # GPUs -> per priority rank
+        self._rank: dict[int, tuple[int, int]] = {}  # job -> (GPUs, rank)
+        self._order: dict[int, int] = {}  # job -> arrival number
+
+    def __len__(self) -> int:
+        return len(self._rank)
+
+    def __contains__(self, job_id: int) -> bool:
+        return job_id in self._rank
+
+    def add(self, job_id: int, gpus: int, priority: str) -> None:
+        rank = PRIORITY_RANK.get(priority, 1)
+        self._arrival.setdefault(gpus, {})[job_id] = None
+        self._urgent.setdefault(gpus, [{} for _ in range(RANKS)])[rank][job_id] = None
+        self._rank[job_id] = (gpus, rank)
+        self._order[job_id] = len(self._order)
+
+    def remove(self, job_id: int) -> None:
+        gpus, rank = self._rank.pop(job_id)
+        del self._arrival[gpus][job_id]
+        del self._urgent[gpus][rank][job_id]
+
+    def oldest(self, gpus: int) -> int | None:
+        """The job GitLab hands to a runner for `gpus` GPUs."""
+        return next(iter(self._arrival.get(gpus, ())), None)
+
+    def sizes(self) -> list[int]:
+        return [g for g, jobs in self._arrival.items() if jobs]
+
+    def by_urgency(self, gpus: int) -> Iterator[int]:
+        for jobs in self._urgent.get(gpus, ()):
+            yield from jobs
+
+    def oldest_fitting(self, free: int) -> int | None:
+        """The oldest pending job that asks for at most `free` GPUs (reference policies)."""
+        heads = [jobs for gpus, jobs in self._arrival.items() if gpus <= free and jobs]
+        return min((next(iter(jobs)) for jobs in heads), key=self._order.__getitem__, default=None)
