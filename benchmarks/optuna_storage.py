@@ -56,6 +56,7 @@ class Run:
     workers: int
     rate: float  # trials/s, steady
     cpu_ms: float  # CPU per trial, workers + server
+    server_ms: float = 0.0  # of which the server's
 
 
 def objective(trial: Any) -> float:
@@ -109,8 +110,9 @@ class Workers:
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
                       for _ in range(count)]
 
-    def run(self, count: int, command: str, go: Path, server_cpu: Callable[[], float]) -> float:
-        """Start `count` workers on one study together; returns CPU seconds (workers + server)."""
+    def run(self, count: int, command: str, go: Path,
+            server_cpu: Callable[[], float]) -> tuple[float, float]:
+        """Start `count` workers on one study together; returns CPU seconds (workers, server)."""
         used = self.procs[:count]
         for proc in used:
             assert proc.stdin is not None
@@ -121,7 +123,7 @@ class Workers:
         server = server_cpu()
         go.touch()
         cpu = sum(float(self._line(proc).split()[1]) for proc in used)
-        return cpu + server_cpu() - server
+        return cpu, server_cpu() - server
 
     @staticmethod
     def _line(proc: subprocess.Popen[str]) -> str:
@@ -148,12 +150,13 @@ def run_one(workers: Workers, url: str, count: int, per_worker: int, mode: str,
     storage = _own_storage(url)
     optuna.create_study(study_name=name, storage=storage)
     go = scratch / f"go-{name}"
-    cpu = workers.run(count, f"{url} {name} {count * per_worker} {per_worker} {go} {mode}", go,
+    cpu, server = workers.run(count, f"{url} {name} {count * per_worker} {per_worker} {go} {mode}", go,
                       lambda: _server_cpu(server_pid))
     trials = optuna.load_study(study_name=name, storage=storage).get_trials(
         deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     ends = [t.datetime_complete.timestamp() for t in trials if t.datetime_complete]
-    return Run(_storage_name(url), mode, count, _steady_rate(ends), 1000 * cpu / len(trials))
+    return Run(_storage_name(url), mode, count, _steady_rate(ends), 1000 * (cpu + server) / len(trials),
+               1000 * server / len(trials))
 
 
 _STORAGES: dict[str, Any] = {}
@@ -322,7 +325,8 @@ def main() -> int:
                             run = run_one(workers, url, count, args.trials_per_worker, mode, pid, scratch)
                             runs.append(run)
                             print(f"round {round_}: {storage:11} {mode:9} {count:3} workers "
-                                  f"{run.rate:6.2f} trials/s {run.cpu_ms:6.1f} CPU ms/trial", flush=True)
+                                  f"{run.rate:6.2f} trials/s {run.cpu_ms:6.1f} CPU ms/trial "
+                                  f"(server {run.server_ms:4.1f})", flush=True)
     finally:
         workers.close()
         shutil.rmtree(scratch, ignore_errors=True)

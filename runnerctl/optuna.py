@@ -33,6 +33,7 @@ from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.storages._cached_storage import _CachedStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import Trial, TrialState
 
@@ -52,6 +53,10 @@ MAX_RETRY = 3
 POOL_SIZE = 2
 """Connections per worker: the trial's and the heartbeat thread's. No overflow: a
 third would only wait, and a fixed size keeps 16 workers at 32 connections."""
+ENV_REFRESH = "RUNNERCTL_OPTUNA_REFRESH_S"
+REFRESH_S = 1.0
+"""A worker reads other workers' new and unfinished trials at most this often (see
+`SweepStorage`); 0 reads them at every request, as plain Optuna does."""
 JOURNAL_PREFIX = "journal:"
 """`journal:PATH` selects Optuna's journal file storage (one host; no heartbeats)."""
 
@@ -83,6 +88,46 @@ def make_storage(url: str, *, heartbeat_interval: int | None = None,
                           grace_period=grace, **_retry_callback())
 
 
+class SweepStorage(_CachedStorage):
+    """Optuna's cache in front of RDBStorage, reading the database less often.
+
+    Plain Optuna re-reads every unfinished trial of the study (and every new one) with
+    all their parameters and attributes about three times per trial: to pop a WAITING
+    trial, for the sampler, for the relative search space. With W workers that is
+    W trials loaded through the ORM, three times, by each of W workers per trial round,
+    and on a busy host this CPU, not the database, is what stops 16 workers scaling.
+    Here a worker refreshes its view at most once per `refresh_s` (the sampler sees other
+    workers' trials up to that much later, nothing it has not already seen goes away) and
+    looks for dead workers' trials at most once per heartbeat interval (a trial is stale
+    only after a grace period of several intervals anyway). Writes go straight through:
+    a trial's state is always set in the database, atomically, as before.
+    """
+
+    def __init__(self, backend: RDBStorage, *, refresh_s: float = REFRESH_S) -> None:
+        super().__init__(backend)
+        self.refresh_s = refresh_s
+        self._read_at: dict[int, float] = {}
+        self._stale_checked_at: dict[int, float] = {}
+
+    def _read_trials_from_remote_storage(self, study_id: int) -> None:
+        now = time.monotonic()
+        if study_id in self._studies and now - self._read_at.get(study_id, -1e9) < self.refresh_s:
+            return
+        super()._read_trials_from_remote_storage(study_id)
+        self._read_at[study_id] = now
+
+    def expire(self) -> None:
+        """Make the next read go to the database (a worker's last look at the study)."""
+        self._read_at.clear()
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        now, interval = time.monotonic(), self._backend.heartbeat_interval or 0
+        if now - self._stale_checked_at.get(study_id, -1e9) < interval:
+            return []
+        self._stale_checked_at[study_id] = now
+        return super()._get_stale_trial_ids(study_id)
+
+
 def _retry_callback() -> dict[str, Any]:
     """Optuna 4.9 renamed the callback and its argument; older releases know the old names."""
     try:
@@ -103,6 +148,19 @@ def _positive(env: Mapping[str, str], name: str, default: int) -> int:
     return int(raw)
 
 
+def _refresh_s(env: Mapping[str, str]) -> float:
+    raw = env.get(ENV_REFRESH, "")
+    try:
+        refresh = float(raw) if raw else REFRESH_S
+    except ValueError:
+        refresh = -1.0
+    if not 0 <= refresh <= 60:
+        raise ConfigError(f"{ENV_REFRESH} must be a number of seconds from 0 to 60, not {raw!r}",
+                          hint=f"0 reads other workers' trials at every step, as plain Optuna does; "
+                               f"the default is {REFRESH_S}")
+    return refresh
+
+
 def study_from_env(env: Mapping[str, str] | None = None, *,
                    sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
     """The study named by OPTUNA_STUDY_NAME in OPTUNA_STORAGE, with runnerctl's storage settings.
@@ -115,8 +173,10 @@ def study_from_env(env: Mapping[str, str] | None = None, *,
     if missing:
         raise ConfigError(f"{' and '.join(missing)} not set",
                           hint="run inside runnerctl's optuna-sweep template, or set them by hand")
-    return optuna.load_study(study_name=env[ENV_STUDY], storage=make_storage(env[ENV_STORAGE], env=env),
-                             sampler=sampler)
+    storage = make_storage(env[ENV_STORAGE], env=env)
+    if isinstance(storage, RDBStorage):
+        storage = SweepStorage(storage, refresh_s=_refresh_s(env))
+    return optuna.load_study(study_name=env[ENV_STUDY], storage=storage, sampler=sampler)
 
 
 def run_worker(objective: Objective, *, study: optuna.Study | None = None,
@@ -127,6 +187,14 @@ def run_worker(objective: Objective, *, study: optuna.Study | None = None,
     """
     study = study or study_from_env()
     budget = n_trials if n_trials is not None else _budget_from_env()
+    try:
+        return _run_until_budget(objective, study, budget, poll_s)
+    finally:
+        if isinstance(study._storage, SweepStorage):
+            study._storage.expire()  # the caller's next look at the study is a fresh one
+
+
+def _run_until_budget(objective: Objective, study: optuna.Study, budget: int, poll_s: float) -> int:
     counter = TrialCounter(study)
     gate = _Admission(objective, counter, budget)
     while True:

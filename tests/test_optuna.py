@@ -18,6 +18,8 @@ from runnerctl.optuna import (
     GRACE_PERIOD_S,
     HEARTBEAT_INTERVAL_S,
     POOL_SIZE,
+    REFRESH_S,
+    SweepStorage,
     TrialCounter,
     make_storage,
     run_worker,
@@ -65,6 +67,30 @@ def test_study_from_env_names_what_is_missing(tmp_path: Path) -> None:
     assert study.study_name == "env_study" and study.direction == optuna.study.StudyDirection.MAXIMIZE
 
 
+def test_sweep_storage_reads_other_workers_trials_once_per_refresh(pg_server: PostgresServer) -> None:
+    """Other workers' trials reach a worker's view at its next refresh, not at every read;
+    its own trials and every write go to the database at once."""
+    url = pg_server.create_database("refresh")
+    optuna.create_study(study_name="refresh", storage=url)
+    env = {"OPTUNA_STORAGE": url, "OPTUNA_STUDY_NAME": "refresh"}
+    study = study_from_env({**env, "RUNNERCTL_OPTUNA_REFRESH_S": "60"})
+    storage = study._storage
+    assert isinstance(storage, SweepStorage) and storage.refresh_s == 60
+    assert study.trials == []  # the first read: the study as it is
+    other = optuna.load_study(study_name="refresh", storage=url)  # plain Optuna, another worker
+    other.optimize(_quick, n_trials=2)
+    own = study.ask()
+    study.tell(own, 0.5)
+    assert [t.number for t in study.trials] == [own.number]  # the others come at the next refresh
+    assert [t.state for t in other.trials] == [TrialState.COMPLETE] * 3  # its own write is there
+    storage.refresh_s = 0
+    assert [t.number for t in study.trials] == [0, 1, 2]
+    assert study_from_env(env)._storage.refresh_s == REFRESH_S  # type: ignore[attr-defined]
+    for bad in ("-1", "soon", "61"):
+        with pytest.raises(ConfigError, match="RUNNERCTL_OPTUNA_REFRESH_S must be a number"):
+            study_from_env({**env, "RUNNERCTL_OPTUNA_REFRESH_S": bad})
+
+
 def test_budget_is_exact_and_a_finished_study_adds_no_trials(pg_server: PostgresServer,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     url = pg_server.create_database("budget")
@@ -87,11 +113,11 @@ def test_waiting_workers_fail_and_retry_a_dead_workers_trial(pg_server: Postgres
     url = pg_server.create_database("dead_worker")
     optuna.create_study(study_name="dead", storage=url)
     storage = make_storage(url, heartbeat_interval=1, grace_period=1)
-    study = optuna.load_study(study_name="dead", storage=storage)
+    assert isinstance(storage, RDBStorage)
+    study = optuna.load_study(study_name="dead", storage=SweepStorage(storage))  # as study_from_env
     assert run_worker(_quick, study=study, n_trials=3) == 3
     dead = study.ask()  # a fourth trial, RUNNING, its worker about to vanish
     dead.suggest_float("x", -1, 1)
-    assert isinstance(storage, RDBStorage)
     storage.record_heartbeat(dead._trial_id)  # one beat, then silence
     started = time.monotonic()
     assert run_worker(_quick, study=study, n_trials=4, poll_s=0.2) == 1
