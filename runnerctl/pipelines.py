@@ -1,11 +1,14 @@
 """`runnerctl render`: a complete .gitlab-ci.yml from one of runnerctl's CI/CD components.
 
-The components in `templates/` follow GitLab's layout (a `spec: inputs` header, `---`,
-then the jobs, with `$[[ inputs.NAME ]]` placeholders), so a GitLab with the CI/CD
-catalog includes them directly. `render` does the same interpolation locally, for
-GitLab versions without components and for checks before a push. Inputs are checked
-as GitLab checks them (type, options, regex, required) plus runnerctl's own limits
-(GPU counts and worker counts), and every refusal names the input.
+The components in `templates/` follow GitLab's layout (`templates/NAME.yml` or
+`templates/NAME/template.yml`: a `spec: inputs` header, `---`, then the jobs, with
+`$[[ inputs.NAME ]]` placeholders), so a GitLab with the CI/CD catalog includes them
+directly. `render` does the same interpolation locally, for GitLab versions without
+components and for checks before a push. Like GitLab, it interpolates parsed YAML
+values, not text: a placeholder that is a whole value takes the input's type (number,
+array), one inside a string is pasted in, and no input can inject YAML. Inputs are
+checked as GitLab checks them (type, options, regex, required) plus runnerctl's own
+limits (GPU and worker counts), and every refusal names the input.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import dataclasses
 import importlib.resources
 import json
 import re
+from importlib.resources.abc import Traversable
 from typing import Any
 
 import yaml
@@ -34,42 +38,60 @@ LIMITS: dict[str, tuple[int, int]] = {
 class Component:
     name: str
     inputs: dict[str, dict[str, Any]]
-    body: str
+    jobs: dict[str, Any]
+
+
+def _root() -> Traversable:
+    return importlib.resources.files("runnerctl.templates")
+
+
+def _source(name: str) -> Traversable | None:
+    root = _root()
+    for candidate in (root.joinpath(f"{name}.yml"), root.joinpath(name, "template.yml")):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 def components() -> list[str]:
-    root = importlib.resources.files("runnerctl.templates")
-    return sorted(p.name.removesuffix(".yml") for p in root.iterdir() if p.name.endswith(".yml"))
+    """Names of the components, in both of GitLab's layouts."""
+    names = []
+    for entry in _root().iterdir():
+        if entry.name.endswith(".yml"):
+            names.append(entry.name.removesuffix(".yml"))
+        elif entry.is_dir() and entry.joinpath("template.yml").is_file():
+            names.append(entry.name)
+    return sorted(names)
 
 
 def load_component(name: str) -> Component:
-    known = components()
-    if name not in known:
-        raise ConfigError(f"unknown component {name!r}", hint=f"known: {', '.join(known)}")
-    text = importlib.resources.files("runnerctl.templates").joinpath(f"{name}.yml").read_text()
-    header, _, body = text.partition("\n---\n")
-    spec = (yaml.safe_load(header) or {}).get("spec", {})
-    return Component(name, dict(spec.get("inputs") or {}), body)
+    source = _source(name) if re.fullmatch(r"[a-z0-9][a-z0-9_-]*", name) else None
+    if source is None:
+        raise ConfigError(f"unknown component {name!r}", hint=f"known: {', '.join(components())}")
+    header, jobs = yaml.safe_load_all(source.read_text())
+    spec = (header or {}).get("spec") or {}
+    inputs = {key: dict(value or {}) for key, value in (spec.get("inputs") or {}).items()}
+    return Component(name, inputs, jobs or {})
 
 
 def parse_inputs(pairs: list[str]) -> dict[str, str]:
     values: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise ConfigError(f"input {pair!r} is not KEY=VALUE")
         values[key.strip()] = value
     return values
 
 
 def resolve_inputs(component: Component, given: dict[str, str]) -> dict[str, Any]:
+    """Every input's value: given (converted to its type) or default; all checked."""
     unknown = sorted(set(given) - set(component.inputs))
     if unknown:
         raise ConfigError(f"unknown input {unknown[0]!r} for {component.name}",
                           hint=f"inputs: {', '.join(component.inputs)}")
     resolved: dict[str, Any] = {}
     for name, spec in component.inputs.items():
-        spec = spec or {}
         if name in given:
             value = _convert(name, given[name], spec.get("type", "string"))
         elif "default" in spec:
@@ -84,28 +106,26 @@ def resolve_inputs(component: Component, given: dict[str, str]) -> dict[str, Any
 def render(name: str, given: dict[str, str]) -> str:
     """The complete pipeline: `stages:` plus the component's jobs, inputs filled in."""
     component = load_component(name)
-    values = resolve_inputs(component, given)
-    body = _interpolate(component.body, values)
-    try:
-        jobs = yaml.safe_load(body) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"the inputs of {name} do not give valid YAML: {exc}") from None
-    stages = []
+    jobs = _interpolate(component.jobs, resolve_inputs(component, given))
+    stages: list[str] = []
     for job in jobs.values():
         stage = job.get("stage", "test") if isinstance(job, dict) else None
-        if stage and not stage.startswith(".") and stage not in stages:
+        if isinstance(stage, str) and not stage.startswith(".") and stage not in stages:
             stages.append(stage)
     header = f"# rendered by `runnerctl render {name}`\n"
     return header + yaml.dump({"stages": stages or ["test"], **jobs}, Dumper=_Dumper,
-                              sort_keys=False, width=100)
+                              sort_keys=False, width=100, allow_unicode=True)
 
 
 class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (scripts) as `|` blocks, the way people write them."""
+    """Multi-line strings (scripts) as `|` blocks, the way people write them; no anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
+    style = "|" if "\n" in value and not value.endswith((" ", "\t")) else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
@@ -147,21 +167,29 @@ def _check(name: str, value: Any, spec: dict[str, Any]) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
             raise ConfigError(f"input {name!r} must be a whole number from {low} to {high}, "
                               f"not {value!r}")
+    if spec.get("type") == "array" and not all(isinstance(i, str) and i for i in value):
+        raise ConfigError(f"input {name!r} must be an array of non-empty strings")
     if isinstance(value, str) and "\x00" in value:
         raise ConfigError(f"input {name!r} holds a NUL byte")
 
 
-def _interpolate(body: str, values: dict[str, Any]) -> str:
-    """Fill placeholders; a multi-line value keeps the indentation of its placeholder."""
-    lines = []
-    for line in body.splitlines():
-        indent = line[: len(line) - len(line.lstrip())]
+def _interpolate(node: Any, values: dict[str, Any]) -> Any:
+    """GitLab's rules: a whole-value placeholder keeps the input's type, others paste text."""
+    if isinstance(node, dict):
+        return {_interpolate(key, values): _interpolate(value, values) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(item, values) for item in node]
+    if not isinstance(node, str):
+        return node
+    whole = _PLACEHOLDER.fullmatch(node)
+    if whole:
+        return values[whole.group(1)]
+    return _PLACEHOLDER.sub(lambda match: _text(values[match.group(1)]), node)
 
-        def fill(match: re.Match[str], indent: str = indent) -> str:
-            value = values[match.group(1)]
-            text = json.dumps(value) if isinstance(value, list) else str(value)
-            text = "true" if value is True else "false" if value is False else text
-            return text.replace("\n", "\n" + indent)
 
-        lines.append(_PLACEHOLDER.sub(fill, line))
-    return "\n".join(lines) + "\n"
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return json.dumps(value)
+    return str(value)

@@ -2,14 +2,20 @@
 
 A hyperparameter search needs one database that every worker reaches; spending a whole
 node or GPU slot on it is waste. `runnerctl postgres` runs a small server with initdb and
-pg_ctl in a data directory of runnerctl's, password authentication (scram-sha-256)
-only, listening where configured (default 127.0.0.1), and gives every study its own
-database owned by its own login role, so a study's URL grants nothing else.
+pg_ctl in a directory of runnerctl's (data/, secrets/, server.log), listening where
+configured (default 127.0.0.1) with password authentication (scram-sha-256) only, and
+gives every project or study its own database owned by its own login role: a study's URL
+opens that database and nothing else (pg_hba `sameuser`, CONNECT revoked from PUBLIC, no
+superuser, createdb or createrole). The admin role connects only through the local
+socket or loopback. An external server works the same way through its admin URL: the
+databases and roles are created there instead.
 
-PostgreSQL refuses to run as root; when runnerctl runs as root, the server runs as the
-`postgres` system user (created by Debian's postgresql package) and owns the data dir.
-`start` is idempotent (a reboot leaves a stopped server; start it again) and `stop` is
-a fast shutdown that keeps every committed transaction.
+PostgreSQL refuses to run as root. When runnerctl runs as root, initdb and pg_ctl run as
+the `postgres` system user (Debian's postgresql package creates it), with its own group
+and no supplementary ones, and that user owns the data directory; every directory above
+it must be searchable by that user, which `init` checks. `start` is idempotent (after a
+reboot the server is stopped; start it again) and `stop` is a fast shutdown: clients
+are disconnected, every committed transaction is kept.
 """
 
 from __future__ import annotations
@@ -21,15 +27,25 @@ import pwd
 import re
 import secrets
 import shutil
+import socket
+import stat
 import subprocess
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from runnerctl.errors import ConfigError, RunnerctlError
 
 ADMIN_ROLE = "runnerctl_admin"
-_NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+SERVER_USER = "postgres"
+"""Who runs the server when runnerctl runs as root (Debian's postgresql package user)."""
+DEFAULT_DATABASE = "optuna"
+"""The project database `runnerctl postgres url` hands out when no name is given."""
 MAX_CONNECTIONS = 200
-"""Room for 16 workers x a pool of 4 plus heartbeats, per study, for a few studies."""
+"""runnerctl.optuna uses at most 2 connections per worker: about 95 workers."""
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+_RESERVED = {"postgres", "template0", "template1", "public", ADMIN_ROLE}
+_WILDCARDS = {"*", "0.0.0.0", "::"}
 
 
 class PostgresError(RunnerctlError):
@@ -38,8 +54,10 @@ class PostgresError(RunnerctlError):
 
 @dataclasses.dataclass(frozen=True)
 class PostgresConfig:
-    base_dir: Path  # holds data/, secrets/ and server.log
+    base_dir: Path
+    """Holds data/ (the cluster), secrets/ (one password file per role) and server.log."""
     listen: str = "127.0.0.1"
+    """listen_addresses: comma-separated addresses, or * for all."""
     port: int = 5432
 
     @property
@@ -55,6 +73,14 @@ class PostgresConfig:
         return self.base_dir / "server.log"
 
 
+def check_name(name: str, what: str = "study") -> str:
+    """Database and role names: short, lowercase, never one of PostgreSQL's own."""
+    if not _NAME.match(name) or name in _RESERVED or name.startswith("pg_"):
+        raise ConfigError(f"{what} name {name!r} must start with a lowercase letter, hold only "
+                          "lowercase letters, digits and _ (at most 48), and not be reserved")
+    return name
+
+
 def find_bindir() -> Path:
     """Debian keeps initdb/pg_ctl off PATH: ask pg_config, else the newest installed."""
     pg_config = shutil.which("pg_config")
@@ -63,31 +89,50 @@ def find_bindir() -> Path:
         candidate = Path(out.stdout.strip())
         if (candidate / "initdb").exists():
             return candidate
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
-                   key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0)
+    found = sorted(Path(p).parent for p in glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    found.sort(key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
     if found:
-        return Path(found[-1]).parent
-    if shutil.which("initdb"):
-        return Path(shutil.which("initdb") or "").parent
+        return found[-1]
+    initdb = shutil.which("initdb")
+    if initdb:
+        return Path(initdb).parent
     raise PostgresError("PostgreSQL server binaries (initdb, pg_ctl) not found",
-                        hint="install them, e.g. `apt-get install postgresql`, or use an external "
-                        "PostgreSQL URL")
+                        hint="install them, e.g. `apt-get install postgresql`, or set "
+                        "[postgres] url to an external server")
 
 
-def check_name(name: str, what: str = "study") -> str:
-    if not _NAME.match(name):
-        raise ConfigError(f"{what} name {name!r} must start with a lowercase letter and hold only "
-                          "lowercase letters, digits and _ (at most 48)")
-    return name
+class Secrets:
+    """One password per role, in files only their owner reads (0600 in a 0700 dir)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def get(self, role: str) -> str | None:
+        path = self.directory / f"{role}.password"
+        return path.read_text().strip() if path.exists() else None
+
+    def get_or_create(self, role: str) -> str:
+        existing = self.get(role)
+        if existing is not None:
+            return existing
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        password = secrets.token_urlsafe(24)  # URL-safe: goes into storage URLs as it is
+        fd = os.open(self.directory / f"{role}.password", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(password + "\n")
+        return password
 
 
 class PostgresServer:
+    """runnerctl's own server: initdb once, start/stop with pg_ctl, admin over the socket."""
+
     def __init__(self, config: PostgresConfig) -> None:
         self.config = config
         self.bindir = find_bindir()
-        self._user = "postgres" if os.geteuid() == 0 else None
+        self.secrets = Secrets(config.secrets_dir)
+        self._as = _server_user() if os.geteuid() == 0 else None
 
-    # -- life cycle --------------------------------------------------------------------
+    # -- life cycle ------------------------------------------------------------------
     def initialised(self) -> bool:
         return (self.config.data_dir / "PG_VERSION").exists()
 
@@ -96,34 +141,32 @@ class PostgresServer:
         if self.initialised():
             return False
         cfg = self.config
-        cfg.secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        cfg.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        password = self._secret(ADMIN_ROLE, create=True)
-        pwfile = cfg.base_dir / ".initdb-pw"
-        pwfile.write_text(password + "\n")
+        _check_listen(cfg.listen)
+        cfg.base_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        if self._as is not None:
+            _check_reachable(cfg.base_dir, self._as)
+        cfg.data_dir.mkdir(exist_ok=True, mode=0o700)
+        pwfile = cfg.base_dir / ".initdb-password"
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(self.secrets.get_or_create(ADMIN_ROLE) + "\n")
         try:
-            self._own(cfg.data_dir, pwfile, cfg.base_dir)
+            self._own(cfg.data_dir, pwfile)
             self._run("initdb", "-D", str(cfg.data_dir), "-U", ADMIN_ROLE, "--auth=scram-sha-256",
-                      f"--pwfile={pwfile}", "-E", "UTF8", "--locale=C.UTF-8")
+                      f"--pwfile={pwfile}", "-E", "UTF8", "--no-locale")
         finally:
             pwfile.unlink(missing_ok=True)
         with (cfg.data_dir / "postgresql.conf").open("a") as conf:
             conf.write(f"\n# written by runnerctl postgres init\nlisten_addresses = '{cfg.listen}'\n"
                        f"port = {cfg.port}\nunix_socket_directories = '{cfg.data_dir}'\n"
                        f"max_connections = {MAX_CONNECTIONS}\npassword_encryption = scram-sha-256\n")
-        (cfg.data_dir / "pg_hba.conf").write_text(
-            "# written by runnerctl: passwords only, every connection\n"
-            "local all all scram-sha-256\n"
-            "host all all 0.0.0.0/0 scram-sha-256\n"
-            "host all all ::/0 scram-sha-256\n")
-        self._own(cfg.data_dir / "postgresql.conf", cfg.data_dir / "pg_hba.conf")
+        (cfg.data_dir / "pg_hba.conf").write_text(_PG_HBA)
         return True
 
     def running(self) -> bool:
         if not self.initialised():
             return False
-        result = self._run("pg_ctl", "status", "-D", str(self.config.data_dir), check=False)
-        return result.returncode == 0
+        return self._run("pg_ctl", "status", "-D", str(self.config.data_dir), check=False).returncode == 0
 
     def start(self) -> bool:
         """Start the server; False when it was already running."""
@@ -132,84 +175,181 @@ class PostgresServer:
                                 hint="run `runnerctl postgres init` first")
         if self.running():
             return False
-        self.config.log_file.touch()
-        self._own(self.config.log_file)
+        log = self.config.log_file
+        log.touch()
+        self._own(log)
         result = self._run("pg_ctl", "start", "-w", "-t", "60", "-D", str(self.config.data_dir),
-                           "-l", str(self.config.log_file), check=False)
+                           "-l", str(log), check=False)
         if result.returncode != 0:
-            tail = self.config.log_file.read_text().strip().splitlines()[-3:]
-            raise PostgresError(f"PostgreSQL did not start: {' | '.join(tail) or result.stderr.strip()}",
-                                hint=f"see {self.config.log_file}")
+            tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
+            raise PostgresError(f"PostgreSQL did not start: {tail or result.stderr.strip()}",
+                                hint=f"see {log}")
         return True
 
     def stop(self) -> bool:
         """Fast shutdown (clients disconnected, committed data kept); False if not running."""
         if not self.running():
             return False
-        self._run("pg_ctl", "stop", "-w", "-m", "fast", "-D", str(self.config.data_dir))
+        self._run("pg_ctl", "stop", "-w", "-t", "120", "-m", "fast", "-D", str(self.config.data_dir))
         return True
 
-    # -- URLs and studies ----------------------------------------------------------------
-    def url(self, role: str = ADMIN_ROLE, database: str = "postgres") -> str:
-        password = self._secret(role)
-        host = "127.0.0.1" if self.config.listen in ("*", "0.0.0.0", "") else self.config.listen
-        return f"postgresql+psycopg://{role}:{password}@{host}:{self.config.port}/{database}"
+    # -- URLs --------------------------------------------------------------------------
+    def admin_url(self) -> str:
+        """The superuser, over the server's own socket (pg_hba refuses it from the network)."""
+        password = self.secrets.get(ADMIN_ROLE)
+        if password is None:
+            raise PostgresError(f"no admin password in {self.config.secrets_dir}",
+                                hint="run `runnerctl postgres init` first")
+        return (f"postgresql+psycopg://{ADMIN_ROLE}:{password}@/postgres"
+                f"?host={quote(str(self.config.data_dir))}&port={self.config.port}")
 
-    def create_database(self, name: str) -> str:
-        """A database and a login role of the same name that owns only it; returns its URL."""
-        import psycopg
-        from psycopg import sql
+    def host(self) -> str:
+        """The address workers use: the first listen address, this host's name for `*`."""
+        entries = [e.strip() for e in self.config.listen.split(",") if e.strip()]
+        if not entries or any(e in _WILDCARDS for e in entries):
+            return socket.getfqdn()
+        return entries[0]
 
-        check_name(name)
-        password = self._secret(name, create=True)
-        with psycopg.connect(_libpq(self.url()), autocommit=True) as conn:
-            exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone()
-            verb = "ALTER" if exists else "CREATE"
-            conn.execute(sql.SQL(verb + " ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
-                                 "PASSWORD {}").format(sql.Identifier(name), sql.Literal(password)))
-            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
-                conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
-                    sql.Identifier(name), sql.Identifier(name)))
-            conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(name)))
-        return self.url(name, name)
+    def create_database(self, name: str, *, host: str | None = None) -> str:
+        """Database + role NAME on this server (see `create_database`); URL names `host()`."""
+        return create_database(self.admin_url(), name, self.secrets, host=host or self.host())
 
     # -- helpers ---------------------------------------------------------------------------
-    def _secret(self, role: str, *, create: bool = False) -> str:
-        path = self.config.secrets_dir / f"{role}.password"
-        if path.exists():
-            return path.read_text().strip()
-        if not create:
-            raise PostgresError(f"no password stored for role {role!r}",
-                                hint=f"run `runnerctl postgres create-study {role}` first")
-        self.config.secrets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        password = secrets.token_urlsafe(24)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(password + "\n")
-        return password
-
     def _own(self, *paths: Path) -> None:
-        if self._user is None:
-            return
-        entry = pwd.getpwnam(self._user)
-        for path in paths:
-            os.chown(path, entry.pw_uid, entry.pw_gid)
+        if self._as is not None:
+            for path in paths:
+                os.chown(path, self._as.pw_uid, self._as.pw_gid)
 
     def _run(self, tool: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        user: dict[str, Any] = {}
+        if self._as is not None:  # its own uid and gid, none of root's groups
+            user = {"user": self._as.pw_uid, "group": self._as.pw_gid, "extra_groups": []}
         try:
             result = subprocess.run([str(self.bindir / tool), *args], capture_output=True, text=True,
-                                    user=self._user, check=False, timeout=120,
-                                    cwd=str(self.config.base_dir))
+                                    check=False, timeout=180, cwd=str(self.config.base_dir), **user)
         except PermissionError as exc:
-            raise PostgresError(f"cannot run {tool} as {self._user}: {exc}",
-                                hint="every directory above the data dir must be searchable by "
-                                f"the {self._user} user") from None
+            raise PostgresError(f"cannot run {tool}: {exc}") from None
         if check and result.returncode != 0:
             message = (result.stderr or result.stdout).strip().splitlines()
             raise PostgresError(f"{tool} failed: {message[-1] if message else result.returncode}")
         return result
 
 
-def _libpq(url: str) -> str:
-    """psycopg wants postgresql://, SQLAlchemy URLs name the driver."""
-    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+_PG_HBA = """\
+# written by runnerctl: passwords (scram-sha-256) for every connection; the admin only
+# through the socket or loopback; a study role only into its own database (sameuser)
+local   sameuser  all                               scram-sha-256
+local   all       runnerctl_admin                   scram-sha-256
+host    all       runnerctl_admin   127.0.0.1/32    scram-sha-256
+host    all       runnerctl_admin   ::1/128         scram-sha-256
+host    all       runnerctl_admin   0.0.0.0/0       reject
+host    all       runnerctl_admin   ::/0            reject
+host    sameuser  all               0.0.0.0/0       scram-sha-256
+host    sameuser  all               ::/0            scram-sha-256
+"""
+
+
+def _server_user() -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(SERVER_USER)
+    except KeyError:
+        raise PostgresError(f"PostgreSQL refuses to run as root and there is no {SERVER_USER!r} user",
+                            hint="install Debian's postgresql package, or `useradd --system "
+                            "postgres`, or run runnerctl postgres as another user") from None
+
+
+def _check_listen(listen: str) -> None:
+    if not re.fullmatch(r"[A-Za-z0-9.:*%_-]+(\s*,\s*[A-Za-z0-9.:*%_-]+)*", listen):
+        raise ConfigError(f"listen address {listen!r} is not a comma-separated list of addresses")
+
+
+def _check_reachable(path: Path, user: pwd.struct_passwd) -> None:
+    """Every directory above the data dir must let `user` pass (x), or initdb fails oddly."""
+    groups = set(os.getgrouplist(user.pw_name, user.pw_gid))
+    for directory in [path.resolve(), *path.resolve().parents]:
+        info = directory.stat()
+        if info.st_uid == user.pw_uid:
+            ok = bool(info.st_mode & stat.S_IXUSR)
+        elif info.st_gid in groups:
+            ok = bool(info.st_mode & stat.S_IXGRP)
+        else:
+            ok = bool(info.st_mode & stat.S_IXOTH)
+        if not ok:
+            raise PostgresError(f"the {user.pw_name} user cannot enter {directory}, above the data dir",
+                                hint=f"chmod o+x {directory}, or choose another --dir")
+
+
+# -- databases and roles, on runnerctl's server or an external one -------------------------
+def create_database(admin_url: str, name: str, secrets_: Secrets, *, host: str | None = None) -> str:
+    """A database NAME owned by a login role NAME and nothing more; returns its storage URL.
+
+    The URL names `host`, else the admin URL's host. Idempotent. The password lives in
+    `secrets_`; a role that exists without one there was
+    made elsewhere (another host), and is refused rather than given a new password.
+    """
+    import psycopg
+    from psycopg import sql
+
+    check_name(name)
+    known = secrets_.get(name)
+    try:
+        with psycopg.connect(libpq_url(admin_url), autocommit=True, connect_timeout=10) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone()
+            if exists and known is None:
+                raise PostgresError(f"role {name!r} exists but its password is not in "
+                                    f"{secrets_.directory}",
+                                    hint="use the URL from the host that created it")
+            password = known or secrets_.get_or_create(name)
+            verb = "ALTER" if exists else "CREATE"
+            conn.execute(sql.SQL(verb + " ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
+                                 "NOREPLICATION PASSWORD {}").format(sql.Identifier(name),
+                                                                     sql.Literal(password)))
+            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+                conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                    sql.Identifier(name), sql.Identifier(name)))
+            conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(name)))
+    except psycopg.OperationalError as exc:
+        raise PostgresError(f"cannot reach PostgreSQL as admin: {str(exc).strip().splitlines()[0]}",
+                            hint="is it running? `runnerctl postgres status`") from None
+    return database_url(admin_url, name, password, host=host)
+
+
+def database_url(admin_url: str, name: str, password: str, *, host: str | None = None) -> str:
+    """The storage URL of role+database NAME on the admin URL's server (or at `host`)."""
+    parts = urlsplit(admin_url)
+    query = [p for p in parts.query.split("&") if p and p.split("=", 1)[0] not in ("host", "port")]
+    port = parts.port or int(dict(p.split("=", 1) for p in parts.query.split("&") if "=" in p)
+                             .get("port", "5432"))
+    url = urlunsplit(("postgresql+psycopg", f"{name}:{password}@{parts.hostname or ''}:{port}",
+                      f"/{name}", "&".join(query), ""))
+    return with_host(url, host) if host else url
+
+
+def with_host(url: str, host: str) -> str:
+    """`url` with another host name, port and everything else kept."""
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+    bracketed = f"[{host}]" if ":" in host else host
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit(parts._replace(netloc=f"{userinfo}{bracketed}{port}"))
+
+
+def libpq_url(url: str) -> str:
+    """psycopg wants postgresql://; SQLAlchemy URLs name the driver."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or not scheme.startswith(("postgresql", "postgres")):
+        raise ConfigError(f"not a PostgreSQL URL: {scheme or url!r}")
+    return "postgresql://" + rest
+
+
+def ping(url: str) -> str:
+    """The server's version string, or PostgresError."""
+    import psycopg
+
+    try:
+        with psycopg.connect(libpq_url(url), connect_timeout=10) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+    except psycopg.OperationalError as exc:
+        raise PostgresError(f"cannot reach PostgreSQL: {str(exc).strip().splitlines()[0]}") from None
+    return str(row[0]) if row else "?"
+

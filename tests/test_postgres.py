@@ -1,9 +1,11 @@
-"""`runnerctl postgres` against the real PostgreSQL binaries of this machine."""
+"""`runnerctl postgres` against the real PostgreSQL binaries of this machine (none: fail)."""
 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,77 +16,141 @@ import pytest
 
 from runnerctl.cli import main
 from runnerctl.errors import ConfigError
-from runnerctl.postgres import PostgresConfig, PostgresError, PostgresServer, find_bindir
+from runnerctl.postgres import (
+    ADMIN_ROLE,
+    PostgresConfig,
+    PostgresError,
+    PostgresServer,
+    check_name,
+    database_url,
+    find_bindir,
+    libpq_url,
+    with_host,
+)
 from tests.pg import free_port
-
-
-def _libpq(url: str) -> str:
-    return url.replace("postgresql+psycopg://", "postgresql://")
 
 
 @pytest.fixture
 def base_dir() -> Iterator[Path]:
     base = Path(tempfile.mkdtemp(prefix="runnerctl-pgcli-"))
-    os.chmod(base, 0o755)
+    os.chmod(base, 0o755)  # pytest's tmp_path is 0700: the postgres user could not enter it
     yield base
     shutil.rmtree(base, ignore_errors=True)
+
+
+def _out(capsys: pytest.CaptureFixture[str]) -> str:
+    return capsys.readouterr().out.strip()
 
 
 def test_binaries_are_found() -> None:
     assert (find_bindir() / "pg_ctl").exists()
 
 
-def test_cli_lifecycle_keeps_the_study(base_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["postgres", "--dir", str(base_dir), "--port", str(free_port()),
+def test_fresh_machine_init_start_url_and_a_study_survives_stop_start(
+        base_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["postgres", "--dir", str(base_dir / "pg"), "--port", str(free_port()),
             "--config", str(base_dir / "absent.toml")]
     try:
         assert main([*args, "init"]) == 0
-        assert main([*args, "init"]) == 0
+        assert main([*args, "init"]) == 0  # changes nothing
         assert main([*args, "status"]) == 1  # initialised but stopped
         assert main([*args, "start"]) == 0
         assert main([*args, "start"]) == 0  # harmless
+        assert "already running" in _out(capsys)
         assert main([*args, "status"]) == 0
         capsys.readouterr()
+        assert main([*args, "url"]) == 0  # the project database, made on first use
+        project_url = _out(capsys)
+        assert project_url.startswith("postgresql+psycopg://optuna:") and project_url.endswith("/optuna")
+        optuna.create_study(study_name="from_url", storage=project_url)  # Optuna can use it
+
         assert main([*args, "create-study", "cli_study", "--direction", "maximize"]) == 0
-        url = capsys.readouterr().out.strip()
-        assert url.startswith("postgresql+psycopg://cli_study:")
+        url = _out(capsys)
+        assert url.startswith("postgresql+psycopg://cli_study:") and "@127.0.0.1:" in url
         study = optuna.load_study(study_name="cli_study", storage=url)
         study.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=0.5))
+        assert main([*args, "create-study", "cli_study"]) == 0  # idempotent, same URL
+        assert _out(capsys) == url
         assert main([*args, "stop"]) == 0
         assert main([*args, "stop"]) == 0
+        assert "not running" in _out(capsys)
         assert main([*args, "start"]) == 0
         again = optuna.load_study(study_name="cli_study", storage=url)
         assert [t.value for t in again.trials] == [0.5]
         assert again.direction == optuna.study.StudyDirection.MAXIMIZE
         capsys.readouterr()
-        assert main([*args, "url", "--study", "cli_study"]) == 0
-        assert capsys.readouterr().out.strip() == url
+        assert main([*args, "url", "cli_study"]) == 0
+        assert _out(capsys) == url
+        assert main([*args, "url", "--admin"]) == 0
+        assert _out(capsys).startswith(f"postgresql+psycopg://{ADMIN_ROLE}:")
     finally:
         main([*args, "stop"])
+    secrets = base_dir / "pg" / "secrets"
+    assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in secrets.iterdir())
+    if os.geteuid() == 0:  # PostgreSQL refuses root: the server ran as, and owns, `postgres`
+        assert (base_dir / "pg" / "data").stat().st_uid == pwd.getpwnam("postgres").pw_uid
 
 
 def test_study_role_is_least_privilege(pg_server: PostgresServer) -> None:
-    url_a = pg_server.create_database("study_a")
+    url_a = libpq_url(pg_server.create_database("study_a"))
     pg_server.create_database("study_b")
-    with psycopg.connect(_libpq(url_a), autocommit=True) as conn:
-        row = conn.execute("SELECT rolsuper, rolcreatedb, rolcreaterole FROM pg_roles "
+    with psycopg.connect(url_a, autocommit=True) as conn:
+        row = conn.execute("SELECT rolsuper, rolcreatedb, rolcreaterole, rolreplication FROM pg_roles "
                            "WHERE rolname = current_user").fetchone()
-        assert row == (False, False, False)
+        assert row == (False, False, False, False)
         conn.execute("CREATE TABLE mine (x int)")  # it owns its own database
-    other = _libpq(url_a).rsplit("/", 1)[0] + "/study_b"
-    with pytest.raises(psycopg.OperationalError, match="permission denied"):
-        psycopg.connect(other).close()
+    for other in ("study_b", "postgres"):
+        with pytest.raises(psycopg.OperationalError, match="no pg_hba.conf entry"):
+            psycopg.connect(url_a.rsplit("/", 1)[0] + f"/{other}").close()
+
+
+def test_admin_is_refused_from_the_network(pg_server: PostgresServer) -> None:
+    admin = pg_server.admin_url()
+    with psycopg.connect(libpq_url(admin)) as conn:  # the local socket: fine
+        assert conn.execute("SELECT current_user").fetchone() == (ADMIN_ROLE,)
+    password = admin.split(":", 2)[2].split("@")[0]
+    over_tcp = f"postgresql://{ADMIN_ROLE}:{password}@127.0.0.1:{pg_server.config.port}/postgres"
+    with psycopg.connect(over_tcp) as conn:  # loopback: fine
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    hba = (pg_server.config.data_dir / "pg_hba.conf").read_text()
+    assert "runnerctl_admin   0.0.0.0/0       reject" in hba
 
 
 def test_create_database_is_idempotent(pg_server: PostgresServer) -> None:
     assert pg_server.create_database("twice") == pg_server.create_database("twice")
 
 
+def test_a_role_made_elsewhere_is_not_given_a_new_password(pg_server: PostgresServer) -> None:
+    pg_server.create_database("elsewhere")
+    (pg_server.config.secrets_dir / "elsewhere.password").rename(pg_server.config.base_dir / "moved")
+    try:
+        with pytest.raises(PostgresError, match="exists but its password is not in"):
+            pg_server.create_database("elsewhere")
+    finally:
+        (pg_server.config.base_dir / "moved").rename(pg_server.config.secrets_dir / "elsewhere.password")
+
+
 def test_wrong_password_is_refused(pg_server: PostgresServer) -> None:
-    url = pg_server.create_database("pw_check")
-    forged = _libpq(url).replace("pw_check:", "pw_check:x", 1)
+    url = libpq_url(pg_server.create_database("pw_check"))
     with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
-        psycopg.connect(forged).close()
+        psycopg.connect(url.replace("pw_check:", "pw_check:x", 1)).close()
+
+
+def test_an_external_server_works_the_same_way(pg_server: PostgresServer, base_dir: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`[postgres] url` names another server's admin URL: url/create-study make roles there."""
+    settings = base_dir / "runnerctl.toml"
+    settings.write_text(f'[postgres]\ndir = "{base_dir / "local"}"\nurl = "{pg_server.admin_url()}"\n')
+    args = ["postgres", "--config", str(settings)]
+    assert main([*args, "status"]) == 0 and "reachable" in _out(capsys)
+    assert main([*args, "create-study", "ext_study", "--host", "127.0.0.1"]) == 0
+    url = _out(capsys)
+    assert url.startswith("postgresql+psycopg://ext_study:") and f"127.0.0.1:{pg_server.config.port}" in url
+    assert optuna.load_study(study_name="ext_study", storage=url).trials == []
+    assert (base_dir / "local" / "secrets" / "ext_study.password").exists()
+    assert main([*args, "init"]) == 3  # runnerctl runs no server of its own then
+    assert "external PostgreSQL" in capsys.readouterr().err
 
 
 def test_start_without_init_is_a_clear_error(base_dir: Path) -> None:
@@ -93,7 +159,37 @@ def test_start_without_init_is_a_clear_error(base_dir: Path) -> None:
         server.start()
 
 
-def test_bad_study_names_are_refused(pg_server: PostgresServer) -> None:
-    for name in ("Bad", "1abc", "a-b", "x" * 49, "drop table"):
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root hands the server to another user")
+def test_a_data_dir_the_server_user_cannot_reach_is_refused_before_initdb(base_dir: Path) -> None:
+    private = base_dir / "private"
+    private.mkdir(mode=0o700)
+    server = PostgresServer(PostgresConfig(base_dir=private / "pg", port=free_port()))
+    with pytest.raises(PostgresError, match=f"cannot enter {private}"):
+        server.init()
+    assert not (private / "pg" / "data").exists()
+
+
+def test_urls_name_the_listen_address_or_this_host() -> None:
+    def host(listen: str) -> str:
+        server = PostgresServer.__new__(PostgresServer)
+        server.config = PostgresConfig(base_dir=Path("/nonexistent"), listen=listen)
+        return server.host()
+
+    assert host("127.0.0.1") == "127.0.0.1"
+    assert host("10.1.2.3, 127.0.0.1") == "10.1.2.3"
+    assert host("*") == host("0.0.0.0") != "*"
+    url = database_url("postgresql://admin:pw@/postgres?host=/run/pg&port=6543&sslmode=require",
+                       "lr", "secret", host="db.lab")
+    assert url == "postgresql+psycopg://lr:secret@db.lab:6543/lr?sslmode=require"
+    assert with_host(url, "::1") == "postgresql+psycopg://lr:secret@[::1]:6543/lr?sslmode=require"
+
+
+def test_bad_names_and_listen_addresses_are_refused(pg_server: PostgresServer, base_dir: Path) -> None:
+    for name in ("Bad", "1abc", "a-b", "x" * 49, "drop table", "postgres", "pg_signal", ADMIN_ROLE):
+        with pytest.raises(ConfigError):
+            check_name(name)
         with pytest.raises(ConfigError):
             pg_server.create_database(name)
+    server = PostgresServer(PostgresConfig(base_dir=base_dir / "x", listen="'; drop"))
+    with pytest.raises(ConfigError, match="listen address"):
+        server.init()

@@ -1,92 +1,148 @@
-"""End to end: render the optuna-sweep pipeline and run its jobs as GitLab would, with
-4 workers in parallel against a real PostgreSQL run by `runnerctl postgres`."""
+"""End to end: render the optuna-sweep pipeline and run its jobs as gitlab-runner would.
+
+Every job goes through runnerctl's custom executor with the shell driver on a
+simulated 8-GPU host (config, prepare with its GPU lease, the run stages, cleanup:
+tests/harness_custom_executor.py drives the stages as gitlab-runner does), with the CI
+variables GitLab sets (CI_NODE_INDEX/CI_NODE_TOTAL for `parallel:`), against a real
+PostgreSQL run by `runnerctl postgres`. The 4 workers run at once, one GPU each.
+"""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-import shutil
 import signal
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
-from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
 from runnerctl.pipelines import render
 from runnerctl.postgres import PostgresServer
 from tests import ci_jobs
+from tests.harness_custom_executor import FakeJob, StageResult, harness_for, make_host
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
 
 
-def _project(tmp_path: Path) -> Path:
-    shutil.copy(ROOT / "examples" / "optuna-sweep" / "search.py", tmp_path / "search.py")
-    return tmp_path
+class Pipeline:
+    """A rendered pipeline, its project checkout and the simulated host it runs on."""
+
+    def __init__(self, tmp_path: Path, *, study: str, url: str, trials: int, workers: int,
+                 extra_env: dict[str, str]) -> None:
+        self.project = tmp_path / "project"
+        self.project.mkdir()
+        example = ROOT / "examples" / "optuna-sweep" / "search.py"
+        (self.project / "search.py").write_text(example.read_text())
+        (tmp_path / "host").mkdir()
+        self.host = make_host(tmp_path / "host")
+        self.jobs = ci_jobs.load(render("optuna-sweep", {
+            "study_name": study, "storage": url, "n_trials": str(trials), "workers": str(workers),
+            "command": 'echo $$ > "worker-$CI_NODE_INDEX.pid"\npython search.py'}))
+        self.env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                    "PYTHONPATH": str(ROOT), "CI": "true", "GITLAB_CI": "true",
+                    "CI_PROJECT_DIR": str(self.project), **extra_env}
+        self._job_ids = itertools.count(1001)  # next() is atomic: jobs start from threads
+
+    def run(self, name: str, *, gpu: int = 0, index: int = 1, total: int = 1) -> dict[str, StageResult]:
+        """One job (one of a `parallel:` set) through config, prepare, run stages and cleanup."""
+        job = ci_jobs.resolve(self.jobs, name)
+        variables = {**self.env, "CI_JOB_NAME": f"{name} {index}/{total}" if total > 1 else name,
+                     "CI_NODE_INDEX": str(index), "CI_NODE_TOTAL": str(total)}
+        for key, value in job.get("variables", {}).items():
+            variables[key] = os.path.expandvars(str(value))
+        body = 'cd "$CI_PROJECT_DIR"\n' + "\n".join(job["script"])
+        return harness_for(self.host, (gpu,), "shell").run_job(
+            FakeJob(id=next(self._job_ids), variables=variables), body, timeout=120)
+
+    def run_workers(self) -> list[dict[str, StageResult]]:
+        """All `parallel:` workers at once, worker i on GPU i-1, as a 4-GPU host would."""
+        total = int(ci_jobs.resolve(self.jobs, "optuna-worker")["parallel"])
+        results: list[dict[str, StageResult]] = [{} for _ in range(total)]
+
+        def one(i: int) -> None:
+            results[i] = self.run("optuna-worker", gpu=i, index=i + 1, total=total)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(total)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=180)
+        return results
 
 
-def _env(**extra: str) -> dict[str, str]:
-    bindir = str(Path(sys.executable).parent)
-    return {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(ROOT), **extra}
-
-
-def _pipeline(study: str, url: str, *, trials: int, workers: int) -> str:
-    return render("optuna-sweep", {"study_name": study, "storage": url, "n_trials": str(trials),
-                                   "workers": str(workers), "command": "python search.py"})
+def _ok(results: dict[str, StageResult]) -> str:
+    for stage, result in results.items():
+        assert result.code == 0, f"{stage} failed ({result.code}):\n{result.output}"
+    return results["build_script"].output
 
 
 def test_four_workers_complete_exactly_100_trials(pg_server: PostgresServer, tmp_path: Path) -> None:
     url = pg_server.create_database("sweep_e2e")
-    project = _project(tmp_path)
-    outputs = ci_jobs.run_pipeline(_pipeline("sweep_e2e", url, trials=100, workers=4),
-                                   cwd=project, env=_env(SEARCH_SLEEP_S="0.05"))
+    sweep = Pipeline(tmp_path, study="sweep_e2e", url=url, trials=100, workers=4,
+                     extra_env={"SEARCH_SLEEP_S": "0.05"})
+    _ok(sweep.run("optuna-create-study"))
+    outputs = [_ok(result) for result in sweep.run_workers()]
+    report = _ok(sweep.run("optuna-report"))
+
     study = optuna.load_study(study_name="sweep_e2e", storage=url)
     states = Counter(t.state for t in study.trials)
     assert states[TrialState.COMPLETE] == 100
     assert states[TrialState.RUNNING] == 0 and states[TrialState.WAITING] == 0
     numbers = [t.number for t in study.trials]
-    assert len(numbers) == len(set(numbers))
-    ran = [int(out.split(" ran ")[1].split()[0]) for key, out in outputs.items()
-           if key.startswith("optuna-worker")]
-    assert len(ran) == 4 and sum(ran) == 100 and all(n > 0 for n in ran)
-    best = json.loads((project / "optuna-report" / "best_trial.json").read_text())
+    assert len(numbers) == len(set(numbers)) == max(numbers) + 1
+    ran = {line.split()[1]: (line.split()[4], int(line.split()[6]))
+           for out in outputs for line in out.splitlines() if line.startswith("worker ")}
+    assert sorted(ran) == ["1/4", "2/4", "3/4", "4/4"]  # CI_NODE_INDEX / CI_NODE_TOTAL
+    assert sorted(gpus for gpus, _ in ran.values()) == ["0", "1", "2", "3"]  # one leased GPU each
+    assert sum(n for _, n in ran.values()) == 100 and all(n > 0 for _, n in ran.values())
+    best = json.loads((sweep.project / "optuna-report" / "best_trial.json").read_text())
     assert best["number"] == study.best_trial.number and best["complete_trials"] == 100
-    assert (project / "optuna-report" / "optimization_history.html").stat().st_size > 1000
-    assert (project / "optuna-report" / "param_importances.html").exists()
+    assert f'"number": {study.best_trial.number}' in report
+    assert (sweep.project / "optuna-report" / "optimization_history.html").stat().st_size > 1000
+    assert (sweep.project / "optuna-report" / "param_importances.html").exists()
+
+
+def _wait_for_four_sleeping_trials(url: str) -> None:
+    """Until four trials run at once, each with all three parameters sampled (so in its sleep)."""
+    study = optuna.load_study(study_name="sweep_kill", storage=url)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if len(running) >= 4 and all(len(t.params) == 3 for t in running):
+            return
+        time.sleep(0.05)
+    pytest.fail("four workers never ran trials at once")
 
 
 def test_killed_worker_trial_fails_and_is_retried(pg_server: PostgresServer, tmp_path: Path) -> None:
     url = pg_server.create_database("sweep_kill")
-    project = _project(tmp_path)
-    env = _env(SEARCH_SLEEP_S="1.0", RUNNERCTL_OPTUNA_HEARTBEAT_S="1", RUNNERCTL_OPTUNA_GRACE_S="3")
-    pipeline = ci_jobs.load(_pipeline("sweep_kill", url, trials=16, workers=4))
-    (create,) = ci_jobs.start_job(pipeline, "optuna-create-study", cwd=project, env=env)
-    assert create.wait(timeout=60) == 0
-    workers = ci_jobs.start_job(pipeline, "optuna-worker", cwd=project, env=env)
-    study = optuna.load_study(study_name="sweep_kill", storage=url)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        if len(running) >= 4 and all(t.params for t in running):  # mid-objective
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("four workers never ran trials at once")
-    os.killpg(workers[0].pid, signal.SIGKILL)  # as gitlab-runner kills a job's process group
-    for proc in workers[1:]:
-        out, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 0, out
-    workers[0].wait(timeout=10)
+    sweep = Pipeline(tmp_path, study="sweep_kill", url=url, trials=16, workers=4, extra_env={
+        "SEARCH_SLEEP_S": "1.0", "RUNNERCTL_OPTUNA_HEARTBEAT_S": "1", "RUNNERCTL_OPTUNA_GRACE_S": "3"})
+    _ok(sweep.run("optuna-create-study"))
+    results: list[dict[str, StageResult]] = []
+    runner = threading.Thread(target=lambda: results.extend(sweep.run_workers()))
+    runner.start()
+    _wait_for_four_sleeping_trials(url)
+    pid = int((sweep.project / "worker-1.pid").read_text())
+    os.killpg(os.getpgid(pid), signal.SIGKILL)  # worker 1's job, mid-trial (OOM killer, node loss)
+    runner.join(timeout=180)
+
+    assert results[0]["build_script"].code != 0  # the killed job fails ...
+    for result in results[1:]:
+        _ok(result)  # ... the others finish the study
     trials = optuna.load_study(study_name="sweep_kill", storage=url).trials
     states = Counter(t.state for t in trials)
     assert states[TrialState.COMPLETE] == 16 and states[TrialState.RUNNING] == 0
     (failed,) = [t for t in trials if t.state == TrialState.FAIL]
-    retries = [t for t in trials
-               if RetryHeartbeatStaleTrialCallback.retried_trial_number(t) == failed.number]
-    assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
-    # the retry keeps what the killed trial had sampled (it may have died mid-suggest)
-    assert failed.params and failed.params.items() <= retries[0].params.items()
+    retried: list[Any] = [t for t in trials if t.system_attrs.get("failed_trial") == failed.number]
+    assert len(retried) == 1 and retried[0].state == TrialState.COMPLETE
+    assert retried[0].params == failed.params  # the same point, run again

@@ -1,77 +1,127 @@
-"""Components render into pipelines GitLab accepts, and bad inputs are refused by name."""
+"""Components render into pipelines GitLab accepts, reach the right runners, and bad
+inputs are refused by name."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from runnerctl.cli import main
 from runnerctl.errors import ConfigError
+from runnerctl.layout import slot_tags
+from runnerctl.model import Slot
 from runnerctl.pipelines import components, load_component, render
 
 ROOT = Path(__file__).resolve().parents[1]
 MINIMAL = {"gpu-job": {"command": "python train.py"},
            "optuna-sweep": {"study_name": "lr_search", "command": "python search.py"},
            "python-cache": {}}
+RENDERED = [
+    ("gpu-job", {}), ("gpu-job", {"gpus": "8", "priority": "high", "artifacts": '["logs/", "out/"]'}),
+    ("optuna-sweep", {}), ("optuna-sweep", {"workers": "200", "gpus_per_worker": "4"}),
+    ("optuna-sweep", {"workers": "1", "command": "python a.py\npython b.py",
+                      "service_tags": '["cpu"]', "report_command": 'echo "best: see artifacts"'}),
+    ("python-cache", {"lock_file": "uv.lock", "venv_options": "--system-site-packages"}),
+]
 
 
-def _validate(path: Path) -> None:
+def _check_jsonschema(*paths: Path) -> None:
+    """GitLab's own CI schema, each file (one YAML document) on its own."""
     result = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
-                             "vendor.gitlab-ci", str(path)], capture_output=True, text=True,
+                             "vendor.gitlab-ci", *map(str, paths)], capture_output=True, text=True,
                             timeout=120, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_rendered_pipelines_component_headers_and_examples_validate(tmp_path: Path) -> None:
+    files = []
+    for n, (name, extra) in enumerate(RENDERED):
+        out = tmp_path / f"{n}-{name}.gitlab-ci.yml"
+        inputs = [f"{k}={v}" for k, v in {**MINIMAL[name], **extra}.items()]
+        assert main(["render", name, *sum((["-i", i] for i in inputs), []), "-o", str(out)]) == 0
+        assert len(list(yaml.safe_load_all(out.read_text()))) == 1
+        files.append(out)
+    for name in components():  # the `spec:` header is the component's first document
+        header = next(yaml.safe_load_all((ROOT / "templates" / f"{name}.yml").read_text()))
+        files.append(tmp_path / f"{name}.header.json")
+        files[-1].write_text(json.dumps(header))
+    files += sorted((ROOT / "examples").glob("*/.gitlab-ci.yml"))
+    _check_jsonschema(*files)
 
 
 def test_every_component_is_known_and_tested() -> None:
     assert components() == sorted(MINIMAL)
     for name in components():
-        text = (ROOT / "templates" / f"{name}.yml").read_text()
-        header = yaml.safe_load(text.split("\n---\n")[0])
+        header, jobs = yaml.safe_load_all((ROOT / "templates" / f"{name}.yml").read_text())
         assert set(header) == {"spec"} and "inputs" in header["spec"]
+        assert isinstance(jobs, dict) and jobs
 
 
-@pytest.mark.parametrize(("name", "extra"), [
-    ("gpu-job", {}), ("gpu-job", {"gpus": "8", "priority": "high"}),
-    ("optuna-sweep", {}), ("optuna-sweep", {"workers": "200", "gpus_per_worker": "4"}),
-    ("optuna-sweep", {"workers": "1", "command": "python a.py\npython b.py"}),
-    ("python-cache", {"lock_file": "uv.lock"}),
-])
-def test_rendered_pipelines_validate(tmp_path: Path, name: str, extra: dict[str, str]) -> None:
-    out = tmp_path / ".gitlab-ci.yml"
-    inputs = [f"{k}={v}" for k, v in {**MINIMAL[name], **extra}.items()]
-    assert main(["render", name, *sum((["-i", i] for i in inputs), []), "-o", str(out)]) == 0
-    _validate(out)
+def _gitlab_tags(job: dict[str, Any]) -> list[str]:
+    """The tags GitLab gives a job: job variables, then the first matching rule's variables,
+    then `$VAR` expanded in each tag (docs.gitlab.com/ci/runners/configure_runners,
+    "Use CI/CD variables in tags"); tags are a set."""
+    variables = {k: str(v) for k, v in job.get("variables", {}).items()}
+    for rule in job.get("rules", []):
+        condition = rule.get("if")
+        if condition is not None:
+            match = re.fullmatch(r'\$(\w+) == "([^"]*)"', condition)
+            assert match, f"the emulation knows only `$VAR == \"x\"`: {condition}"
+            if variables.get(match.group(1)) != match.group(2):
+                continue
+        variables.update({k: str(v) for k, v in rule.get("variables", {}).items()})
+        break
+    tags = [re.sub(r"\$(\w+)", lambda m: variables.get(m.group(1), ""), tag) for tag in job["tags"]]
+    return list(dict.fromkeys(tags))
 
 
-def test_examples_validate() -> None:
-    _validate(ROOT / "examples" / "optuna-sweep" / ".gitlab-ci.yml")
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
+@pytest.mark.parametrize(("component", "job", "gpu_input"), [
+    ("gpu-job", "gpu-job", "gpus"), ("optuna-sweep", "optuna-worker", "gpus_per_worker")])
+def test_gpu_tags_reach_exactly_the_runners_of_that_size(component: str, job: str, gpu_input: str,
+                                                         gpus: int) -> None:
+    pipeline = yaml.safe_load(render(component, {**MINIMAL[component], gpu_input: str(gpus),
+                                                 "priority": "high"}))
+    tags = _gitlab_tags(pipeline[job])
+    expected = ["gpu", "gpus:1"] if gpus == 1 else [f"gpus:{gpus}"]
+    assert tags == [*expected, "priority:high"]
+    for size in (1, 2, 4, 8):  # GitLab: a runner takes a job whose tags it all carries
+        runner = set(slot_tags(Slot("gpu-a", tuple(range(size)))))
+        assert set(tags) <= runner if size == gpus else not set(tags) <= runner
 
 
-@pytest.mark.parametrize(("gpus", "tags"), [("1", ["gpus:1", "priority:normal"]),
-                                            ("4", ["gpus:4", "priority:normal"])])
-def test_gpu_job_tags_reach_exactly_one_runner_size(gpus: str, tags: list[str]) -> None:
-    pipeline = yaml.safe_load(render("gpu-job", {"command": "x", "gpus": gpus}))
-    assert pipeline["gpu-job"]["tags"] == tags
-    assert pipeline["gpu-job"]["retry"]["when"][0] == "runner_system_failure"
+def test_gpu_job_settings() -> None:
+    job = yaml.safe_load(render("gpu-job", {"command": "x", "timeout": "2h 30m"}))["gpu-job"]
+    assert job["timeout"] == "2h 30m"
+    assert job["retry"]["when"][0] == "runner_system_failure"
+    assert "stuck_or_timeout_failure" not in job["retry"]["when"]  # a timeout is not retried
+    assert job["artifacts"] == {"when": "always", "paths": ["logs/"], "expire_in": "30 days"}
 
 
 def test_sweep_structure() -> None:
     pipeline = yaml.safe_load(render("optuna-sweep", {
         "study_name": "s1", "command": "python search.py", "workers": "6", "n_trials": "60",
-        "gpus_per_worker": "2", "storage": "postgresql://db/s1"}))
-    assert pipeline["optuna-create-study"]["stage"] == ".pre"
-    assert "--skip-if-exists" in pipeline["optuna-create-study"]["script"][0]
+        "gpus_per_worker": "2", "storage": "postgresql+psycopg://u:p@db:5432/s1",
+        "direction": "maximize"}))
+    assert pipeline["stages"] == ["test"]
+    create = pipeline["optuna-create-study"]
+    assert create["stage"] == ".pre" and create["tags"] == ["gpu", "gpus:1"]
+    assert "--skip-if-exists" in create["script"][0] and "--direction maximize" in create["script"][0]
     worker = pipeline["optuna-worker"]
-    assert worker["parallel"] == 6 and worker["tags"][0] == "gpus:2"
-    env = pipeline[".optuna-sweep-env"]["variables"]
-    assert env == {"OPTUNA_STORAGE": "postgresql://db/s1", "OPTUNA_STUDY_NAME": "s1",
-                   "OPTUNA_N_TRIALS": "60"}
-    assert pipeline["optuna-report"]["stage"] == ".post"
-    assert pipeline["optuna-report"]["artifacts"]["paths"] == ["optuna-report/"]
+    assert worker["parallel"] == 6 and worker["extends"] == ".optuna-sweep-env"
+    assert pipeline[".optuna-sweep-env"]["variables"] == {
+        "OPTUNA_STORAGE": "postgresql+psycopg://u:p@db:5432/s1", "OPTUNA_STUDY_NAME": "s1",
+        "OPTUNA_N_TRIALS": 60}
+    report = pipeline["optuna-report"]
+    assert report["stage"] == ".post" and report["when"] == "always"
+    assert report["artifacts"]["paths"] == ["optuna-report/"]
 
 
 def test_storage_defaults_to_the_hosts_shared_postgres() -> None:
@@ -79,43 +129,70 @@ def test_storage_defaults_to_the_hosts_shared_postgres() -> None:
     assert pipeline[".optuna-sweep-env"]["variables"]["OPTUNA_STORAGE"] == "$RUNNERCTL_OPTUNA_STORAGE"
 
 
-def test_multiline_command_stays_one_script_block() -> None:
-    pipeline = yaml.safe_load(render("gpu-job", {"command": "echo one\necho: two"}))
-    assert pipeline["gpu-job"]["script"][1] == "echo one\necho: two\n"
+def test_inputs_are_values_not_yaml() -> None:
+    """As in GitLab, interpolation fills parsed values: no input can add keys or jobs."""
+    pipeline = yaml.safe_load(render("optuna-sweep", {
+        **MINIMAL["optuna-sweep"], "command": "echo one\necho: two\n---\nevil: {script: [x]}",
+        "report_command": "echo a: b", "image": "registry:5000/img: x"}))
+    assert pipeline["optuna-worker"]["script"][1] == "echo one\necho: two\n---\nevil: {script: [x]}\n"
+    assert pipeline["optuna-report"]["script"] == ["echo a: b"]
+    assert pipeline[".optuna-sweep-env"]["image"] == "registry:5000/img: x"
+    assert "evil" not in pipeline
 
 
-def test_python_cache_keys_on_the_lock_file() -> None:
+def test_python_cache_keys_on_the_lock_file_and_skips_pip_when_it_matches() -> None:
     pipeline = yaml.safe_load(render("python-cache", {"lock_file": "requirements-gpu.txt"}))
-    assert pipeline[".runnerctl-python-env"]["cache"]["key"]["files"] == ["requirements-gpu.txt"]
+    job = pipeline[".runnerctl-python-env"]
+    assert job["cache"]["key"]["files"] == ["requirements-gpu.txt"]
+    script = "\n".join(job["before_script"])
+    assert 'sha256sum "requirements-gpu.txt"' in script and ".runnerctl-stamp" in script
 
 
 @pytest.mark.parametrize(("name", "given", "needle"), [
     ("optuna-sweep", {"workers": "0"}, "'workers' must be a whole number from 1 to 200"),
     ("optuna-sweep", {"workers": "201"}, "'workers' must be a whole number from 1 to 200"),
+    ("optuna-sweep", {"workers": "1.5"}, "'workers' must be a whole number from 1 to 200"),
     ("optuna-sweep", {"workers": "four"}, "'workers' must be a number"),
+    ("optuna-sweep", {"gpus_per_worker": "0"}, "'gpus_per_worker' must be a whole number"),
     ("optuna-sweep", {"gpus_per_worker": "1.5"}, "'gpus_per_worker' must be a whole number"),
     ("optuna-sweep", {"gpus_per_worker": "-2"}, "'gpus_per_worker' must be a whole number"),
+    ("optuna-sweep", {"n_trials": "0"}, "'n_trials' must be a whole number"),
     ("optuna-sweep", {"colour": "red"}, "unknown input 'colour'"),
     ("optuna-sweep", {"direction": "sideways"}, "'direction' must be one of minimize, maximize"),
     ("optuna-sweep", {"study_name": "Bad Name"}, "'study_name' does not match"),
+    ("optuna-sweep", {"service_tags": "cpu"}, "'service_tags' must be a JSON array"),
+    ("optuna-sweep", {"service_tags": "[1]"}, "'service_tags' must be an array of non-empty strings"),
     ("gpu-job", {"gpus": "0"}, "'gpus' must be a whole number from 1 to 64"),
     ("gpu-job", {"gpus": "two"}, "'gpus' must be a number"),
+    ("gpu-job", {"gpus": "nan"}, "'gpus' must be a whole number"),
     ("gpu-job", {"priority": "urgent"}, "'priority' must be one of high, normal, low"),
+    ("gpu-job", {"timeout": "forever"}, "'timeout' does not match"),
 ])
 def test_bad_inputs_are_refused_by_name(name: str, given: dict[str, str], needle: str) -> None:
-    with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=re.escape(needle)):
         render(name, {**MINIMAL[name], **given})
 
 
 def test_missing_required_input_and_unknown_component() -> None:
     with pytest.raises(ConfigError, match="input 'command' is required"):
         render("gpu-job", {})
-    with pytest.raises(ConfigError, match="unknown component 'nope'"):
-        load_component("nope")
+    for name in ("nope", "../templates/gpu-job", "__init__"):
+        with pytest.raises(ConfigError, match="unknown component"):
+            load_component(name)
 
 
 def test_cli_refusal_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["render", "optuna-sweep", "-i", "study_name=s", "-i", "command=c",
                  "-i", "workers=0"]) == 3
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "workers" in err[0]
+    assert len(err) == 1 and "'workers'" in err[0]
+    assert main(["render", "gpu-job", "-i", "no-equals-sign"]) == 3
+
+
+def test_the_schema_check_catches_a_broken_pipeline(tmp_path: Path) -> None:
+    pipeline = yaml.safe_load(render("optuna-sweep", MINIMAL["optuna-sweep"]))
+    pipeline["optuna-worker"]["parallel"] = 201  # above GitLab's limit
+    bad = tmp_path / "bad.yml"
+    bad.write_text(yaml.safe_dump(pipeline))
+    with pytest.raises(AssertionError, match="parallel"):
+        _check_jsonschema(bad)

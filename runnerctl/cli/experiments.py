@@ -1,15 +1,31 @@
-"""Experiment commands: `render` pipelines from components, and the shared `postgres`."""
+"""Experiment commands: `render` pipelines from components, and the shared `postgres`.
+
+`postgres` manages runnerctl's own server (init, start, stop, status) or, when
+`[postgres] url` names an external server's admin URL, uses that one; `url` and
+`create-study` work the same way on both: a database and a least-privilege role per
+project or study, and its storage URL on stdout (a secret: it holds the password).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
 
 from runnerctl.errors import ConfigError
 from runnerctl.pipelines import components, parse_inputs, render
-from runnerctl.postgres import PostgresConfig, PostgresServer, check_name
-from runnerctl.settings import Settings, default_settings_path, load_settings
+from runnerctl.postgres import (
+    DEFAULT_DATABASE,
+    PostgresConfig,
+    PostgresServer,
+    Secrets,
+    check_name,
+    create_database,
+    ping,
+    with_host,
+)
+from runnerctl.settings import default_settings_path, load_settings
 
 config_option = click.option(
     "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -19,11 +35,11 @@ config_option = click.option(
 @click.command("render")
 @click.argument("component")
 @click.option("--input", "-i", "inputs", multiple=True, metavar="KEY=VALUE",
-              help="A component input; repeat for several.")
+              help="A component input; repeat for several (arrays as JSON: '[\"a\", \"b\"]').")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
               help="Write here instead of standard output.")
 def render_command(component: str, inputs: tuple[str, ...], output: Path | None) -> None:
-    """Print a complete .gitlab-ci.yml that uses COMPONENT (gpu-job, optuna-sweep, python-cache).
+    """Print a complete .gitlab-ci.yml that uses COMPONENT.
 
     For GitLab versions without CI/CD components, and to check inputs before a push.
     """
@@ -38,100 +54,136 @@ def render_command(component: str, inputs: tuple[str, ...], output: Path | None)
 render_command.help = (render_command.help or "") + f"\n\nComponents: {', '.join(components())}."
 
 
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    """Where `postgres` commands act: runnerctl's own server, or an external admin URL."""
+
+    config: PostgresConfig
+    external_url: str
+
+    def server(self) -> PostgresServer:
+        if self.external_url:
+            raise ConfigError("an external PostgreSQL is configured ([postgres] url); runnerctl "
+                              "runs no server of its own", hint="`url` and `create-study` use it")
+        return PostgresServer(self.config)
+
+    def admin_url(self) -> str:
+        return self.external_url or self.server().admin_url()
+
+    def database(self, name: str, host: str | None) -> str:
+        """Create (or find) database+role NAME; its URL, naming `host` if given."""
+        if not self.external_url:
+            host = host or self.server().host()
+        return create_database(self.admin_url(), name, Secrets(self.config.secrets_dir), host=host)
+
+    def local(self, url: str) -> str:
+        """The URL this host connects with: loopback when the server is ours and listens there."""
+        listen = {e.strip() for e in self.config.listen.split(",")}
+        if not self.external_url and listen & {"*", "0.0.0.0", "127.0.0.1", "localhost"}:
+            return with_host(url, "127.0.0.1")
+        return url
+
+
 @click.group()
 @config_option
 @click.option("--dir", "base_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Server files [default: [postgres] dir, else <state_dir>/postgres].")
-@click.option("--listen", help="listen_addresses [default: [postgres] listen, 127.0.0.1].")
-@click.option("--port", type=int, help="TCP port [default: [postgres] port, 5432].")
+@click.option("--listen", help="listen_addresses, set at init [default: [postgres] listen, 127.0.0.1].")
+@click.option("--port", type=click.IntRange(1, 65535), help="TCP port [default: [postgres] port, 5432].")
 @click.pass_context
 def postgres(ctx: click.Context, config_path: Path | None, base_dir: Path | None,
              listen: str | None, port: int | None) -> None:
-    """Run the team's shared PostgreSQL for Optuna studies (no node spent on it)."""
+    """The team's shared PostgreSQL for Optuna studies (no node or GPU slot spent on it)."""
     settings = load_settings(config_path or default_settings_path())
-    ctx.obj = (settings, _config(settings, base_dir, listen, port))
-
-
-def _config(settings: Settings, base_dir: Path | None, listen: str | None,
-            port: int | None) -> PostgresConfig:
     pg = settings.postgres
-    return PostgresConfig(base_dir=base_dir or Path(pg.dir or settings.state_dir / "postgres"),
-                          listen=listen or pg.listen, port=port or pg.port)
-
-
-def _server(ctx: click.Context) -> PostgresServer:
-    settings, config = ctx.obj
-    if settings.postgres.url:
-        raise ConfigError("an external PostgreSQL is configured ([postgres] url); runnerctl runs "
-                          "no server of its own", hint="use `runnerctl postgres url`")
-    return PostgresServer(config)
+    config = PostgresConfig(base_dir=base_dir or Path(pg.dir or settings.state_dir / "postgres"),
+                            listen=listen or pg.listen, port=port or pg.port)
+    ctx.obj = _Target(config, pg.url)
 
 
 @postgres.command("init")
-@click.pass_context
-def pg_init(ctx: click.Context) -> None:
+@click.pass_obj
+def pg_init(target: _Target) -> None:
     """Create the server's data directory (once; a second init changes nothing)."""
-    server = _server(ctx)
+    server = target.server()
     created = server.init()
     click.echo(f"{'initialised' if created else 'already initialised'}: {server.config.data_dir}")
 
 
 @postgres.command("start")
-@click.pass_context
-def pg_start(ctx: click.Context) -> None:
-    """Start the server (harmless when it already runs; run it again after a reboot)."""
-    server = _server(ctx)
+@click.pass_obj
+def pg_start(target: _Target) -> None:
+    """Start the server (harmless when it runs; run it again after a reboot)."""
+    server = target.server()
     started = server.start()
     click.echo(f"{'started' if started else 'already running'} on "
-               f"{server.config.listen}:{server.config.port}")
+               f"{server.config.listen} port {server.config.port}")
 
 
 @postgres.command("stop")
-@click.pass_context
-def pg_stop(ctx: click.Context) -> None:
+@click.pass_obj
+def pg_stop(target: _Target) -> None:
     """Stop the server: a fast shutdown that keeps every committed transaction."""
-    click.echo("stopped" if _server(ctx).stop() else "not running")
+    click.echo("stopped" if target.server().stop() else "not running")
 
 
 @postgres.command("status")
-@click.pass_context
-def pg_status(ctx: click.Context) -> None:
-    """Say whether the server is initialised and running; exit 1 when it is not running."""
-    server = _server(ctx)
+@click.pass_obj
+def pg_status(target: _Target) -> None:
+    """Say whether the server runs; exit 1 when it does not (or cannot be reached)."""
+    if target.external_url:
+        click.echo(f"external PostgreSQL {ping(target.external_url)}: reachable")
+        return
+    server = target.server()
     running = server.running()
-    click.echo(f"data dir {server.config.data_dir}: "
+    click.echo(f"{server.config.data_dir}: "
                f"{'initialised' if server.initialised() else 'not initialised'}, "
-               f"{'running' if running else 'stopped'} ({server.config.listen}:{server.config.port})")
+               f"{'running' if running else 'stopped'} "
+               f"(listen {server.config.listen}, port {server.config.port})")
     if not running:
         raise click.exceptions.Exit(1)
 
 
+host_option = click.option("--host", help="Host name in the URL [default: the listen address, or "
+                           "this host's name when listening on all].")
+
+
 @postgres.command("url")
-@click.option("--study", help="The URL of this study's own database and role.")
-@click.pass_context
-def pg_url(ctx: click.Context, study: str | None) -> None:
-    """Print an Optuna storage URL (it holds a password: treat it as a secret)."""
-    settings, _ = ctx.obj
-    if settings.postgres.url:
-        click.echo(settings.postgres.url)
+@click.argument("database", default=DEFAULT_DATABASE)
+@click.option("--admin", is_flag=True, help="The superuser's URL instead (local socket only).")
+@host_option
+@click.pass_obj
+def pg_url(target: _Target, database: str, admin: bool, host: str | None) -> None:
+    """Print the storage URL of DATABASE (default: optuna), creating it and its role if needed.
+
+    The URL holds a password: treat it as a secret. `runnerctl init --optuna-storage URL`
+    puts it into the runners' environment, where the optuna-sweep template finds it.
+    """
+    if admin:
+        click.echo(target.admin_url())
         return
-    server = _server(ctx)
-    click.echo(server.url(check_name(study), study) if study else server.url())
+    click.echo(target.database(check_name(database, "database"), host))
 
 
 @postgres.command("create-study")
 @click.argument("name")
+@click.option("--database", help="Put the study into this (project) database [default: its own, NAME].")
 @click.option("--direction", type=click.Choice(["minimize", "maximize"]), default="minimize",
               show_default=True)
-@click.pass_context
-def pg_create_study(ctx: click.Context, name: str, direction: str) -> None:
-    """Create database, role and Optuna study NAME (idempotent); print its storage URL."""
+@host_option
+@click.pass_obj
+def pg_create_study(target: _Target, name: str, database: str | None, direction: str,
+                    host: str | None) -> None:
+    """Create the Optuna study NAME (idempotent) and print its storage URL.
+
+    Its database and role come first when missing. Creating the study here, before any
+    worker starts, also creates Optuna's tables once: workers racing to do it fail.
+    """
     import optuna
 
-    settings, _ = ctx.obj
-    check_name(name)
-    url = settings.postgres.url or _server(ctx).create_database(name)
+    check_name(name, "study")
+    url = target.database(check_name(database or name, "database"), host)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    optuna.create_study(study_name=name, storage=url, load_if_exists=True,
+    optuna.create_study(study_name=name, storage=target.local(url), load_if_exists=True,
                         direction=optuna.study.StudyDirection[direction.upper()])
     click.echo(url)

@@ -1,0 +1,155 @@
+"""runnerctl.optuna: storage settings, the study from the environment, the exact budget,
+and the failover of a dead worker's trial, on the real PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.storages import JournalStorage, RDBStorage
+from optuna.trial import TrialState
+
+from runnerctl.errors import ConfigError
+from runnerctl.optuna import (
+    GRACE_PERIOD_S,
+    HEARTBEAT_INTERVAL_S,
+    POOL_SIZE,
+    REFRESH_S,
+    SweepStorage,
+    TrialCounter,
+    make_storage,
+    run_worker,
+    study_from_env,
+)
+from runnerctl.postgres import PostgresServer
+
+pytestmark = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
+              pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")]  # study.ask()
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _quick(trial: optuna.Trial) -> float:
+    return trial.suggest_float("x", -1, 1) ** 2
+
+
+def test_postgres_storage_settings(pg_server: PostgresServer) -> None:
+    storage = make_storage(pg_server.create_database("settings"), env={})
+    assert isinstance(storage, RDBStorage)
+    assert storage.engine_kwargs == {"pool_pre_ping": True, "pool_size": POOL_SIZE, "max_overflow": 0}
+    assert storage.engine.pool.size() == POOL_SIZE  # type: ignore[attr-defined]
+    assert 16 * POOL_SIZE <= 100 // 2  # 16 workers take at most half of max_connections = 100
+    assert (storage.heartbeat_interval, storage.grace_period) == (HEARTBEAT_INTERVAL_S, GRACE_PERIOD_S)
+    assert storage.failed_trial_callback is not None  # retries dead workers' trials (any Optuna 4.5+)
+    quick = make_storage(pg_server.create_database("settings"),
+                         env={"RUNNERCTL_OPTUNA_HEARTBEAT_S": "1", "RUNNERCTL_OPTUNA_GRACE_S": "3"})
+    assert isinstance(quick, RDBStorage) and (quick.heartbeat_interval, quick.grace_period) == (1, 3)
+    with pytest.raises(ConfigError, match="RUNNERCTL_OPTUNA_GRACE_S"):
+        make_storage("sqlite://", env={"RUNNERCTL_OPTUNA_GRACE_S": "0"})
+
+
+def test_sqlite_and_journal_storages(tmp_path: Path) -> None:
+    sqlite = make_storage(f"sqlite:///{tmp_path}/s.db", env={})
+    assert isinstance(sqlite, RDBStorage)
+    assert sqlite.engine_kwargs == {"pool_pre_ping": True, "connect_args": {"timeout": 60}}
+    assert isinstance(make_storage(f"journal:{tmp_path}/j.log"), JournalStorage)
+
+
+def test_study_from_env_names_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="OPTUNA_STORAGE and OPTUNA_STUDY_NAME not set"):
+        study_from_env({})
+    url = f"sqlite:///{tmp_path}/s.db"
+    optuna.create_study(study_name="env_study", storage=url, direction="maximize")
+    study = study_from_env({"OPTUNA_STORAGE": url, "OPTUNA_STUDY_NAME": "env_study"})
+    assert study.study_name == "env_study" and study.direction == optuna.study.StudyDirection.MAXIMIZE
+
+
+def test_sweep_storage_reads_other_workers_trials_once_per_refresh(pg_server: PostgresServer) -> None:
+    """Other workers' trials reach a worker's view at its next refresh, not at every read;
+    its own trials and every write go to the database at once."""
+    url = pg_server.create_database("refresh")
+    optuna.create_study(study_name="refresh", storage=url)
+    env = {"OPTUNA_STORAGE": url, "OPTUNA_STUDY_NAME": "refresh"}
+    study = study_from_env({**env, "RUNNERCTL_OPTUNA_REFRESH_S": "60"})
+    storage = study._storage
+    assert isinstance(storage, SweepStorage) and storage.refresh_s == 60
+    assert study.trials == []  # the first read: the study as it is
+    other = optuna.load_study(study_name="refresh", storage=url)  # plain Optuna, another worker
+    other.optimize(_quick, n_trials=2)
+    own = study.ask()
+    study.tell(own, 0.5)
+    assert [t.number for t in study.trials] == [own.number]  # the others come at the next refresh
+    assert [t.state for t in other.trials] == [TrialState.COMPLETE] * 3  # its own write is there
+    storage.refresh_s = 0
+    assert [t.number for t in study.trials] == [0, 1, 2]
+    assert study_from_env(env)._storage.refresh_s == REFRESH_S  # type: ignore[attr-defined]
+    for bad in ("-1", "soon", "61"):
+        with pytest.raises(ConfigError, match="RUNNERCTL_OPTUNA_REFRESH_S must be a number"):
+            study_from_env({**env, "RUNNERCTL_OPTUNA_REFRESH_S": bad})
+
+
+def test_budget_is_exact_and_a_finished_study_adds_no_trials(pg_server: PostgresServer,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    url = pg_server.create_database("budget")
+    optuna.create_study(study_name="budget", storage=url)
+    monkeypatch.setenv("OPTUNA_STORAGE", url)
+    monkeypatch.setenv("OPTUNA_STUDY_NAME", "budget")
+    monkeypatch.setenv("OPTUNA_N_TRIALS", "7")
+    assert run_worker(_quick) == 7
+    assert run_worker(_quick) == 0  # a late or retried worker job: nothing to do
+    study = optuna.load_study(study_name="budget", storage=url)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 7
+    monkeypatch.setenv("OPTUNA_N_TRIALS", "seven")
+    with pytest.raises(ConfigError, match="OPTUNA_N_TRIALS must be a positive number"):
+        run_worker(_quick)
+
+
+def test_waiting_workers_fail_and_retry_a_dead_workers_trial(pg_server: PostgresServer) -> None:
+    """The budget is spoken for by a trial whose worker died: the live worker, idle and
+    waiting, still notices the stale heartbeat, and runs the retried copy itself."""
+    url = pg_server.create_database("dead_worker")
+    optuna.create_study(study_name="dead", storage=url)
+    storage = make_storage(url, heartbeat_interval=1, grace_period=1)
+    assert isinstance(storage, RDBStorage)
+    study = optuna.load_study(study_name="dead", storage=SweepStorage(storage))  # as study_from_env
+    assert run_worker(_quick, study=study, n_trials=3) == 3
+    dead = study.ask()  # a fourth trial, RUNNING, its worker about to vanish
+    dead.suggest_float("x", -1, 1)
+    storage.record_heartbeat(dead._trial_id)  # one beat, then silence
+    started = time.monotonic()
+    assert run_worker(_quick, study=study, n_trials=4, poll_s=0.2) == 1
+    assert time.monotonic() - started >= 1  # only after the grace period
+    trials = study.get_trials(deepcopy=False)
+    assert Counter(t.state for t in trials) == {TrialState.COMPLETE: 4, TrialState.FAIL: 1}
+    (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == dead.number]
+    assert retry.state == TrialState.COMPLETE and retry.params == dead.params
+
+
+def test_without_heartbeats_nobody_waits_forever(tmp_path: Path) -> None:
+    url = f"journal:{tmp_path}/j.log"
+    study = optuna.create_study(study_name="j", storage=make_storage(url))
+    study.ask()  # RUNNING forever: journal files have no heartbeats
+    assert not TrialCounter(study).failover
+    done = threading.Event()
+
+    def work() -> None:
+        run_worker(_quick, study=study, n_trials=3)
+        done.set()
+
+    threading.Thread(target=work, daemon=True).start()
+    assert done.wait(timeout=30)
+    assert TrialCounter(study).counts() == (2, 1)
+
+
+def test_trial_counter_counts_in_the_database(pg_server: PostgresServer) -> None:
+    url = pg_server.create_database("counter")
+    study = optuna.create_study(study_name="counter", storage=make_storage(url, heartbeat_interval=5))
+    study.optimize(_quick, n_trials=3)
+    running = study.ask()
+    counter = TrialCounter(study)
+    assert counter.failover
+    assert counter.counts() == (3, 1)
+    assert counter.counts(exclude_number=running.number) == (3, 0)
