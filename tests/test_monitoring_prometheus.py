@@ -77,28 +77,40 @@ def http_get(url: str, timeout: float = 5.0) -> bytes:
         return body
 
 
-class Workload(threading.Thread):
-    """One simulated host, built and driven on this thread (its SQLite store lives here)."""
+class HostThread(threading.Thread):
+    """A simulated host built and driven on its own thread (its SQLite store lives there);
+    an error is kept for the test to report, never swallowed."""
+
+    def __init__(self, name: str, state_dir: Path, port: int) -> None:
+        super().__init__(name=name, daemon=True)
+        self.state_dir, self.port = state_dir, port
+        self.ready = threading.Event()
+        self.stop = threading.Event()  # the test: stop working
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:
+            self.error = exc
+            self.ready.set()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class Workload(HostThread):
+    """The busy simulated host (one last tick follows `stop`)."""
 
     def __init__(self, state_dir: Path, mapping_dir: Path, port: int) -> None:
-        super().__init__(name="workload", daemon=True)
-        self.state_dir, self.mapping_dir, self.port = state_dir, mapping_dir, port
-        self.ready = threading.Event()
-        self.stop = threading.Event()  # the test: stop working (one last tick follows)
+        super().__init__("workload", state_dir, port)
+        self.mapping_dir = mapping_dir
         self.done = threading.Event()  # the workload: stopped, `last_at` is set
         self.release = threading.Event()  # the test: the last tick was scraped, shut down
         self.world: World | None = None
         self.first_at = 0.0
         self.last_at = 0.0
         self.mapping_checks = 0
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:  # reported by the test, never swallowed
-            self.error = exc
-            self.ready.set()
 
     def _run(self) -> None:
         world = build_world(self.state_dir, settings=ControllerSettings(projects=(PROJECT,), cooldown_s=60.0))
@@ -155,7 +167,7 @@ class Workload(threading.Thread):
         self.mapping_checks += 1 if wanted else 0
 
 
-class AilingHost(threading.Thread):
+class AilingHost(HostThread):
     """A simulated host where everything the alerts watch for has gone wrong (built on this
     thread, like `Workload`): its gitlab-runner never polls (every runner offline in
     GitLab), runner gpu0 was deleted in GitLab (state unknown), an 8-GPU job has been
@@ -165,18 +177,7 @@ class AilingHost(threading.Thread):
     HOST = "gpu-sick"
 
     def __init__(self, state_dir: Path, port: int) -> None:
-        super().__init__(name="ailing", daemon=True)
-        self.state_dir, self.port = state_dir, port
-        self.ready = threading.Event()
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:  # reported by the test, never swallowed
-            self.error = exc
-            self.ready.set()
+        super().__init__("ailing", state_dir, port)
 
     def _run(self) -> None:
         world = build_world(self.state_dir, host=self.HOST, settings=ControllerSettings(projects=(PROJECT,)))
