@@ -22,7 +22,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-BEGIN, END = "<!-- exporter-scrape:begin -->", "<!-- exporter-scrape:end -->"
 TARGET_MS = 10.0
 
 
@@ -89,22 +88,17 @@ def main() -> int:
 
 def write_results(gpus: int, runners: int, samples: int, size: int, ours: float, base: float,
                   scrapes: int) -> None:
-    lines = [BEGIN, "## Exporter: CPU time per scrape", "",
+    lines = ["## Exporter: CPU time per scrape", "",
              f"`python benchmarks/exporter_scrape.py` on this machine (2 shared cores), mean of {scrapes} "
              "scrapes (`time.process_time`); baseline: a registry of plain prometheus_client Gauges with "
              "as many samples, rendered in the same run. Target: under 10 ms.", "",
              "| host | samples | bytes | runnerctl scrape (ms CPU) | baseline (ms CPU) | ratio |",
              "|---|---|---|---|---|---|",
              f"| {gpus} GPUs, {runners} runners, busy | {samples} | {size} | {ours:.3f} | {base:.3f} | "
-             f"{ours / base:.2f}x |", END]
-    path = ROOT / "benchmarks" / "RESULTS.md"
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if BEGIN in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + "\n".join(lines) + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
-    path.write_text(text)
+             f"{ours / base:.2f}x |"]
+    from results_md import write_section
+
+    write_section("exporter-scrape", lines)
 
 
 if __name__ == "__main__":

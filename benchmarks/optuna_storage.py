@@ -56,7 +56,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SLEEP_S = 0.2
-BEGIN, END = "<!-- optuna-storage:begin -->", "<!-- optuna-storage:end -->"
 STORAGES = ("PostgreSQL", "SQLite", "JournalFile")
 
 
@@ -253,7 +252,7 @@ def table(runs: list[Run], counts: list[int], args: argparse.Namespace, load: st
     def find(storage: str, mode: str, workers: int) -> Run:
         return next(r for r in runs if (r.storage, r.mode, r.workers) == (storage, mode, workers))
 
-    lines = [BEGIN, "## Optuna storage: trials per second by workers", "",
+    lines = ["## Optuna storage: trials per second by workers", "",
              f"`python benchmarks/optuna_storage.py` on this machine: {os.cpu_count()} cores, "
              f"shared (load average {load}); objective sleeps {SLEEP_S} s; "
              f"{args.trials_per_worker} trials per worker; best of {args.repeat} interleaved runs; "
@@ -271,7 +270,7 @@ def table(runs: list[Run], counts: list[int], args: argparse.Namespace, load: st
                 cells.append(f"{run.rate:.1f} ({run.rate / base.rate:.1f}x) | "
                              f"{run.cpu_ms:.0f} ({run.server_ms:.0f})")
             lines.append(f"| {storage} | {workers} | " + " | ".join(cells) + " |")
-    return [*lines, "", *checks(runs), END]
+    return [*lines, "", *checks(runs)]
 
 
 def checks(runs: list[Run]) -> list[str]:
@@ -301,18 +300,6 @@ def checks(runs: list[Run]) -> list[str]:
                 f"here, so 1.4x SQLite ({1.4 * sqlite8:.1f}) is "
                 + ("out of reach on this host." if 1.4 * sqlite8 > 8 / SLEEP_S else "within reach.")]
     return out
-
-
-def write(lines: list[str]) -> None:
-    path = ROOT / "benchmarks" / "RESULTS.md"
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    block = "\n".join(lines)
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.write_text(text)
 
 
 def main() -> int:
@@ -358,7 +345,9 @@ def main() -> int:
     lines = table(best(runs), counts, args, load)
     print("\n".join(lines))
     if not args.no_write:
-        write(lines)
+        from results_md import write_section
+
+        write_section("optuna-storage", lines)
     return 0
 
 
