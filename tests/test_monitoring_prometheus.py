@@ -25,6 +25,7 @@ must return no series of the healthy hosts (they do not fire falsely).
 
 from __future__ import annotations
 
+import abc
 import json
 import os
 import re
@@ -77,7 +78,7 @@ def http_get(url: str, timeout: float = 5.0) -> bytes:
         return body
 
 
-class HostThread(threading.Thread):
+class HostThread(threading.Thread, abc.ABC):
     """A simulated host built and driven on its own thread (its SQLite store lives there);
     an error is kept for the test to report, never swallowed."""
 
@@ -95,8 +96,9 @@ class HostThread(threading.Thread):
             self.error = exc
             self.ready.set()
 
+    @abc.abstractmethod
     def _run(self) -> None:
-        raise NotImplementedError
+        """Build the host, set `ready`, work until `stop`."""
 
 
 class Workload(HostThread):
