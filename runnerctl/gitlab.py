@@ -8,7 +8,9 @@ Tokens are never put in messages or logs.
 
 Sources: docs.gitlab.com/api/runners (create via POST /user/runners, list, get, update
 `paused`, delete, jobs of a runner, verify), docs.gitlab.com/api/jobs (pending jobs of a
-project), docs.gitlab.com/api/users (current user).
+project), docs.gitlab.com/api/users (current user), docs.gitlab.com/api/members
+(`GET /groups/:id/members/all/:user_id`, `access_level`), docs.gitlab.com/api/oauth2
+(`POST /oauth/token`: authorization code with PKCE, for the web page's "Sign in with GitLab").
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import urllib.parse
 from collections.abc import Callable
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -106,14 +109,17 @@ class GitLabPort(Protocol):
 class PythonGitLab:
     """GitLabPort over python-gitlab."""
 
-    def __init__(self, url: str, token: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, url: str, token: str, *, timeout: float = DEFAULT_TIMEOUT_S,
+                 oauth: bool = False) -> None:
+        """`token`: an access token, or with `oauth` a user's OAuth access token (Bearer)."""
         self.url = url.rstrip("/")
         self.requests_by_status: collections.Counter[str] = collections.Counter()
         self._retry_after: float | None = None
         session = requests.Session()
         session.hooks["response"].append(self._observe)
         self._gl = gitlab.Gitlab(
-            self.url, private_token=token, timeout=timeout, session=session,
+            self.url, private_token=None if oauth else token, oauth_token=token if oauth else None,
+            timeout=timeout, session=session,
             retry_transient_errors=False,
         )
 
@@ -190,6 +196,24 @@ class PythonGitLab:
             return False
         return True
 
+    def current_user(self) -> tuple[int, str]:
+        """(id, username) of the token's user."""
+        user = self._call("read the signed-in user", lambda: self._gl.http_get("/user", **_NO_RETRY))
+        if not isinstance(user, dict):
+            raise TemporaryError(f"GitLab at {self.url} answered /user with no user", delay=DEFAULT_RETRY_S)
+        return int(user["id"]), str(user["username"])
+
+    def group_access_level(self, group: str, user_id: int) -> int:
+        """The user's access level in the group, inherited ones included (40 = Maintainer);
+        0 when not a member."""
+        path = f"/groups/{urllib.parse.quote(group, safe='')}/members/all/{user_id}"
+        try:
+            member = self._call(f"read the membership in group {group}",
+                                lambda: self._gl.http_get(path, **_NO_RETRY))
+        except _NotFound:
+            return 0
+        return int(member.get("access_level") or 0) if isinstance(member, dict) else 0
+
     def _call(self, what: str, func: Callable[[], T]) -> T:
         try:
             return func()
@@ -248,3 +272,23 @@ def _job(attrs: dict[str, Any], *, runner_id: int | None = None,
         runner_id=runner_id or runner.get("id"),
         name=attrs.get("name"),
     )
+
+
+def exchange_oauth_code(url: str, *, client_id: str, secret: str, code: str, verifier: str,
+                        redirect_uri: str, timeout: float = DEFAULT_TIMEOUT_S) -> str:
+    """An OAuth authorization code (with its PKCE verifier) for the user's access token."""
+    url = url.rstrip("/")
+    try:
+        form = {"client_id": client_id, "client_secret": secret, "code": code,
+                "grant_type": "authorization_code", "redirect_uri": redirect_uri, "code_verifier": verifier}
+        response = requests.post(f"{url}/oauth/token", data=form, timeout=timeout,
+                                 headers={"Accept": "application/json"})
+    except requests.exceptions.RequestException as exc:
+        raise TemporaryError(f"cannot reach GitLab at {url} ({type(exc).__name__}) to finish the sign-in",
+                             delay=DEFAULT_RETRY_S) from None
+    token = response.json().get("access_token") if response.ok else None
+    if not isinstance(token, str) or not token:
+        raise PermanentError(f"GitLab at {url} refused the sign-in ({response.status_code})",
+                             hint="start the sign-in again; if it keeps failing, check [web] "
+                                  "gitlab_oauth_client_id and $RUNNERCTL_GITLAB_OAUTH_SECRET")
+    return token

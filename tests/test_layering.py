@@ -37,6 +37,12 @@ def test_only_one_module_talks_to_gitlab() -> None:
     assert _importers("gitlab") <= {"runnerctl/gitlab.py"}
 
 
+def test_only_one_module_is_an_http_client() -> None:
+    """GitLab (API and OAuth alike) is reached through runnerctl/gitlab.py only."""
+    clients = set().union(*(_importers(m) for m in ("requests", "urllib.request", "httpx", "http.client")))
+    assert clients <= {"runnerctl/gitlab.py"}, clients
+
+
 def test_only_one_module_talks_to_nvml() -> None:
     assert _importers("pynvml") == {"runnerctl/gpus/nvml.py"}
 

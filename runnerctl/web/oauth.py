@@ -5,24 +5,23 @@ token), docs.gitlab.com/api/users (GET /api/v4/user) and docs.gitlab.com/api/mem
 (GET /api/v4/groups/:id/members/all/:user_id, `access_level` 40 = Maintainer). A member
 of the configured group with at least Maintainer becomes an operator, anyone else who
 signs in a viewer. The access token is used for these two reads and then dropped: it is
-never stored, logged or sent to the browser. `state` and the PKCE verifier live in the
+never stored, logged or sent to the browser. GitLab is reached through runnerctl.gitlab,
+like everywhere else. `state` and the PKCE verifier live in the
 signed session cookie.
 """
 
 import base64
 import dataclasses
 import hashlib
-import json
 import logging
 import secrets
-import urllib.error
 import urllib.parse
-import urllib.request
-from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import RedirectResponse
 
+from runnerctl.errors import GitLabError
+from runnerctl.gitlab import PythonGitLab, exchange_oauth_code
 from runnerctl.web import auth
 
 log = logging.getLogger(__name__)
@@ -61,32 +60,12 @@ def install(app: FastAPI, oauth: GitLabOAuth) -> None:
 
 
 def _principal(oauth: GitLabOAuth, code: str, verifier: str, redirect_uri: str) -> auth.Principal:
-    token = _call(f"{oauth.url}/oauth/token", data={
-        "client_id": oauth.client_id, "client_secret": oauth.secret, "code": code,
-        "grant_type": "authorization_code", "redirect_uri": redirect_uri, "code_verifier": verifier})
-    bearer = {"Authorization": f"Bearer {token['access_token']}"}
-    user = _call(f"{oauth.url}/api/v4/user", headers=bearer)
-    group = urllib.parse.quote(oauth.group, safe="")
     try:
-        member = _call(f"{oauth.url}/api/v4/groups/{group}/members/all/{int(user['id'])}", headers=bearer)
-    except urllib.error.HTTPError as exc:
-        if exc.code != 404:
-            raise HTTPException(502, f"GitLab answered {exc.code} for the group membership") from None
-        member = {}
-    level = int(member.get("access_level") or 0)
-    return auth.Principal(str(user["username"]), "operator" if level >= MAINTAINER else "viewer", "gitlab")
-
-
-def _call(url: str, *, data: dict[str, str] | None = None, headers: dict[str, str] | None = None) -> Any:
-    body = urllib.parse.urlencode(data).encode() if data is not None else None
-    request = urllib.request.Request(url, data=body,
-                                     headers={"Accept": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - the configured GitLab
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        if "/groups/" in url:
-            raise
-        raise HTTPException(502, f"GitLab sign-in failed: {exc.code} from {url.split('?')[0]}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise HTTPException(502, f"GitLab sign-in failed: cannot reach GitLab ({exc})") from None
+        token = exchange_oauth_code(oauth.url, client_id=oauth.client_id, secret=oauth.secret, code=code,
+                                    verifier=verifier, redirect_uri=redirect_uri)
+        gitlab = PythonGitLab(oauth.url, token, oauth=True)
+        user_id, username = gitlab.current_user()
+        level = gitlab.group_access_level(oauth.group, user_id)
+    except GitLabError as exc:
+        raise HTTPException(502, f"GitLab sign-in failed: {exc}") from None
+    return auth.Principal(username, "operator" if level >= MAINTAINER else "viewer", "gitlab")
