@@ -137,9 +137,11 @@ def test_restart_recovers_drain_and_never_resumes_a_covered_single(world: World)
     big = world.submit(8, 30.0)
     world.advance(12)
     assert world.controller.drains
+    assert world.controller.protected == {big}  # it came when no other multi-GPU job waited
     # restart: a fresh controller on the same store and GitLab
     world.controller = Controller(world.controller.w, SETTINGS)
     assert world.controller.drains
+    assert world.controller.protected == {big}  # no later job may delay it after a restart either
     for _ in range(250):
         world.advance(1)
         _assert_s1(world)
@@ -213,3 +215,21 @@ def test_polling_stays_within_the_api_budget(world: World) -> None:
     start = len(world.server.requests)
     world.advance(600)
     assert len(world.server.requests) - start <= 12 * 10 + 2
+
+
+def test_a_failing_hook_is_logged_once_and_never_stops_the_loop(world: World,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """A side task of the tick (here a hook raising KeyError, as a bug would) runs after the
+    controller acted: the tick still returns its view, and the error is logged once."""
+    calls: list[int] = []
+
+    def broken(view: object) -> None:
+        calls.append(1)
+        raise KeyError("a bug in a hook")
+
+    world.controller.on_tick.append(broken)
+    job = world.submit(1, 30.0)
+    with caplog.at_level(logging.ERROR):
+        world.advance(20)
+    assert len(calls) >= 3 and job in world.fleet.started  # ticks went on, jobs ran
+    assert sum("broken failed after tick" in r.getMessage() for r in caplog.records) == 1

@@ -15,6 +15,7 @@ a controller killed at any point never resumes a runner it should not.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -122,7 +123,7 @@ class Controller:
         self.limits = GateThresholds(settings.foreign_memory_mib, settings.foreign_utilization,
                                      settings.reopen_ratio, settings.cooldown_s)
         self.drains = wiring.store.drains(self.host)
-        self.protected: frozenset[int] = frozenset()  # drains no later job may delay (plan.py)
+        self.protected = wiring.store.protected(self.host)  # drains no later job may delay (plan.py)
         self.gate = {gpu: GateState.from_row(row) for gpu, row in wiring.store.gate(self.host).items()}
         self.view = ControllerView(self.host, wiring.clock(), 0, None)
         self.ticks = 0
@@ -130,6 +131,7 @@ class Controller:
         self._synced = False
         self.stats = ControllerStats()  # counters for the exporter, fed once per tick
         self.on_tick: list[Callable[[ControllerView], None]] = []  # e.g. dcgm job mapping files
+        self._failing: set[str] = set()  # side tasks failing now (logged once)
 
     # -- one tick ------------------------------------------------------------------
     def tick(self) -> ControllerView:
@@ -149,11 +151,24 @@ class Controller:
                          now=now, on_action=lambda a: self._acted(a, now))
         self._remember(result, now)
         self.view = self._view(snapshot, result, running, toggles, now)
-        self.stats.observe(self.view, duration_s=time.perf_counter() - started, is_ci=self.w.is_ci,
-                           gitlab=self.w.gitlab)
+        view, took = self.view, time.perf_counter() - started
+        self._aside("stats", lambda: self.stats.observe(view, duration_s=took, is_ci=self.w.is_ci,
+                                                        gitlab=self.w.gitlab))
         for hook in self.on_tick:
-            hook(self.view)
+            self._aside(getattr(hook, "__name__", type(hook).__name__), functools.partial(hook, view))
         return self.view
+
+    def _aside(self, name: str, task: Callable[[], object]) -> None:
+        """Run a side task of the tick (stats, hooks): its failure is logged once while it
+        lasts and never stops the loop, which has already acted."""
+        try:
+            task()
+        except Exception:
+            if name not in self._failing:
+                log.exception("%s failed after tick %d (the controller goes on)", name, self.ticks)
+            self._failing.add(name)
+        else:
+            self._failing.discard(name)
 
     def _snapshot(self) -> GpuSnapshot | None:
         try:
@@ -244,6 +259,7 @@ class Controller:
         self.drains = dict(result.reserved)
         self.protected = result.protected
         self.w.store.save_drains(self.host, self.drains, now)
+        self.w.store.save_protected(self.host, self.protected)
         self.w.store.save_gate(self.host, {g: s.to_row() for g, s in self.gate.items()})
 
     def _event(self, now: float, kind: str, subject: str, detail: str) -> None:

@@ -60,7 +60,8 @@ class LeaseJobs:
         for lease in leases:
             job = int(lease.job_id) if lease.job_id.isdigit() else -1
             found.setdefault(lease.slot, set()).add(job)
-            self._owners[job] = (lease.user, lease.url)
+            if job >= 0:
+                self._owners[job] = (lease.user, lease.url)
         return {slot: tuple(sorted(jobs)) for slot, jobs in found.items()}
 
     def owners(self) -> dict[int, Owner]:

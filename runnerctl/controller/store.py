@@ -16,7 +16,7 @@ import dataclasses
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,6 +29,8 @@ SCHEMA = (
         PRIMARY KEY (host, target))""",
     """CREATE TABLE IF NOT EXISTS drains (host TEXT NOT NULL, slot TEXT NOT NULL,
         job_id BIGINT NOT NULL, since DOUBLE PRECISION NOT NULL, PRIMARY KEY (host, slot))""",
+    """CREATE TABLE IF NOT EXISTS protected (host TEXT NOT NULL, job_id BIGINT NOT NULL,
+        PRIMARY KEY (host, job_id))""",
     """CREATE TABLE IF NOT EXISTS claims (job_id BIGINT PRIMARY KEY, host TEXT NOT NULL,
         expires_at DOUBLE PRECISION NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS gate (host TEXT NOT NULL, gpu INTEGER NOT NULL,
@@ -152,6 +154,22 @@ class Store:
         with self._tx() as cur:
             return {r[0]: int(r[1]) for r in cur.query(
                 "SELECT slot, job_id FROM drains WHERE host = ?", (host,))}
+
+    def save_protected(self, host: str, jobs: Iterable[int]) -> None:
+        """The pending jobs no later job may delay (plan.py's L1 protection)."""
+        wanted = set(jobs)
+        with self._tx() as cur:
+            stored = {int(r[0]) for r in cur.query("SELECT job_id FROM protected WHERE host = ?", (host,))}
+            if stored == wanted:
+                return
+            cur.execute("DELETE FROM protected WHERE host = ?", (host,))
+            for job in sorted(wanted):
+                cur.execute("INSERT INTO protected (host, job_id) VALUES (?, ?)", (host, job))
+
+    def protected(self, host: str) -> frozenset[int]:
+        with self._tx() as cur:
+            return frozenset(int(r[0]) for r in cur.query("SELECT job_id FROM protected WHERE host = ?",
+                                                           (host,)))
 
     # -- claims ----------------------------------------------------------------------
     def claim(self, job_id: int, host: str, *, now: float, ttl_s: float) -> bool:
