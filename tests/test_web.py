@@ -184,7 +184,10 @@ def test_no_secret_in_responses_or_logs(world: World, tmp_path: Path,
                                                  "/metrics")]
     password_hash = world.store.user("olga")
     assert password_hash is not None
-    secrets = [TOKEN, PASSWORD, password_hash[0], (tmp_path / "web-session.key").read_text().strip()]
+    runner_tokens = [runner.token for runner in world.state.runners.values()]
+    assert len(runner_tokens) == 15 and all(t.startswith("glrt-") for t in runner_tokens)
+    secrets = [TOKEN, PASSWORD, password_hash[0], (tmp_path / "web-session.key").read_text().strip(),
+               *runner_tokens]
     everything = "\n".join(bodies + [r.getMessage() for r in caplog.records])
     assert "olga" in everything  # the grep reads the right text
     assert "runnerctl_gpu_info{" in everything  # ... the metrics too
