@@ -99,6 +99,14 @@ class ControllerSettings:
     unless renewed each tick, so a dead host does not hold a job forever."""
     backoff_max_s: float = 300.0
     """Upper bound (s) of the back-off after repeated GitLab failures."""
+    lease_check_s: float = 60.0
+    """At most one look per this long (s) at whether a leased job still runs in GitLab
+    (one request, within the API budget; see controller/orphans.py)."""
+    orphan_after_s: float = 420.0
+    """A leased job that GitLab has not listed as running for this long (s) is over, and
+    its cleanup was killed: the controller reaps it and frees its GPUs. Longer than
+    gitlab-runner lets the cleanup stage run (the 300 s cleanup_exec_timeout runnerctl
+    writes, plus 30 s to SIGKILL and 30 s to force-kill)."""
     store_url: str = ""
     """PostgreSQL URL shared by the hosts (claims, toggles); empty: SQLite in state_dir."""
 

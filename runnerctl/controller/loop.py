@@ -26,6 +26,7 @@ from runnerctl.controller import act as acting
 from runnerctl.controller.demand import ApiBudget, DemandTracker, PendingJob
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi, reopen
 from runnerctl.controller.observe import JobSource, RunnerCache, gate_step, nothing_is_ci
+from runnerctl.controller.orphans import OrphanAudit
 from runnerctl.controller.plan import Decision, Observed, Plan, PlanPolicy, SlotState, plan
 from runnerctl.controller.stats import ControllerStats
 from runnerctl.controller.store import Event, Store, Toggle
@@ -119,6 +120,7 @@ class Controller:
             webhook_fresh_s=settings.webhook_fresh_s, secret=wiring.webhook_secret,
             on_demand=self.wake.set)
         self.cache = RunnerCache(wiring.runner_ids)
+        self.orphans = OrphanAudit(check_s=settings.lease_check_s, orphan_after_s=settings.orphan_after_s)
         self.health = acting.GitLabHealth(backoff_max_s=settings.backoff_max_s)
         self.limits = GateThresholds(settings.foreign_memory_mib, settings.foreign_utilization,
                                      settings.reopen_ratio, settings.cooldown_s)
@@ -143,7 +145,10 @@ class Controller:
         self.demand.forget(j for jobs in running.values() for j in jobs)
         toggles = self._toggles(snapshot, now)
         self._step_gate(snapshot, running, now)
-        gitlab_ok = self.health.ready(now) and self._talk_to_gitlab(now)
+        gitlab_ready = self.health.ready(now)
+        if gitlab_ready:  # first: at most one request a minute, before demand takes the budget
+            self._free_orphans(running, now)
+        gitlab_ok = gitlab_ready and self._talk_to_gitlab(now)
         observed = self._observed(snapshot, running, toggles, now)
         result = self._plan_with_claims(observed, now)
         if gitlab_ok:
@@ -218,6 +223,31 @@ class Controller:
             self.health.failed(exc, now)
             return False
         return True
+
+    def _free_orphans(self, running: Mapping[str, tuple[int, ...]], now: float) -> None:
+        """Reap and release leases of jobs long over in GitLab (their cleanup was killed)."""
+        try:
+            over = self.orphans.over(running, self.cache.ids, gitlab=self.w.gitlab, budget=self.budget,
+                                     now=now)
+        except GitLabError as exc:  # this look only: pauses and resumes go on
+            if "lease audit" not in self._failing:
+                log.warning("GitLab failed on a runner's running jobs: %s; no lease is freed while "
+                            "it fails (the controller goes on)", exc)
+            self._failing.add("lease audit")
+            return
+        if over is None:  # not asked this tick
+            return
+        self._failing.discard("lease audit")
+        for job in over:
+            since = self.orphans.suspects.pop(job)
+
+            def free(job: int = job, since: float = since) -> None:
+                gpus = self.w.jobs.free(job)
+                self._event(now, "free", f"job {job}", f"not running in GitLab for {now - since:.0f} s "
+                            f"but still leased (its cleanup was stopped): reaped, GPUs "
+                            f"{', '.join(map(str, gpus)) or 'none'} released")
+
+            self._aside(f"freeing job {job}", free)
 
     def _observed(self, snapshot: GpuSnapshot | None, running: Mapping[str, tuple[int, ...]],
                   toggles: list[Toggle], now: float) -> Observed:

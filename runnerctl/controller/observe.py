@@ -24,6 +24,7 @@ from runnerctl.controller.demand import ApiBudget
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi, step
 from runnerctl.gitlab import GitLabPort
 from runnerctl.model import GpuProcess, GpuSnapshot, Slot
+from runnerctl.settings import PathSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +42,21 @@ class JobSource(Protocol):
         """Job id -> who started it and its link, for the jobs of the last `running()`."""
         ...
 
+    def free(self, job_id: int) -> tuple[int, ...]:
+        """Remove what the job left on this host and release its leases: GitLab says it
+        is long over, and its cleanup never finished (controller/orphans.py). Returns
+        the GPUs freed."""
+        ...
+
 
 class LeaseJobs:
     """Running jobs from the executor's lease files (no GitLab request needed)."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, settings: Settings | None = None) -> None:
         from runnerctl.executors.lease import Lease, LeaseTable
 
         self.table = LeaseTable(state_dir)
+        self.settings = settings or Settings(paths=PathSettings(state_dir=str(state_dir)))
         self._leases: dict[int, Lease] = {}
         self._owners: dict[int, Owner] = {}
 
@@ -66,6 +74,14 @@ class LeaseJobs:
 
     def owners(self) -> dict[int, Owner]:
         return dict(self._owners)
+
+    def free(self, job_id: int) -> tuple[int, ...]:
+        """The executors' own cleanup, as their cleanup stage would have done it: reap
+        (only what carries the job's lease: S4), then release."""
+        from runnerctl.executors.stages import reap
+
+        reap(self.table.held_by(str(job_id)), self.settings)
+        return tuple(lease.gpu for lease in self.table.release(str(job_id)))
 
     def is_ci(self, gpu: int, process: GpuProcess) -> bool:
         """CI = the process belongs to the lease of its GPU (as read by the last

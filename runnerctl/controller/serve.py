@@ -38,7 +38,7 @@ def production_controller(settings: Settings, *, gitlab_url: str, token: str, gp
     if not runner_ids:
         raise ConfigError(f"{runner_config} has no runnerctl runners with an id",
                           hint="register them first with `runnerctl init`")
-    jobs = LeaseJobs(settings.state_dir)
+    jobs = LeaseJobs(settings.state_dir, settings)
     store = Store.open(url=settings.controller.store_url, state_dir=settings.state_dir)
     wiring = Wiring(host=settings.host.name, gpus=open_gpu_source(gpu_source, host=settings.host.name),
                     gitlab=PythonGitLab(gitlab_url, token), runner_ids=runner_ids, store=store, jobs=jobs,

@@ -97,6 +97,17 @@ class SimFleet:
         found = {j.job_id: self.gitlab.owner(j.job_id) for j in self.jobs.values()}
         return {job_id: owner for job_id, owner in found.items() if owner}
 
+    def free(self, job_id: int) -> tuple[int, ...]:
+        """The controller reaps a job GitLab says is over: it stops here, unfinished."""
+        gpus: tuple[int, ...] = ()
+        for name, job in list(self.jobs.items()):
+            if job.job_id == job_id:
+                del self.jobs[name]
+                gpus += tuple(g for g in job.slot.gpus if self.holder.pop(g, None) == job_id)
+        if self._leases is not None:
+            self._leases.release(str(job_id))
+        return gpus
+
     def step(self, now: float) -> None:
         """Finish jobs that are done; on the poll beat, every idle runner polls GitLab."""
         for name, job in list(self.jobs.items()):

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from runnerctl.controller.loop import Controller, Wiring
-from runnerctl.controller.observe import nothing_is_ci
+from runnerctl.controller.observe import JobSource, LeaseJobs, nothing_is_ci
 from runnerctl.controller.plan import PlanPolicy
 from runnerctl.controller.store import Event, Store
 from runnerctl.gitlab import PythonGitLab, RunnerScope
@@ -84,7 +84,10 @@ def build_world(state_dir: Path, *, host: str = "demo", gpu_count: int = 8,
                 settings: ControllerSettings | None = None, policy: PlanPolicy | None = None,
                 on_event: Callable[[Event], None] = lambda e: None,
                 on_job: Callable[[str, RunningJob, float], None] = lambda kind, job, now: None,
-                webhook_secret: str = "", store_url: str = "", check_s: float = 3.0) -> World:
+                webhook_secret: str = "", store_url: str = "", check_s: float = 3.0,
+                lease_dir: Path | None = None) -> World:
+    """With `lease_dir`, the runner stand-ins take real lease files there and the controller
+    reads running jobs from them (`LeaseJobs`), as in production."""
     clock = VirtualClock()
     state = GitLabState(clock=clock)
     server = GitLabServer(state, tokens={TOKEN: "admin"})
@@ -101,10 +104,12 @@ def build_world(state_dir: Path, *, host: str = "demo", gpu_count: int = 8,
         runner_ids[slot.name] = created.id
     durations: dict[int, float] = {}
     fleet = SimFleet(state, runner_ids, slots, gpus, check_s=check_s,
-                     duration_of=lambda job_id: durations.get(job_id, 60.0), on_change=on_job)
+                     duration_of=lambda job_id: durations.get(job_id, 60.0), on_change=on_job,
+                     lease_dir=lease_dir)
+    jobs: JobSource = fleet if lease_dir is None else LeaseJobs(lease_dir)
     store = Store.open(url=store_url, state_dir=state_dir)
     settings = settings or ControllerSettings(projects=(PROJECT,))
-    wiring = Wiring(host=host, gpus=gpus, gitlab=gitlab, runner_ids=runner_ids, store=store, jobs=fleet,
+    wiring = Wiring(host=host, gpus=gpus, gitlab=gitlab, runner_ids=runner_ids, store=store, jobs=jobs,
                     clock=clock, is_ci=nothing_is_ci, webhook_secret=webhook_secret, on_event=on_event)
     controller = Controller(wiring, settings, policy)
     return World(clock, state, server, gitlab, gpus, fleet, controller, store, durations, {})

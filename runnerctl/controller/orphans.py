@@ -1,0 +1,67 @@
+"""Leases whose job is long over in GitLab: found here, freed by the controller.
+
+A job's leases are released by its cleanup stage, or as stale by the next prepare once
+its gitlab-runner is gone. One case escapes both: cleanup itself was killed (past
+`cleanup_exec_timeout`, say behind a Docker engine that stopped answering) while
+gitlab-runner runs on. The lease then holds its GPUs, and every job sent there waits
+at the gate and fails, until gitlab-runner restarts. Only GitLab knows that such a job
+is over, so the controller asks.
+
+At most one request per `check_s`, taken from the API budget: the running jobs of one
+runner that holds leases (`GET /runners/:id/jobs?status=running`). A suspect that is
+due for its second look comes first, else runners take turns. A leased job missing from
+that list is a suspect. If it is still missing at a look `orphan_after_s` or more after
+the first, it is over for good: gitlab-runner lets no cleanup run that long. The
+controller then frees it (`JobSource.free`): the executors' own reaping (processes
+carrying the lease's token, containers by label, Slurm jobs), then release. A job
+listed as running again stops being a suspect. Any doubt (GitLab failing) frees
+nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from runnerctl.controller.demand import ApiBudget
+from runnerctl.gitlab import GitLabPort
+
+
+class OrphanAudit:
+    def __init__(self, *, check_s: float, orphan_after_s: float) -> None:
+        self.check_s = check_s
+        self.orphan_after_s = orphan_after_s
+        self.suspects: dict[int, float] = {}
+        """Leased job id -> when GitLab first did not list it as running."""
+        self._next_at = float("-inf")
+        self._turn = 0
+
+    def over(self, running: Mapping[str, tuple[int, ...]], runner_ids: Mapping[str, int], *,
+             gitlab: GitLabPort, budget: ApiBudget, now: float) -> list[int] | None:
+        """Leased jobs to free now; None when it did not ask GitLab this time. A
+        GitLabError propagates, and nothing is freed."""
+        leased = {slot: [job for job in jobs if job >= 0] for slot, jobs in running.items()
+                  if slot in runner_ids}
+        leased = {slot: jobs for slot, jobs in leased.items() if jobs}
+        held = {job for jobs in leased.values() for job in jobs}
+        self.suspects = {job: since for job, since in self.suspects.items() if job in held}
+        if not leased or now < self._next_at or not budget.try_take():
+            return None
+        self._next_at = now + self.check_s
+        slot = self._pick(leased, now)
+        listed = {job.id for job in gitlab.running_jobs(runner_ids[slot])}
+        over = []
+        for job in leased[slot]:
+            if job in listed:
+                self.suspects.pop(job, None)
+            elif now - self.suspects.setdefault(job, now) >= self.orphan_after_s:
+                over.append(job)
+        return over
+
+    def _pick(self, leased: Mapping[str, list[int]], now: float) -> str:
+        due = sorted((since, job) for job, since in self.suspects.items()
+                     if now - since >= self.orphan_after_s)
+        for _, job in due:
+            return next(slot for slot, jobs in leased.items() if job in jobs)
+        names = sorted(leased)
+        self._turn += 1
+        return names[self._turn % len(names)]

@@ -1,0 +1,119 @@
+"""Leases left by a killed cleanup: the controller asks GitLab, waits out any cleanup
+that could still be at work, then reaps and releases; a running job is never touched.
+
+The world is the simulated host with real lease files (the runner stand-ins take them,
+the controller reads them through `LeaseJobs`, as in production), the HTTP GitLab
+through python-gitlab, and real processes carrying a lease's token."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runnerctl.executors.lease import LEASE_ENV, Lease, LeaseTable, new_nonce, process_started
+from runnerctl.settings import ControllerSettings
+from runnerctl.sim.gitlab_server import Fault
+from runnerctl.sim.world import PROJECT, World, build_world
+
+SETTINGS = ControllerSettings(projects=(PROJECT,))
+ORPHAN = 4242  # a job GitLab does not list as running: its cleanup was killed
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = build_world(tmp_path / "store", settings=SETTINGS, lease_dir=tmp_path / "state")
+    yield w
+    w.close()
+
+
+def _slot(world: World, suffix: str) -> str:
+    return next(name for name in world.controller.cache.ids if name.endswith(suffix))
+
+
+def _lease(world: World, tmp_path: Path, job_id: int, suffix: str, gpus: tuple[int, ...]) -> Lease:
+    """What prepare writes (shell driver), owned by a gitlab-runner that is alive (us)."""
+    me = os.getpid()
+    template = Lease(gpu=-1, job_id=str(job_id), slot=_slot(world, suffix), driver="shell", owner_pid=me,
+                     owner_started=process_started(me) or 0.0, created_at=time.time(), user="bob",
+                     nonce=new_nonce())
+    LeaseTable(tmp_path / "state").acquire(gpus, template, wait_s=0)
+    return template
+
+
+def _job_process(lease: Lease, spawned: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(["sleep", "600"], env={**os.environ, LEASE_ENV: lease.token})
+    spawned.append(proc)
+    return proc
+
+
+def _leased(tmp_path: Path) -> set[str]:
+    return {lease.job_id for lease in LeaseTable(tmp_path / "state").all()}
+
+
+def test_a_job_long_over_in_gitlab_is_reaped_and_released(world: World, tmp_path: Path,
+                                                          spawned: list[subprocess.Popen[bytes]]) -> None:
+    orphan = _lease(world, tmp_path, ORPHAN, "/gpu3", (3,))
+    left_over = _job_process(orphan, spawned)
+    live = world.state.enqueue_job(project_id=PROJECT, tags=["gpu"])
+    assert world.state.request_job(world.controller.cache.ids[_slot(world, "/gpu5")]) is live
+    running = _lease(world, tmp_path, live.id, "/gpu5", (5,))
+    live_process = _job_process(running, spawned)
+    world.advance(400, step=5.0)
+    assert ORPHAN in world.controller.orphans.suspects  # GitLab does not list it...
+    assert _leased(tmp_path) == {str(ORPHAN), str(live.id)}  # ...but a cleanup might still be at work
+    assert left_over.poll() is None
+    world.advance(400, step=5.0)
+    assert _leased(tmp_path) == {str(live.id)}
+    assert left_over.wait(timeout=10) == -9  # reaped: it carried the job's token
+    assert live_process.poll() is None and live.id not in world.controller.orphans.suspects
+    freed = [e for e in world.store.events(world.controller.host) if e.kind == "free"]
+    assert [(e.subject, "GPUs 3 released" in e.detail) for e in freed] == [(f"job {ORPHAN}", True)]
+    assert ORPHAN not in {j for jobs in world.controller.view.slots for j in jobs.running_jobs}
+
+
+def test_a_process_without_the_token_is_never_signalled(world: World, tmp_path: Path,
+                                                        spawned: list[subprocess.Popen[bytes]]) -> None:
+    """S4: reaping goes by the lease's token, so a process beside it lives on."""
+    orphan = _lease(world, tmp_path, ORPHAN, "/gpu2", (2,))
+    carrier = _job_process(orphan, spawned)
+    plain_env = {k: v for k, v in os.environ.items() if k != LEASE_ENV}
+    bystander = subprocess.Popen(["sleep", "600"], env=plain_env)
+    spawned.append(bystander)
+    world.advance(900, step=5.0)
+    assert carrier.wait(timeout=10) == -9 and bystander.poll() is None
+    assert _leased(tmp_path) == set()
+
+
+def test_while_gitlab_fails_that_look_nothing_is_freed_and_the_controller_goes_on(
+        world: World, tmp_path: Path, spawned: list[subprocess.Popen[bytes]],
+        caplog: pytest.LogCaptureFixture) -> None:
+    orphan = _lease(world, tmp_path, ORPHAN, "/gpu7", (7,))
+    left_over = _job_process(orphan, spawned)
+    world.server.faults.append(Fault("GET", r"/runners/\d+/jobs", "500", count=10_000))
+    with caplog.at_level(logging.WARNING, logger="runnerctl"):
+        big = world.submit(4, 60.0)
+        world.advance(1500, step=5.0)
+    assert big in world.fleet.started  # drains and resumes went on
+    assert str(ORPHAN) in _leased(tmp_path) and left_over.poll() is None
+    warned = [r.getMessage() for r in caplog.records if "no lease is freed" in r.getMessage()]
+    assert len(warned) == 1, warned
+    world.server.faults.clear()
+    world.advance(900, step=5.0)
+    assert str(ORPHAN) not in _leased(tmp_path) and left_over.wait(timeout=10) == -9
+
+
+def test_the_wait_outlasts_every_cleanup_gitlab_runner_allows() -> None:
+    from runnerctl.executors.contract import (
+        CLEANUP_EXEC_TIMEOUT_S,
+        FORCE_KILL_TIMEOUT_S,
+        GRACEFUL_KILL_TIMEOUT_S,
+    )
+
+    assert ControllerSettings().orphan_after_s > (CLEANUP_EXEC_TIMEOUT_S + GRACEFUL_KILL_TIMEOUT_S
+                                                  + FORCE_KILL_TIMEOUT_S)
