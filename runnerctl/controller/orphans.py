@@ -58,10 +58,10 @@ class OrphanAudit:
         return over
 
     def _pick(self, leased: Mapping[str, list[int]], now: float) -> str:
-        due = sorted((since, job) for job, since in self.suspects.items()
-                     if now - since >= self.orphan_after_s)
-        for _, job in due:
-            return next(slot for slot, jobs in leased.items() if job in jobs)
+        due = [job for job, since in sorted(self.suspects.items(), key=lambda item: item[1])
+               if now - since >= self.orphan_after_s]
+        if due:  # the longest-missing suspect gets its second look first
+            return next(slot for slot, jobs in leased.items() if due[0] in jobs)
         names = sorted(leased)
         self._turn += 1
         return names[self._turn % len(names)]
