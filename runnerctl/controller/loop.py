@@ -238,12 +238,11 @@ class Controller:
         if over is None:  # not asked this tick
             return
         self._failing.discard("lease audit")
-        for job in over:
-            since = self.orphans.suspects.pop(job)
+        for job, missing_s in over:
 
-            def free(job: int = job, since: float = since) -> None:
+            def free(job: int = job, missing_s: float = missing_s) -> None:
                 gpus = self.w.jobs.free(job)
-                self._event(now, "free", f"job {job}", f"not running in GitLab for {now - since:.0f} s "
+                self._event(now, "free", f"job {job}", f"not running in GitLab for {missing_s:.0f} s "
                             f"but still leased (its cleanup was stopped): reaped, GPUs "
                             f"{', '.join(map(str, gpus)) or 'none'} released")
 

@@ -36,9 +36,10 @@ class OrphanAudit:
         self._turn = 0
 
     def over(self, running: Mapping[str, tuple[int, ...]], runner_ids: Mapping[str, int], *,
-             gitlab: GitLabPort, budget: ApiBudget, now: float) -> list[int] | None:
-        """Leased jobs to free now; None when it did not ask GitLab this time. A
-        GitLabError propagates, and nothing is freed."""
+             gitlab: GitLabPort, budget: ApiBudget, now: float) -> list[tuple[int, float]] | None:
+        """(job, seconds GitLab has not listed it) for each leased job to free now, no
+        longer a suspect; None when it did not ask GitLab this time. A GitLabError
+        propagates, and nothing is freed."""
         leased = {slot: [job for job in jobs if job >= 0] for slot, jobs in running.items()
                   if slot in runner_ids}
         leased = {slot: jobs for slot, jobs in leased.items() if jobs}
@@ -54,7 +55,7 @@ class OrphanAudit:
             if job in listed:
                 self.suspects.pop(job, None)
             elif now - self.suspects.setdefault(job, now) >= self.orphan_after_s:
-                over.append(job)
+                over.append((job, now - self.suspects.pop(job)))
         return over
 
     def _pick(self, leased: Mapping[str, list[int]], now: float) -> str:
