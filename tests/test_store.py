@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,36 +9,15 @@ from pathlib import Path
 import pytest
 
 from runnerctl.controller.store import Event, Store, Toggle
-
-BIN = Path("/usr/lib/postgresql/15/bin")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from runnerctl.postgres import PostgresServer
 
 
 @pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    """A throw-away PostgreSQL run as the `postgres` user (initdb refuses root)."""
-    if not (BIN / "initdb").exists():
-        pytest.skip("PostgreSQL is not installed (apt-get install -y postgresql)")
-    base = Path(tempfile.mkdtemp(prefix="runnerctl-store-pg-"))
-    os.chmod(base, 0o777)
-    data, port = base / "data", _free_port()
-    as_pg = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    subprocess.run([*as_pg, str(BIN / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"],
-                   check=True, capture_output=True)
-    subprocess.run([*as_pg, str(BIN / "pg_ctl"), "-D", str(data), "-w", "-l", str(base / "log"), "-o",
-                    f"-p {port} -k {base} -c listen_addresses=127.0.0.1", "start"], check=True,
-                   capture_output=True)
-    try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run([*as_pg, str(BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
-                       check=False, capture_output=True)
-        shutil.rmtree(base, ignore_errors=True)
+def pg_url(pg_server: PostgresServer) -> str:
+    """The controller store's own database and least-privilege role on the session's real
+    PostgreSQL (runnerctl's server management; it fails, never skips, when PostgreSQL is
+    missing)."""
+    return pg_server.create_database("controller_store")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -79,11 +79,14 @@ class Store:
 
     @classmethod
     def open(cls, *, url: str = "", state_dir: Path | None = None) -> Store:
-        """PostgreSQL when `url` is set, else SQLite at <state_dir>/controller.sqlite."""
+        """PostgreSQL when `url` is set (libpq's form, or SQLAlchemy's as `runnerctl
+        postgres url` prints it), else SQLite at <state_dir>/controller.sqlite."""
         if url:
             import psycopg
 
-            return cls(psycopg.connect(url, autocommit=True), postgres=True)
+            from runnerctl.postgres import libpq_url
+
+            return cls(psycopg.connect(libpq_url(url), autocommit=True), postgres=True)
         if state_dir is None:
             raise ValueError("a store needs a PostgreSQL URL or a state directory")
         state_dir.mkdir(parents=True, exist_ok=True)
