@@ -70,9 +70,11 @@ def serve(controller: Controller, listen: str, *,
           extend: Sequence[Callable[[FastAPI], None]] = ()) -> None:
     """Run until SIGINT/SIGTERM: `loop(stop)` (default: the controller's own) in a thread."""
     host, port = parse_listen(listen)
-    app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend)
+    app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend,
+                     health=controller.liveness.report)
     stop = threading.Event()
     worker = threading.Thread(target=loop or controller.run, args=(stop,), name="reconcile", daemon=True)
+    controller.liveness.watch(worker)  # /healthz fails if it ever ends
     worker.start()
     log.warning("runnerctl serve: http://%s:%d/ (page), /api/state, /metrics, webhooks at /webhooks/gitlab",
                 host, port)
@@ -87,7 +89,8 @@ def serve_in_background(controller: Controller, listen: str, metrics: Metrics | 
                         extend: Sequence[Callable[[FastAPI], None]] = ()) -> uvicorn.Server | None:
     """The app on a daemon thread (the demo); None when the address is taken."""
     host, port = parse_listen(listen)
-    app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend)
+    app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend,
+                     health=controller.liveness.report)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="error"))
     thread = threading.Thread(target=server.run, name="web", daemon=True)
     thread.start()
