@@ -25,6 +25,8 @@ STALE_MIN_S = 10.0
 """... and never sooner than this (a tick with GitLab calls, on a busy host, takes a while)."""
 BACKOFF_MAX_S = 30.0
 """Longest wait between failed ticks: a store back after a restart is used this soon."""
+BACKOFF_INTERVALS = 10
+"""... and never longer than this many intervals (short intervals recover quickly)."""
 
 
 class Liveness:
@@ -71,12 +73,12 @@ class Liveness:
 
     def backoff_s(self, every_s: float | None = None) -> float:
         """Wait before the next tick: the interval (or `every_s`), doubled per failed tick
-        in a row, at most `BACKOFF_MAX_S`."""
+        in a row, at most `BACKOFF_MAX_S` or `BACKOFF_INTERVALS` intervals."""
         base = self.interval_s if every_s is None else every_s
         if not self.streak:
             return base
         doubled: float = base * 2.0 ** (self.streak - 1)
-        return min(doubled, max(base, BACKOFF_MAX_S))
+        return min(doubled, max(base, min(BACKOFF_MAX_S, BACKOFF_INTERVALS * base)))
 
     def age_s(self) -> float:
         """Seconds since the last good tick (since start before the first one)."""
