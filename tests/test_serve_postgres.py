@@ -84,7 +84,8 @@ def test_a_postgres_restart_under_serve_stalls_ticks_then_they_resume_and_nothin
     proc, web, log = start_serve(tmp_path, cfg, "serve")
     spawned.append(proc)
     wait_until("serve is healthy", lambda: health(web)[0] == 200, proc, log)
-    assert cli("pause", "--gpu", "1", "--why", "fan", "--host-name", "demo", "--config", str(cfg)).returncode == 0
+    first = cli("pause", "--gpu", "1", "--why", "fan", "--host-name", "demo", "--config", str(cfg))
+    assert first.returncode == 0, first
     wait_until("gpu1 paused", lambda: paused(web, 1), proc, log)
 
     own_server.stop()  # fast shutdown: serve's connection gets AdminShutdown
@@ -100,7 +101,8 @@ def test_a_postgres_restart_under_serve_stalls_ticks_then_they_resume_and_nothin
     finally:
         own_server.start()
 
-    wait_until("ticks resume", lambda: health(web)[0] == 200 and health(web)[1]["tick"] > stalled_at, proc, log)
+    wait_until("ticks resume", lambda: health(web)[0] == 200 and health(web)[1]["tick"] > stalled_at,
+               proc, log)
     assert cli("pause", "--gpu", "2", "--host-name", "demo", "--config", str(cfg)).returncode == 0
     wait_until("a toggle after the restart is applied", lambda: paused(web, 2), proc, log)
     assert paused(web, 1)
