@@ -1,12 +1,14 @@
 """The `runnerctl` command: `main(argv) -> exit code`.
 
 Commands live in one module per area and are registered in `COMMANDS`. Every
-`RunnerctlError` becomes one line on stderr and its exit code; no traceback for
-anything a user can fix.
+`RunnerctlError` becomes one line on stderr and its exit code; so do usage errors and
+a file the system refuses (`OSError`: permissions, an immutable file, a full disk); no
+traceback for anything a user can fix.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 from collections.abc import Sequence
@@ -59,13 +61,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.Abort:
         click.echo("runnerctl: aborted", err=True)
         return int(ExitCode.ERROR)
-    except click.ClickException as exc:
-        exc.show()
+    except click.UsageError as exc:  # one line, naming where to read the usage
+        see = f" (see `{exc.ctx.command_path} -h`)" if exc.ctx is not None else ""
+        click.echo(f"runnerctl: error: {exc.format_message()}{see}", err=True)
         return int(ExitCode.USAGE)
+    except click.ClickException as exc:
+        click.echo(f"runnerctl: error: {exc.format_message()}", err=True)
+        return int(ExitCode.USAGE)
+    except OSError as exc:  # a file or directory refused us (permissions, immutable, full disk)
+        click.echo(f"runnerctl: error: {os_error(exc)}", err=True)
+        return int(ExitCode.ERROR)
     except KeyboardInterrupt:
         return 130
     # click returns a command's exit code (from ctx.exit / Exit) when not standalone
     return result if isinstance(result, int) else int(ExitCode.OK)
+
+
+def os_error(exc: OSError) -> str:
+    """`PATH: reason (what to check)` for a failed file operation."""
+    where = ": ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    text = f"{where}: {reason}" if where else reason
+    if exc.errno in (errno.EPERM, errno.EACCES, errno.EROFS):
+        text += " (check its owner, mode and attributes: ls -l, lsattr)"
+    return text
 
 
 def entry() -> None:

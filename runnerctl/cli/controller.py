@@ -70,7 +70,7 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
     if interval is not None:
         settings = dataclasses.replace(settings, controller=dataclasses.replace(settings.controller,
                                                                                 interval_s=interval))
-    serving.parse_listen(listen)  # a bad --listen fails before anything starts
+    serving.check_listen(listen)  # a bad or taken --listen fails before anything starts
     if gitlab_url == "sim":
         _serve_sim(settings, listen, gpu_source, webhook_secret, sim_workload)
         return
@@ -190,10 +190,11 @@ def demo(ctx: click.Context, duration: float, listen: str) -> None:
 
 def _toggle_options(func: click.decorators.FC) -> click.decorators.FC:
     for option in reversed([
-        click.option("--gpu", type=int, help="One GPU: every runner over it."),
+        click.option("--gpu", type=click.IntRange(0), help="One GPU (its index): every runner over it."),
         click.option("--slot", help="One runner, by slot key (gpu0-3) or runner name."),
         click.option("--host", "whole_host", is_flag=True, help="Every runner of this host."),
-        click.option("--why", default="", help="Reason, stored and shown with the toggle."),
+        click.option("--why", default="", help="Reason, stored and shown with the toggle (one line; "
+                     "pause and drain need one)."),
         click.option("--who", default=getpass.getuser, help="Who asks [default: $USER]."),
         click.option("--host-name", help="Host whose runners to toggle [default: from settings]."),
         click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path)),
@@ -246,15 +247,19 @@ def resume(**kwargs: object) -> None:
               help="JOBS.csv: job_id,submit_time,gpus,duration[,project,priority].")
 @click.option("--foreign", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="FOREIGN.csv: start,duration,host,gpu (hosts gpu-a, gpu-b, ..., gpu-z, gpu-aa, ...).")
-@click.option("--hosts", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--hosts", type=click.IntRange(1, 1000), default=1, show_default=True)
 @click.option("--gpus-per-host", type=click.IntRange(1, 64), default=8, show_default=True)
 @click.option("--policy", type=click.Choice(POLICIES), default="dynamic", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, policy: str,
              as_json: bool) -> None:
     """Replay a job trace on simulated hosts under a scheduling policy; print the outcome."""
-    jobs = read_jobs(trace)
-    uses = read_foreign(foreign) if foreign else []
+    from runnerctl.gpus.sim import count_snapshot
+    from runnerctl.layout import plan_slots
+
+    sizes = {slot.size for slot in plan_slots(count_snapshot("gpu-a", gpus_per_host))}
+    jobs = read_jobs(trace, sizes=sizes)
+    uses = read_foreign(foreign, hosts=hosts, gpus_per_host=gpus_per_host) if foreign else []
     try:
         simulator = Simulator(jobs, SimConfig(hosts=hosts, gpus_per_host=gpus_per_host, policy=policy), uses)
     except ValueError as exc:

@@ -74,6 +74,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         """CREATE TABLE IF NOT EXISTS users (name TEXT PRIMARY KEY, password_hash TEXT NOT NULL,
             role TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL)""",
     )),
+    Migration(2, "host inventory: the GPUs and slots each controller drives (toggle targets are checked "
+                 "against it)", (
+        """CREATE TABLE inventory (host TEXT PRIMARY KEY, gpus TEXT NOT NULL, slots TEXT NOT NULL,
+            at DOUBLE PRECISION NOT NULL)""",
+    )),
 )
 
 _VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,
