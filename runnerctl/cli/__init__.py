@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = cli.main(args=list(argv) if argv is not None else None, prog_name="runnerctl",
                           standalone_mode=False)
     except RunnerctlError as exc:
-        click.echo(f"runnerctl: error: {exc}", err=True)
+        error(str(exc))
         return int(exc.exit_code)
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
@@ -63,18 +63,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(ExitCode.ERROR)
     except click.UsageError as exc:  # one line, naming where to read the usage
         see = f" (see `{exc.ctx.command_path} -h`)" if exc.ctx is not None else ""
-        click.echo(f"runnerctl: error: {exc.format_message()}{see}", err=True)
+        error(f"{exc.format_message()}{see}")
         return int(ExitCode.USAGE)
     except click.ClickException as exc:
-        click.echo(f"runnerctl: error: {exc.format_message()}", err=True)
+        error(exc.format_message())
         return int(ExitCode.USAGE)
     except OSError as exc:  # a file or directory refused us (permissions, immutable, full disk)
-        click.echo(f"runnerctl: error: {os_error(exc)}", err=True)
+        error(os_error(exc))
         return int(ExitCode.ERROR)
     except KeyboardInterrupt:
         return 130
     # click returns a command's exit code (from ctx.exit / Exit) when not standalone
     return result if isinstance(result, int) else int(ExitCode.OK)
+
+
+def error(message: str) -> None:
+    """One line on stderr, whatever the message holds (input echoed in it may carry a
+    newline or other control characters: they are shown escaped)."""
+    shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in message)
+    click.echo(f"runnerctl: error: {shown}", err=True)
 
 
 def os_error(exc: OSError) -> str:
