@@ -51,8 +51,8 @@ def parse_listen(listen: str) -> tuple[str, int]:
     host, _, port = listen.rpartition(":")
     if not host or not port.isascii() or not port.isdigit():
         raise ConfigError(f"--listen {listen!r} is not HOST:PORT")
-    if not 1 <= int(port) <= 65535:
-        raise ConfigError(f"--listen {listen!r}: port {int(port)} is not from 1 to 65535")
+    if int(port) > 65535:  # 0: any free port (tests)
+        raise ConfigError(f"--listen {listen!r}: port {int(port)} is not from 0 to 65535")
     return host, int(port)
 
 
