@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import click
 
 from runnerctl import __version__
-from runnerctl.cli import controller, experiments, host, monitoring, users
+from runnerctl.cli import controller, experiments, host, monitoring, report, users
 from runnerctl.errors import ExitCode, RunnerctlError
 
 COMMANDS: list[click.Command] = [
@@ -33,6 +33,7 @@ COMMANDS: list[click.Command] = [
     controller.resume,
     monitoring.exporter,
     users.user,
+    report.report,
 ]
 
 

@@ -63,6 +63,7 @@ class PendingJob:
     host: str | None  # a `host:` tag pins the job to one host
     web_url: str | None = None
     user: str | None = None
+    name: str | None = None  # the job's name in .gitlab-ci.yml (job history keeps it)
 
 
 def gpus_of(tags: Iterable[str]) -> int:
@@ -81,7 +82,7 @@ def pending_job(job: JobInfo, *, project_id: int, priorities: Mapping[str, str])
                     priorities.get(str(project_id), "normal"))
     host = next((t[5:] for t in job.tags if t.startswith("host:")), None)
     return PendingJob(job.id, project_id, gpus, _timestamp(job.created_at), priority, host,
-                      job.web_url, job.user)
+                      job.web_url, job.user, job.name)
 
 
 class DemandTracker:

@@ -25,6 +25,7 @@ from typing import Any
 from runnerctl.controller import act as acting
 from runnerctl.controller.demand import ApiBudget, DemandTracker, PendingJob
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi, reopen
+from runnerctl.controller.history import History
 from runnerctl.controller.liveness import Liveness
 from runnerctl.controller.observe import JobSource, RunnerCache, gate_step, nothing_is_ci
 from runnerctl.controller.orphans import OrphanAudit
@@ -80,6 +81,8 @@ class ControllerView:
     api_requests: int = 0
     owners: Mapping[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
     """Running job id -> (user, link), from the executor's leases."""
+    unused: tuple[int, ...] = ()
+    """Running jobs flagged "requested but unused": GPUs held, idle (controller/history.py)."""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -137,6 +140,7 @@ class Controller:
         self.on_tick: list[Callable[[ControllerView], None]] = []  # e.g. dcgm job mapping files
         self._failing: set[str] = set()  # side tasks failing now (logged once)
         self.liveness = Liveness(host=self.host, interval_s=settings.interval_s)  # for /healthz, /metrics
+        self.history = History(wiring.store, self.host, settings)  # job history, retention
 
     # -- one tick ------------------------------------------------------------------
     def tick(self) -> ControllerView:
@@ -146,6 +150,7 @@ class Controller:
         snapshot = self._snapshot()
         self._publish_inventory(snapshot)
         running = self.w.jobs.running()
+        self.history.remember_pending(self.demand.jobs)
         self.demand.forget(j for jobs in running.values() for j in jobs)
         toggles = self._toggles(snapshot, now)
         self._step_gate(snapshot, running, now)
@@ -159,6 +164,8 @@ class Controller:
             acting.apply(result.decisions, gitlab=self.w.gitlab, cache=self.cache, health=self.health,
                          now=now, on_action=lambda a: self._acted(a, now))
         self._remember(result, now)
+        self._aside("job history", lambda: self.history.tick(
+            self.w.jobs.leased(), snapshot, now, lambda *event: self._event(now, *event)))
         self.view = self._view(snapshot, result, running, toggles, now)
         self.liveness.good()
         view, took = self.view, time.perf_counter() - started
@@ -254,6 +261,7 @@ class Controller:
 
             def free(job: int = job, missing_s: float = missing_s) -> None:
                 gpus = self.w.jobs.free(job)
+                self.history.freed.add(job)
                 self._event(now, "free", f"job {job}", f"not running in GitLab for {missing_s:.0f} s "
                             f"but still leased (its cleanup was stopped): reaped, GPUs "
                             f"{', '.join(map(str, gpus)) or 'none'} released")
@@ -316,7 +324,7 @@ class Controller:
         return ControllerView(
             self.host, now, self.ticks, snapshot, slots, gpus, tuple(self.demand.jobs),
             tuple((t, toggle_status(t, self._slots, running)) for t in toggles), dict(result.reserved),
-            self.health.last_error, self.budget.spent, self.w.jobs.owners())
+            self.health.last_error, self.budget.spent, self.w.jobs.owners(), self.history.unused())
 
     # -- running ---------------------------------------------------------------------
     def run(self, stop: threading.Event, *, sleep: Callable[[float], None] | None = None,

@@ -79,6 +79,18 @@ MIGRATIONS: tuple[Migration, ...] = (
         """CREATE TABLE inventory (host TEXT PRIMARY KEY, gpus TEXT NOT NULL, slots TEXT NOT NULL,
             at DOUBLE PRECISION NOT NULL)""",
     )),
+    Migration(3, "job history (one row per job a runner of the host ran) and indexes for retention", (
+        """CREATE TABLE job_history (host TEXT NOT NULL, job_id BIGINT NOT NULL, slot TEXT NOT NULL,
+            gpus TEXT NOT NULL, project TEXT NOT NULL, pipeline TEXT NOT NULL, name TEXT NOT NULL,
+            username TEXT NOT NULL, url TEXT NOT NULL, queued_at DOUBLE PRECISION,
+            started_at DOUBLE PRECISION NOT NULL, seen_at DOUBLE PRECISION NOT NULL,
+            ended_at DOUBLE PRECISION, outcome TEXT NOT NULL, util_sum DOUBLE PRECISION NOT NULL,
+            util_samples INTEGER NOT NULL, idle_gpu_s DOUBLE PRECISION NOT NULL,
+            low_since DOUBLE PRECISION, unused_at DOUBLE PRECISION, PRIMARY KEY (host, job_id))""",
+        "CREATE INDEX job_history_ended ON job_history (ended_at)",
+        "CREATE INDEX job_history_started ON job_history (started_at)",
+        "CREATE INDEX events_at ON events (at)",
+    )),
 )
 
 _VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,

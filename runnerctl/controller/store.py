@@ -319,6 +319,13 @@ class Store:
         with self._tx() as cur:
             return cur.execute("DELETE FROM users WHERE name = ?", (name,)) > 0
 
+    # -- for store modules beside this one (controller/jobs_store.py) -------------------
+    @contextmanager
+    def transaction(self) -> Iterator[_Cursor]:
+        """One transaction with `?` placeholders; database failures become StoreError."""
+        with self._tx() as cur:
+            yield cur
+
 
 class _Cursor:
     """A cursor that takes `?` placeholders on both databases."""
