@@ -125,6 +125,14 @@ class ControllerSettings:
     but unused" (an event once per job, a badge on the page, a line in the report). Long
     enough that data loading or compiling at a job's start is not flagged."""
 
+    def __post_init__(self) -> None:
+        for name in ("history_retention_days", "events_retention_days", "unused_after_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"[controller] {name} must be more than 0, not {getattr(self, name)!r}")
+        if not 0 <= self.unused_utilization <= 1:
+            raise ConfigError(f"[controller] unused_utilization is a ratio from 0 to 1, not "
+                              f"{self.unused_utilization!r}")
+
 
 @dataclasses.dataclass(frozen=True)
 class MonitoringSettings:

@@ -201,3 +201,28 @@ def test_report_outputs_and_one_line_errors(world: World, tmp_path: Path,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no controller store" in err
     assert not (tmp_path / "nowhere").exists()
+    config = tmp_path / "runnerctl.toml"
+    config.write_text("[controller]\nhistory_retention_days = -1\n")
+    assert main(["report", "--config", str(config)]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "history_retention_days must be more than 0" in err
+
+
+def test_the_outcome_comes_from_gitlab_job_webhooks_else_ended(tmp_path: Path) -> None:
+    world = build_world(tmp_path, webhook_secret="hook-secret")
+    try:
+        early, late, silent = (world.submit(1, 100.0, user="ann") for _ in range(3))
+
+        def hook(job: int, status: str) -> None:
+            payload = {"object_kind": "build", "build_id": job, "build_status": status, "project_id": PROJECT}
+            assert world.controller.demand.webhook("hook-secret", payload)
+
+        world.advance(30.0)
+        hook(early, "failed")  # heard while its lease still stands
+        _finish(world)
+        hook(late, "canceled")  # heard after its lease went
+        world.advance(10.0)
+        outcomes = {r.job_id: r.outcome for r in jobs_store.jobs(world.store)}
+        assert outcomes == {early: "failed", late: "canceled", silent: "ended"}
+    finally:
+        world.close()

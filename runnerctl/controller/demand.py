@@ -11,7 +11,9 @@ equal the configured secret (constant-time compare). A pending job with tags is 
 at once (new multi-GPU demand also wakes the loop for an early tick, so its block is
 reserved before runners hand out smaller jobs on it); a job that left pending is
 dropped; a job event without tags (older GitLab versions send none) only marks its
-project for the next poll.
+project for the next poll. A final `build_status` (success, failed, canceled) is kept
+as the job's outcome for the job history (gitlabhq lib/gitlab/data_builder/build.rb
+builds this payload: `build_id`, `build_status`, `project_id`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from runnerctl.controller.plan import PRIORITY_RANK, Demand
 from runnerctl.gitlab import GitLabPort, JobInfo
 
 log = logging.getLogger(__name__)
+FINAL = frozenset({"success", "failed", "canceled"})
+"""A job's statuses once it is over (GitLab's Ci::HasStatus COMPLETED_STATUSES, less skipped)."""
 Clock = Callable[[], float]
 
 
@@ -98,6 +102,7 @@ class DemandTracker:
         self._active_window = active_window_s
         self._webhook_fresh = webhook_fresh_s
         self._jobs: dict[int, PendingJob] = {}
+        self._outcomes: dict[int, str] = {}  # job id -> final status from a webhook (job history)
         self._active: dict[int, float] = {p: clock() for p in self.projects}  # project -> last activity
         self._polled: dict[int, float] = {}
         self._last_webhook: float | None = None
@@ -154,6 +159,13 @@ class DemandTracker:
             for job_id in job_ids:
                 self._jobs.pop(job_id, None)
 
+    def take_outcomes(self) -> dict[int, str]:
+        """Final statuses (success, failed, canceled) that job webhooks brought since the
+        last call, for the job history; a GitLab without webhooks brings none."""
+        with self._lock:
+            found, self._outcomes = self._outcomes, {}
+        return found
+
     def webhook(self, token: str | None, payload: Mapping[str, Any]) -> bool:
         """Apply one job event; False (and nothing changes) when the token is wrong."""
         if not self.secret or not hmac.compare_digest((token or "").encode(), self.secret.encode()):
@@ -176,6 +188,8 @@ class DemandTracker:
             self.projects.append(project)
         job_id = int(payload.get("build_id") or 0)
         tags = payload.get("build_tags") or payload.get("tag_list") or payload.get("tags")
+        if payload.get("build_status") in FINAL and len(self._outcomes) < 10_000:
+            self._outcomes[job_id] = str(payload["build_status"])
         if payload.get("build_status") != "pending":
             self._jobs.pop(job_id, None)
         elif isinstance(tags, list):

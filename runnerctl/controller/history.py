@@ -10,9 +10,10 @@ queued time from the pending jobs demand polling saw (`queued_at` stays unknown 
 job never seen pending), and the GPUs' utilization from the tick's one NVML snapshot
 (a tick where it is unknown adds no sample: unknown never counts as 0 %).
 
-Outcome: "ended" (the lease went away) or "freed" (the controller's orphan audit
-released it: GitLab said the job was long over); the GitLab status is not fetched, to
-leave the API budget to demand polling.
+Outcome: GitLab's final status (success, failed, canceled) when a job webhook brought
+it (up to an hour after the lease went); else "ended" (the lease went away) or "freed"
+(the controller's orphan audit released it: GitLab said the job was long over). No
+request is spent on it: the API budget stays with demand polling.
 
 "Requested but unused": a job whose GPUs stay below `unused_utilization` for
 `unused_after_s` gets one `unused` event, a flag in the view (badge on the page) and a
@@ -56,6 +57,8 @@ class History:
         self.open: dict[int, JobRecord] = {r.job_id: r for r in jobs_store.open_jobs(store, host)}
         self.pending: dict[int, PendingJob] = {}  # last seen pending: name and queued time
         self.freed: set[int] = set()
+        self.outcomes: dict[int, tuple[str, float]] = {}  # job id -> (GitLab status, heard at)
+        self.recent: dict[int, JobRecord] = {}  # closed as "ended" in the last hour: may hear more
         self._last_tick: float | None = None
         self._next_prune = 0.0
 
@@ -65,8 +68,10 @@ class History:
             self.pending[job.job_id] = job
 
     def tick(self, leased: Mapping[int, LeasedJob], snapshot: GpuSnapshot | None, now: float,
-             event: EventSink) -> None:
-        """Open rows for new leases, sample running ones, close vanished ones, store them."""
+             event: EventSink, outcomes: Mapping[int, str] | None = None) -> None:
+        """Open rows for new leases, sample running ones, close vanished ones, store them.
+        `outcomes`: final GitLab statuses heard since the last tick (job webhooks)."""
+        self.outcomes.update((job, (status, now)) for job, status in (outcomes or {}).items())
         interval = self.settings.interval_s
         dt = 0.0 if self._last_tick is None else max(0.0, min(now - self._last_tick, 3 * interval))
         first = self._last_tick is None
@@ -83,8 +88,15 @@ class History:
             gap = now - record.seen_at
             end = record.seen_at + (min(gap, interval) / 2 if not first else 0.0)
             outcome = "freed" if job_id in self.freed else "ended"
-            changed.append(dataclasses.replace(record, ended_at=end, outcome=outcome, low_since=None))
+            closed = dataclasses.replace(record, ended_at=end, outcome=outcome, low_since=None)
+            changed.append(closed)
             self.freed.discard(job_id)
+            self.recent[job_id] = closed
+        for job_id in [j for j in self.recent if j in self.outcomes]:
+            status, _ = self.outcomes.pop(job_id)
+            changed.append(dataclasses.replace(self.recent.pop(job_id), outcome=status))
+        self.recent = {j: r for j, r in self.recent.items() if now - r.end < 3600.0}
+        self.outcomes = {j: o for j, o in self.outcomes.items() if now - o[1] < 3600.0}
         for job_id in [j for j in self.pending if j in leased]:
             del self.pending[job_id]
         jobs_store.save_jobs(self.store, changed)

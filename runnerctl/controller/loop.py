@@ -165,7 +165,8 @@ class Controller:
                          now=now, on_action=lambda a: self._acted(a, now))
         self._remember(result, now)
         self._aside("job history", lambda: self.history.tick(
-            self.w.jobs.leased(), snapshot, now, lambda *event: self._event(now, *event)))
+            self.w.jobs.leased(), snapshot, now, lambda *event: self._event(now, *event),
+            self.demand.take_outcomes()))
         self.view = self._view(snapshot, result, running, toggles, now)
         self.liveness.good()
         view, took = self.view, time.perf_counter() - started
