@@ -15,8 +15,9 @@ from runnerctl.controller import jobs_store
 from runnerctl.controller.history import History
 from runnerctl.controller.loop import Controller
 from runnerctl.controller.observe import LeasedJob
-from runnerctl.controller.store import Store
+from runnerctl.controller.store import Event, Store
 from runnerctl.gpus.sim import count_snapshot
+from runnerctl.postgres import PostgresServer
 from runnerctl.report import build
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim import demo
@@ -65,17 +66,21 @@ def test_every_job_is_recorded_once_with_its_gpus_times_and_user(world: World) -
 
 
 def test_a_restart_neither_loses_nor_double_counts_a_running_job(world: World) -> None:
-    job = world.submit(2, 900.0, user="erin")
-    world.advance(300.0)
+    job = world.submit(2, 1500.0, user="erin", utilization=0.0)
+    world.advance(700.0)  # flagged unused after 600 s
     assert [r.job_id for r in jobs_store.open_jobs(world.store, "demo")] == [job]
-    # the controller process restarts: a new Controller over the same store
+    # the controller process restarts: a new Controller over the same store, twice
     world.controller = Controller(world.controller.w, world.controller.settings)
     world.advance(100.0)
+    assert world.controller.view.unused == (job,)  # still flagged, from the stored row
     world.controller = Controller(world.controller.w, world.controller.settings)
     _finish(world)
     records = jobs_store.jobs(world.store)
     assert [r.job_id for r in records] == [job]
     assert records[0].gpu_hours == pytest.approx(_expected_gpu_hours(world)[job], rel=0.01)
+    assert records[0].idle_gpu_s == pytest.approx(2 * 1500.0, rel=0.02)  # samples kept across restarts
+    assert records[0].util_samples >= 1500 / 5 - 3
+    assert [e.kind for e in world.store.events("demo", limit=1000)].count("unused") == 1
 
 
 def test_a_lease_gone_while_the_controller_was_down_ends_at_its_last_sighting(tmp_path: Path) -> None:
@@ -226,3 +231,29 @@ def test_the_outcome_comes_from_gitlab_job_webhooks_else_ended(tmp_path: Path) -
         assert outcomes == {early: "failed", late: "canceled", silent: "ended"}
     finally:
         world.close()
+
+
+def test_history_on_a_shared_postgresql_store(pg_server: PostgresServer) -> None:
+    """Two hosts write to one PostgreSQL store; the report sums both; retention prunes it."""
+    url = pg_server.create_database("history_store")
+    settings = ControllerSettings(history_retention_days=1.0, events_retention_days=1.0)
+    stores = [Store.open(url=url), Store.open(url=url)]
+    try:
+        snapshot = count_snapshot("h", 2)
+        for index, (store, host) in enumerate(zip(stores, ("gpu-a", "gpu-b"), strict=True)):
+            history = History(store, host, settings)
+            lease = LeasedJob(f"runnerctl/{host}/gpu0-1", (0, 1), f"user{index}", project="lab/app",
+                              created_at=1000.0)
+            for t in (1000.0, 1005.0, 4600.0):
+                history.tick({10 + index: lease}, snapshot, t, lambda *e: None)
+            history.tick({}, snapshot, 4605.0, lambda *e: None)
+        store.record(Event(1000.0, "gpu-a", "resume", "gpu0", "old"))
+        report = build(jobs_store.jobs(stores[0]), by="project", since=None, until=5000.0)
+        assert [(r.key, r.jobs) for r in report.rows] == [("lab/app", 2)]
+        assert report.rows[0].gpu_hours == pytest.approx(2 * 2 * 3602.5 / 3600)
+        assert jobs_store.open_jobs(stores[1], "gpu-b") == []
+        assert jobs_store.prune(stores[1], jobs_before=1e9, events_before=1e9) == (2, 1)
+        assert jobs_store.count_rows(stores[0]) == (0, 0)
+    finally:
+        for store in stores:
+            store.close()
