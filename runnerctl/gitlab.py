@@ -104,6 +104,7 @@ class GitLabPort(Protocol):
     def running_jobs(self, runner_id: int) -> list[JobInfo]: ...
     def pending_jobs(self, project_id: int) -> list[JobInfo]: ...
     def verify_runner_token(self, token: str) -> bool: ...
+    def heartbeat_runner(self, token: str, *, system_id: str) -> None: ...
 
 
 class PythonGitLab:
@@ -195,6 +196,15 @@ class PythonGitLab:
         except PermanentError:
             return False
         return True
+
+    def heartbeat_runner(self, token: str, *, system_id: str) -> None:
+        """`POST /runners/verify` with the runner's own token and `system_id`: GitLab sets
+        the runner's and that one manager's `contacted_at` (online for 2 h). Only for the
+        stand-by runner, always with its one stored system_id (a new id would add a
+        manager). A refused token raises PermanentError."""
+        body = {"token": token, "system_id": system_id}
+        self._call("keep the stand-by runner online",
+                   lambda: self._gl.http_post("/runners/verify", post_data=body, **_NO_RETRY))
 
     def current_user(self) -> tuple[int, str]:
         """(id, username) of the token's user."""

@@ -27,12 +27,15 @@ def world(tmp_path: Path) -> Iterator[World]:
 
 
 def _open(world: World) -> set[str]:
-    return {r.description.rsplit("/", 1)[-1] for r in world.state.runners.values() if not r.paused}
+    """Open slot runners (the stand-by is always unpaused and never runs a job)."""
+    return {r.description.rsplit("/", 1)[-1] for r in world.state.runners.values()
+            if not r.paused and r.description in world.fleet.slots}
 
 
 def _assert_s1(world: World) -> None:
     slots = {s.name: s for s in world.fleet.slots.values()}
-    opened = [slots[r.description] for r in world.state.runners.values() if not r.paused]
+    opened = [slots[r.description] for r in world.state.runners.values()
+              if not r.paused and r.description in slots]
     for i, a in enumerate(opened):
         for b in opened[i + 1:]:
             assert not set(a.gpus) & set(b.gpus), (a.key, b.key)

@@ -18,6 +18,7 @@ from runnerctl.controller.observe import RunnerCache
 from runnerctl.controller.plan import Decision
 from runnerctl.errors import GitLabError, TemporaryError
 from runnerctl.gitlab import GitLabPort
+from runnerctl.standby import Standby
 
 log = logging.getLogger(__name__)
 DEFAULT_DELAY_S = 5.0
@@ -105,3 +106,63 @@ def _send(decision: Decision, *, gitlab: GitLabPort, cache: RunnerCache, health:
     cache.set(name, not decision.open)
     health.ok()
     return Action(decision, True)
+
+
+STANDBY_EVERY_S = 900.0
+"""How often the stand-by runner is verified. GitLab counts a runner online while its
+`contacted_at` is under 2 h old, and writes that column at most every 40-55 min
+(`Ci::Runner::UPDATE_CONTACT_COLUMN_EVERY`, the database column the `online` scope
+reads): every 15 min keeps it at most about 70 min old, well inside 2 h."""
+
+
+STANDBY_RETRY_S = 60.0
+
+
+class StandbyKeeper:
+    """Keeps the host's stand-by runner online (see runnerctl/standby.py): a
+    `POST /runners/verify` with its own token and its one system_id every
+    `STANDBY_EVERY_S`, retried a minute after a failure. Failures are logged once
+    while they last; so is a GitLab that does not count the runner online after a
+    verify (versions that skip `contacted_at` on verify for `glrt-` tokens)."""
+
+    def __init__(self, standby: Standby | None, *, every_s: float = STANDBY_EVERY_S,
+                 logger: logging.Logger = log) -> None:
+        self.standby = standby
+        self.every_s = every_s
+        self.verified_at: float | None = None
+        self.retry_at = 0.0
+        self.error = ""
+        self._log = logger
+
+    def due(self, now: float) -> bool:
+        if self.standby is None or now < self.retry_at:
+            return False
+        return self.verified_at is None or now - self.verified_at >= self.every_s
+
+    def keep_online(self, gitlab: GitLabPort, now: float) -> None:
+        standby = self.standby
+        if standby is None or not self.due(now):
+            return
+        try:
+            gitlab.heartbeat_runner(standby.token, system_id=standby.system_id)
+            info = gitlab.get_runner(standby.id)
+        except GitLabError as exc:
+            self.retry_at = now + STANDBY_RETRY_S
+            self._failed(f"cannot keep the stand-by runner {standby.id} online: {exc}; GitLab may drop "
+                         "multi-GPU jobs that wait over an hour (run `runnerctl init` again if the runner "
+                         "or its token is gone)")
+            return
+        self.verified_at = now
+        if info is not None and info.online is False:
+            self._failed(f"GitLab does not count the stand-by runner {standby.id} online after a verify "
+                         "(a GitLab version that ignores verify for glrt- tokens); multi-GPU jobs that "
+                         "wait over an hour may be dropped")
+            return
+        if self.error:
+            self._log.warning("the stand-by runner %s is online again", standby.id)
+        self.error = ""
+
+    def _failed(self, message: str) -> None:
+        if message != self.error:
+            self._log.warning("%s", message)
+        self.error = message

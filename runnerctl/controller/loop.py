@@ -37,6 +37,7 @@ from runnerctl.gpus import GpuSource
 from runnerctl.layout import plan_slots
 from runnerctl.model import GpuSnapshot, Slot
 from runnerctl.settings import ControllerSettings
+from runnerctl.standby import Standby
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
@@ -104,6 +105,7 @@ class Wiring:
     is_ci: IsCi = nothing_is_ci
     webhook_secret: str = ""
     on_event: Callable[[Event], None] = lambda event: None
+    standby: Standby | None = None  # kept online so GitLab never drops a job waiting for a drain
 
 
 class Controller:
@@ -122,6 +124,7 @@ class Controller:
         self.cache = RunnerCache(wiring.runner_ids)
         self.orphans = OrphanAudit(check_s=settings.lease_check_s, orphan_after_s=settings.orphan_after_s)
         self.health = acting.GitLabHealth(backoff_max_s=settings.backoff_max_s)
+        self.standby = acting.StandbyKeeper(wiring.standby)
         self.limits = GateThresholds(settings.foreign_memory_mib, settings.foreign_utilization,
                                      settings.reopen_ratio, settings.cooldown_s)
         self.drains = wiring.store.drains(self.host)
@@ -154,6 +157,8 @@ class Controller:
         if gitlab_ok:
             acting.apply(result.decisions, gitlab=self.w.gitlab, cache=self.cache, health=self.health,
                          now=now, on_action=lambda a: self._acted(a, now))
+        if gitlab_ready:
+            self.standby.keep_online(self.w.gitlab, now)
         self._remember(result, now)
         self.view = self._view(snapshot, result, running, toggles, now)
         view, took = self.view, time.perf_counter() - started

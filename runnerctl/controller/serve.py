@@ -27,6 +27,7 @@ from runnerctl.gitlab import PythonGitLab
 from runnerctl.gpus import open_gpu_source
 from runnerctl.runner_config import RunnerConfigFile
 from runnerctl.settings import Settings
+from runnerctl.standby import load as load_standby
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +40,14 @@ def production_controller(settings: Settings, *, gitlab_url: str, token: str, gp
         raise ConfigError(f"{runner_config} has no runnerctl runners with an id",
                           hint="register them first with `runnerctl init`")
     jobs = LeaseJobs(settings.state_dir, settings)
+    standby = load_standby(settings.state_dir)
+    if standby is None:
+        log.warning("no stand-by runner in %s: GitLab will drop multi-GPU jobs that wait over an hour "
+                    "for a drain; run `runnerctl init` again to create it", settings.state_dir)
     store = Store.open(url=settings.controller.store_url, state_dir=settings.state_dir)
     wiring = Wiring(host=settings.host.name, gpus=open_gpu_source(gpu_source, host=settings.host.name),
                     gitlab=PythonGitLab(gitlab_url, token), runner_ids=runner_ids, store=store, jobs=jobs,
-                    clock=time.time, is_ci=jobs.is_ci, webhook_secret=webhook_secret)
+                    clock=time.time, is_ci=jobs.is_ci, webhook_secret=webhook_secret, standby=standby)
     return Controller(wiring, settings.controller)
 
 
