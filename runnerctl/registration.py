@@ -61,7 +61,7 @@ class RegistrationPlan:
         lines += [f"retire {name} (runner {rid})" for name, rid in self.retire]
         if self.slots:
             lines.append(f"ensure {standby_name(self.slots[0].host)} (stand-by: unpaused, every slot's "
-                         "tags, never in config.toml, token in the state dir)")
+                         "tags, never in config.toml, token beside it)")
         return lines
 
 
@@ -183,17 +183,17 @@ def apply_registration(plan: RegistrationPlan, snapshot: GpuSnapshot,
     finally:
         if entries or retired:
             _write(config, entries, retired, len(plan.slots))
-    _ensure_standby(plan, options, gitlab, result)
+    _ensure_standby(plan, options, gitlab, config, result)
     return result
 
 
 def _ensure_standby(plan: RegistrationPlan, options: RegistrationOptions, gitlab: GitLabPort,
-                    result: RegistrationResult) -> None:
+                    config: RunnerConfigFile, result: RegistrationResult) -> None:
     """The host's stand-by runner, reported under the same labels as the slots."""
     if not plan.slots:
         return
-    done, orphans = standby.ensure(gitlab, host=plan.slots[0].host, slots=list(plan.slots),
-                                   scope=options.scope, state_dir=options.settings.state_dir)
+    done, orphans = standby.ensure(gitlab, gitlab_url=options.gitlab_url, host=plan.slots[0].host,
+                                   slots=list(plan.slots), scope=options.scope, runner_config=config.path)
     name = standby_name(plan.slots[0].host)
     {"created": result.created, "retagged": result.retagged}.get(done, result.unchanged).append(name)
     result.orphans.extend(orphans)

@@ -19,8 +19,10 @@ runner and the one manager of its `system_id` (`authenticate_runner!` in
 `lib/api/ci/helpers/runner.rb`, `Ci::Runner#ensure_manager`); the system_id is made once
 and kept, so GitLab lists exactly one manager for it.
 
-Its token and system_id live in `<state_dir>/standby.json`, mode 0600, written
-atomically; nothing prints the token.
+Its token and system_id live next to gitlab-runner's config.toml, where the other
+runner tokens and gitlab-runner's own `.runner_system_id` live, as
+`runnerctl-standby.json`, mode 0600, written atomically; nothing prints the token. The
+record names its GitLab URL: a record made for another GitLab is never acted on.
 """
 
 from __future__ import annotations
@@ -33,12 +35,12 @@ import string
 from pathlib import Path
 from typing import Any
 
-from runnerctl.errors import ConfigError, PermanentError
+from runnerctl.errors import ConfigError
 from runnerctl.gitlab import GitLabPort, RunnerScope
 from runnerctl.layout import standby_name, standby_tags
 from runnerctl.model import Slot
 
-STANDBY_FILE = "standby.json"
+STANDBY_FILE = "runnerctl-standby.json"
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -48,6 +50,7 @@ class Standby:
     system_id: str
     name: str
     tags: tuple[str, ...]
+    gitlab_url: str = ""
 
     def __repr__(self) -> str:  # never show the token
         return f"Standby(id={self.id}, name={self.name!r}, system_id={self.system_id!r}, token=<hidden>)"
@@ -60,17 +63,18 @@ def new_system_id() -> str:
     return "r_" + "".join(secrets.choice(alphabet) for _ in range(12))
 
 
-def standby_path(state_dir: Path) -> Path:
-    return Path(state_dir) / STANDBY_FILE
+def standby_path(runner_config: Path) -> Path:
+    """The record beside gitlab-runner's config.toml."""
+    return Path(runner_config).parent / STANDBY_FILE
 
 
-def load(state_dir: Path) -> Standby | None:
-    """The stand-by runner `init` made for this host, or None when there is none."""
-    path = standby_path(state_dir)
+def load(runner_config: Path) -> Standby | None:
+    """The stand-by runner `init` made for this config.toml, or None when there is none."""
+    path = standby_path(runner_config)
     try:
         data: Any = json.loads(path.read_text())
         return Standby(int(data["id"]), str(data["token"]), str(data["system_id"]), str(data["name"]),
-                       tuple(str(t) for t in data["tags"]))
+                       tuple(str(t) for t in data["tags"]), str(data.get("gitlab_url", "")))
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -80,13 +84,13 @@ def load(state_dir: Path) -> Standby | None:
                           hint="delete it and run `runnerctl init` again") from None
 
 
-def save(state_dir: Path, standby: Standby) -> None:
+def save(runner_config: Path, standby: Standby) -> None:
     """Write the record readable by its owner only (it holds a runner token)."""
-    path = standby_path(state_dir)
+    path = standby_path(runner_config)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     data = {"id": standby.id, "token": standby.token, "system_id": standby.system_id,
-            "name": standby.name, "tags": list(standby.tags)}
+            "name": standby.name, "tags": list(standby.tags), "gitlab_url": standby.gitlab_url}
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         json.dump(data, handle, indent=1)
@@ -96,18 +100,21 @@ def save(state_dir: Path, standby: Standby) -> None:
     os.replace(tmp, path)
 
 
-def ensure(gitlab: GitLabPort, *, host: str, slots: list[Slot], scope: RunnerScope,
-           state_dir: Path) -> tuple[str, list[str]]:
+def ensure(gitlab: GitLabPort, *, gitlab_url: str, host: str, slots: list[Slot], scope: RunnerScope,
+           runner_config: Path) -> tuple[str, list[str]]:
     """Make this host's stand-by runner exist, unpaused, tagged for its slots and online.
 
     Returns (what was done: created|retagged|unchanged|none, orphans deleted). A runner
     named like the stand-by that the record does not know (a create whose answer was
-    lost) is deleted; a recorded runner that GitLab lost or whose token it refuses is
-    replaced, keeping the system_id."""
+    lost) is deleted; a recorded runner that GitLab lost is made again, keeping the
+    system_id. A record of another GitLab or host is left alone. Nothing is sent when all
+    is in order (the controller's first tick brings the runner online)."""
     if not slots:
         return "none", []
     name, tags = standby_name(host), standby_tags(slots)
-    known = load(state_dir)
+    known = load(runner_config)
+    if known is not None and (known.gitlab_url != gitlab_url or known.name != name):
+        known = None
     orphans = [r for r in gitlab.list_runners(scope.runner_type)
                if r.description == name and (known is None or r.id != known.id)]
     for orphan in orphans:
@@ -115,28 +122,19 @@ def ensure(gitlab: GitLabPort, *, host: str, slots: list[Slot], scope: RunnerSco
     gone = [f"{r.description} (runner {r.id}, deleted: its token was lost)" for r in orphans]
     if known is not None:
         info = gitlab.get_runner(known.id)
-        if info is not None and _token_works(gitlab, known):
+        if info is not None and info.description != name:
+            info = None  # that id is some other runner now: not ours to touch
+        if info is not None:
             done = "unchanged"
             if sorted(info.tags) != sorted(tags):
                 gitlab.set_tags(known.id, tags)
-                save(state_dir, dataclasses.replace(known, tags=tuple(tags)))
+                save(runner_config, dataclasses.replace(known, tags=tuple(tags)))
                 done = "retagged"
             if info.paused:
                 gitlab.set_paused(known.id, False)
             return done, gone
-        if info is not None:
-            gitlab.delete_runner(known.id)
     created = gitlab.create_runner(description=name, tags=tags, paused=False, scope=scope)
     standby = Standby(created.id, created.token, known.system_id if known else new_system_id(), name,
-                      tuple(tags))
-    save(state_dir, standby)
-    gitlab.heartbeat_runner(standby.token, system_id=standby.system_id)  # online from now on
+                      tuple(tags), gitlab_url)
+    save(runner_config, standby)
     return "created", gone
-
-
-def _token_works(gitlab: GitLabPort, standby: Standby) -> bool:
-    try:
-        gitlab.heartbeat_runner(standby.token, system_id=standby.system_id)
-    except PermanentError:
-        return False
-    return True

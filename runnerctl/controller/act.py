@@ -149,8 +149,8 @@ class StandbyKeeper:
         except GitLabError as exc:
             self.retry_at = now + STANDBY_RETRY_S
             self._failed(f"cannot keep the stand-by runner {standby.id} online: {exc}; GitLab may drop "
-                         "multi-GPU jobs that wait over an hour (run `runnerctl init` again if the runner "
-                         "or its token is gone)")
+                         "multi-GPU jobs that wait over an hour (runner deleted or token refused: delete "
+                         "runnerctl-standby.json beside config.toml and run `runnerctl init` again)")
             return
         self.verified_at = now
         if info is not None and info.online is False:

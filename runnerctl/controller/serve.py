@@ -40,10 +40,10 @@ def production_controller(settings: Settings, *, gitlab_url: str, token: str, gp
         raise ConfigError(f"{runner_config} has no runnerctl runners with an id",
                           hint="register them first with `runnerctl init`")
     jobs = LeaseJobs(settings.state_dir, settings)
-    standby = load_standby(settings.state_dir)
+    standby = load_standby(runner_config)
     if standby is None:
-        log.warning("no stand-by runner in %s: GitLab will drop multi-GPU jobs that wait over an hour "
-                    "for a drain; run `runnerctl init` again to create it", settings.state_dir)
+        log.warning("no stand-by runner beside %s: GitLab will drop multi-GPU jobs that wait over an hour "
+                    "for a drain; run `runnerctl init` again to create it", runner_config)
     store = Store.open(url=settings.controller.store_url, state_dir=settings.state_dir)
     wiring = Wiring(host=settings.host.name, gpus=open_gpu_source(gpu_source, host=settings.host.name),
                     gitlab=PythonGitLab(gitlab_url, token), runner_ids=runner_ids, store=store, jobs=jobs,
