@@ -33,14 +33,21 @@ import os
 import secrets
 import string
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runnerctl.errors import ConfigError
-from runnerctl.gitlab import GitLabPort, RunnerScope
 from runnerctl.layout import standby_name, standby_tags
 from runnerctl.model import Slot
 
+if TYPE_CHECKING:  # the simulator reads this module without loading python-gitlab
+    from runnerctl.gitlab import GitLabPort, RunnerScope
+
 STANDBY_FILE = "runnerctl-standby.json"
+VERIFY_EVERY_S = 900.0
+"""How often the controller verifies the stand-by runner. GitLab counts a runner online
+while its `contacted_at` is under 2 h old and writes that column at most every 40-55 min
+(`Ci::Runner::UPDATE_CONTACT_COLUMN_EVERY` in app/models/ci/runner.rb; the `online`
+scope reads the column): every 15 min keeps it at most about 70 min old."""
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

@@ -18,7 +18,7 @@ from runnerctl.controller.observe import RunnerCache
 from runnerctl.controller.plan import Decision
 from runnerctl.errors import GitLabError, TemporaryError
 from runnerctl.gitlab import GitLabPort
-from runnerctl.standby import Standby
+from runnerctl.standby import VERIFY_EVERY_S, Standby
 
 log = logging.getLogger(__name__)
 DEFAULT_DELAY_S = 5.0
@@ -108,24 +108,17 @@ def _send(decision: Decision, *, gitlab: GitLabPort, cache: RunnerCache, health:
     return Action(decision, True)
 
 
-STANDBY_EVERY_S = 900.0
-"""How often the stand-by runner is verified. GitLab counts a runner online while its
-`contacted_at` is under 2 h old, and writes that column at most every 40-55 min
-(`Ci::Runner::UPDATE_CONTACT_COLUMN_EVERY`, the database column the `online` scope
-reads): every 15 min keeps it at most about 70 min old, well inside 2 h."""
-
-
 STANDBY_RETRY_S = 60.0
 
 
 class StandbyKeeper:
     """Keeps the host's stand-by runner online (see runnerctl/standby.py): a
     `POST /runners/verify` with its own token and its one system_id every
-    `STANDBY_EVERY_S`, retried a minute after a failure. Failures are logged once
+    `VERIFY_EVERY_S`, retried a minute after a failure. Failures are logged once
     while they last; so is a GitLab that does not count the runner online after a
     verify (versions that skip `contacted_at` on verify for `glrt-` tokens)."""
 
-    def __init__(self, standby: Standby | None, *, every_s: float = STANDBY_EVERY_S,
+    def __init__(self, standby: Standby | None, *, every_s: float = VERIFY_EVERY_S,
                  logger: logging.Logger = log) -> None:
         self.standby = standby
         self.every_s = every_s

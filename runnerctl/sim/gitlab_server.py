@@ -123,6 +123,9 @@ class GitLabServer:
             runner = s.runner_by_token(str(body.get("token", "")))
             if runner is None:
                 raise _HttpError(403, "403 Forbidden")
+            # lib/api/ci/runner.rb `POST /runners/verify`: authenticate_runner! heartbeats the
+            # runner and the manager of `system_id` (lib/api/ci/helpers/runner.rb)
+            s.heartbeat(runner, str(body.get("system_id") or "<legacy>"))
             return 200, {"id": runner.id, "token": runner.token,
                          "token_expires_at": runner.token_expires_at}, {}
         if method == "GET" and path in ("/runners", "/runners/all"):
