@@ -250,7 +250,11 @@ def resume(**kwargs: object) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, policy: str,
              as_json: bool) -> None:
-    """Replay a job trace on simulated hosts under a scheduling policy; print the outcome."""
+    """Replay a job trace on simulated hosts under a scheduling policy; print the outcome.
+
+    GitLab's hourly cron runs too: `jobs_dropped` counts, by failure reason, the jobs it
+    fails (pending over an hour with no online unpaused runner covering them, or over a
+    day); `dynamic` hosts have runnerctl's stand-by runner."""
     jobs = read_jobs(trace)
     uses = read_foreign(foreign) if foreign else []
     try:

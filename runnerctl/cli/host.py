@@ -81,8 +81,11 @@ def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: i
     """Register one GitLab runner per GPU and per aligned GPU block, and write config.toml.
 
     Block runners are created paused; the controller (`runnerctl serve`) opens them on
-    demand. Running init again changes nothing; after a GPU is added or removed it adds
-    or retires exactly those slots.
+    demand. A stand-by runner per host (unpaused, every slot's tags, never in
+    config.toml, token in runnerctl-standby.json beside it) is kept online by `serve`, so
+    GitLab does not fail jobs that wait over an hour for a drain. Running init again
+    changes nothing; after a GPU is added or removed it adds or retires exactly those
+    slots.
     """
     if group_id is not None and project_id is not None:
         raise click.UsageError("give --group or --project, not both")
