@@ -14,10 +14,11 @@ import tomlkit
 
 from runnerctl.cli import main
 from runnerctl.controller.act import StandbyKeeper
+from runnerctl.controller.serve import production_controller
 from runnerctl.errors import TemporaryError
 from runnerctl.gpus.sim import count_snapshot
 from runnerctl.layout import plan_slots, slot_tags, standby_tags
-from runnerctl.settings import ControllerSettings
+from runnerctl.settings import ControllerSettings, HostSettings, PathSettings, Settings
 from runnerctl.sim.gitlab_server import GitLabServer
 from runnerctl.sim.gitlab_state import STUCK_REASON
 from runnerctl.sim.world import PROJECT, World, build_world
@@ -146,3 +147,33 @@ def test_keeper_logs_a_failing_verify_once_and_retries_a_minute_later(
     assert gitlab.calls == 3  # at 0, 60 and 120 s
     assert sum("stand-by" in r.getMessage() for r in caplog.records) == 1
     assert json.dumps(keeper.error).find(long_world.standby.token) == -1  # type: ignore[union-attr]
+
+
+def test_serve_keeps_the_standby_init_made_online_with_one_manager(
+        gitlab_server: GitLabServer, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    config = tmp_path / "config.toml"
+    assert _init(gitlab_server, config) == 0
+    record = load(config)
+    assert record is not None
+    standby = gitlab_server.state.runners[record.id]
+    assert standby.contacted_at is None  # init itself sends nothing for it
+    settings = Settings(host=HostSettings(name="gpu-a"), controller=ControllerSettings(projects=(PROJECT,)),
+                        paths=PathSettings(state_dir=str(tmp_path / "state")))
+    controller = production_controller(settings, gitlab_url=gitlab_server.url, token=ADMIN_TOKEN,
+                                       gpu_source="sim:8", runner_config=config, webhook_secret="")
+    try:
+        controller.tick()
+        controller.tick()
+    finally:
+        controller.w.store.close()
+    assert gitlab_server.state.online(standby) and not standby.paused
+    assert [m.system_id for m in gitlab_server.state.managers_of(record.id)] == [record.system_id]
+    assert gitlab_server.state.jobs_of_runner(record.id) == []
+    verifies = [r for r in gitlab_server.requests if r.path.endswith("/runners/verify")]
+    assert len(verifies) == 1  # the second tick is within VERIFY_EVERY_S
+    assert record.token not in caplog.text
+    standby_path(config).unlink()
+    caplog.set_level(logging.WARNING)
+    production_controller(settings, gitlab_url=gitlab_server.url, token=ADMIN_TOKEN, gpu_source="sim:8",
+                          runner_config=config, webhook_secret="").w.store.close()
+    assert "no stand-by runner" in caplog.text
