@@ -12,17 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
-from runnerctl.sim.gitlab_server import GitLabServer
-from runnerctl.sim.gitlab_standalone import standalone
+from tests.sim_gitlab import SimGitLab, running_sim
 
 
 @pytest.fixture
-def gl() -> Iterator[tuple[GitLabServer, dict[str, Any]]]:
-    server, info = standalone("127.0.0.1", 0, drop_interval_s=None)
-    try:
+def gl() -> Iterator[SimGitLab]:
+    with running_sim() as (server, info):
         yield server, info
-    finally:
-        server.stop()
 
 
 def _api(info: dict[str, Any], token: str | None = None) -> httpx.Client:
@@ -68,7 +64,7 @@ def _request(info: dict[str, Any], runner_token: str, *, graceful: bool = True) 
 
 # -- scopes (lib/api/api.rb, user_runners.rb, ci/runners.rb, api_guard.rb) ----------------
 
-def test_create_runner_scope_only_creates_runners(gl: tuple[GitLabServer, dict[str, Any]]) -> None:
+def test_create_runner_scope_only_creates_runners(gl: SimGitLab) -> None:
     _, info = gl
     token = _token(info, "create_runner")
     with _api(info, token) as client:
@@ -83,7 +79,7 @@ def test_create_runner_scope_only_creates_runners(gl: tuple[GitLabServer, dict[s
         assert client.put(f"/runners/{made.json()['id']}", json={"paused": True}).status_code == 403
 
 
-def test_manage_runner_covers_runners_by_id_only(gl: tuple[GitLabServer, dict[str, Any]]) -> None:
+def test_manage_runner_covers_runners_by_id_only(gl: SimGitLab) -> None:
     _, info = gl
     runner = _runner(info, ["gpu"])
     token = _token(info, "manage_runner")
@@ -96,7 +92,7 @@ def test_manage_runner_covers_runners_by_id_only(gl: tuple[GitLabServer, dict[st
                                                   "group_id": info["group_id"]}).status_code == 403
 
 
-def test_read_api_reads_and_never_writes(gl: tuple[GitLabServer, dict[str, Any]]) -> None:
+def test_read_api_reads_and_never_writes(gl: SimGitLab) -> None:
     _, info = gl
     runner = _runner(info, ["gpu"])
     token = _token(info, "read_api")
@@ -110,7 +106,7 @@ def test_read_api_reads_and_never_writes(gl: tuple[GitLabServer, dict[str, Any]]
         assert scopes == ["read_api"]
 
 
-def test_read_user_reads_the_user_but_not_group_members(gl: tuple[GitLabServer, dict[str, Any]]) -> None:
+def test_read_user_reads_the_user_but_not_group_members(gl: SimGitLab) -> None:
     _, info = gl
     token = _token(info, "read_user")
     with _api(info, token) as client:
@@ -119,7 +115,7 @@ def test_read_user_reads_the_user_but_not_group_members(gl: tuple[GitLabServer, 
         assert members.status_code == 403 and members.json()["error"] == "insufficient_scope"
 
 
-def test_unknown_token_and_no_token_are_401(gl: tuple[GitLabServer, dict[str, Any]]) -> None:
+def test_unknown_token_and_no_token_are_401(gl: SimGitLab) -> None:
     _, info = gl
     with _api(info, "glpat-nope") as client:
         assert client.get("/user").json() == {"message": "401 Unauthorized"}
@@ -128,7 +124,7 @@ def test_unknown_token_and_no_token_are_401(gl: tuple[GitLabServer, dict[str, An
 
 # -- admins and roles (group_policy.rb, project_policy.rb, users.rb) ---------------------
 
-def test_admin_only_endpoints(gl: tuple[GitLabServer, dict[str, Any]]) -> None:
+def test_admin_only_endpoints(gl: SimGitLab) -> None:
     _, info = gl
     bob = _user(info, "bob")
     token = _token(info, "api", user_id=bob)
@@ -143,7 +139,7 @@ def test_admin_only_endpoints(gl: tuple[GitLabServer, dict[str, Any]]) -> None:
 @pytest.mark.parametrize(("level", "group_ok", "project_ok"), [(40, False, True), (50, True, True),
                                                                  (30, False, False)])
 def test_group_runners_need_owner_project_runners_maintainer(
-        gl: tuple[GitLabServer, dict[str, Any]], level: int, group_ok: bool, project_ok: bool) -> None:
+        gl: SimGitLab, level: int, group_ok: bool, project_ok: bool) -> None:
     _, info = gl
     carol = _user(info, "carol")
     with _api(info) as admin:
@@ -161,7 +157,7 @@ def test_group_runners_need_owner_project_runners_maintainer(
         assert level_seen == level
 
 
-def test_error_shapes(gl: tuple[GitLabServer, dict[str, Any]]) -> None:
+def test_error_shapes(gl: SimGitLab) -> None:
     _, info = gl
     with _api(info) as admin:
         assert admin.post("/user/runners", json={}).json()["error"].startswith("runner_type is missing")
@@ -172,7 +168,7 @@ def test_error_shapes(gl: tuple[GitLabServer, dict[str, Any]]) -> None:
         assert admin.get("/no/such/route").json() == {"error": "404 Not Found"}
 
 
-def test_group_projects_with_subgroups(gl: tuple[GitLabServer, dict[str, Any]]) -> None:
+def test_group_projects_with_subgroups(gl: SimGitLab) -> None:
     server, info = gl
     directory = server.state.directory
     sub = directory.add_group("vision", parent_id=info["group_id"])
@@ -186,7 +182,7 @@ def test_group_projects_with_subgroups(gl: tuple[GitLabServer, dict[str, Any]]) 
 
 # -- runner API (lib/api/ci/runner.rb) -------------------------------------------------
 
-def test_job_request_run_and_success(gl: tuple[GitLabServer, dict[str, Any]]) -> None:
+def test_job_request_run_and_success(gl: SimGitLab) -> None:
     _, info = gl
     runner = _runner(info, ["gpus:2"])
     assert _request(info, runner["token"]).status_code == 204
@@ -214,7 +210,7 @@ def test_job_request_run_and_success(gl: tuple[GitLabServer, dict[str, Any]]) ->
     assert late.status_code == 403 and late.headers["Job-Status"] == "success"
 
 
-def test_failed_job_keeps_the_runners_failure_reason(gl: tuple[GitLabServer, dict[str, Any]]) -> None:
+def test_failed_job_keeps_the_runners_failure_reason(gl: SimGitLab) -> None:
     _, info = gl
     runner = _runner(info, ["gpu"])
     job_id = _enqueue(info, ["gpu"])
@@ -226,7 +222,7 @@ def test_failed_job_keeps_the_runners_failure_reason(gl: tuple[GitLabServer, dic
     assert (seen["status"], seen["failure_reason"]) == ("failed", "runner_system_failure")
 
 
-def test_cancel_goes_through_canceling_on_a_graceful_runner(gl: tuple[GitLabServer, dict[str, Any]]) -> None:
+def test_cancel_goes_through_canceling_on_a_graceful_runner(gl: SimGitLab) -> None:
     _, info = gl
     runner = _runner(info, ["gpu"])
     job_id = _enqueue(info, ["gpu"], after_script_s=3)
@@ -245,7 +241,7 @@ def test_cancel_goes_through_canceling_on_a_graceful_runner(gl: tuple[GitLabServ
     assert final.headers["Job-Status"] == "canceled"
 
 
-def test_stuck_job_is_dropped_over_http_after_an_hour(gl: tuple[GitLabServer, dict[str, Any]]) -> None:
+def test_stuck_job_is_dropped_over_http_after_an_hour(gl: SimGitLab) -> None:
     _, info = gl
     runner = _runner(info, ["gpus:8"], paused=True)
     _request(info, runner["token"])  # online, but paused
@@ -257,7 +253,7 @@ def test_stuck_job_is_dropped_over_http_after_an_hour(gl: tuple[GitLabServer, di
     assert (seen["status"], seen["failure_reason"]) == ("failed", "stuck_pending_no_matching_runners")
 
 
-def test_verify_creates_a_runner_manager_per_system_id(gl: tuple[GitLabServer, dict[str, Any]]) -> None:
+def test_verify_creates_a_runner_manager_per_system_id(gl: SimGitLab) -> None:
     _, info = gl
     runner = _runner(info, ["gpu"])
     for system_id in ("s_a", "s_a", None):
@@ -271,7 +267,7 @@ def test_verify_creates_a_runner_manager_per_system_id(gl: tuple[GitLabServer, d
     assert all(m["status"] == "online" for m in managers) and detail["online"] is True
 
 
-def test_sim_hook_refuses_bad_input(gl: tuple[GitLabServer, dict[str, Any]]) -> None:
+def test_sim_hook_refuses_bad_input(gl: SimGitLab) -> None:
     _, info = gl
     hook = info["url"] + "/-/sim/jobs"
     assert httpx.post(hook, json={"project_id": "x", "tags": []}).status_code == 400
