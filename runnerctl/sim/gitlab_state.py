@@ -329,11 +329,13 @@ class GitLabState:
         """
         now = self.clock()
         dropped: list[SimJob] = []
+        served: dict[tuple[frozenset[str], int], bool] = {}  # one answer per tag set and project
         for job in self.pending_jobs():
             waited = min(now - job.created_at, now - job.updated_at)
+            key = (job.tags, job.project_id)
             if waited > OUTDATED_AFTER_S:
                 reason = LEGACY_STUCK_REASON if self.legacy_failure_reasons else OUTDATED_REASON
-            elif waited > STUCK_AFTER_S and not self._any_runner_online_for(job):
+            elif waited > STUCK_AFTER_S and not served.setdefault(key, self._any_runner_online_for(job)):
                 reason = LEGACY_STUCK_REASON if self.legacy_failure_reasons else STUCK_REASON
             else:
                 continue
