@@ -18,15 +18,17 @@ Rules followed, each from GitLab's source (gitlabhq/gitlabhq):
   `admin` condition, used by group_policy.rb and project_policy.rb).
 
 `strict=False` (the default for a bare `GitLabState()`) creates a group or project the
-first time an id is used, owned by no one: unit tests of runnerctl's client code then
-need no setup. `runnerctl sim gitlab` and the tests of GitLab's rules use `strict=True`,
-where an unknown id is 404 as in GitLab.
+first time an id is used, as the administrators would have (they become its Owners, as
+a group's creator does): unit tests of runnerctl's client code then need no setup.
+`runnerctl sim gitlab` and the tests of GitLab's rules use `strict=True`, where an
+unknown id is 404 as in GitLab.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import secrets
 import urllib.parse
 from collections.abc import Iterable
 
@@ -39,6 +41,25 @@ class SimGroup:
     path: str
     parent_id: int | None = None
     full_path: str = ""
+
+
+@dataclasses.dataclass
+class AccessToken:
+    """A personal access token or an OAuth access token, with its scopes.
+
+    app/models/personal_access_token.rb (scopes from lib/gitlab/auth.rb: `api`,
+    `read_api`, `read_user`, `create_runner`, `manage_runner`, ...); OAuth tokens carry
+    the scopes the application asked for (Doorkeeper, lib/gitlab/auth/oauth).
+    """
+
+    id: int
+    token: str = dataclasses.field(repr=False)
+    username: str
+    scopes: frozenset[str]
+    name: str = ""
+    kind: str = "personal"  # or "oauth"
+    created_at: float = 0.0
+    revoked: bool = False
 
 
 @dataclasses.dataclass
@@ -64,7 +85,9 @@ class Directory:
         self.group_members: dict[str, dict[str, int]] = {}
         self.projects: dict[int, SimProject] = {}
         self.project_members: dict[int, dict[str, int]] = {}
+        self.tokens: dict[str, AccessToken] = {}
         self._ids = itertools.count(100)
+        self._token_ids = itertools.count(1)
 
     # -- users -------------------------------------------------------------------
     def add_user(self, username: str, *, admin: bool = False, user_id: int | None = None) -> int:
@@ -79,6 +102,19 @@ class Directory:
 
     def is_admin(self, username: str) -> bool:
         return username in self.admins
+
+    def add_token(self, username: str, scopes: Iterable[str], *, name: str = "", token: str | None = None,
+                  kind: str = "personal", created_at: float = 0.0) -> AccessToken:
+        """A token for a user (created if unknown); `glpat-` tokens as GitLab writes them."""
+        self.add_user(username)
+        value = token or ("glpat-" if kind == "personal" else "") + secrets.token_urlsafe(20)
+        found = AccessToken(next(self._token_ids), value, username, frozenset(scopes), name, kind, created_at)
+        self.tokens[value] = found
+        return found
+
+    def token(self, value: str) -> AccessToken | None:
+        found = self.tokens.get(value) if value else None
+        return None if found is None or found.revoked else found
 
     # -- groups and projects -----------------------------------------------------
     def add_group(self, path: str, *, parent_id: int | None = None, group_id: int | None = None) -> SimGroup:
@@ -106,6 +142,7 @@ class Directory:
             found = self.groups.get(int(text))
             if found is None and not self.strict:
                 found = self.add_group(f"group-{text}", group_id=int(text))
+                self.group_members[found.full_path].update(dict.fromkeys(self.admins, OWNER))
             return found
         found = next((g for g in self.groups.values() if g.full_path == text), None)
         if found is None and text in self.group_members:  # a members table filled in directly
@@ -116,6 +153,7 @@ class Directory:
         found = self.projects.get(project_id)
         if found is None and not self.strict:
             found = self.add_project(f"project-{project_id}", project_id=project_id)
+            self.project_members[project_id].update(dict.fromkeys(self.admins, OWNER))
         return found
 
     def ancestors(self, group_id: int | None) -> list[SimGroup]:

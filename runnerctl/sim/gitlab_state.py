@@ -105,6 +105,7 @@ class SimJob:
     system_id: str | None = None
     cancel_gracefully: bool = False
     script: tuple[str, ...] = ("true",)
+    after_script: tuple[str, ...] = ()
     stage: str = "test"
     ref: str = "main"
     shared: bool = False  # taken by an instance runner (fair scheduling counts these)
@@ -208,13 +209,14 @@ class GitLabState:
     # -- jobs --------------------------------------------------------------------
     def enqueue_job(self, *, project_id: int, tags: Iterable[str], name: str = "job",
                     user: str = "user", pipeline_id: int | None = None,
-                    script: Iterable[str] | None = None) -> SimJob:
+                    script: Iterable[str] | None = None, after_script: Iterable[str] = ()) -> SimJob:
         now = self.clock()
         job = SimJob(id=next(self._job_ids), project_id=project_id, name=name, tags=frozenset(tags),
                      created_at=now, user=user, pipeline_id=pipeline_id or 0, updated_at=now,
                      token="glcbt-" + secrets.token_urlsafe(15))
         if script is not None:
             job.script = tuple(script)
+        job.after_script = tuple(after_script)
         if not job.pipeline_id:
             job.pipeline_id = job.id
         self.directory.project(project_id)
@@ -327,11 +329,13 @@ class GitLabState:
         """
         now = self.clock()
         dropped: list[SimJob] = []
+        served: dict[tuple[frozenset[str], int], bool] = {}  # one answer per tag set and project
         for job in self.pending_jobs():
             waited = min(now - job.created_at, now - job.updated_at)
+            key = (job.tags, job.project_id)
             if waited > OUTDATED_AFTER_S:
                 reason = LEGACY_STUCK_REASON if self.legacy_failure_reasons else OUTDATED_REASON
-            elif waited > STUCK_AFTER_S and not self._any_runner_online_for(job):
+            elif waited > STUCK_AFTER_S and not served.setdefault(key, self._any_runner_online_for(job)):
                 reason = LEGACY_STUCK_REASON if self.legacy_failure_reasons else STUCK_REASON
             else:
                 continue
