@@ -145,6 +145,7 @@ def test_keeper_logs_a_failing_verify_once_and_retries_a_minute_later(
     for second in range(0, 180, 5):
         keeper.keep_online(gitlab, float(second))  # type: ignore[arg-type]
     assert gitlab.calls == 3  # at 0, 60 and 120 s
+    assert keeper.status().startswith("cannot keep the stand-by runner")
     assert sum("stand-by" in r.getMessage() for r in caplog.records) == 1
     assert json.dumps(keeper.error).find(long_world.standby.token) == -1  # type: ignore[union-attr]
 
@@ -164,6 +165,7 @@ def test_serve_keeps_the_standby_init_made_online_with_one_manager(
     try:
         controller.tick()
         controller.tick()
+        assert controller.view.standby == "online"  # in /api/state
     finally:
         controller.w.store.close()
     assert gitlab_server.state.online(standby) and not standby.paused

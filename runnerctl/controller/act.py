@@ -132,6 +132,11 @@ class StandbyKeeper:
             return False
         return self.verified_at is None or now - self.verified_at >= self.every_s
 
+    def status(self) -> str:
+        if self.standby is None:
+            return "none"
+        return self.error or ("online" if self.verified_at is not None else "not yet verified")
+
     def keep_online(self, gitlab: GitLabPort, now: float) -> None:
         standby = self.standby
         if standby is None or not self.due(now):

@@ -80,6 +80,8 @@ class ControllerView:
     api_requests: int = 0
     owners: Mapping[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
     """Running job id -> (user, link), from the executor's leases."""
+    standby: str = ""
+    """The stand-by runner: `online`, `none`, `not yet verified` or why it may not be online."""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -309,7 +311,7 @@ class Controller:
         return ControllerView(
             self.host, now, self.ticks, snapshot, slots, gpus, tuple(self.demand.jobs),
             tuple((t, toggle_status(t, self._slots, running)) for t in toggles), dict(result.reserved),
-            self.health.last_error, self.budget.spent, self.w.jobs.owners())
+            self.health.last_error, self.budget.spent, self.w.jobs.owners(), self.standby.status())
 
     # -- running ---------------------------------------------------------------------
     def run(self, stop: threading.Event, *, sleep: Callable[[float], None] | None = None) -> None:
