@@ -109,7 +109,7 @@ def save(runner_config: Path, standby: Standby) -> None:
 
 def ensure(gitlab: GitLabPort, *, gitlab_url: str, host: str, slots: list[Slot], scope: RunnerScope,
            runner_config: Path) -> tuple[str, list[str]]:
-    """Make this host's stand-by runner exist, unpaused, tagged for its slots and online.
+    """Make this host's stand-by runner exist, unpaused and tagged for its slots.
 
     Returns (what was done: created|retagged|unchanged|none, orphans deleted). A runner
     named like the stand-by that the record does not know (a create whose answer was

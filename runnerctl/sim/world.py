@@ -26,14 +26,13 @@ from runnerctl.gitlab import PythonGitLab, RunnerScope
 from runnerctl.layout import slot_tags, standby_name, standby_tags
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim.fleet import RunningJob, SimFleet, SimGpus
+from runnerctl.sim.gitlab_cron import CRON_S
 from runnerctl.sim.gitlab_server import GitLabServer
 from runnerctl.sim.gitlab_state import GitLabState
 from runnerctl.standby import Standby, new_system_id
 
 TOKEN = "glpat-runnerctl-sim"
 PROJECT = 1
-CRON_S = 3600.0
-"""GitLab's StuckCiJobsWorker runs hourly, on the hour."""
 
 
 class VirtualClock:
