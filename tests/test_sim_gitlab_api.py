@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from runnerctl.sim.gitlab_server import GitLabServer
 from runnerctl.sim.gitlab_sim_hooks import SimHooks
 from runnerctl.sim.gitlab_state import GitLabState
 from tests.sim_gitlab import SimGitLab, running_sim
@@ -302,3 +303,10 @@ def test_a_failing_stuck_jobs_run_is_logged_once_and_the_timer_goes_on(
     finally:
         cron.stop()
     assert len([r for r in caplog.records if "stuck-jobs run failed" in r.getMessage()]) == 1
+
+
+def test_tokens_made_in_process_are_checked_like_any(gitlab_server: GitLabServer) -> None:
+    token = gitlab_server.add_token("admin", ["create_runner"])
+    with httpx.Client(base_url=gitlab_server.url + "/api/v4", headers={"PRIVATE-TOKEN": token}) as client:
+        assert client.post("/user/runners", json={"runner_type": "instance_type"}).status_code == 201
+        assert client.get("/runners/all").json()["error"] == "insufficient_scope"
