@@ -310,3 +310,22 @@ def test_tokens_made_in_process_are_checked_like_any(gitlab_server: GitLabServer
     with httpx.Client(base_url=gitlab_server.url + "/api/v4", headers={"PRIVATE-TOKEN": token}) as client:
         assert client.post("/user/runners", json={"runner_type": "instance_type"}).status_code == 201
         assert client.get("/runners/all").json()["error"] == "insufficient_scope"
+
+
+def test_a_runner_manager_can_be_deleted_with_the_runner_token(gl: SimGitLab) -> None:
+    _, info = gl
+    runner = _runner(info, ["gpu"])
+    verify = info["url"] + "/api/v4/runners/verify"
+    httpx.post(verify, json={"token": runner["token"], "system_id": "s_doctor"})
+    managers = info["url"] + "/api/v4/runners/managers"
+    gone = httpx.request("DELETE", managers, json={"token": runner["token"], "system_id": "s_doctor"})
+    assert gone.status_code == 204
+    again = httpx.request("DELETE", managers, json={"token": runner["token"], "system_id": "s_doctor"})
+    assert again.status_code == 404
+    with _api(info) as admin:
+        assert admin.get(f"/runners/{runner['id']}/managers").json() == []
+        assert len(admin.get("/runners", params={"type": "group_type"}).json()) == 1
+    unregister = httpx.request("DELETE", info["url"] + "/api/v4/runners", json={"token": runner["token"]})
+    assert unregister.status_code == 204
+    with _api(info) as admin:
+        assert admin.get(f"/runners/{runner['id']}").status_code == 404

@@ -165,7 +165,7 @@ class GitLabServer:
         """One API v4 request (path without /api/v4), under the lock."""
         with self.lock:
             try:
-                if self.runner_api.handles(path):
+                if self.runner_api.handles(method, path):
                     return self.runner_api.route(method, path, body, headers, raw)
                 found = self.caller(headers, query)
                 if found is None:
