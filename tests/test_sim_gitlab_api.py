@@ -329,3 +329,16 @@ def test_a_runner_manager_can_be_deleted_with_the_runner_token(gl: SimGitLab) ->
     assert unregister.status_code == 204
     with _api(info) as admin:
         assert admin.get(f"/runners/{runner['id']}").status_code == 404
+
+
+def test_project_and_group_listings_show_what_the_caller_may_see(gl: SimGitLab) -> None:
+    server, info = gl
+    elsewhere = server.state.directory.add_project("elsewhere")
+    dana = _user(info, "dana")
+    with _api(info) as admin:
+        admin.post(f"/groups/{info['group_id']}/members", json={"user_id": dana, "access_level": 30})
+        assert {p["id"] for p in admin.get("/projects").json()} == {*info["project_ids"], elsewhere.id}
+    with _api(info, _token(info, "read_api", user_id=dana)) as client:
+        assert {p["id"] for p in client.get("/projects").json()} == set(info["project_ids"])
+        assert client.get("/projects", params={"min_access_level": 40}).json() == []
+        assert [g["id"] for g in client.get("/groups").json()] == [info["group_id"]]
