@@ -43,14 +43,25 @@ class ApiBudget:
         self.spent = 0
 
     def try_take(self, count: float = 1.0) -> bool:
-        now = self._clock()
-        self._tokens = min(self.capacity, self._tokens + (now - self._at) * self.rate)
-        self._at = now
+        self._refill()
         if self._tokens < count:
             return False
         self._tokens -= count
         self.spent += int(count)
         return True
+
+    def charge(self, count: float = 1.0) -> None:
+        """Take `count` even when the bucket is empty: a follow-up request that cannot
+        wait (the bucket goes into debt, and later requests repay it, so the rate over a
+        minute still holds)."""
+        self._refill()
+        self._tokens -= count
+        self.spent += int(count)
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens = min(self.capacity, self._tokens + (now - self._at) * self.rate)
+        self._at = now
 
 
 @dataclasses.dataclass(frozen=True)
