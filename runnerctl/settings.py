@@ -132,7 +132,7 @@ class WebSettings:
     signin_attempts: int = 5
     """Failed sign-ins per user name and client address per minute before 429."""
     gitlab_oauth_client_id: str = ""
-    """Application id of a GitLab OAuth application (scope read_user); empty: no GitLab sign-in."""
+    """Application id of a GitLab OAuth application (scope read_api); empty: no GitLab sign-in."""
     gitlab_oauth_group: str = ""
     """Full path of the group whose Maintainers (access level >= 40) may toggle."""
 
