@@ -275,8 +275,8 @@ class PythonGitLab:
         this host (`runnerctl doctor` reads it from `.runner_system_id` beside config.toml),
         never an invented one."""
         try:
-            self._call("verify a runner token",
-                       lambda: self._gl.runners.verify(token, system_id=system_id, **_NO_RETRY))
+            self._call("verify a runner token", lambda: self._gl.http_post(
+                "/runners/verify", post_data={"token": token, "system_id": system_id}, **_NO_RETRY))
         except PermanentError:
             return False
         return True

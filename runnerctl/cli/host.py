@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from runnerctl import access
 from runnerctl.errors import ConfigError, ExitCode, RunnerctlError
 from runnerctl.gitlab import REQUIRED_SCOPE, PythonGitLab, RunnerScope
 from runnerctl.gpus import open_gpu_source
@@ -109,6 +110,7 @@ def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: i
     if not token:
         raise ConfigError("no GitLab token", hint="pass --token or set RUNNERCTL_GITLAB_TOKEN")
     gitlab = PythonGitLab(options.gitlab_url, token)
+    access.require(gitlab, scope)  # before anything is created or deleted
     result = apply_registration(plan, snapshot, options, gitlab, config)
     for label, names in (("created", result.created), ("retagged", result.retagged),
                          ("retired", result.retired), ("unchanged", result.unchanged),
@@ -264,6 +266,18 @@ def gitlab_runner_system_id(runner_config: Path) -> str | None:
 def _check_gitlab(gitlab: PythonGitLab, entries: dict[str, dict[str, Any]], report: Any,
                   note: Any, system_id: str | None) -> None:
     try:
+        reach = next((gitlab.runner_reach(int(e["id"])) for e in entries.values() if e.get("id")), None)
+        scope = (RunnerScope("group_type", group_id=reach.group_ids[0]) if reach and reach.group_ids
+                 else RunnerScope("project_type", project_id=reach.project_ids[0])
+                 if reach and reach.project_ids else RunnerScope("instance_type"))
+        found = access.read_access(gitlab, scope)
+        lacking = access.missing(found, scope)
+        report(not lacking, f"GitLab {gitlab.url}: {found.describe()}"
+               + ("" if not lacking else "; missing " + " and ".join(lacking)),
+               f"use a token with the {REQUIRED_SCOPE} scope of a user who is {access.needed_role(scope)[1]}")
+        if found.scopes is None:
+            note(f"token scopes not checked: GitLab does not list them for this token (it needs "
+                 f"{REQUIRED_SCOPE})")
         known = sum(gitlab.get_runner(int(e["id"])) is not None for e in entries.values() if e.get("id"))
         report(known == len(entries), f"GitLab {gitlab.url}: {known}/{len(entries)} runners known",
                "run `runnerctl init` again to re-register the missing ones")
