@@ -110,3 +110,28 @@ def test_a_burst_of_events_in_one_project_is_one_poll(gitlab_server: GitLabServe
     tracker.poll(gl)
     assert [r.path for r in gitlab_server.requests[start:]] == ["/projects/5/jobs"]
     assert sorted(j.job_id for j in tracker.jobs) == sorted(j.id for j in jobs)
+
+
+def test_group_runners_poll_the_group_and_its_subgroups_projects(gitlab_server: GitLabServer,
+                                                                 gl: PythonGitLab) -> None:
+    """`runnerctl init --group G` then `serve`: a gpus:8 job in any project of G (also in
+    a subgroup) is seen; a project outside G is never polled."""
+    directory = gitlab_server.state.directory
+    group = directory.add_group("ml")
+    sub = directory.add_group("vision", parent_id=group.id)
+    mine = [directory.add_project("a", group_id=group.id), directory.add_project("b", group_id=sub.id)]
+    other = directory.add_project("elsewhere", group_id=directory.add_group("ops").id)
+    runner = gl.create_runner(description="r", tags=["gpus:8"], paused=True,
+                              scope=RunnerScope("group_type", group_id=group.id))
+    deep = gitlab_server.state.enqueue_job(project_id=mine[1].id, tags=["gpus:8"])
+    gitlab_server.state.enqueue_job(project_id=other.id, tags=["gpus:8"])
+    clock = Clock()
+    tracker = _tracker(clock, runner_ids=(runner.id,))
+    _run(tracker, gl, clock, 60)
+    assert sorted(tracker.projects) == sorted(p.id for p in mine)
+    assert [j.job_id for j in tracker.jobs] == [deep.id]
+    assert not [r for r in gitlab_server.requests if r.path == f"/projects/{other.id}/jobs"]
+    late = directory.add_project("c", group_id=group.id)  # found at the next discovery (15 min)
+    job = gitlab_server.state.enqueue_job(project_id=late.id, tags=["gpus:2"])
+    _run(tracker, gl, clock, 1200, step=10.0)
+    assert job.id in {j.job_id for j in tracker.jobs}
