@@ -52,6 +52,8 @@ class Access:
 
     def describe(self) -> str:
         scopes = "unknown scopes" if self.scopes is None else "scopes " + (", ".join(self.scopes) or "none")
+        if self.user.id == 0:
+            return f"token with {scopes} (its user cannot be read with them)"
         role = "administrator" if self.user.is_admin else role_name(self.level)
         return f"token of {self.user.username} ({role}), {scopes}"
 
