@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import tomlkit
 
 from runnerctl.cli import main
 from runnerctl.errors import ExitCode
@@ -45,7 +46,8 @@ def test_create_runner_scope_alone_fails_before_anything_then_api_succeeds(
     assert not (tmp_path / "config.toml").exists()
     wide = _token(gitlab_server, "admin", ["api"])
     assert _init(gitlab_server, tmp_path, wide, "--group", str(group.id)) == 0
-    assert len(gitlab_server.state.runners) == 15
+    written = tomlkit.parse((tmp_path / "config.toml").read_text()).unwrap()["runners"]
+    assert len(written) == 15 and all(e["id"] in gitlab_server.state.runners for e in written)
 
 
 def test_a_group_maintainer_is_told_owner_is_needed(gitlab_server: GitLabServer, tmp_path: Path,
