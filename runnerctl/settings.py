@@ -76,11 +76,15 @@ class ControllerSettings:
     """GitLab requests per minute at steady state, per host (demand polls and runner
     refreshes; pauses and resumes come on top only when something changes)."""
     projects: tuple[int, ...] = ()
-    """GitLab project ids whose pending jobs are demand (polled only while active)."""
+    """GitLab project ids whose pending jobs are demand. Optional: empty (the default)
+    polls the projects this host's runners serve, read from GitLab (a group runner's
+    group and subgroups, a project runner's projects; controller/demand.py). Set it to
+    override that, e.g. for instance runners, which serve every project."""
     project_priorities: dict[str, str] = dataclasses.field(default_factory=dict)
     """Project id -> high|normal|low; a job's `priority:` tag overrides it."""
     active_window_s: float = 3600.0
-    """A project is polled while it had a job event or a pending job this recently (s)."""
+    """A project that had a job event or a pending job this recently (s) is polled more
+    often than quiet ones (every project is polled, within the API budget)."""
     webhook_fresh_s: float = 300.0
     """While webhooks arrived this recently (s), polling is only a slow safety net."""
     foreign_memory_mib: int = 1024
@@ -132,7 +136,7 @@ class WebSettings:
     signin_attempts: int = 5
     """Failed sign-ins per user name and client address per minute before 429."""
     gitlab_oauth_client_id: str = ""
-    """Application id of a GitLab OAuth application (scope read_user); empty: no GitLab sign-in."""
+    """Application id of a GitLab OAuth application (scope read_api); empty: no GitLab sign-in."""
     gitlab_oauth_group: str = ""
     """Full path of the group whose Maintainers (access level >= 40) may toggle."""
 

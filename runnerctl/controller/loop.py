@@ -120,9 +120,9 @@ class Controller:
         self.wake = threading.Event()  # a webhook brought multi-GPU demand: tick now
         self.demand = DemandTracker(
             projects=settings.projects, priorities=settings.project_priorities, budget=self.budget,
-            clock=wiring.clock, active_window_s=settings.active_window_s,
-            webhook_fresh_s=settings.webhook_fresh_s, secret=wiring.webhook_secret,
-            on_demand=self.wake.set)
+            clock=wiring.clock, runner_ids=wiring.runner_ids.values(),
+            active_window_s=settings.active_window_s, webhook_fresh_s=settings.webhook_fresh_s,
+            secret=wiring.webhook_secret, on_demand=self.wake.set)
         self.cache = RunnerCache(wiring.runner_ids)
         self.orphans = OrphanAudit(check_s=settings.lease_check_s, orphan_after_s=settings.orphan_after_s)
         self.health = acting.GitLabHealth(backoff_max_s=settings.backoff_max_s)

@@ -4,7 +4,11 @@ Contract: docs.gitlab.com/api/oauth2 (authorize -> code -> POST /oauth/token -> 
 token), docs.gitlab.com/api/users (GET /api/v4/user) and docs.gitlab.com/api/members
 (GET /api/v4/groups/:id/members/all/:user_id, `access_level` 40 = Maintainer). A member
 of the configured group with at least Maintainer becomes an operator, anyone else who
-signs in a viewer. The access token is used for these two reads and then dropped: it is
+signs in a viewer. The application asks for the `read_api` scope: `read_user` reaches
+only the Users, Events, Version and Metadata APIs (gitlabhq lib/api/users.rb,
+events.rb, version.rb, metadata.rb `allow_access_with_scope :read_user`), not the
+members API, which `read_api` covers for GET (lib/api/api.rb). `read_api` reads, never
+writes. The access token is used for these two reads and then dropped: it is
 never stored, logged or sent to the browser. GitLab is reached through runnerctl.gitlab,
 like everywhere else. `state` and the PKCE verifier live in the
 signed session cookie.
@@ -26,6 +30,8 @@ from runnerctl.web import auth
 
 log = logging.getLogger(__name__)
 MAINTAINER = 40
+SCOPE = "read_api"
+"""The OAuth scope asked for (see the module docstring)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +50,7 @@ def install(app: FastAPI, oauth: GitLabOAuth) -> None:
         challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
         query = urllib.parse.urlencode({
             "client_id": oauth.client_id, "redirect_uri": str(request.url_for("gitlab_callback")),
-            "response_type": "code", "state": request.session["oauth"]["state"], "scope": "read_user",
+            "response_type": "code", "state": request.session["oauth"]["state"], "scope": SCOPE,
             "code_challenge": challenge, "code_challenge_method": "S256"})
         return RedirectResponse(f"{oauth.url}/oauth/authorize?{query}", status_code=303)
 
