@@ -207,3 +207,12 @@ def test_the_web_api_answers_422_for_a_target_the_host_lacks(world: World, tmp_p
 
     answer = TestClient(app).get("/probe")
     assert answer.status_code == 422 and "is not host, gpu:N or slot:KEY" in answer.json()["detail"]
+
+
+@pytest.mark.parametrize("args", [["demo", "--duration", "inf", "--listen", ""],
+                                  ["demo", "--duration", "nan"],
+                                  ["serve", "--gitlab", "sim", "--interval", "nan"],
+                                  ["serve", "--gitlab", "sim", "--interval", "1e999"],
+                                  ["exporter", "--interval", "-inf"]])
+def test_durations_must_be_finite(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    one_line(capsys, main(args), 2, "seconds (see `runnerctl")

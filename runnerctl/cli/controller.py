@@ -24,6 +24,7 @@ from runnerctl.cli.host import (
     token_option,
 )
 from runnerctl.cli.monitoring import attach
+from runnerctl.cli.params import Seconds
 from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import request as toggle_request
 from runnerctl.controller.toggles import target_of
@@ -54,7 +55,7 @@ listen_option = click.option("--listen", default="127.0.0.1:8080", show_default=
               help="Store and leases [default: from settings].")
 @click.option("--webhook-secret", envvar="RUNNERCTL_WEBHOOK_SECRET", show_envvar=True, default="",
               help="Secret GitLab sends in X-Gitlab-Token (webhooks are refused without one).")
-@click.option("--interval", type=click.FloatRange(0.05), help="Reconcile interval in seconds [default: 5].")
+@click.option("--interval", type=Seconds(0.05, 3600), help="Reconcile interval in seconds [default: 5].")
 @click.option("--sim-workload", type=click.Choice(["none", "busy"]), default="none", show_default=True,
               help="With --gitlab sim: `busy` starts a 4-GPU job, 1-GPU jobs and a colleague's process.")
 def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | None,
@@ -164,7 +165,7 @@ def _busy(world: World) -> None:
 
 
 @click.command()
-@click.option("--duration", type=click.FloatRange(0), default=60.0, show_default=True,
+@click.option("--duration", type=Seconds(0, 86400), default=60.0, show_default=True,
               help="Wall-clock seconds the scripted 15 minutes take.")
 @click.option("--listen", default="127.0.0.1:8080", show_default=True,
               help="HOST:PORT for /api/state while the demo runs ('' for none).")
