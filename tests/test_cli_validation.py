@@ -216,3 +216,13 @@ def test_the_web_api_answers_422_for_a_target_the_host_lacks(world: World, tmp_p
                                   ["exporter", "--interval", "-inf"]])
 def test_durations_must_be_finite(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
     one_line(capsys, main(args), 2, "seconds (see `runnerctl")
+
+
+@pytest.mark.parametrize("line", ["interval_s = nan", "interval_s = inf", "cooldown_s = -1.0",
+                                  "claim_ttl_s = -inf"])
+def test_settings_numbers_must_be_finite_and_not_negative(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          line: str) -> None:
+    config = tmp_path / "runnerctl.toml"
+    config.write_text(f"[controller]\n{line}\n")
+    code = main(["pause", "--gpu", "0", "--why", "x", "--config", str(config), "--state-dir", str(tmp_path)])
+    one_line(capsys, code, 3, "must be a finite number, not negative")
