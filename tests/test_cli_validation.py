@@ -226,3 +226,10 @@ def test_settings_numbers_must_be_finite_and_not_negative(tmp_path: Path, capsys
     config.write_text(f"[controller]\n{line}\n")
     code = main(["pause", "--gpu", "0", "--why", "x", "--config", str(config), "--state-dir", str(tmp_path)])
     one_line(capsys, code, 3, "must be a finite number, not negative")
+
+
+@pytest.mark.parametrize("source", ["sim:0", "sim:1000", "sim:x", "nvml", "sim:/some.yml"])
+def test_serve_sim_takes_only_sim_n(tmp_path: Path, capsys: pytest.CaptureFixture[str], source: str) -> None:
+    code = main(["serve", "--gitlab", "sim", "--gpu-source", source, "--listen", "127.0.0.1:0",
+                 "--state-dir", str(tmp_path)])
+    one_line(capsys, code, 3, "with --gitlab sim it is sim:N, N from 1 to 64")
