@@ -6,7 +6,8 @@ event to the demand tracker after checking `X-Gitlab-Token`. `GET /healthz` is 2
 while `health()` (the loop's `Liveness.report`) says ticks succeed and the reconcile
 thread lives, 503 otherwise, so a stalled controller is seen by whatever probes it. `GET /metrics` answers
 with whatever `metrics()` renders (the exporter's scrape of the same view) when given.
-The web page (runnerctl.web) hangs on this app through `extend`: callables the caller
+A `RunnerctlError` a route raises becomes 422 (bad input) or 503 (the store is
+unavailable), one line. The web page (runnerctl.web) hangs on this app through `extend`: callables the caller
 passes in, so the controller layer imports neither the page nor the exporter.
 """
 
@@ -27,19 +28,20 @@ from runnerctl.errors import RunnerctlError
 log = logging.getLogger(__name__)
 
 
-def _refused(request: Request, exc: Exception) -> JSONResponse:
-    """A request runnerctl refuses (a toggle naming no GPU of the host: 422) or cannot serve
-    now (the store is unreachable or busy: 503): one line, never a 500."""
-    log.warning("%s %s: %s", request.method, request.url.path, exc)
-    return JSONResponse({"detail": str(exc)}, status_code=503 if isinstance(exc, StoreError) else 422)
-
-
 def create_app(view: Callable[[], ControllerView],
                webhook: Callable[[str | None, Mapping[str, Any]], bool],
                metrics: Callable[[], tuple[bytes, str]] | None = None, *,
                extend: Sequence[Callable[[FastAPI], None]] = (),
                health: Callable[[], tuple[bool, dict[str, Any]]] | None = None) -> FastAPI:
     app = FastAPI(title="runnerctl", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(RunnerctlError)
+    def refused(request: Request, exc: RunnerctlError) -> JSONResponse:
+        """A request runnerctl refuses (a toggle naming no such GPU: 422) or cannot serve
+        now (the store is unreachable or busy: 503), in one line, never a 500."""
+        unavailable = isinstance(exc, StoreError)
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        return JSONResponse({"detail": str(exc)}, status_code=503 if unavailable else 422)
     if metrics is not None:
         render = metrics
 
@@ -76,7 +78,6 @@ def create_app(view: Callable[[], ControllerView],
             return JSONResponse({"error": "invalid X-Gitlab-Token"}, status_code=401)
         return JSONResponse({"ok": True})
 
-    app.add_exception_handler(RunnerctlError, _refused)
     for hook in extend:
         hook(app)
     return app
