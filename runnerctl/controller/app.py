@@ -2,9 +2,12 @@
 
 Requests never reach NVML or GitLab: `GET /api/state` returns the last
 `ControllerView` (replaced once per tick), and `POST /webhooks/gitlab` hands a job
-event to the demand tracker after checking `X-Gitlab-Token`. `GET /metrics` answers
+event to the demand tracker after checking `X-Gitlab-Token`. `GET /healthz` is 200 only
+while `health()` (the loop's `Liveness.report`) says ticks succeed and the reconcile
+thread lives, 503 otherwise, so a stalled controller is seen by whatever probes it. `GET /metrics` answers
 with whatever `metrics()` renders (the exporter's scrape of the same view) when given.
-The web page (runnerctl.web) hangs on this app through `extend`: callables the caller
+A `RunnerctlError` a route raises becomes 422 (bad input) or 503 (the store is
+unavailable), one line. The web page (runnerctl.web) hangs on this app through `extend`: callables the caller
 passes in, so the controller layer imports neither the page nor the exporter.
 """
 
@@ -19,6 +22,8 @@ from fastapi import FastAPI, Header, Request, Response
 from fastapi.responses import JSONResponse
 
 from runnerctl.controller.loop import ControllerView
+from runnerctl.controller.store import StoreError
+from runnerctl.errors import RunnerctlError
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +31,17 @@ log = logging.getLogger(__name__)
 def create_app(view: Callable[[], ControllerView],
                webhook: Callable[[str | None, Mapping[str, Any]], bool],
                metrics: Callable[[], tuple[bytes, str]] | None = None, *,
-               extend: Sequence[Callable[[FastAPI], None]] = ()) -> FastAPI:
+               extend: Sequence[Callable[[FastAPI], None]] = (),
+               health: Callable[[], tuple[bool, dict[str, Any]]] | None = None) -> FastAPI:
     app = FastAPI(title="runnerctl", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(RunnerctlError)
+    def refused(request: Request, exc: RunnerctlError) -> JSONResponse:
+        """A request runnerctl refuses (a toggle naming no such GPU: 422) or cannot serve
+        now (the store is unreachable or busy: 503), in one line, never a 500."""
+        unavailable = isinstance(exc, StoreError)
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        return JSONResponse({"detail": str(exc)}, status_code=503 if unavailable else 422)
     if metrics is not None:
         render = metrics
 
@@ -40,10 +54,12 @@ def create_app(view: Callable[[], ControllerView],
     def state() -> JSONResponse:
         return JSONResponse(view().to_json())
 
-    @app.get("/healthz")
-    def healthz() -> dict[str, Any]:
+    @app.get("/healthz", responses={503: {"description": "no good tick lately, or the loop's thread died"}})
+    def healthz() -> JSONResponse:
         current = view()
-        return {"ok": True, "tick": current.tick, "host": current.host}
+        ok, detail = health() if health is not None else (True, {})
+        return JSONResponse({"ok": ok, "tick": current.tick, "host": current.host, **detail},
+                            status_code=200 if ok else 503)
 
     @app.post("/webhooks/gitlab", responses={400: {"description": "body is not a JSON object"},
                                              401: {"description": "missing or wrong X-Gitlab-Token"}},
