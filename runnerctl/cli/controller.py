@@ -90,7 +90,7 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
             raise ConfigError("[web] gitlab_oauth_client_id is set, but the secret or the group is missing",
                               hint="set $RUNNERCTL_GITLAB_OAUTH_SECRET and [web] gitlab_oauth_group")
     serving.serve(controller, listen, metrics=attach(controller, settings),
-                  extend=_web(controller, settings, listen, oauth))
+                  extend=_web(controller, settings, listen, oauth), web=settings.web)
 
 
 def _web(controller: Controller, settings: Settings, listen: str, oauth: GitLabOAuth | None = None, *,
@@ -129,7 +129,8 @@ def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: 
 
     try:
         serving.serve(world.controller, listen, loop=loop, metrics=attach(world.controller, settings),
-                      extend=_web(world.controller, settings, listen, oauth, simulated=True))
+                      extend=_web(world.controller, settings, listen, oauth, simulated=True),
+                      web=settings.web)
     finally:
         world.close()
 

@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+from runnerctl import private
+
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS events (id {serial}, at DOUBLE PRECISION NOT NULL,
         host TEXT NOT NULL, kind TEXT NOT NULL, subject TEXT NOT NULL, detail TEXT NOT NULL)""",
@@ -89,7 +91,8 @@ class Store:
             return cls(psycopg.connect(libpq_url(url), autocommit=True), postgres=True)
         if state_dir is None:
             raise ValueError("a store needs a PostgreSQL URL or a state directory")
-        state_dir.mkdir(parents=True, exist_ok=True)
+        private.state_dir(state_dir)
+        private.create_private_file(state_dir / "controller.sqlite")  # its -wal/-shm take its mode
         conn = sqlite3.connect(state_dir / "controller.sqlite", timeout=30.0,
                                isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")

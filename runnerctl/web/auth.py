@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hmac
-import os
 import secrets
 import threading
 import time
@@ -27,6 +26,7 @@ from argon2.exceptions import InvalidHashError, VerificationError
 
 from runnerctl.controller.store import Store
 from runnerctl.errors import ConfigError
+from runnerctl.private import key_file
 
 ROLES = ("viewer", "operator")
 """viewer: reads (also when the page is not public); operator: pause, drain, resume."""
@@ -69,14 +69,9 @@ def check_password(store: Store, name: str, password: str) -> Principal | None:
 
 
 def session_key(state_dir: Path) -> str:
-    """The cookie signing key: <state_dir>/web-session.key, created (0600) on first use."""
-    path = state_dir / "web-session.key"
-    if not path.exists():
-        state_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(secrets.token_urlsafe(48))
-    return path.read_text().strip()
+    """The cookie signing key: <state_dir>/web-session.key, made (0600, atomically) on first
+    use; an empty or short one is refused (runnerctl.private.key_file)."""
+    return key_file(state_dir / "web-session.key")
 
 
 def csrf_token(session: MutableMapping[str, Any]) -> str:
@@ -87,7 +82,8 @@ def csrf_token(session: MutableMapping[str, Any]) -> str:
 
 def csrf_ok(session: MutableMapping[str, Any], sent: str | None) -> bool:
     expected = session.get("csrf")
-    return isinstance(expected, str) and sent is not None and hmac.compare_digest(expected, sent)
+    return (isinstance(expected, str) and sent is not None  # bytes: a non-ASCII header is no TypeError
+            and hmac.compare_digest(expected.encode(), sent.encode("utf-8", "surrogateescape")))
 
 
 def sign_in(session: MutableMapping[str, Any], who: Principal) -> None:
@@ -109,20 +105,37 @@ def principal(session: MutableMapping[str, Any], store: Store) -> Principal | No
 
 
 class SignInLimiter:
-    """At most `attempts` failed sign-ins per (client, name) in a sliding minute."""
+    """At most `attempts` sign-ins evaluated per (client, name) in a sliding minute, only
+    failures counting in the end, and at most `hashing` password checks at once.
 
-    def __init__(self, attempts: int, clock: Callable[[], float] = time.monotonic) -> None:
+    An attempt takes its place in the minute *before* the password is checked (`begin`)
+    and gives it back when it succeeds (`succeeded`), so forty attempts at the same moment
+    evaluate no more than `attempts` of them. The client is the peer address (uvicorn
+    replaces it from X-Forwarded-For only for `[web] trusted_proxies`).
+    """
+
+    def __init__(self, attempts: int, clock: Callable[[], float] = time.monotonic, *,
+                 hashing: int = 2) -> None:
         self.attempts, self.clock = attempts, clock
         self._failures: dict[tuple[str, str], collections.deque[float]] = {}
         self._lock = threading.Lock()
+        self.hashing = threading.BoundedSemaphore(max(1, hashing))
 
-    def blocked(self, client: str, name: str) -> bool:
+    def begin(self, client: str, name: str) -> bool:
+        """Take a place for one attempt; False (nothing taken) when the minute is full."""
         with self._lock:
-            return len(self._recent((client, name))) >= self.attempts
+            window = self._recent((client, name))
+            if len(window) >= self.attempts:
+                return False
+            window.append(self.clock())
+            return True
 
-    def failed(self, client: str, name: str) -> None:
+    def succeeded(self, client: str, name: str) -> None:
+        """The attempt was right (or never evaluated): it does not count."""
         with self._lock:
-            self._recent((client, name)).append(self.clock())
+            window = self._recent((client, name))
+            if window:
+                window.pop()
 
     def _recent(self, key: tuple[str, str]) -> collections.deque[float]:
         window = self._failures.setdefault(key, collections.deque())

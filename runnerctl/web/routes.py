@@ -18,12 +18,13 @@ from typing import Annotated, Literal
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 from starlette.middleware.sessions import SessionMiddleware
 
 from runnerctl.controller.loop import ControllerView
 from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import request as toggle_request
+from runnerctl.logline import one_line
 from runnerctl.settings import WebSettings
 from runnerctl.web import auth
 from runnerctl.web.oauth import GitLabOAuth
@@ -55,16 +56,28 @@ class SessionOut(BaseModel):
     gitlab_signin: bool
 
 
+def _utf8(value: str) -> str:
+    """JSON may carry a lone surrogate (\\ud800): no password hash, database or log takes it."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise ValueError("not valid Unicode text (a lone surrogate)") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+
+
 class SignIn(BaseModel):
-    name: str = Field(min_length=1, max_length=100)
-    password: str = Field(min_length=1, max_length=1000)
+    name: Text = Field(min_length=1, max_length=100)
+    password: Text = Field(min_length=1, max_length=1000)
 
 
 class ToggleIn(BaseModel):
     action: Literal["pause", "drain", "resume"]
-    target: str = Field(pattern=r"^(host|gpu:[0-9]{1,3}|slot:gpu[0-9]{1,3}([-+][0-9]{1,3})*)$",
-                        description="host, gpu:N or slot:KEY (e.g. slot:gpu0-3)")
-    reason: str = Field(min_length=1, max_length=500, description="Why; stored and shown in the log.")
+    target: Text = Field(pattern=r"^(host|gpu:[0-9]{1,3}|slot:gpu[0-9]{1,3}([-+][0-9]{1,3})*)$",
+                         description="host, gpu:N or slot:KEY (e.g. slot:gpu0-3)")
+    reason: Text = Field(min_length=1, max_length=500, description="Why; stored and shown in the log.")
 
 
 class ToggleResult(BaseModel):
@@ -74,7 +87,7 @@ class ToggleResult(BaseModel):
 def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, settings: WebSettings,
             state_dir: Path, oauth: GitLabOAuth | None = None,
             clock: Callable[[], float] = time.time) -> None:
-    limiter = auth.SignInLimiter(settings.signin_attempts)
+    limiter = auth.SignInLimiter(settings.signin_attempts, hashing=settings.max_concurrent_signins)
     jobs = JobMemory()
 
     def reader(request: Request) -> auth.Principal | None:
@@ -115,20 +128,28 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
     @app.post("/api/session", response_model=SessionOut, tags=["session"],
               responses={401: {"description": "wrong name or password"},
                          403: {"description": "no CSRF token"},
-                         429: {"description": "too many failed sign-ins"}})
+                         429: {"description": "too many failed sign-ins"},
+                         503: {"description": "too many sign-ins at once; retry in a second"}})
     def post_session(body: SignIn, request: Request,
                      x_csrf_token: Annotated[str | None, Header()] = None) -> SessionOut:
         """Sign in with a local account (`runnerctl user add`)."""
         if not auth.csrf_ok(request.session, x_csrf_token):
             raise HTTPException(403, "missing or wrong X-CSRF-Token")
         client = request.client.host if request.client else "?"
-        if limiter.blocked(client, body.name):
+        if not limiter.begin(client, body.name):
             raise HTTPException(429, "too many failed sign-ins; wait a minute")
-        who = auth.check_password(store, body.name, body.password)
+        if not limiter.hashing.acquire(blocking=False):  # Argon2id: 64 MiB each
+            limiter.succeeded(client, body.name)  # not evaluated: does not count
+            raise HTTPException(503, "too many sign-ins at once; retry in a second",
+                                headers={"Retry-After": "1"})
+        try:
+            who = auth.check_password(store, body.name, body.password)
+        finally:
+            limiter.hashing.release()
         if who is None:
-            limiter.failed(client, body.name)
             log.warning("failed sign-in for %r from %s", body.name, client)
             raise HTTPException(401, "wrong name or password")
+        limiter.succeeded(client, body.name)
         auth.sign_in(request.session, who)
         log.warning("%s signed in from %s", who.name, client)
         return session_out(request)
@@ -172,7 +193,7 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
         """Pause, drain or resume a GPU, a slot or the whole host, with a reason."""
         message = toggle_request(store, action=body.action, host=view().host, target=body.target,
                                  who=who.name, why=body.reason.strip() or "-", now=clock())
-        log.warning("web toggle: %s", message)
+        log.warning("web toggle: %s", one_line(message))
         return ToggleResult(message=message)
 
     if oauth is not None:
