@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from fastapi import FastAPI, Header, HTTPException, Request, Response
+from fastapi import FastAPI, Header, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -118,7 +118,8 @@ async def _invalid(request: Request, exc: Exception) -> Response:
 
 class BodyLimit:
     """ASGI middleware: 413 for a body over `max_bytes`, by its Content-Length before reading,
-    or once that many bytes of a chunked body arrived (nothing more is read)."""
+    or once that many bytes of a chunked body arrived (nothing more is read: the app sees
+    the body end there, and whatever it answers is replaced by the 413)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app, self.max_bytes = app, max_bytes
@@ -131,28 +132,24 @@ class BodyLimit:
         if not declared.isdigit() or int(declared) > self.max_bytes:
             await self._refuse(send)
             return
-        seen = 0
-        started = False
+        seen, over = 0, False
 
         async def limited() -> Message:
-            nonlocal seen
+            nonlocal seen, over
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
-                raise HTTPException(413, f"request body over {self.max_bytes} bytes")
+            if seen > self.max_bytes:  # stop reading; the app's answer is replaced by 413
+                over = True
+                return {"type": "http.request", "body": b"", "more_body": False}
             return message
 
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
+        async def answer(message: Message) -> None:
+            if not over:
+                await send(message)
+            elif message["type"] == "http.response.start":
+                await self._refuse(send)
 
-        try:
-            await self.app(scope, limited, tracked)
-        except HTTPException as exc:
-            if exc.status_code != 413 or started:
-                raise
-            await self._refuse(send)
+        await self.app(scope, limited, answer)
 
     async def _refuse(self, send: Send) -> None:
         body = json.dumps({"detail": f"request body over {self.max_bytes} bytes"}).encode()
