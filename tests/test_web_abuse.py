@@ -20,6 +20,7 @@ from runnerctl.sim.world import PROJECT, World, build_world
 from runnerctl.web import auth
 from runnerctl.web.auth import add_user
 from runnerctl.web.routes import install
+from tests.serve_proc import concurrently
 from tests.test_web import PASSWORD, _sign_in
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
@@ -162,23 +163,16 @@ def test_concurrent_sign_ins_evaluate_at_most_the_limit(world: World, tmp_path: 
     monkeypatch.setattr(auth, "check_password", counting)
     client = _client(world, tmp_path, WebSettings(signin_attempts=5, max_concurrent_signins=2))
     csrf = client.get("/api/session").json()["csrf"]
-    codes: list[int] = []
 
-    def attempt(i: int) -> None:
-        response = client.post("/api/session", json={"name": "olga", "password": f"wrong {i:04d}"},
-                               headers={"X-CSRF-Token": csrf, "X-Forwarded-For": f"10.9.{i}.1"})
-        with lock:
-            codes.append(response.status_code)
+    def attempt(i: int) -> int:
+        return client.post("/api/session", json={"name": "olga", "password": f"wrong {i:04d}"},
+                           headers={"X-CSRF-Token": csrf}).status_code
 
-    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(40)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    codes = concurrently(attempt, 40)
     assert len(codes) == 40 and set(codes) <= {401, 429, 503}
     assert evaluated[0] == codes.count(401) <= 5 and peak[0] <= 2
     assert codes.count(503) > 0
     for i in range(40, 40 + 5 - evaluated[0]):  # the minute's rest, one by one
-        attempt(i)
+        codes.append(attempt(i))
     assert codes.count(401) == evaluated[0] == 5
     assert _sign_in(client, "olga")[0] == 429  # also the right password, for a minute
