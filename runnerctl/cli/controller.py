@@ -116,16 +116,18 @@ def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: 
     count = int(gpu_source[4:]) if gpu_source and gpu_source[4:].isdigit() else 8
     world = build_world(settings.state_dir, gpu_count=count, webhook_secret=secret,
                         settings=dataclasses.replace(settings.controller, projects=(1,)),
-                        on_event=lambda e: click.echo(f"{e.kind:10} {e.subject:28} {e.detail}"))
+                        on_event=lambda e: click.echo(f"{e.kind:10} {e.subject:28} {e.detail}"),
+                        store_url=settings.controller.store_url)
     click.echo(f"simulated GitLab at {world.server.url} (project 1)")
     oauth = _sim_oauth(world, listen)
 
-    def loop(stop: threading.Event) -> None:
-        while not stop.is_set():
-            if workload == "busy":
-                _busy(world)
-            world.advance(1.0)
-            stop.wait(min(1.0, settings.controller.interval_s))
+    def step() -> None:
+        if workload == "busy":
+            _busy(world)
+        world.advance(1.0)
+
+    def loop(stop: threading.Event) -> None:  # the controller's own loop: failures retried, watched
+        world.controller.run(stop, step=step, every_s=min(1.0, settings.controller.interval_s))
 
     try:
         serving.serve(world.controller, listen, loop=loop, metrics=attach(world.controller, settings),

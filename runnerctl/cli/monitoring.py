@@ -22,7 +22,7 @@ def attach(controller: Controller, settings: Settings) -> Callable[[], tuple[byt
 
     if settings.monitoring.dcgm_job_mapping_dir:
         controller.on_tick.append(JobMappingWriter(Path(settings.monitoring.dcgm_job_mapping_dir)))
-    return endpoint(lambda: controller.stats.view)
+    return endpoint(lambda: controller.stats.view, liveness=controller.liveness)
 
 
 @click.command()

@@ -3,7 +3,9 @@
 Requests never reach NVML or GitLab: `GET /api/state` returns the last
 `ControllerView` (replaced once per tick), and `POST /webhooks/gitlab` hands a job
 event to the demand tracker after checking `X-Gitlab-Token` (the body is parsed only
-after the token passed: `_JsonBody`). `GET /metrics` answers
+after the token passed: `_JsonBody`). `GET /healthz` is 200 only
+while `health()` (the loop's `Liveness.report`) says ticks succeed and the reconcile
+thread lives, 503 otherwise, so a stalled controller is seen by whatever probes it. `GET /metrics` answers
 with whatever `metrics()` renders (the exporter's scrape of the same view) when given.
 The web page (runnerctl.web) hangs on this app through `extend`: callables the caller
 passes in, so the controller layer imports neither the page nor the exporter.
@@ -34,6 +36,7 @@ def create_app(view: Callable[[], ControllerView],
                webhook: Callable[[str | None, Mapping[str, Any]], bool],
                metrics: Callable[[], tuple[bytes, str]] | None = None, *,
                extend: Sequence[Callable[[FastAPI], None]] = (),
+               health: Callable[[], tuple[bool, dict[str, Any]]] | None = None,
                max_body_bytes: int = 1024 * 1024) -> FastAPI:
     app = FastAPI(title="runnerctl", docs_url=None, redoc_url=None)
     app.add_exception_handler(RequestValidationError, _invalid)
@@ -49,10 +52,12 @@ def create_app(view: Callable[[], ControllerView],
     def state() -> JSONResponse:
         return JSONResponse(view().to_json())
 
-    @app.get("/healthz")
-    def healthz() -> dict[str, Any]:
+    @app.get("/healthz", responses={503: {"description": "no good tick lately, or the loop's thread died"}})
+    def healthz() -> JSONResponse:
         current = view()
-        return {"ok": True, "tick": current.tick, "host": current.host}
+        ok, detail = health() if health is not None else (True, {})
+        return JSONResponse({"ok": ok, "tick": current.tick, "host": current.host, **detail},
+                            status_code=200 if ok else 503)
 
     @app.post("/webhooks/gitlab", responses={400: {"description": "body is not a JSON object"},
                                              401: {"description": "missing or wrong X-Gitlab-Token"}},

@@ -25,6 +25,7 @@ from typing import Any
 from runnerctl.controller import act as acting
 from runnerctl.controller.demand import ApiBudget, DemandTracker, PendingJob
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi, reopen
+from runnerctl.controller.liveness import Liveness
 from runnerctl.controller.observe import JobSource, RunnerCache, gate_step, nothing_is_ci
 from runnerctl.controller.orphans import OrphanAudit
 from runnerctl.controller.plan import Decision, Observed, Plan, PlanPolicy, SlotState, plan
@@ -134,6 +135,7 @@ class Controller:
         self.stats = ControllerStats()  # counters for the exporter, fed once per tick
         self.on_tick: list[Callable[[ControllerView], None]] = []  # e.g. dcgm job mapping files
         self._failing: set[str] = set()  # side tasks failing now (logged once)
+        self.liveness = Liveness(host=self.host, interval_s=settings.interval_s)  # for /healthz, /metrics
 
     # -- one tick ------------------------------------------------------------------
     def tick(self) -> ControllerView:
@@ -156,6 +158,7 @@ class Controller:
                          now=now, on_action=lambda a: self._acted(a, now))
         self._remember(result, now)
         self.view = self._view(snapshot, result, running, toggles, now)
+        self.liveness.good()
         view, took = self.view, time.perf_counter() - started
         self._aside("stats", lambda: self.stats.observe(view, duration_s=took, is_ci=self.w.is_ci,
                                                         gitlab=self.w.gitlab))
@@ -307,22 +310,32 @@ class Controller:
             self.health.last_error, self.budget.spent, self.w.jobs.owners())
 
     # -- running ---------------------------------------------------------------------
-    def run(self, stop: threading.Event, *, sleep: Callable[[float], None] | None = None) -> None:
+    def run(self, stop: threading.Event, *, sleep: Callable[[float], None] | None = None,
+            step: Callable[[], object] | None = None, every_s: float | None = None) -> None:
         """Tick every `interval_s` until `stop` is set, and at once when a webhook brings
         multi-GPU demand (so a block is reserved before runners hand out smaller jobs on
-        it); one failed tick never ends the loop."""
+        it). No failure ends the loop: a failed tick (the store locked or restarting, a
+        bug) is logged once per kind while it lasts, and ticks are retried with a growing
+        pause (`Liveness.backoff_s`); `/healthz` fails meanwhile. `step` replaces the tick
+        and `every_s` the interval (the simulated host advances its world instead)."""
+        step = step or self.tick
         while not stop.is_set():
             self.wake.clear()
             try:
-                self.tick()
-            except (OSError, RuntimeError, ValueError) as exc:
-                log.error("tick %d failed, trying again next interval: %s", self.ticks, exc)
+                step()
+            except Exception as exc:  # noqa: BLE001 - any kind: logged, counted, retried (liveness.py)
+                self.liveness.failed(exc, self.ticks)
+            wait = self.liveness.backoff_s(every_s)
             if sleep is not None:
-                sleep(self.settings.interval_s)
+                sleep(wait)
                 continue
-            deadline = time.monotonic() + self.settings.interval_s
-            while not stop.is_set() and not self.wake.is_set() and time.monotonic() < deadline:
-                self.wake.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+            deadline = time.monotonic() + wait
+            while not stop.is_set() and time.monotonic() < deadline:
+                slice_s = min(0.2, max(0.0, deadline - time.monotonic()))
+                if self.liveness.streak:  # failing: a webhook does not cut the pause short
+                    stop.wait(slice_s)
+                elif self.wake.wait(slice_s):
+                    break
 
 
 def _slot_view(decision: Decision, cache: RunnerCache, running: Mapping[str, tuple[int, ...]],

@@ -80,9 +80,10 @@ def serve(controller: Controller, listen: str, *,
     host, port = parse_listen(listen)
     web = web or WebSettings()
     app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend,
-                     max_body_bytes=web.max_body_bytes)
+                     health=controller.liveness.report, max_body_bytes=web.max_body_bytes)
     stop = threading.Event()
     worker = threading.Thread(target=loop or controller.run, args=(stop,), name="reconcile", daemon=True)
+    controller.liveness.watch(worker)  # /healthz fails if it ever ends
     worker.start()
     log.warning("runnerctl serve: http://%s:%d/ (page), /api/state, /metrics, webhooks at /webhooks/gitlab",
                 host, port)
@@ -100,7 +101,7 @@ def serve_in_background(controller: Controller, listen: str, metrics: Metrics | 
     host, port = parse_listen(listen)
     web = web or WebSettings()
     app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend,
-                     max_body_bytes=web.max_body_bytes)
+                     health=controller.liveness.report, max_body_bytes=web.max_body_bytes)
     server = uvicorn.Server(http_config(app, host, port, web, "error"))
     thread = threading.Thread(target=server.run, name="web", daemon=True)
     thread.start()
