@@ -85,7 +85,7 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
 
         oauth = GitLabOAuth(gitlab_url.rstrip("/"), settings.web.gitlab_oauth_client_id,
                             os.environ.get("RUNNERCTL_GITLAB_OAUTH_SECRET", ""),
-                            settings.web.gitlab_oauth_group)
+                            settings.web.gitlab_oauth_group, api_token=token)
         if not oauth.secret or not oauth.group:
             raise ConfigError("[web] gitlab_oauth_client_id is set, but the secret or the group is missing",
                               hint="set $RUNNERCTL_GITLAB_OAUTH_SECRET and [web] gitlab_oauth_group")
@@ -143,6 +143,7 @@ def _sim_oauth(world: World, listen: str) -> GitLabOAuth:
     import secrets
 
     from runnerctl.sim.gitlab_oauth import OAuthApp
+    from runnerctl.sim.world import TOKEN
     from runnerctl.web.oauth import GitLabOAuth
 
     provider = world.server.oauth
@@ -150,7 +151,7 @@ def _sim_oauth(world: World, listen: str) -> GitLabOAuth:
     provider.apps[app.client_id] = app
     provider.users.update({"mia": 11, "dev": 12})
     provider.groups["ml"] = {"mia": 40, "dev": 30}
-    return GitLabOAuth(world.server.url, app.client_id, app.secret, "ml")
+    return GitLabOAuth(world.server.url, app.client_id, app.secret, "ml", api_token=TOKEN)
 
 
 def _busy(world: World) -> None:

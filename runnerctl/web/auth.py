@@ -1,12 +1,13 @@
 """Who may read and who may toggle: local accounts, sessions, CSRF and sign-in limits.
 
 Passwords are hashed with Argon2id (argon2-cffi, its default parameters); the hash sits
-in the store's `users` table and never leaves the server. A session is Starlette's
-signed cookie (HttpOnly, SameSite=Lax, optionally Secure) holding the user name, role
-and a random CSRF token; the signing key is a random file in the state dir (0600) so
-sessions survive a restart of `serve`. Every state-changing request must echo the
-token in `X-CSRF-Token` (the double-submit is checked against the signed session, so a
-cross-site form cannot forge it).
+in the store's `users` table and never leaves the server. The cookie is Starlette's
+signed cookie (HttpOnly, SameSite=Lax, optionally Secure) holding a session id (the
+session itself lives in the store: runnerctl.web.sessions) and a random CSRF token; the
+signing key is a random file in the state dir (0600, runnerctl.private) so sessions
+survive a restart of `serve`. Every state-changing request must echo the token in
+`X-CSRF-Token` (the double-submit is checked against the signed cookie, so a cross-site
+form cannot forge it).
 """
 
 from __future__ import annotations
@@ -84,24 +85,6 @@ def csrf_ok(session: MutableMapping[str, Any], sent: str | None) -> bool:
     expected = session.get("csrf")
     return (isinstance(expected, str) and sent is not None  # bytes: a non-ASCII header is no TypeError
             and hmac.compare_digest(expected.encode(), sent.encode("utf-8", "surrogateescape")))
-
-
-def sign_in(session: MutableMapping[str, Any], who: Principal) -> None:
-    """A fresh session (new CSRF token) for the signed-in user, against session fixation."""
-    session.clear()
-    session.update(user=who.name, role=who.role, via=who.via, csrf=secrets.token_urlsafe(32))
-
-
-def principal(session: MutableMapping[str, Any], store: Store) -> Principal | None:
-    """The signed-in user; a local account removed or re-roled since counts as it is now."""
-    name, via = session.get("user"), session.get("via")
-    if not isinstance(name, str) or not isinstance(via, str):
-        return None
-    if via == "local":
-        found = store.user(name)
-        return Principal(name, found[1], via) if found else None
-    role = session.get("role")
-    return Principal(name, role if role in ROLES else "viewer", via)
 
 
 class SignInLimiter:

@@ -27,8 +27,9 @@ from runnerctl.controller.toggles import request as toggle_request
 from runnerctl.logline import one_line
 from runnerctl.settings import WebSettings
 from runnerctl.web import auth
-from runnerctl.web.oauth import GitLabOAuth
+from runnerctl.web.oauth import GitLabOAuth, RoleCheck
 from runnerctl.web.oauth import install as install_oauth
+from runnerctl.web.sessions import Sessions
 from runnerctl.web.view import EventOut, FleetHostOut, HostOut, JobMemory, event_out, host_page, toggle_out
 
 log = logging.getLogger(__name__)
@@ -88,10 +89,13 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
             state_dir: Path, oauth: GitLabOAuth | None = None,
             clock: Callable[[], float] = time.time) -> None:
     limiter = auth.SignInLimiter(settings.signin_attempts, hashing=settings.max_concurrent_signins)
+    recheck = RoleCheck(oauth, store, clock) if oauth is not None and oauth.api_token else None
+    sessions = Sessions(store, max_age_s=settings.session_max_age_s, recheck_s=settings.gitlab_role_check_s,
+                        clock=clock, recheck=recheck)
     jobs = JobMemory()
 
     def reader(request: Request) -> auth.Principal | None:
-        who = auth.principal(request.session, store)
+        who = sessions.principal(request.session)
         if who is None and not settings.public_read:
             raise HTTPException(401, "sign in to see this page")
         return who
@@ -99,13 +103,13 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
     def operator(request: Request, x_csrf_token: Annotated[str | None, Header()] = None) -> auth.Principal:
         if not auth.csrf_ok(request.session, x_csrf_token):
             raise HTTPException(403, "missing or wrong X-CSRF-Token")
-        who = auth.principal(request.session, store)
+        who = sessions.principal(request.session)
         if who is None or not who.can_toggle:
             raise HTTPException(403, "toggles need a signed-in operator")
         return who
 
     def session_out(request: Request) -> SessionOut:
-        who = auth.principal(request.session, store)
+        who = sessions.principal(request.session)
         return SessionOut(user=who.name if who else None, role=who.role if who else None,
                           can_toggle=bool(who and who.can_toggle), csrf=auth.csrf_token(request.session),
                           public_read=settings.public_read, gitlab_signin=oauth is not None)
@@ -150,17 +154,17 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
             log.warning("failed sign-in for %r from %s", body.name, client)
             raise HTTPException(401, "wrong name or password")
         limiter.succeeded(client, body.name)
-        auth.sign_in(request.session, who)
+        sessions.sign_in(request.session, who)
         log.warning("%s signed in from %s", who.name, client)
         return session_out(request)
 
     @app.post("/api/session/end", response_model=SessionOut, tags=["session"],
               responses={403: {"description": "no CSRF token"}})
     def end_session(request: Request, x_csrf_token: Annotated[str | None, Header()] = None) -> SessionOut:
-        """Sign out."""
+        """Sign out: the session ends on the server too (every copy of the cookie)."""
         if not auth.csrf_ok(request.session, x_csrf_token):
             raise HTTPException(403, "missing or wrong X-CSRF-Token")
-        request.session.clear()
+        sessions.sign_out(request.session)
         return session_out(request)
 
     @app.get("/api/host", response_model=HostOut, tags=["host"], responses={401: {"description": "sign in"}})
@@ -197,13 +201,13 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
         return ToggleResult(message=message)
 
     if oauth is not None:
-        install_oauth(app, oauth)
+        install_oauth(app, oauth, sessions)
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         if (not settings.public_read and request.url.path.startswith("/api/")
                 and not request.url.path.startswith(OPEN_PATHS)
-                and auth.principal(request.session, store) is None):
+                and sessions.principal(request.session) is None):
             response: Response = Response('{"detail":"sign in to see this page"}', status_code=401,
                                           media_type="application/json")
         else:
