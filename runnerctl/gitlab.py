@@ -220,8 +220,8 @@ class PythonGitLab:
         except gitlab.exceptions.GitlabAuthenticationError:
             raise PermanentError(
                 f"GitLab at {self.url} rejected the token (401) while trying to {what}",
-                hint="check --token: a personal, group or project access token with the "
-                "create_runner and manage_runner scopes",
+                hint="check the token ($RUNNERCTL_GITLAB_TOKEN or --token-file): a personal, group or "
+                "project access token with the create_runner and manage_runner scopes",
             ) from None
         except gitlab.exceptions.GitlabError as exc:
             raise self._http_error(what, exc) from None

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from runnerctl.cli.host import (
+    NO_TOKEN_HINT,
     _runner_config,
     _settings,
     config_option,
@@ -75,7 +76,7 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
         _serve_sim(settings, listen, gpu_source, webhook_secret, sim_workload)
         return
     if not token:
-        raise ConfigError("no GitLab token", hint="pass --token or set RUNNERCTL_GITLAB_TOKEN")
+        raise ConfigError("no GitLab token", hint=NO_TOKEN_HINT)
     controller = serving.production_controller(
         settings, gitlab_url=gitlab_url, token=token, gpu_source=gpu_source or settings.host.gpu_source,
         runner_config=_runner_config(settings, runner_config).path, webhook_secret=webhook_secret)
