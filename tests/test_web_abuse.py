@@ -87,6 +87,10 @@ def test_the_webhook_token_is_checked_before_the_body_is_parsed(world: World, tm
     assert parsed == []
     secret = HOOK
     assert _post(client, "/webhooks/gitlab", b"[1]", **{"X-Gitlab-Token": secret}) == 400
+    pending = (b'{"object_kind": "build", "project_id": 1, "build_id": 9, "build_status": "pending", '
+               b'"build_tags": ["gpus:2", "\\ud800"]}')
+    assert _post(client, "/webhooks/gitlab", pending, **{"X-Gitlab-Token": secret}) == 400
+    assert client.get("/api/state").status_code == 200
     assert _post(client, "/webhooks/gitlab", b'{"object_kind": "push"}', **{"X-Gitlab-Token": secret}) == 200
 
 

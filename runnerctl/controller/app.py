@@ -100,6 +100,10 @@ class _JsonBody(Mapping[str, Any]):
                 raise _BadBody("body is not JSON (or nested too deeply)") from None
             if not isinstance(data, dict):
                 raise _BadBody("body is not a JSON object")
+            try:  # a lone surrogate (\ud800) would break every JSON answer that shows it
+                json.dumps(data, ensure_ascii=False).encode()
+            except UnicodeEncodeError:
+                raise _BadBody("body is not valid Unicode text") from None
             self._data = data
         return self._data
 
