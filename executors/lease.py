@@ -43,7 +43,7 @@ from typing import Any
 
 import psutil
 
-from runnerctl.private import private_dir, write_private
+from runnerctl.private import private_dir, state_dir, write_private
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +235,7 @@ class LeaseTable:
 
     @contextlib.contextmanager
     def _mutex(self) -> Iterator[None]:
+        state_dir(self.dir.parent)
         private_dir(self.dir)
         fd = os.open(self.dir / ".lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(fd, "a") as handle:

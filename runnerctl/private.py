@@ -31,8 +31,7 @@ def state_dir(path: Path) -> Path:
 
 
 def private_dir(path: Path) -> Path:
-    """A dir (0700) inside the state dir: leases, secrets."""
-    state_dir(path.parent)
+    """A dir (0700): leases, the PostgreSQL passwords."""
     return _dir(path, PRIVATE_DIR_MODE)
 
 
@@ -77,13 +76,13 @@ def write_private(path: Path, text: str) -> None:
 
 
 def key_file(path: Path, *, min_chars: int = KEY_MIN_CHARS) -> str:
-    """The secret in `path`, generated (0600, atomically) when the file does not exist.
+    """The secret in `path`, generated (0600, atomically) when the file does not exist; the
+    caller makes its dir (`state_dir`, `private_dir`).
 
     An existing key that is empty or shorter than `min_chars` is an error, not a key:
     anyone could forge what it signs.
     """
     if not path.exists():
-        state_dir(path.parent)
         write_private(path, secrets.token_urlsafe(48) + "\n")
     try:
         key = path.read_text().strip()

@@ -19,10 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from runnerctl.controller.observe import LeaseJobs
 from runnerctl.controller.store import Store
 from runnerctl.errors import ConfigError
 from runnerctl.executors.gate import classify
 from runnerctl.executors.lease import LEASE_ENV, Lease, LeaseBusy, LeaseTable, is_stale, new_nonce
+from runnerctl.postgres import Secrets
 from runnerctl.private import write_private
 from runnerctl.web.auth import session_key
 from tests.gpu_procs import sim_snapshot
@@ -82,6 +84,16 @@ def test_an_old_world_readable_key_is_closed(tmp_path: Path) -> None:
     assert session_key(tmp_path) == "k" * 64 and _mode(path) == 0o600
 
 
+def test_postgres_passwords_are_key_files_too(tmp_path: Path) -> None:
+    secrets = Secrets(tmp_path / "secrets")
+    password = secrets.get_or_create("optuna")
+    assert len(password) >= 32 and secrets.get("optuna") == password
+    assert _mode(tmp_path / "secrets") == 0o700 and _mode(tmp_path / "secrets" / "optuna.password") == 0o600
+    (tmp_path / "secrets" / "team.password").write_text("")  # a full disk under an older runnerctl
+    with pytest.raises(ConfigError, match="refusing"):
+        secrets.get_or_create("team")
+
+
 # -- who can read what ------------------------------------------------------------------------
 @pytest.fixture
 def open_dir() -> Iterator[Path]:
@@ -121,9 +133,14 @@ def test_a_token_copied_by_another_user_is_foreign(tmp_path: Path, unix_user: pw
     thief = subprocess.Popen(["sleep", "60"], env={LEASE_ENV: lease.token}, user=unix_user.pw_uid,
                              group=unix_user.pw_gid, extra_groups=[], cwd="/")
     spawned += [job, thief]
-    uses = classify(sim_snapshot(tmp_path, {0: [job.pid, thief.pid]}), [lease])
+    snapshot = sim_snapshot(tmp_path, {0: [job.pid, thief.pid]})
+    uses = classify(snapshot, [lease])
     assert [p.pid for p in uses[0].ci] == [job.pid]
     assert [p.pid for p in uses[0].foreign] == [thief.pid]
+    LeaseTable(tmp_path / "state").try_acquire((0,), dataclasses.replace(lease, gpu=-1))
+    controller = LeaseJobs(tmp_path / "state")  # the controller's gate asks the same question
+    controller.running()
+    assert [controller.is_ci(0, p) for p in snapshot.gpu(0).processes] == [True, False]
     # nor does the copy keep a dead job's lease alive (it would hold the GPU forever)
     gone = dataclasses.replace(lease, owner_pid=2**22 - 3)
     job.kill()

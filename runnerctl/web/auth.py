@@ -25,6 +25,7 @@ from typing import Any
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from runnerctl import private
 from runnerctl.controller.store import Store
 from runnerctl.errors import ConfigError
 from runnerctl.private import key_file
@@ -72,7 +73,7 @@ def check_password(store: Store, name: str, password: str) -> Principal | None:
 def session_key(state_dir: Path) -> str:
     """The cookie signing key: <state_dir>/web-session.key, made (0600, atomically) on first
     use; an empty or short one is refused (runnerctl.private.key_file)."""
-    return key_file(state_dir / "web-session.key")
+    return key_file(private.state_dir(state_dir) / "web-session.key")
 
 
 def csrf_token(session: MutableMapping[str, Any]) -> str:
