@@ -9,6 +9,7 @@ are not kept here: they come from `$RUNNERCTL_GITLAB_TOKEN` or `--token-file`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 import tomllib
@@ -224,6 +225,9 @@ def _build(cls: type[Any], data: dict[str, Any], *, where: str) -> Any:
             value = float(value)
         if not isinstance(value, expected):
             raise ConfigError(f"{where}: {key} must be {kind.__name__}, not {value!r}")
+        if isinstance(value, int | float) and not isinstance(value, bool) and not (
+                math.isfinite(value) and value >= 0):  # TOML has nan and inf; no setting is negative
+            raise ConfigError(f"{where}: {key} must be a finite number, not negative: {value!r}")
         values[key] = value
     return cls(**values)
 

@@ -115,7 +115,7 @@ def test_admin_toggles_pause_drain_resume(world: World, tmp_path: Path,
     slot = next(n for n, j in world.fleet.jobs.items() if j.job_id == job).rsplit("/", 1)[-1]
     args = ["--host-name", "demo", "--state-dir", str(tmp_path)]
     assert main(["drain", "--slot", slot, "--why", "maintenance", "--who", "carol", *args]) == 0
-    assert main(["pause", "--gpu", "7", *args]) == 0
+    assert main(["pause", "--gpu", "7", "--why", "fan", *args]) == 0
     world.advance(6)
     assert slot not in _open(world) and "gpu7" not in _open(world)
     statuses = {t.target: s for t, s in world.controller.view.toggles}

@@ -130,18 +130,22 @@ def test_a_422_never_echoes_the_password(world: World, tmp_path: Path) -> None:
     assert "hunter2-secret" not in response.text and "name" in response.text
 
 
-def test_a_reason_cannot_forge_a_log_line(world: World, tmp_path: Path,
-                                          caplog: pytest.LogCaptureFixture) -> None:
+def test_no_input_can_forge_a_log_line(world: World, tmp_path: Path,
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A reason, a user name or a toggle target with a newline: refused, or logged on one line."""
     client, csrf = _operator(world, tmp_path)
-    forged = "fan\nrunnerctl: WARNING runnerctl.web.routes: mallory signed in from 10.0.0.1\x1b[2K"
+    forged = "\nrunnerctl: WARNING runnerctl.web.routes: mallory signed in from 10.0.0.1\x1b[2K"
     with caplog.at_level(logging.WARNING):
-        assert client.post("/api/toggles", json={"action": "drain", "target": "gpu:1", "reason": forged},
-                           headers={"X-CSRF-Token": csrf}).status_code == 200
+        toggle = {"action": "drain", "target": "gpu:1", "reason": "fan" + forged}
+        assert client.post("/api/toggles", json=toggle, headers={"X-CSRF-Token": csrf}).status_code == 422
+        assert client.post("/api/session", json={"name": "olga" + forged, "password": "wrong password"},
+                           headers={"X-CSRF-Token": csrf}).status_code in (401, 422)
     one_line = OneLineFormatter("%(message)s")
-    [line] = [one_line.format(r) for r in caplog.records if "web toggle" in r.getMessage()]
-    assert "\n" not in line and "\x1b" not in line and "fan\\nrunnerctl" in line
+    lines = [one_line.format(r) for r in caplog.records]
+    assert lines and not any("\n" in line or "\x1b" in line for line in lines)
+    assert not any(line.startswith("runnerctl: WARNING") for line in "\n".join(lines).splitlines())
     record = logging.LogRecord("x", logging.WARNING, __file__, 1, "failed for %s", ("a\nb\r\x00",), None)
-    assert OneLineFormatter("%(message)s").format(record) == "failed for a\\nb\\r\\x00"
+    assert one_line.format(record) == "failed for a\\nb\\r\\x00"
 
 
 def test_concurrent_sign_ins_evaluate_at_most_the_limit(world: World, tmp_path: Path,

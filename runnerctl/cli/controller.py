@@ -25,6 +25,7 @@ from runnerctl.cli.host import (
     token_option,
 )
 from runnerctl.cli.monitoring import attach
+from runnerctl.cli.params import Seconds
 from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import request as toggle_request
 from runnerctl.controller.toggles import target_of
@@ -55,7 +56,7 @@ listen_option = click.option("--listen", default="127.0.0.1:8080", show_default=
               help="Store and leases [default: from settings].")
 @click.option("--webhook-secret", envvar="RUNNERCTL_WEBHOOK_SECRET", show_envvar=True, default="",
               help="Secret GitLab sends in X-Gitlab-Token (webhooks are refused without one).")
-@click.option("--interval", type=click.FloatRange(0.05), help="Reconcile interval in seconds [default: 5].")
+@click.option("--interval", type=Seconds(0.05, 3600), help="Reconcile interval in seconds [default: 5].")
 @click.option("--sim-workload", type=click.Choice(["none", "busy"]), default="none", show_default=True,
               help="With --gitlab sim: `busy` starts a 4-GPU job, 1-GPU jobs and a colleague's process.")
 def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | None,
@@ -71,7 +72,7 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
     if interval is not None:
         settings = dataclasses.replace(settings, controller=dataclasses.replace(settings.controller,
                                                                                 interval_s=interval))
-    serving.parse_listen(listen)  # a bad --listen fails before anything starts
+    serving.check_listen(listen)  # a bad or taken --listen fails before anything starts
     if gitlab_url == "sim":
         _serve_sim(settings, listen, gpu_source, webhook_secret, sim_workload)
         return
@@ -114,7 +115,12 @@ def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: 
     from runnerctl.controller import serve as serving
     from runnerctl.sim.world import build_world
 
-    count = int(gpu_source[4:]) if gpu_source and gpu_source[4:].isdigit() else 8
+    count = 8
+    if gpu_source is not None:
+        if not (gpu_source.startswith("sim:") and gpu_source[4:].isascii() and gpu_source[4:].isdigit()
+                and 1 <= int(gpu_source[4:]) <= 64):
+            raise ConfigError(f"--gpu-source {gpu_source}: with --gitlab sim it is sim:N, N from 1 to 64")
+        count = int(gpu_source[4:])
     world = build_world(settings.state_dir, gpu_count=count, webhook_secret=secret,
                         settings=dataclasses.replace(settings.controller, projects=(1,)),
                         on_event=lambda e: click.echo(f"{e.kind:10} {e.subject:28} {e.detail}"),
@@ -167,7 +173,7 @@ def _busy(world: World) -> None:
 
 
 @click.command()
-@click.option("--duration", type=click.FloatRange(0), default=60.0, show_default=True,
+@click.option("--duration", type=Seconds(0, 86400), default=60.0, show_default=True,
               help="Wall-clock seconds the scripted 15 minutes take.")
 @click.option("--listen", default="127.0.0.1:8080", show_default=True,
               help="HOST:PORT for /api/state while the demo runs ('' for none).")
@@ -193,10 +199,11 @@ def demo(ctx: click.Context, duration: float, listen: str) -> None:
 
 def _toggle_options(func: click.decorators.FC) -> click.decorators.FC:
     for option in reversed([
-        click.option("--gpu", type=int, help="One GPU: every runner over it."),
+        click.option("--gpu", type=click.IntRange(0), help="One GPU (its index): every runner over it."),
         click.option("--slot", help="One runner, by slot key (gpu0-3) or runner name."),
         click.option("--host", "whole_host", is_flag=True, help="Every runner of this host."),
-        click.option("--why", default="", help="Reason, stored and shown with the toggle."),
+        click.option("--why", default="", help="Reason, stored and shown with the toggle (one line; "
+                     "pause and drain need one)."),
         click.option("--who", default=getpass.getuser, help="Who asks [default: $USER]."),
         click.option("--host-name", help="Host whose runners to toggle [default: from settings]."),
         click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path)),
@@ -249,15 +256,19 @@ def resume(**kwargs: object) -> None:
               help="JOBS.csv: job_id,submit_time,gpus,duration[,project,priority].")
 @click.option("--foreign", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="FOREIGN.csv: start,duration,host,gpu (hosts gpu-a, gpu-b, ..., gpu-z, gpu-aa, ...).")
-@click.option("--hosts", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--hosts", type=click.IntRange(1, 1000), default=1, show_default=True)
 @click.option("--gpus-per-host", type=click.IntRange(1, 64), default=8, show_default=True)
 @click.option("--policy", type=click.Choice(POLICIES), default="dynamic", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, policy: str,
              as_json: bool) -> None:
     """Replay a job trace on simulated hosts under a scheduling policy; print the outcome."""
-    jobs = read_jobs(trace)
-    uses = read_foreign(foreign) if foreign else []
+    from runnerctl.gpus.sim import count_snapshot
+    from runnerctl.layout import plan_slots
+
+    sizes = {slot.size for slot in plan_slots(count_snapshot("gpu-a", gpus_per_host))}
+    jobs = read_jobs(trace, sizes=sizes)
+    uses = read_foreign(foreign, hosts=hosts, gpus_per_host=gpus_per_host) if foreign else []
     try:
         simulator = Simulator(jobs, SimConfig(hosts=hosts, gpus_per_host=gpus_per_host, policy=policy), uses)
     except ValueError as exc:

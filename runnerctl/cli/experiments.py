@@ -47,7 +47,10 @@ def render_command(component: str, inputs: tuple[str, ...], output: Path | None)
     if output is None:
         click.echo(text, nl=False)
     else:
-        output.write_text(text)
+        try:
+            output.write_text(text)
+        except OSError as exc:
+            raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
         click.echo(f"wrote {output}")
 
 

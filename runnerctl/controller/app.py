@@ -7,7 +7,8 @@ after the token passed: `_JsonBody`). `GET /healthz` is 200 only
 while `health()` (the loop's `Liveness.report`) says ticks succeed and the reconcile
 thread lives, 503 otherwise, so a stalled controller is seen by whatever probes it. `GET /metrics` answers
 with whatever `metrics()` renders (the exporter's scrape of the same view) when given.
-The web page (runnerctl.web) hangs on this app through `extend`: callables the caller
+A `RunnerctlError` a route raises becomes 422 (bad input) or 503 (the store is
+unavailable), one line. The web page (runnerctl.web) hangs on this app through `extend`: callables the caller
 passes in, so the controller layer imports neither the page nor the exporter.
 
 Bad input is a 4xx, never a 500: bodies over `max_body_bytes` get 413 before they are
@@ -28,6 +29,9 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runnerctl.controller.loop import ControllerView
+from runnerctl.controller.store import StoreError
+from runnerctl.errors import RunnerctlError
+from runnerctl.logline import one_line
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,14 @@ def create_app(view: Callable[[], ControllerView],
                max_body_bytes: int = 1024 * 1024) -> FastAPI:
     app = FastAPI(title="runnerctl", docs_url=None, redoc_url=None)
     app.add_exception_handler(RequestValidationError, _invalid)
+
+    @app.exception_handler(RunnerctlError)
+    def refused(request: Request, exc: RunnerctlError) -> JSONResponse:
+        """A request runnerctl refuses (a toggle naming no such GPU: 422) or cannot serve
+        now (the store is unreachable or busy: 503), in one line, never a 500."""
+        unavailable = isinstance(exc, StoreError)
+        log.warning("%s %s: %s", request.method, request.url.path, one_line(str(exc)))
+        return JSONResponse({"detail": str(exc)}, status_code=503 if unavailable else 422)
     if metrics is not None:
         render = metrics
 

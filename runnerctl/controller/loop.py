@@ -132,6 +132,7 @@ class Controller:
         self.ticks = 0
         self._slots: tuple[Slot, ...] = ()
         self._synced = False
+        self._published = False  # the inventory toggles are checked against (store.save_inventory)
         self.stats = ControllerStats()  # counters for the exporter, fed once per tick
         self.on_tick: list[Callable[[ControllerView], None]] = []  # e.g. dcgm job mapping files
         self._failing: set[str] = set()  # side tasks failing now (logged once)
@@ -143,6 +144,7 @@ class Controller:
         now = self.w.clock()
         self.ticks += 1
         snapshot = self._snapshot()
+        self._publish_inventory(snapshot)
         running = self.w.jobs.running()
         self.demand.forget(j for jobs in running.values() for j in jobs)
         toggles = self._toggles(snapshot, now)
@@ -189,6 +191,13 @@ class Controller:
                                                              for g in snapshot.gpus))
             self._slots = tuple(s for s in plan_slots(whole) if s.name in self.cache.ids)
         return snapshot
+
+    def _publish_inventory(self, snapshot: GpuSnapshot | None) -> None:
+        """Once per start: the GPUs and slots that toggle targets may name (toggles.py)."""
+        if snapshot is not None and not self._published:
+            self.w.store.save_inventory(self.host, [g.index for g in snapshot.gpus],
+                                        [s.key for s in self._slots], self.w.clock())
+            self._published = True
 
     def _toggles(self, snapshot: GpuSnapshot | None, now: float) -> list[Toggle]:
         toggles = self.w.store.toggles(self.host)

@@ -74,7 +74,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         """CREATE TABLE IF NOT EXISTS users (name TEXT PRIMARY KEY, password_hash TEXT NOT NULL,
             role TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL)""",
     )),
-    Migration(2, "web sessions on the server, so that they can be ended (runnerctl.web.auth)", (
+    Migration(2, "host inventory: the GPUs and slots each controller drives (toggle targets are checked "
+                 "against it)", (
+        """CREATE TABLE inventory (host TEXT PRIMARY KEY, gpus TEXT NOT NULL, slots TEXT NOT NULL,
+            at DOUBLE PRECISION NOT NULL)""",
+    )),
+    Migration(3, "web sessions on the server, so that they can be ended (runnerctl.web.sessions)", (
         """CREATE TABLE web_sessions (key TEXT PRIMARY KEY, name TEXT NOT NULL, via TEXT NOT NULL,
             role TEXT NOT NULL, gitlab_id BIGINT, created_at DOUBLE PRECISION NOT NULL,
             checked_at DOUBLE PRECISION NOT NULL, expires_at DOUBLE PRECISION NOT NULL)""",

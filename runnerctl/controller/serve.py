@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -48,8 +49,10 @@ def production_controller(settings: Settings, *, gitlab_url: str, token: str, gp
 
 def parse_listen(listen: str) -> tuple[str, int]:
     host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not port.isascii() or not port.isdigit():
         raise ConfigError(f"--listen {listen!r} is not HOST:PORT")
+    if int(port) > 65535:  # 0: any free port (tests)
+        raise ConfigError(f"--listen {listen!r}: port {int(port)} is not from 0 to 65535")
     return host, int(port)
 
 
@@ -109,3 +112,23 @@ def serve_in_background(controller: Controller, listen: str, metrics: Metrics | 
     while not server.started and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     return server if server.started else None
+
+
+def check_listen(listen: str) -> None:
+    """ConfigError (one line) unless HOST:PORT can be listened on now (not in use, an
+    address of this machine, allowed): checked before `serve` starts anything."""
+    host, port = parse_listen(listen)
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except (OSError, UnicodeError) as exc:
+        raise ConfigError(f"--listen {host}:{port}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen()
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    finally:
+        sock.close()

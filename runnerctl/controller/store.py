@@ -290,6 +290,23 @@ class Store:
                 "SELECT gpu, state FROM gate WHERE host = ?", (host,))}
 
 
+    # -- inventory (what toggle targets may name) ----------------------------------------
+    def save_inventory(self, host: str, gpus: Sequence[int], slots: Sequence[str], now: float) -> None:
+        """The GPU indices and slot keys the host's controller drives (kept when unchanged)."""
+        row = (json.dumps(sorted(gpus)), json.dumps(sorted(slots)))
+        with self._tx() as cur:
+            if cur.query("SELECT gpus, slots FROM inventory WHERE host = ?", (host,)) == [row]:
+                return
+            cur.execute("DELETE FROM inventory WHERE host = ?", (host,))
+            cur.execute("INSERT INTO inventory (host, gpus, slots, at) VALUES (?, ?, ?, ?)",
+                        (host, *row, now))
+
+    def inventory(self, host: str) -> tuple[list[int], list[str]] | None:
+        """(GPU indices, slot keys) of a host, None before its controller first ran."""
+        with self._tx() as cur:
+            rows = cur.query("SELECT gpus, slots FROM inventory WHERE host = ?", (host,))
+        return (json.loads(rows[0][0]), json.loads(rows[0][1])) if rows else None
+
     def hosts(self) -> list[str]:
         """Every host that wrote to this store (the fleet, when hosts share PostgreSQL)."""
         with self._tx() as cur:
