@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from runnerctl.cli import main
 from runnerctl.controller.observe import LeaseJobs
 from runnerctl.controller.store import Store
-from runnerctl.errors import ConfigError
+from runnerctl.errors import ConfigError, ExitCode
 from runnerctl.executors.gate import classify
 from runnerctl.executors.lease import LEASE_ENV, Lease, LeaseBusy, LeaseTable, is_stale, new_nonce
 from runnerctl.postgres import Secrets
@@ -49,6 +50,18 @@ def test_an_empty_or_short_session_key_is_refused(tmp_path: Path, content: str) 
     with pytest.raises(ConfigError, match="refusing to sign with it") as caught:
         session_key(tmp_path)
     assert "\n" not in str(caught.value) and "delete it" in str(caught.value)
+
+
+def test_serve_with_an_empty_key_stops_with_one_line(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "web-session.key").write_text("")
+    code = main(["serve", "--gitlab", "sim", "--gpu-source", "sim:2", "--state-dir", str(state),
+                 "--listen", "127.0.0.1:0"])
+    err = capsys.readouterr().err
+    assert code == ExitCode.CONFIG and "web-session.key" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_the_session_key_is_made_private_whole_and_stable(tmp_path: Path) -> None:
