@@ -12,9 +12,9 @@ Jobs run as `[executor] run_as_user` (gitlab-runner must then run as root, as a 
 install does), else as gitlab-runner's own user; root is refused unless `[executor]
 allow_root = true` says so, because a root job reads every secret on the host and can
 leave anything behind. A job run as another user gets its builds and cache dirs owned
-by that user, a copy of each stage script it can read (gitlab-runner's own copy sits in
-a directory only root can enter), and its lease records that user (`uid`), so only that
-user's processes with its token count as the job.
+by that user, a copy of each stage script it can read and a TMPDIR of its own
+(gitlab-runner's sit in directories only root can enter), and its lease records that
+user (`uid`), so only that user's processes with its token count as the job.
 
 Stages run in a new session, so a timeout or cancel is forwarded by the driver:
 SIGTERM to the job's process group, then SIGKILL after the graceful timeout; reap
@@ -90,7 +90,8 @@ class ShellDriver:
         try:
             if copy_dir is not None:
                 script = _readable_copy(script, copy_dir, user)
-                env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
+                env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name,
+                           TMPDIR=str(copy_dir))  # gitlab-runner's TMPDIR is root's own
             proc = subprocess.Popen(
                 ["bash", "--noprofile", "--norc", "-c", _PRELUDE, str(script)], env=env,
                 start_new_session=True, user=user.pw_uid if switch else None,

@@ -61,7 +61,7 @@ def test_a_job_runs_as_the_configured_user(open_root: Path, unix_user: pwd.struc
     [lease] = LeaseTable(host / "state").held_by("703")
     assert lease.uid == unix_user.pw_uid
     body = (f'cd {builds} && echo "who=$(id -un) home=$HOME cuda=$CUDA_VISIBLE_DEVICES" && echo x > mine.txt '
-            f'&& stat -c "owner=%U" mine.txt && (setsid sleep 300 >/dev/null 2>&1 &) '
+            f'&& stat -c "owner=%U" mine.txt && mktemp >/dev/null && (setsid sleep 300 >/dev/null 2>&1 &) '
             f"&& ! cat {host / 'state' / 'controller.sqlite'} {host / 'state' / 'leases' / 'gpu5.json'}")
     script = harness.script(job, "build_script", body)
     run = harness.stage("run", job, str(script), "build_script")
