@@ -184,3 +184,13 @@ def test_concurrent_sign_ins_evaluate_at_most_the_limit(world: World, tmp_path: 
         codes.append(attempt(i))
     assert codes.count(401) == evaluated[0] == 5
     assert _sign_in(client, "olga")[0] == 429  # also the right password, for a minute
+
+
+def test_rotating_names_do_not_grow_the_limiter_without_bound() -> None:
+    now = [0.0]
+    limiter = auth.SignInLimiter(5, lambda: now[0])
+    for i in range(20_000):
+        now[0] = i * 0.1  # 10 new names a second, each failing
+        assert limiter.begin("10.0.0.1", f"name{i}")
+    assert len(limiter._failures) <= limiter.KEYS + 1
+    assert [limiter.begin("10.0.0.2", "olga") for _ in range(6)] == [True] * 5 + [False]  # still counts

@@ -98,16 +98,24 @@ class SignInLimiter:
     replaces it from X-Forwarded-For only for `[web] trusted_proxies`).
     """
 
+    KEYS = 4096
+    """(client, name) pairs kept before the expired ones are dropped."""
+
     def __init__(self, attempts: int, clock: Callable[[], float] = time.monotonic, *,
                  hashing: int = 2) -> None:
         self.attempts, self.clock = attempts, clock
         self._failures: dict[tuple[str, str], collections.deque[float]] = {}
+        self._kept = 0
         self._lock = threading.Lock()
         self.hashing = threading.BoundedSemaphore(max(1, hashing))
 
     def begin(self, client: str, name: str) -> bool:
         """Take a place for one attempt; False (nothing taken) when the minute is full."""
         with self._lock:
+            if len(self._failures) > max(self.KEYS, 2 * self._kept):  # a name per attempt: bounded
+                cutoff = self.clock() - 60.0
+                self._failures = {k: w for k, w in self._failures.items() if w and w[-1] >= cutoff}
+                self._kept = len(self._failures)
             window = self._recent((client, name))
             if len(window) >= self.attempts:
                 return False
