@@ -339,8 +339,8 @@ class PythonGitLab:
         except gitlab.exceptions.GitlabAuthenticationError:
             raise PermanentError(
                 f"GitLab at {self.url} rejected the token (401) while trying to {what}",
-                hint="check --token: a personal, group or project access token with the "
-                f"{REQUIRED_SCOPE} scope",
+                hint="check the token ($RUNNERCTL_GITLAB_TOKEN or --token-file): a personal, group or "
+                f"project access token with the {REQUIRED_SCOPE} scope",
             ) from None
         except gitlab.exceptions.GitlabError as exc:
             raise self._http_error(what, exc) from None

@@ -25,7 +25,6 @@ import glob
 import os
 import pwd
 import re
-import secrets
 import shutil
 import socket
 import stat
@@ -35,6 +34,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from runnerctl.errors import ConfigError, RunnerctlError
+from runnerctl.private import key_file, private_dir
 
 ADMIN_ROLE = "runnerctl_admin"
 SERVER_USER = "postgres"
@@ -108,19 +108,14 @@ class Secrets:
         self.directory = directory
 
     def get(self, role: str) -> str | None:
+        """The role's password; None when it has none. An empty or short file is an error."""
         path = self.directory / f"{role}.password"
-        return path.read_text().strip() if path.exists() else None
+        return key_file(path) if path.exists() else None
 
     def get_or_create(self, role: str) -> str:
-        existing = self.get(role)
-        if existing is not None:
-            return existing
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        password = secrets.token_urlsafe(24)  # URL-safe: goes into storage URLs as it is
-        fd = os.open(self.directory / f"{role}.password", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(password + "\n")
-        return password
+        """URL-safe (it goes into storage URLs as it is), written whole: runnerctl.private."""
+        private_dir(self.directory)
+        return key_file(self.directory / f"{role}.password")
 
 
 class PostgresServer:

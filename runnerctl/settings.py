@@ -3,7 +3,7 @@
 Looked up at `--config`, else `$RUNNERCTL_CONFIG`, else /etc/runnerctl/runnerctl.toml
 (root) or ~/.config/runnerctl/runnerctl.toml. A missing file means all defaults; an
 unknown key or a wrong type is an error that names the key. Secrets (GitLab token)
-are not kept here: they come from `--token` or `$RUNNERCTL_GITLAB_TOKEN`.
+are not kept here: they come from `$RUNNERCTL_GITLAB_TOKEN` or `--token-file`.
 """
 
 from __future__ import annotations
@@ -55,6 +55,13 @@ class ExecutorSettings:
     """How long prepare waits for foreign processes to leave its GPUs before failing."""
     docker_image: str = "ubuntu:24.04"
     """Image for jobs that name none (docker executor and driver)."""
+    # -- who jobs run as (shell driver) --
+    run_as_user: str = ""
+    """The shell driver runs jobs as this unprivileged user (needs gitlab-runner to run as
+    root); empty: as gitlab-runner's own user."""
+    allow_root: bool = False
+    """Let the shell driver run jobs as root (refused by default: a job could then read
+    every secret on the host)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +147,16 @@ class WebSettings:
     """Application id of a GitLab OAuth application (scope read_api); empty: no GitLab sign-in."""
     gitlab_oauth_group: str = ""
     """Full path of the group whose Maintainers (access level >= 40) may toggle."""
+    # -- limits and trust (runnerctl.web.auth, runnerctl.controller.app) --
+    trusted_proxies: tuple[str, ...] = ()
+    """Addresses (or CIDR ranges) of reverse proxies whose X-Forwarded-For/-Proto are
+    believed; empty: the headers are ignored and the peer address is the client."""
+    max_concurrent_signins: int = 2
+    """Password checks at once (Argon2id takes 64 MiB each); more get 503 at once."""
+    max_body_bytes: int = 1024 * 1024
+    """Largest request body (bytes) any route takes; larger ones get 413 unread."""
+    gitlab_role_check_s: float = 300.0
+    """A "Sign in with GitLab" session's role is read again from GitLab this often (s)."""
 
 
 @dataclasses.dataclass(frozen=True)

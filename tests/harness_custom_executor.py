@@ -107,13 +107,18 @@ class Harness:
         return results
 
 
-def make_host(root: Path, *, gate_wait_s: float = 3, docker_image: str | None = None) -> Path:
-    """A simulated 8-GPU host `gpu-a`: gpus.yaml (edit it to add processes) and settings."""
+def make_host(root: Path, *, gate_wait_s: float = 3, docker_image: str | None = None,
+              shell_user: str | None = "root") -> Path:
+    """A simulated 8-GPU host `gpu-a`: gpus.yaml (edit it to add processes) and settings.
+    The shell driver runs jobs as `shell_user`: root (CI's own user) is allowed explicitly,
+    None leaves both settings at their defaults."""
     (root / "gpus.yaml").write_text("host: gpu-a\ngpus: 8\n")
     image = f'docker_image = "{docker_image}"\n' if docker_image else ""
+    user = ("" if shell_user is None else "allow_root = true\n" if shell_user == "root"
+            else f'run_as_user = "{shell_user}"\n')
     (root / "runnerctl.toml").write_text(
         f'[host]\nname = "gpu-a"\n[paths]\nstate_dir = "{root / "state"}"\n'
-        f"[executor]\ngate_wait_s = {gate_wait_s}\n{image}")
+        f"[executor]\ngate_wait_s = {gate_wait_s}\n{image}{user}")
     return root
 
 

@@ -18,7 +18,7 @@ from runnerctl.controller.store import Toggle
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim.gitlab_server import GitLabServer
 from runnerctl.sim.world import PROJECT, World, build_world
-from tests.conftest import ADMIN_TOKEN
+from tests.conftest import token_file
 
 HEADER = "job_id,submit_time,gpus,duration\n"
 
@@ -134,8 +134,10 @@ def immutable() -> Iterator[list[Path]]:
 def test_init_on_an_immutable_config_or_directory_is_one_line(
         gitlab_server: GitLabServer, tmp_path: Path, immutable: list[Path],
         capsys: pytest.CaptureFixture[str]) -> None:
+    token = token_file(tmp_path)
+
     def init(config: Path) -> int:
-        return main(["init", "--gitlab-url", gitlab_server.url, "--token", ADMIN_TOKEN, "--group", "7",
+        return main(["init", "--gitlab-url", gitlab_server.url, "--token-file", token, "--group", "7",
                      "--gpu-source", "sim:2", "--host", "gpu-a", "--runner-config", str(config),
                      "--config", str(tmp_path / "absent.toml")])
 

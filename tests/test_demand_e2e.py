@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from runnerctl.cli import main
+from tests.conftest import token_file
 
 
 def _free_port() -> int:
@@ -40,7 +41,8 @@ def _start(tmp_path: Path, spawned: list[subprocess.Popen[bytes]],
                         f'[paths]\nstate_dir = "{tmp_path}/state"\n'
                         f'runner_config = "{tmp_path}/config.toml"\n')
     env = {**os.environ, "RUNNERCTL_CONFIG": str(settings), "RUNNERCTL_GITLAB_TOKEN": info["admin_token"]}
-    assert main(["init", "--gitlab-url", info["url"], "--token", info["admin_token"], "--group",
+    token = token_file(tmp_path, info["admin_token"])
+    assert main(["init", "--gitlab-url", info["url"], "--token-file", token, "--group",
                  str(info["group_id"]), "--config", str(settings)]) == 0
     serve_url = f"http://127.0.0.1:{_free_port()}"
     spawned.append(subprocess.Popen([*RUNNERCTL, "serve", "--gitlab", info["url"], "--listen",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from runnerctl.cli.host import (
+    NO_TOKEN_HINT,
     _runner_config,
     _settings,
     config_option,
@@ -76,7 +77,7 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
         _serve_sim(settings, listen, gpu_source, webhook_secret, sim_workload)
         return
     if not token:
-        raise ConfigError("no GitLab token", hint="pass --token or set RUNNERCTL_GITLAB_TOKEN")
+        raise ConfigError("no GitLab token", hint=NO_TOKEN_HINT)
     controller = serving.production_controller(
         settings, gitlab_url=gitlab_url, token=token, gpu_source=gpu_source or settings.host.gpu_source,
         runner_config=_runner_config(settings, runner_config).path, webhook_secret=webhook_secret)
@@ -86,12 +87,12 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
 
         oauth = GitLabOAuth(gitlab_url.rstrip("/"), settings.web.gitlab_oauth_client_id,
                             os.environ.get("RUNNERCTL_GITLAB_OAUTH_SECRET", ""),
-                            settings.web.gitlab_oauth_group)
+                            settings.web.gitlab_oauth_group, api_token=token)
         if not oauth.secret or not oauth.group:
             raise ConfigError("[web] gitlab_oauth_client_id is set, but the secret or the group is missing",
                               hint="set $RUNNERCTL_GITLAB_OAUTH_SECRET and [web] gitlab_oauth_group")
     serving.serve(controller, listen, metrics=attach(controller, settings),
-                  extend=_web(controller, settings, listen, oauth))
+                  extend=_web(controller, settings, listen, oauth), web=settings.web)
 
 
 def _web(controller: Controller, settings: Settings, listen: str, oauth: GitLabOAuth | None = None, *,
@@ -137,7 +138,8 @@ def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: 
 
     try:
         serving.serve(world.controller, listen, loop=loop, metrics=attach(world.controller, settings),
-                      extend=_web(world.controller, settings, listen, oauth, simulated=True))
+                      extend=_web(world.controller, settings, listen, oauth, simulated=True),
+                      web=settings.web)
     finally:
         world.close()
 
@@ -148,6 +150,7 @@ def _sim_oauth(world: World, listen: str) -> GitLabOAuth:
     import secrets
 
     from runnerctl.sim.gitlab_oauth import OAuthApp
+    from runnerctl.sim.world import TOKEN
     from runnerctl.web.oauth import GitLabOAuth
 
     provider = world.server.oauth
@@ -155,7 +158,7 @@ def _sim_oauth(world: World, listen: str) -> GitLabOAuth:
     provider.apps[app.client_id] = app
     provider.users.update({"mia": 11, "dev": 12})
     provider.groups["ml"] = {"mia": 40, "dev": 30}
-    return GitLabOAuth(world.server.url, app.client_id, app.secret, "ml")
+    return GitLabOAuth(world.server.url, app.client_id, app.secret, "ml", api_token=TOKEN)
 
 
 def _busy(world: World) -> None:

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +39,45 @@ host_option = click.option("--host", "host_name", help="Host name for runner nam
 runner_config_option = click.option(
     "--runner-config", type=click.Path(dir_okay=False, path_type=Path),
     help="gitlab-runner's config.toml [default: gitlab-runner's own location]")
-token_option = click.option(
-    "--token", envvar="RUNNERCTL_GITLAB_TOKEN", show_envvar=True,
-    help=f"GitLab access token (personal, group or project) with the `{REQUIRED_SCOPE}` scope, "
-    "of a user who is Owner of the group (--group), Maintainer of the project (--project) or "
-    "an administrator (instance runners); never printed.")
+TOKEN_ENV = "RUNNERCTL_GITLAB_TOKEN"
+NO_TOKEN_HINT = f"set ${TOKEN_ENV} or pass --token-file PATH"
+
+
+def _read_token_file(ctx: click.Context, param: click.Parameter, value: Path | None) -> None:
+    if value is None:
+        return
+    try:
+        if value.stat().st_mode & 0o004:
+            raise click.BadParameter(f"{value} is readable by every user: chmod 600 it", ctx, param)
+        token = value.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"cannot read {value}: {getattr(exc, 'strerror', None) or exc}", ctx,
+                                 param) from None
+    if not token or "\n" in token:
+        raise click.BadParameter(f"{value} must hold the token on one line", ctx, param)
+    ctx.meta["runnerctl.token"] = token
+
+
+def _token(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """The token from --token-file, else the environment; never from the command line."""
+    if value is not None:
+        raise click.BadParameter(f"a token on the command line is visible to every user of this host "
+                                 f"(ps, /proc); {NO_TOKEN_HINT}", ctx, param)
+    return ctx.meta.get("runnerctl.token") or os.environ.get(TOKEN_ENV) or None
+
+
+def token_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The GitLab token: `$RUNNERCTL_GITLAB_TOKEN` or `--token-file PATH` (a hidden `--token`
+    only says to use those: argv is readable by every user of the host)."""
+    func = click.option("--token", callback=_token, hidden=True,
+                        help="Refused: use the file or the variable.")(func)
+    return click.option(
+        "--token-file", type=click.Path(dir_okay=False, path_type=Path), is_eager=True, expose_value=False,
+        callback=_read_token_file,
+        help=f"File holding the GitLab access token (0600; scope `{REQUIRED_SCOPE}`, a user who is Owner "
+             f"of the "
+             f"group, Maintainer of the project or an administrator) "
+             f"[default: ${TOKEN_ENV}]; the token is never printed.")(func)
 
 
 def _settings(config_path: Path | None) -> tuple[Settings, Path]:
@@ -111,7 +147,7 @@ def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: i
         click.echo(render_dry_run(plan, snapshot, options, config))
         return
     if not token:
-        raise ConfigError("no GitLab token", hint="pass --token or set RUNNERCTL_GITLAB_TOKEN")
+        raise ConfigError("no GitLab token", hint=NO_TOKEN_HINT)
     gitlab = PythonGitLab(options.gitlab_url, token)
     access.require(gitlab, scope)  # before anything is created or deleted
     result = apply_registration(plan, snapshot, options, gitlab, config)
@@ -245,7 +281,7 @@ def doctor(gpu_source: str | None, host_name: str | None, config_path: Path | No
         _check_gitlab(PythonGitLab(url, token), entries, report, note,
                       gitlab_runner_system_id(config.path))
     elif url:
-        report(False, f"GitLab {url}: not checked (no token)", "pass --token or set RUNNERCTL_GITLAB_TOKEN")
+        report(False, f"GitLab {url}: not checked (no token)", NO_TOKEN_HINT)
     if problems:
         raise click.exceptions.Exit(int(ExitCode.ERROR))
 

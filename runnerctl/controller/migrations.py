@@ -79,6 +79,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         """CREATE TABLE inventory (host TEXT PRIMARY KEY, gpus TEXT NOT NULL, slots TEXT NOT NULL,
             at DOUBLE PRECISION NOT NULL)""",
     )),
+    Migration(3, "web sessions on the server, so that they can be ended (runnerctl.web.sessions)", (
+        """CREATE TABLE web_sessions (key TEXT PRIMARY KEY, name TEXT NOT NULL, via TEXT NOT NULL,
+            role TEXT NOT NULL, gitlab_id BIGINT, created_at DOUBLE PRECISION NOT NULL,
+            checked_at DOUBLE PRECISION NOT NULL, expires_at DOUBLE PRECISION NOT NULL)""",
+        "CREATE INDEX web_sessions_name ON web_sessions (name, via)",
+    )),
 )
 
 _VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,
