@@ -1,0 +1,165 @@
+"""`runnerctl sim runner`: gitlab-runner's rules, against runnerctl's real custom executor.
+
+The stage driver (runnerctl/sim/runner_build.py) runs `python -m runnerctl.executors`
+with the shell driver on a simulated 8-GPU host, from a job JSON shaped as GitLab's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from runnerctl.executors.contract import DriverArgs
+from runnerctl.executors.lease import LeaseTable
+from runnerctl.sim.runner_build import Build, LocalTrace, parse_duration
+from runnerctl.sim.runner_script import ScriptInfo, generate
+from tests.harness_custom_executor import FakeJob, Harness, harness_for, make_host, runner_entry
+
+SUCCESS_ORDER = ["config", "prepare", "prepare_script", "get_sources", "restore_cache", "build_script",
+                 "after_script", "archive_cache", "upload_artifacts_on_success", "cleanup_file_variables",
+                 "cleanup"]
+FAILURE_ORDER = ["config", "prepare", "prepare_script", "get_sources", "restore_cache", "build_script",
+                 "after_script", "archive_cache_on_failure", "upload_artifacts_on_failure",
+                 "cleanup_file_variables", "cleanup"]
+AFTER = ['echo "status=$CI_JOB_STATUS tmp=$TMPDIR pwd=$(pwd)"']
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Path:
+    return make_host(tmp_path, gate_wait_s=1)
+
+
+def _names(harness: Harness, job_id: int) -> list[str]:
+    return [name for name, _ in harness.commands[job_id]]
+
+
+def _after(harness: Harness, job_id: int) -> dict[str, str]:
+    line = next(x for x in harness.traces[job_id].splitlines() if x.startswith("status="))
+    return dict(part.split("=", 1) for part in line.split())
+
+
+def test_jobs_run_every_stage_in_order_each_with_its_own_tmpdir(host: Path) -> None:
+    harness = harness_for(host, (0,), "shell")
+    for job_id in (11, 12):
+        harness.run_job(FakeJob(id=job_id, after_script=AFTER), 'echo "cuda=$CUDA_VISIBLE_DEVICES"')
+        assert harness.outcomes[job_id].state == "success", harness.traces[job_id]
+        assert _names(harness, job_id) == SUCCESS_ORDER
+        assert all(code == 0 for _, code in harness.commands[job_id])
+    first, second = _after(harness, 11), _after(harness, 12)
+    assert first["status"] == "success"
+    assert first["tmp"] != second["tmp"] and Path(first["tmp"]).name.startswith("custom-executor")
+    assert not Path(first["tmp"]).exists() and not Path(second["tmp"]).exists()  # removed after cleanup
+    assert first["pwd"].endswith("/ml/experiments")  # the job's project directory
+    assert "cuda=0" in harness.traces[11]
+    assert LeaseTable(host / "state").all() == []
+
+
+def test_failed_step_still_runs_after_script_failure_stages_and_cleanup(host: Path) -> None:
+    harness = harness_for(host, (1,), "shell")
+    harness.run_job(FakeJob(id=21, after_script=AFTER),
+                    "if read line; then echo got-stdin; else echo no-stdin; fi; exit 7")
+    outcome = harness.outcomes[21]
+    assert (outcome.state, outcome.failure_reason, outcome.exit_code) == ("failed", "script_failure", 7)
+    assert _names(harness, 21) == FAILURE_ORDER
+    assert _after(harness, 21)["status"] == "failed"
+    assert "no-stdin" in harness.traces[21]  # the user's script reads /dev/null
+    assert LeaseTable(host / "state").all() == []
+
+
+def test_prepare_system_failure_is_retried_three_times_each_with_cleanup(host: Path) -> None:
+    colleague = subprocess.Popen(["sleep", "120"], user="nobody")
+    try:
+        (host / "gpus.yaml").write_text(
+            f"host: gpu-a\ngpus: 8\nprocesses:\n  - {{gpu: 2, pid: {colleague.pid}}}\n")
+        harness = harness_for(host, (2,), "shell")
+        started = time.monotonic()
+        harness.run_job(FakeJob(id=31), "echo never")
+        elapsed = time.monotonic() - started
+    finally:
+        colleague.kill()
+        colleague.wait()
+    assert harness.commands[31] == [("config", 0), ("prepare", 2), ("cleanup", 0)] * 3
+    assert harness.outcomes[31].failure_reason == "runner_system_failure"
+    # build.go retryCreateExecutor waits its 3 s after the last try too
+    assert harness.traces[31].count("Will be retried in 3s") == 3
+    assert elapsed >= 3 * 3 + 3 * 1  # three 3 s pauses and three 1 s gate waits
+    assert LeaseTable(host / "state").all() == []
+
+
+def test_cancel_stops_the_step_then_after_script_and_cleanup_still_run(host: Path) -> None:
+    harness = harness_for(host, (3,), "shell")
+    mark = host / "started"
+    cancel = threading.Event()
+    job = threading.Thread(target=harness.run_job, args=(
+        FakeJob(id=41, after_script=AFTER), f"touch {mark}; sleep 300"), kwargs={"cancel": cancel})
+    job.start()
+    deadline = time.monotonic() + 60
+    while not mark.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mark.exists()
+    cancel.set()  # GitLab answered Job-Status: canceling
+    job.join(timeout=60)
+    assert not job.is_alive()
+    assert _names(harness, 41) == FAILURE_ORDER
+    assert _after(harness, 41)["status"] == "canceled"
+    assert harness.outcomes[41].state == "failed"
+    assert harness.outcomes[41].failure_reason == "unknown_failure"  # job_canceled: not a GitLab reason
+    assert "script canceled externally" in harness.traces[41]
+
+
+def test_job_timeout_kills_the_step_and_skips_to_cleanup(host: Path) -> None:
+    harness = harness_for(host, (4,), "shell")
+    started = time.monotonic()
+    harness.run_job(FakeJob(id=51, after_script=AFTER), "sleep 300", timeout=15)
+    assert time.monotonic() - started < 60
+    assert harness.outcomes[51].failure_reason == "job_execution_timeout"
+    names = _names(harness, 51)
+    assert names[-2:] == ["build_script", "cleanup"]  # no after_script: the job's context is over
+    assert LeaseTable(host / "state").all() == []
+
+
+def test_stage_scripts_are_wrapped_as_bash_go_writes_them() -> None:
+    info = ScriptInfo(variables=(), project_dir="/b/p", hostname="h",
+                      steps=({"name": "script", "script": ["make test"]},))
+    script = generate("step_script", info)
+    assert script is not None
+    lines = script.splitlines()
+    assert lines[0] == "#!/usr/bin/env bash" and lines[2] == "trap 'exit 1' TERM"
+    assert re.search(r"^\(trap 'exit 1' TERM; eval '.*'\) < /dev/null$", script, re.M | re.S)
+    assert lines[-1] == "exit 0"
+    assert generate("after_script", info) is None  # no after_script: gitlab-runner skips the stage
+    assert generate("restore_cache", info) is None  # no cache paths
+    assert generate("upload_artifacts_on_success", info) is None
+
+
+def test_sigterm_ends_a_wrapped_script_with_exit_1(tmp_path: Path) -> None:
+    info = ScriptInfo(variables=(), project_dir=str(tmp_path), hostname="h",
+                      steps=({"name": "script", "script": ["sleep 30"]},))
+    path = tmp_path / "script"
+    path.write_text(generate("step_script", info) or "")
+    proc = subprocess.Popen(["bash", str(path)], process_group=0)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=10) == 1
+
+
+def test_failure_reasons_are_mapped_to_what_gitlab_lists() -> None:
+    job = {"features": {"failure_reasons": ["script_failure", "unknown_failure"]}}
+    runner = runner_entry(DriverArgs("runnerctl/gpu-a/gpu0", (0,), "sim:8", "/none", "shell"))
+    build = Build(job, runner, trace=LocalTrace())
+    assert build.map_reason("runner_configuration_error") == "script_failure"
+    assert build.map_reason("image_pull_failure") == "runner_system_failure"
+    assert build.map_reason("job_canceled") == "unknown_failure"
+    assert build.map_reason("job_execution_timeout") == "job_execution_timeout"
+
+
+def test_go_durations() -> None:
+    assert parse_duration("1h30m") == 5400 and parse_duration("90s") == 90 and parse_duration("0") == 0
+    assert parse_duration("10") is None and parse_duration("-5s") is None
