@@ -6,16 +6,22 @@ with the shell driver on a simulated 8-GPU host, from a job JSON shaped as GitLa
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from runnerctl.executors import contract
 from runnerctl.executors.contract import DriverArgs
 from runnerctl.executors.lease import LeaseTable
 from runnerctl.sim.runner_build import Build, LocalTrace, parse_duration
@@ -163,3 +169,220 @@ def test_failure_reasons_are_mapped_to_what_gitlab_lists() -> None:
 def test_go_durations() -> None:
     assert parse_duration("1h30m") == 5400 and parse_duration("90s") == 90 and parse_duration("0") == 0
     assert parse_duration("10") is None and parse_duration("-5s") is None
+
+
+# -- the process: config.toml, polling, reporting, signals (against a stub of GitLab's runner API) --
+
+
+class StubGitLab:
+    """GitLab's runner API as lib/api/ci/runner.rb answers it, reduced to what the runner uses."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pending: dict[str, list[dict[str, Any]]] = {}
+        self.jobs: dict[int, dict[str, Any]] = {}  # id -> {state, failure_reason, exit_code, trace, token}
+        self.requests: list[dict[str, Any]] = []
+        self.in_flight: dict[str, int] = {}
+        self.max_in_flight: dict[str, int] = {}
+        self.max_running: dict[str, int] = {}
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def enqueue(self, token: str, job_id: int, script: str, *, after: list[str] | None = None) -> None:
+        job = FakeJob(id=job_id, after_script=after or [], cache_paths=[], artifact_paths=[]).json(
+            script, timeout=600)
+        with self.lock:
+            self.pending.setdefault(token, []).append(job)
+            self.jobs[job_id] = {"state": "pending", "trace": b"", "token": job["token"], "runner": token}
+
+    def wait(self, job_id: int, states: tuple[str, ...], timeout_s: float = 90) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.jobs[job_id]["state"] in states:
+                    return dict(self.jobs[job_id])
+            time.sleep(0.05)
+        raise AssertionError(f"job {job_id} never reached {states}: {self.jobs[job_id]}")
+
+    def running(self, token: str) -> int:
+        return sum(1 for j in self.jobs.values() if j["runner"] == token and j["state"] in ("running",
+                                                                                            "canceling"))
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                return
+
+            def _reply(self, status: int, body: Any = None, headers: dict[str, str] | None = None) -> None:
+                data = json.dumps(body).encode() if body is not None else b""
+                self.send_response(status)
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _read(self) -> bytes:
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def do_POST(self) -> None:
+                body = json.loads(self._read())
+                token = body["token"]
+                with stub.lock:
+                    stub.requests.append(body)
+                    stub.in_flight[token] = stub.in_flight.get(token, 0) + 1
+                    stub.max_in_flight[token] = max(stub.max_in_flight.get(token, 0), stub.in_flight[token])
+                time.sleep(0.2)  # a request takes a while: overlapping requests become visible
+                with stub.lock:
+                    stub.in_flight[token] -= 1
+                    queue = stub.pending.get(token, [])
+                    if not queue:
+                        return self._reply(204)
+                    job = queue.pop(0)
+                    stub.jobs[job["id"]]["state"] = "running"
+                    stub.max_running[token] = max(stub.max_running.get(token, 0), stub.running(token))
+                return self._reply(201, job)
+
+            def do_PUT(self) -> None:
+                job_id = int(self.path.rsplit("/", 1)[-1])
+                body = json.loads(self._read())
+                with stub.lock:
+                    job = stub.jobs[job_id]
+                    if body["state"] in ("success", "failed"):
+                        job.update(state="canceled" if job["state"] == "canceling" else body["state"],
+                                   failure_reason=body.get("failure_reason"), exit_code=body.get("exit_code"))
+                        status = job["state"]
+                    else:
+                        status = job["state"]
+                return self._reply(200, None, {"Job-Status": status})
+
+            def do_PATCH(self) -> None:
+                job_id = int(self.path.split("/")[-2])
+                data = self._read()
+                start = int(self.headers["Content-Range"].split("-")[0])
+                with stub.lock:
+                    job = stub.jobs[job_id]
+                    if start != len(job["trace"]):
+                        return self._reply(416, None, {"Range": f"0-{len(job['trace'])}"})
+                    job["trace"] += data
+                    return self._reply(202, None, {"Job-Status": job["state"],
+                                                   "Range": f"0-{len(job['trace'])}"})
+
+        return Handler
+
+
+def _config(tmp: Path, url: str, runners: list[dict[str, Any]], *, concurrent: int = 4) -> Path:
+    """config.toml as `runnerctl init --executor custom` writes it (executors/contract.py)."""
+    host = tmp / "host"
+    if not host.exists():
+        host.mkdir()
+        make_host(host, gate_wait_s=1)
+    lines = [f"concurrent = {concurrent}", "check_interval = 1", ""]
+    for i, entry in enumerate(runners):
+        args = DriverArgs(f"runnerctl/gpu-a/gpu{i}", (i,), f"sim:{host / 'gpus.yaml'}",
+                          str(host / "runnerctl.toml"), "shell")
+        lines += ["[[runners]]", f'name = "runnerctl/gpu-a/gpu{i}"', f'url = "{url}"',
+                  f'token = "{entry["token"]}"', f'executor = "{entry.get("executor", "custom")}"']
+        lines += [f"{key} = {value}" for key, value in entry.items() if key not in ("token", "executor")]
+        lines.append("[runners.custom]")
+        for key, value in contract.custom_section(args).items():
+            lines.append(f"{key} = {json.dumps(value)}")
+        lines.append("")
+    path = tmp / "config.toml"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _start(config: Path) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "runnerctl.cli.sim_runner", "--runner-config", str(config)]
+    return subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture
+def stub() -> Iterator[StubGitLab]:
+    gitlab = StubGitLab()
+    yield gitlab
+    gitlab.server.shutdown()
+
+
+def test_runner_polls_runs_reports_and_stops_on_sigquit_after_its_jobs(stub: StubGitLab,
+                                                                      tmp_path: Path) -> None:
+    config = _config(tmp_path, stub.url, [{"token": "glrt-aaaa", "limit": 1},
+                                          {"token": "glrt-bbbb", "request_concurrency": 1}])
+    stub.enqueue("glrt-aaaa", 101, 'echo "hello from $CI_JOB_ID"')
+    stub.enqueue("glrt-aaaa", 102, "sleep 2; exit 3")
+    stub.enqueue("glrt-bbbb", 103, "sleep 8")
+    runner = _start(config)
+    try:
+        assert stub.wait(101, ("success",))["state"] == "success"
+        failed = stub.wait(102, ("success", "failed"))
+        assert (failed["state"], failed["failure_reason"], failed["exit_code"]) == (
+            "failed", "script_failure", 3)
+        stub.wait(103, ("running",))
+        runner.send_signal(signal.SIGQUIT)  # graceful: job 103 finishes
+        assert runner.wait(timeout=60) == 0
+    finally:
+        runner.kill()
+    stderr = runner.stderr.read() if runner.stderr else ""
+    assert stub.jobs[103]["state"] == "success", stderr
+    assert b"hello from 101" in stub.jobs[101]["trace"]
+    assert stub.max_running["glrt-aaaa"] == 1  # limit = 1
+    assert stub.max_in_flight["glrt-bbbb"] == 1  # request_concurrency = 1
+    system_id = (tmp_path / ".runner_system_id").read_text()
+    assert re.fullmatch(r"[sr]_[0-9a-zA-Z]{12}", system_id)
+    assert {r["system_id"] for r in stub.requests} == {system_id}
+    assert all(r["info"]["executor"] == "custom" and r["info"]["features"]["cancel_gracefully"]
+               for r in stub.requests)
+    for job_id in (101, 102, 103):
+        assert len(re.findall(rf"^runnerctl sim runner: job {job_id} started", stderr, re.M)) == 1, stderr
+        assert len(re.findall(rf"^runnerctl sim runner: job {job_id} ended", stderr, re.M)) == 1, stderr
+
+
+def test_canceling_runs_after_script_then_reports(stub: StubGitLab, tmp_path: Path) -> None:
+    config = _config(tmp_path, stub.url, [{"token": "glrt-cccc"}])
+    stub.enqueue("glrt-cccc", 201, "sleep 300", after=["echo after_script saw $CI_JOB_STATUS"])
+    runner = _start(config)
+    try:
+        stub.wait(201, ("running",))
+        deadline = time.monotonic() + 30
+        while b"$ sleep 300" not in stub.jobs[201]["trace"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with stub.lock:
+            stub.jobs[201]["state"] = "canceling"  # POST /projects/:id/jobs/:id/cancel
+        job = stub.wait(201, ("canceled",), timeout_s=90)  # a quiet job is touched every 30 s
+        assert b"after_script saw canceled" in job["trace"]
+        runner.send_signal(signal.SIGTERM)
+        assert runner.wait(timeout=60) == 0
+    finally:
+        runner.kill()
+
+
+def test_config_reload_and_sigterm_aborts_running_jobs(stub: StubGitLab, tmp_path: Path) -> None:
+    config = _config(tmp_path, stub.url, [{"token": "glrt-dddd"}], concurrent=1)
+    runner = _start(config)
+    try:
+        deadline = time.monotonic() + 30
+        while not stub.requests and time.monotonic() < deadline:
+            time.sleep(0.05)
+        text = config.read_text()
+        config.write_text(text.replace('executor = "custom"', 'executor = "docker"'))  # refused, kept running
+        time.sleep(4)
+        _config(tmp_path, stub.url, [{"token": "glrt-dddd"}, {"token": "glrt-eeee"}], concurrent=2)
+        stub.enqueue("glrt-eeee", 301, "sleep 300")
+        stub.wait(301, ("running",), timeout_s=30)  # the new runner asks for jobs
+        runner.send_signal(signal.SIGTERM)  # forceful: the running job is aborted, cleanup runs
+        assert runner.wait(timeout=60) == 0
+    finally:
+        runner.kill()
+    stderr = runner.stderr.read() if runner.stderr else ""
+    assert "uses executor 'docker'" in stderr
+    aborted = stub.jobs[301]
+    # runner_interrupted, which GitLab does not list in features.failure_reasons
+    assert (aborted["state"], aborted["failure_reason"]) == ("failed", "unknown_failure")
+    assert LeaseTable(tmp_path / "host" / "state").all() == []
