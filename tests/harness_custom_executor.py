@@ -205,6 +205,32 @@ def runner_entry(args: DriverArgs) -> RunnerEntry:
                        custom=custom)
 
 
+def write_runner_config(tmp: Path, url: str, runners: list[dict[str, Any]], *,
+                        concurrent: int = 4) -> Path:
+    """config.toml as `runnerctl init --executor custom` writes it (executors/contract.py).
+
+    One runner per entry of `runners` ({token, executor?, other keys as TOML values}), runner
+    i on GPU i of a simulated 8-GPU host in `tmp/host`, shell driver."""
+    host = tmp / "host"
+    if not host.exists():
+        host.mkdir()
+        make_host(host, gate_wait_s=1)
+    lines = [f"concurrent = {concurrent}", "check_interval = 1", ""]
+    for i, entry in enumerate(runners):
+        args = DriverArgs(f"runnerctl/gpu-a/gpu{i}", (i,), f"sim:{host / 'gpus.yaml'}",
+                          str(host / "runnerctl.toml"), "shell")
+        lines += ["[[runners]]", f'name = "runnerctl/gpu-a/gpu{i}"', f'url = "{url}"',
+                  f'token = "{entry["token"]}"', f'executor = "{entry.get("executor", "custom")}"']
+        lines += [f"{key} = {value}" for key, value in entry.items() if key not in ("token", "executor")]
+        lines.append("[runners.custom]")
+        for key, value in contract.custom_section(args).items():
+            lines.append(f"{key} = {json.dumps(value)}")
+        lines.append("")
+    path = tmp / "config.toml"
+    path.write_text("\n".join(lines))
+    return path
+
+
 def make_host(root: Path, *, gate_wait_s: float = 3, docker_image: str | None = None) -> Path:
     """A simulated 8-GPU host `gpu-a`: gpus.yaml (edit it to add processes) and settings."""
     (root / "gpus.yaml").write_text("host: gpu-a\ngpus: 8\n")

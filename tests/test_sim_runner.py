@@ -21,12 +21,18 @@ from typing import Any
 
 import pytest
 
-from runnerctl.executors import contract
 from runnerctl.executors.contract import DriverArgs
 from runnerctl.executors.lease import LeaseTable
 from runnerctl.sim.runner_build import Build, LocalTrace, parse_duration
 from runnerctl.sim.runner_script import ScriptInfo, generate
-from tests.harness_custom_executor import FakeJob, Harness, harness_for, make_host, runner_entry
+from tests.harness_custom_executor import (
+    FakeJob,
+    Harness,
+    harness_for,
+    make_host,
+    runner_entry,
+    write_runner_config,
+)
 
 SUCCESS_ORDER = ["config", "prepare", "prepare_script", "get_sources", "restore_cache", "build_script",
                  "after_script", "archive_cache", "upload_artifacts_on_success", "cleanup_file_variables",
@@ -277,31 +283,41 @@ class StubGitLab:
         return Handler
 
 
-def _config(tmp: Path, url: str, runners: list[dict[str, Any]], *, concurrent: int = 4) -> Path:
-    """config.toml as `runnerctl init --executor custom` writes it (executors/contract.py)."""
-    host = tmp / "host"
-    if not host.exists():
-        host.mkdir()
-        make_host(host, gate_wait_s=1)
-    lines = [f"concurrent = {concurrent}", "check_interval = 1", ""]
-    for i, entry in enumerate(runners):
-        args = DriverArgs(f"runnerctl/gpu-a/gpu{i}", (i,), f"sim:{host / 'gpus.yaml'}",
-                          str(host / "runnerctl.toml"), "shell")
-        lines += ["[[runners]]", f'name = "runnerctl/gpu-a/gpu{i}"', f'url = "{url}"',
-                  f'token = "{entry["token"]}"', f'executor = "{entry.get("executor", "custom")}"']
-        lines += [f"{key} = {value}" for key, value in entry.items() if key not in ("token", "executor")]
-        lines.append("[runners.custom]")
-        for key, value in contract.custom_section(args).items():
-            lines.append(f"{key} = {json.dumps(value)}")
-        lines.append("")
-    path = tmp / "config.toml"
-    path.write_text("\n".join(lines))
-    return path
+class RunnerProcess:
+    """`runnerctl sim runner` as a process, its stderr lines collected as they come."""
 
+    def __init__(self, config: Path) -> None:
+        argv = [sys.executable, "-m", "runnerctl.cli.sim_runner", "--runner-config", str(config)]
+        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
 
-def _start(config: Path) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "runnerctl.cli.sim_runner", "--runner-config", str(config)]
-    return subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.lines)
+
+    def wait_line(self, pattern: str, timeout_s: float = 30) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = [line for line in list(self.lines) if re.search(pattern, line)]
+            if found:
+                return found[0]
+            time.sleep(0.05)
+        raise AssertionError(f"no line matching {pattern!r} in:\n{self.stderr}")
+
+    def stop(self, signum: int, timeout_s: float = 60) -> int:
+        self.proc.send_signal(signum)
+        return self.proc.wait(timeout=timeout_s)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 @pytest.fixture
@@ -313,23 +329,23 @@ def stub() -> Iterator[StubGitLab]:
 
 def test_runner_polls_runs_reports_and_stops_on_sigquit_after_its_jobs(stub: StubGitLab,
                                                                       tmp_path: Path) -> None:
-    config = _config(tmp_path, stub.url, [{"token": "glrt-aaaa", "limit": 1},
+    config = write_runner_config(tmp_path, stub.url, [{"token": "glrt-aaaa", "limit": 1},
                                           {"token": "glrt-bbbb", "request_concurrency": 1}])
     stub.enqueue("glrt-aaaa", 101, 'echo "hello from $CI_JOB_ID"')
     stub.enqueue("glrt-aaaa", 102, "sleep 2; exit 3")
-    stub.enqueue("glrt-bbbb", 103, "sleep 8")
-    runner = _start(config)
+    runner = RunnerProcess(config)
     try:
         assert stub.wait(101, ("success",))["state"] == "success"
         failed = stub.wait(102, ("success", "failed"))
         assert (failed["state"], failed["failure_reason"], failed["exit_code"]) == (
             "failed", "script_failure", 3)
+        stub.enqueue("glrt-bbbb", 103, "sleep 5")
         stub.wait(103, ("running",))
-        runner.send_signal(signal.SIGQUIT)  # graceful: job 103 finishes
-        assert runner.wait(timeout=60) == 0
+        runner.wait_line(r"job 103 started")
+        assert runner.stop(signal.SIGQUIT) == 0  # graceful: job 103 finishes
     finally:
         runner.kill()
-    stderr = runner.stderr.read() if runner.stderr else ""
+    stderr = runner.stderr
     assert stub.jobs[103]["state"] == "success", stderr
     assert b"hello from 101" in stub.jobs[101]["trace"]
     assert stub.max_running["glrt-aaaa"] == 1  # limit = 1
@@ -345,9 +361,9 @@ def test_runner_polls_runs_reports_and_stops_on_sigquit_after_its_jobs(stub: Stu
 
 
 def test_canceling_runs_after_script_then_reports(stub: StubGitLab, tmp_path: Path) -> None:
-    config = _config(tmp_path, stub.url, [{"token": "glrt-cccc"}])
+    config = write_runner_config(tmp_path, stub.url, [{"token": "glrt-cccc"}])
     stub.enqueue("glrt-cccc", 201, "sleep 300", after=["echo after_script saw $CI_JOB_STATUS"])
-    runner = _start(config)
+    runner = RunnerProcess(config)
     try:
         stub.wait(201, ("running",))
         deadline = time.monotonic() + 30
@@ -357,31 +373,30 @@ def test_canceling_runs_after_script_then_reports(stub: StubGitLab, tmp_path: Pa
             stub.jobs[201]["state"] = "canceling"  # POST /projects/:id/jobs/:id/cancel
         job = stub.wait(201, ("canceled",), timeout_s=90)  # a quiet job is touched every 30 s
         assert b"after_script saw canceled" in job["trace"]
-        runner.send_signal(signal.SIGTERM)
-        assert runner.wait(timeout=60) == 0
+        runner.wait_line(r"job 201: GitLab asks to cancel it")
+        assert runner.stop(signal.SIGTERM) == 0
     finally:
         runner.kill()
 
 
 def test_config_reload_and_sigterm_aborts_running_jobs(stub: StubGitLab, tmp_path: Path) -> None:
-    config = _config(tmp_path, stub.url, [{"token": "glrt-dddd"}], concurrent=1)
-    runner = _start(config)
+    config = write_runner_config(tmp_path, stub.url, [{"token": "glrt-dddd"}], concurrent=1)
+    runner = RunnerProcess(config)
     try:
-        deadline = time.monotonic() + 30
-        while not stub.requests and time.monotonic() < deadline:
-            time.sleep(0.05)
+        runner.wait_line(r"loaded .*concurrent=1, 1 runner")
         text = config.read_text()
-        config.write_text(text.replace('executor = "custom"', 'executor = "docker"'))  # refused, kept running
-        time.sleep(4)
-        _config(tmp_path, stub.url, [{"token": "glrt-dddd"}, {"token": "glrt-eeee"}], concurrent=2)
+        time.sleep(0.01)  # a later mtime
+        config.write_text(text.replace('executor = "custom"', 'executor = "docker"'))
+        runner.wait_line(r"failed to load config: .*uses executor 'docker'")  # refused, still running
+        write_runner_config(tmp_path, stub.url, [{"token": "glrt-dddd"}, {"token": "glrt-eeee"}],
+                            concurrent=2)
+        runner.wait_line(r"configuration reloaded: concurrent=2, 2 runner")
         stub.enqueue("glrt-eeee", 301, "sleep 300")
         stub.wait(301, ("running",), timeout_s=30)  # the new runner asks for jobs
-        runner.send_signal(signal.SIGTERM)  # forceful: the running job is aborted, cleanup runs
-        assert runner.wait(timeout=60) == 0
+        runner.wait_line(r"job 301 started")
+        assert runner.stop(signal.SIGTERM) == 0  # forceful: the running job is aborted, cleanup runs
     finally:
         runner.kill()
-    stderr = runner.stderr.read() if runner.stderr else ""
-    assert "uses executor 'docker'" in stderr
     aborted = stub.jobs[301]
     # runner_interrupted, which GitLab does not list in features.failure_reasons
     assert (aborted["state"], aborted["failure_reason"]) == ("failed", "unknown_failure")

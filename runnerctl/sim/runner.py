@@ -102,6 +102,7 @@ class _RunnerState:
     failures: int = 0
     unhealthy_until: float = 0.0
     last_update: str = ""
+    last_error: int = 204
 
 
 class MultiRunner:
@@ -251,6 +252,7 @@ class MultiRunner:
         healthy = not (answer.status == 403 or (400 <= answer.status < 500 and answer.status != 409))
         with self._lock:
             state = self._state(runner)
+            last_error, state.last_error = state.last_error, answer.status
             state.last_update = answer.headers.get("x-gitlab-last-update", state.last_update)
             state.failures = 0 if healthy else state.failures + 1
             if state.failures >= runner.unhealthy_requests_limit:
@@ -259,7 +261,7 @@ class MultiRunner:
                          f"failed job requests (last: HTTP {answer.status}); left out for an hour")
         if answer.status == 201 and isinstance(answer.body, dict) and "id" in answer.body:
             return answer.body
-        if answer.status not in (201, 204):
+        if answer.status not in (201, 204) and answer.status != last_error:  # each new failure once
             self.say(f"checking for jobs for runner {runner.name}: HTTP {answer.status or 'no answer'}")
         return None
 
@@ -275,9 +277,11 @@ class MultiRunner:
         if first.failed or first.status in (403, 404):
             self.say(f"job {job_id}: GitLab answered {first.status} {first.job_status}; dropped")
             return
-        trace = JobTrace(api, job_id, token)
+        trace = JobTrace(api, job_id, token, on_cancel=lambda: self.say(
+            f"job {job_id}: GitLab asks to cancel it; stopping its script (after_script and cleanup run)"))
         if first.canceling:
-            self._report(job_id, runner, trace.finish(Outcome("failed", "unknown_failure")), 0.0, "canceled")
+            # multi.go requestJob: trace.Fail(job_canceled) before any mapper is set: sent as is
+            self._report(job_id, runner, trace.finish(Outcome("failed", "job_canceled")), 0.0, "canceled")
             return
         if not runner.strict_check_interval:
             self._channel.put(runner, block=False, stop=self.stopping)

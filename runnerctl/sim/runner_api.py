@@ -133,8 +133,10 @@ class JobTrace:
 
     def __init__(self, api: RunnerApi, job_id: int, job_token: str, *,
                  update_interval_s: float = UPDATE_INTERVAL_S,
-                 force_send_interval_s: float = FORCE_SEND_INTERVAL_S) -> None:
+                 force_send_interval_s: float = FORCE_SEND_INTERVAL_S,
+                 on_cancel: Callable[[], None] | None = None) -> None:
         self.api, self.job_id, self.job_token = api, job_id, job_token
+        self.on_cancel = on_cancel
         self.update_interval_s = update_interval_s
         self.force_send_interval_s = force_send_interval_s
         self._lock = threading.Lock()
@@ -166,6 +168,8 @@ class JobTrace:
         with self._lock:
             fn, self._cancel = self._cancel, None
         if fn:
+            if self.on_cancel:
+                self.on_cancel()
             fn()
         return fn is not None
 

@@ -175,7 +175,8 @@ class Build:
         return ScriptInfo(variables=tuple(self.variables()), project_dir=self.build_dir,
                           hostname=self.hostname, steps=items("steps"), cache=items("cache"),
                           artifacts=items("artifacts"), dependencies=items("dependencies"),
-                          runner_url=self.runner.url)
+                          runner_url=self.runner.url, pre_build_script=self.runner.pre_build_script,
+                          post_build_script=self.runner.post_build_script)
 
     # -- the run ------------------------------------------------------------------------------
     def run(self) -> Outcome:

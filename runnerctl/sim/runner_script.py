@@ -68,6 +68,8 @@ class ScriptInfo:
     artifacts: tuple[dict[str, Any], ...] = ()
     dependencies: tuple[dict[str, Any], ...] = ()
     runner_url: str = ""
+    pre_build_script: str = ""  # config.toml [[runners]], around every step's own commands
+    post_build_script: str = ""
 
     @property
     def tmp_dir(self) -> str:
@@ -136,7 +138,9 @@ def generate(stage: str, info: ScriptInfo) -> str | None:
         if step is None:
             return None
         _exports(writer, info, cd=True)
+        _commands(writer, [info.pre_build_script] if info.pre_build_script else [])
         _commands(writer, step.get("script") or [])
+        _commands(writer, [info.post_build_script] if info.post_build_script else [])
     else:
         return None
     return finish(writer.text(), trace=info.value("CI_DEBUG_TRACE") == "true")

@@ -8,7 +8,8 @@ gitlab-org/gitlab-runner:
   (30 s): common/config.go `Config`, `GetCheckInterval`, `GetShutdownTimeout`;
   common/consts.go `CheckInterval`, `DefaultShutdownTimeout`.
 - `[[runners]]` `limit` (0 = no limit), `request_concurrency` (`max(1, n)`),
-  `builds_dir`, `cache_dir`, `environment`, `prepare_timeout`,
+  `builds_dir`, `cache_dir`, `environment`, `pre_build_script`, `post_build_script`,
+  `prepare_timeout`,
   `unhealthy_requests_limit` (3), `strict_check_interval`: common/config.go
   `RunnerSettings`, `RunnerConfig`, `GetRequestConcurrency`, `GetUnhealthyRequestsLimit`.
 - `[runners.custom]` `*_exec`, `*_args`, `*_exec_timeout` (1 h each when unset or
@@ -84,6 +85,8 @@ class RunnerEntry:
     builds_dir: str = ""
     cache_dir: str = ""
     environment: tuple[str, ...] = ()
+    pre_build_script: str = ""
+    post_build_script: str = ""
     prepare_timeout_s: float | None = None
     unhealthy_requests_limit: int = UNHEALTHY_REQUESTS_LIMIT
     strict_check_interval: bool = False
@@ -158,6 +161,8 @@ def _runner(entry: Any, index: int, path: Path, system_id: str) -> RunnerEntry:
         request_concurrency=max(1, _int(entry, "request_concurrency", 1, where)),
         builds_dir=str(entry.get("builds_dir", "")), cache_dir=str(entry.get("cache_dir", "")),
         environment=tuple(str(e) for e in environment),
+        pre_build_script=str(entry.get("pre_build_script", "")),
+        post_build_script=str(entry.get("post_build_script", "")),
         prepare_timeout_s=float(prepare) if prepare > 0 else None,
         unhealthy_requests_limit=max(1, _int(entry, "unhealthy_requests_limit", 0, where) or
                                      UNHEALTHY_REQUESTS_LIMIT),
