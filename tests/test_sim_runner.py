@@ -287,7 +287,7 @@ class RunnerProcess:
     """`runnerctl sim runner` as a process, its stderr lines collected as they come."""
 
     def __init__(self, config: Path) -> None:
-        argv = [sys.executable, "-m", "runnerctl.cli.sim_runner", "--runner-config", str(config)]
+        argv = [sys.executable, "-m", "runnerctl", "sim", "runner", "--runner-config", str(config)]
         self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()

@@ -64,17 +64,3 @@ def runner(config_path: Path) -> int:
     _stderr(f"shutdown timed out after {multi.config.shutdown_timeout_s:.0f}s; "
             f"jobs still running: {multi.running_jobs()}")
     return int(ExitCode.ERROR)
-
-
-if __name__ == "__main__":  # `python -m runnerctl.cli.sim_runner ...`, as `runnerctl sim runner ...`
-    from runnerctl.errors import RunnerctlError
-
-    try:
-        code = runner.main(args=sys.argv[1:], prog_name="runnerctl sim runner", standalone_mode=False)
-    except RunnerctlError as exc:
-        click.echo(f"runnerctl: error: {exc}", err=True)
-        code = int(exc.exit_code)
-    except click.ClickException as exc:
-        exc.show()
-        code = int(ExitCode.USAGE)
-    sys.exit(code if isinstance(code, int) else 0)
