@@ -226,3 +226,18 @@ def test_managers_are_created_per_system_id_and_go_offline_after_2_hours() -> No
     assert [m.system_id for m in state.managers_of(runner.id)] == ["s_a", "s_b"]
     clock.now += 7201
     assert not state.online(runner) and not any(state.manager_online(m) for m in state.managers_of(runner.id))
+
+
+def test_running_job_without_updates_for_an_hour_is_dropped_when_enabled() -> None:
+    clock = Clock()
+    state = GitLabState(clock=clock, drop_silent_running=True)
+    runner = state.create_runner(description="r", tags=["gpu"])
+    quiet, chatty = (state.enqueue_job(project_id=1, tags=["gpu"]) for _ in range(2))
+    state.request_job(runner.id)
+    state.request_job(runner.id)
+    clock.now += 3000
+    state.touch_job(chatty.id)  # a trace patch, as gitlab-runner sends every few seconds
+    clock.now += 601
+    assert state.drop_stuck_jobs() == [quiet]
+    assert (quiet.status, quiet.failure_reason, chatty.status) == ("failed", "no_updates_running", "running")
+    assert GitLabState(clock=clock).drop_silent_running is False  # the simulator's runners send no updates

@@ -6,12 +6,16 @@ sim gitlab` runs (strict directory: unknown groups and projects do not exist).
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from runnerctl.sim.gitlab_sim_hooks import SimHooks
+from runnerctl.sim.gitlab_state import GitLabState
 from tests.sim_gitlab import SimGitLab, running_sim
 
 
@@ -275,3 +279,26 @@ def test_sim_hook_refuses_bad_input(gl: SimGitLab) -> None:
     assert httpx.post(hook, json={"project_id": 999999, "tags": ["gpu"]}).status_code == 404
     broken = httpx.post(hook, content=b"{not json", headers={"Content-Type": "application/json"})
     assert broken.status_code == 400
+
+
+def test_a_failing_stuck_jobs_run_is_logged_once_and_the_timer_goes_on(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    state = GitLabState()
+    calls: list[int] = []
+
+    def broken() -> list[Any]:
+        calls.append(1)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(state, "drop_stuck_jobs", broken)
+    cron = SimHooks(state, threading.RLock(), 0.01)
+    cron.start()
+    try:
+        end = time.monotonic() + 10
+        while cron.drop_errors < 3 and time.monotonic() < end:
+            time.sleep(0.01)
+        assert cron.drop_errors >= 3 and cron.alive()
+        assert cron.handle("GET", "/-/sim/health", {})[1]["drop_errors"] >= 3
+    finally:
+        cron.stop()
+    assert len([r for r in caplog.records if "stuck-jobs run failed" in r.getMessage()]) == 1

@@ -27,7 +27,11 @@ def sim() -> None:
               show_default=True, help="Seconds between runs of GitLab's stuck-jobs rules (GitLab: hourly).")
 @click.option("--legacy-failure-reasons", is_flag=True,
               help="Drop stuck jobs with stuck_or_timeout_failure, as GitLab before 19.1 did.")
-def gitlab(listen: str, drop_interval_s: float, legacy_failure_reasons: bool) -> None:
+@click.option("--drop-silent-running", is_flag=True,
+              help="Also fail running jobs with no update for an hour, as GitLab does (for runners that "
+                   "send trace updates as gitlab-runner does; not with POST /-/sim/clock jumps).")
+def gitlab(listen: str, drop_interval_s: float, legacy_failure_reasons: bool,
+           drop_silent_running: bool) -> None:
     """Serve a simulated GitLab until SIGTERM or Ctrl-C.
 
     Prints one JSON line on stdout: url, admin_token (administrator `root`, scope api),
@@ -43,7 +47,8 @@ def gitlab(listen: str, drop_interval_s: float, legacy_failure_reasons: bool) ->
     host, port = parse_listen(listen)
     try:
         server, info = standalone(host, port, drop_interval_s=drop_interval_s,
-                                  legacy_failure_reasons=legacy_failure_reasons)
+                                  legacy_failure_reasons=legacy_failure_reasons,
+                                  drop_silent_running=drop_silent_running)
     except OSError as exc:
         raise click.ClickException(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
     stop = threading.Event()

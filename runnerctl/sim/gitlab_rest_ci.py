@@ -37,6 +37,10 @@ from runnerctl.sim.gitlab_state import GitLabState, SimJob, SimManager, SimRunne
 Answer = tuple[int, Any, dict[str, str]]
 Page = tuple[list[Any], None]
 RUNNER_TYPES = ("instance_type", "group_type", "project_type")
+JOB_STATUSES = frozenset({"created", "waiting_for_resource", "preparing", "waiting_for_callback", "pending",
+                          "running", "success", "failed", "canceling", "canceled", "skipped", "manual",
+                          "scheduled"})
+"""lib/api/ci/jobs.rb `scope` values (app/models/concerns/ci/has_status.rb AVAILABLE_STATUSES)."""
 
 
 class CiRoutes:
@@ -90,6 +94,8 @@ class CiRoutes:
                                           level=DEVELOPER if match.group(3) else REPORTER)
             if match.group(2) is None and method == "GET":
                 scopes = query.get("scope[]", []) + query.get("scope", [])
+                if not set(scopes) <= JOB_STATUSES:
+                    raise invalid("scope does not have a valid value")
                 return 200, [self.job(j) for j in s.project_jobs(project.id, scopes)]
             job = s.jobs.get(int(match.group(2) or 0))
             if job is None or job.project_id != project.id:

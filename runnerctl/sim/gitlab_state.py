@@ -51,6 +51,9 @@ OUTDATED_REASON = "stuck_pending_with_matching_runners"
 LEGACY_STUCK_REASON = "stuck_or_timeout_failure"
 """GitLab before 19.1 wrote this for both pending drops (ci.yml `retry:when` still accepts it)."""
 CANCELING_REASON = "no_updates_canceling"
+RUNNING_OUTDATED_S = 3600.0
+"""drop_running_service.rb `BUILD_RUNNING_OUTDATED_TIMEOUT = 1.hour`."""
+RUNNING_REASON = "no_updates_running"
 FINAL = frozenset({"success", "failed", "canceled", "skipped"})
 LIVE = frozenset({"running", "canceling"})
 
@@ -113,11 +116,16 @@ class SimJob:
 
 class GitLabState:
     def __init__(self, *, clock: Clock = time.time, base_url: str = "http://gitlab.sim",
-                 directory: Directory | None = None, legacy_failure_reasons: bool = False) -> None:
+                 directory: Directory | None = None, legacy_failure_reasons: bool = False,
+                 drop_silent_running: bool = False) -> None:
+        """`drop_silent_running`: also apply drop_running_service.rb (see `drop_stuck_jobs`).
+        Off where the runners are stand-ins that send no updates while a job runs (the
+        simulator's), which a real gitlab-runner does every few seconds."""
         self.clock = clock
         self.base_url = base_url
         self.directory = directory or Directory()
         self.legacy_failure_reasons = legacy_failure_reasons
+        self.drop_silent_running = drop_silent_running
         self.runners: dict[int, SimRunner] = {}
         self.managers: dict[tuple[int, str], SimManager] = {}
         self.jobs: dict[int, SimJob] = {}
@@ -324,24 +332,32 @@ class GitLabState:
         build.rb `stuck?`: no runner with `match_build_if_online?` (runner.rb: not
         paused, online, and `matches_build?`). drop_canceling_service.rb: a job
         `canceling` with no update for 30 minutes is dropped (`no_updates_canceling`;
-        from canceling, `drop` means `canceled`). With `legacy_failure_reasons`, both
-        pending drops write `stuck_or_timeout_failure` as GitLab did before 19.1.
+        from canceling, `drop` means `canceled`). With `drop_silent_running`,
+        drop_running_service.rb: a job running with no update (trace or state) for 1 hour
+        is failed (`no_updates_running`). With `legacy_failure_reasons`, the pending and
+        running drops write `stuck_or_timeout_failure` as GitLab did before 19.1.
         """
         now = self.clock()
         dropped: list[SimJob] = []
+        served: dict[tuple[frozenset[str], int], bool] = {}  # one answer per tag set and project
         for job in self.pending_jobs():
             waited = min(now - job.created_at, now - job.updated_at)
+            key = (job.tags, job.project_id)
             if waited > OUTDATED_AFTER_S:
                 reason = LEGACY_STUCK_REASON if self.legacy_failure_reasons else OUTDATED_REASON
-            elif waited > STUCK_AFTER_S and not self._any_runner_online_for(job):
+            elif waited > STUCK_AFTER_S and not served.setdefault(key, self._any_runner_online_for(job)):
                 reason = LEGACY_STUCK_REASON if self.legacy_failure_reasons else STUCK_REASON
             else:
                 continue
             dropped.append(self.finish_job(job.id, "failed", failure_reason=reason))
-        for job in [j for j in self.jobs.values() if j.status == "canceling"]:
-            if now - job.updated_at > CANCELING_OUTDATED_S and now - job.created_at > CANCELING_OUTDATED_S:
-                job.failure_reason = CANCELING_REASON
-                dropped.append(self.finish_job(job.id, "failed"))
+        for job in [j for j in self.jobs.values() if j.status in LIVE]:
+            limit = CANCELING_OUTDATED_S if job.status == "canceling" else RUNNING_OUTDATED_S
+            if job.status == "running" and not self.drop_silent_running:
+                continue
+            if now - job.updated_at > limit and now - job.created_at > limit:
+                job.failure_reason = (CANCELING_REASON if job.status == "canceling" else
+                                      LEGACY_STUCK_REASON if self.legacy_failure_reasons else RUNNING_REASON)
+                dropped.append(self.finish_job(job.id, "failed", failure_reason=job.failure_reason))
         return dropped
 
     def _any_runner_online_for(self, job: SimJob) -> bool:
