@@ -52,8 +52,8 @@ class FakeJob:
     pipeline_id: int = 500
     image: str | None = None
     after_script: list[str] = dataclasses.field(default_factory=lambda: ["echo after_script ran"])
-    cache_paths: list[str] = dataclasses.field(default_factory=lambda: ["cache/"])
-    artifact_paths: list[str] = dataclasses.field(default_factory=lambda: ["out/"])
+    cache_paths: list[str] = dataclasses.field(default_factory=list)  # ["cache/"]: the cache stages run
+    artifact_paths: list[str] = dataclasses.field(default_factory=list)  # ["out/"]: the upload stages run
 
     def ci_variables(self) -> dict[str, str]:
         variables = {"CI_JOB_ID": str(self.id), "CI_PIPELINE_ID": str(self.pipeline_id),

@@ -6,16 +6,13 @@ with the shell driver on a simulated 8-GPU host, from a job JSON shaped as GitLa
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +30,7 @@ from tests.harness_custom_executor import (
     runner_entry,
     write_runner_config,
 )
+from tests.sim_runner_process import RunnerProcess, StubGitLab
 
 SUCCESS_ORDER = ["config", "prepare", "prepare_script", "get_sources", "restore_cache", "build_script",
                  "after_script", "archive_cache", "upload_artifacts_on_success", "cleanup_file_variables",
@@ -41,6 +39,7 @@ FAILURE_ORDER = ["config", "prepare", "prepare_script", "get_sources", "restore_
                  "after_script", "archive_cache_on_failure", "upload_artifacts_on_failure",
                  "cleanup_file_variables", "cleanup"]
 AFTER = ['echo "status=$CI_JOB_STATUS tmp=$TMPDIR pwd=$(pwd)"']
+STORE: dict[str, Any] = {"cache_paths": ["cache/"], "artifact_paths": ["out/"]}  # cache and upload stages run
 
 
 @pytest.fixture
@@ -60,7 +59,7 @@ def _after(harness: Harness, job_id: int) -> dict[str, str]:
 def test_jobs_run_every_stage_in_order_each_with_its_own_tmpdir(host: Path) -> None:
     harness = harness_for(host, (0,), "shell")
     for job_id in (11, 12):
-        harness.run_job(FakeJob(id=job_id, after_script=AFTER), 'echo "cuda=$CUDA_VISIBLE_DEVICES"')
+        harness.run_job(FakeJob(id=job_id, after_script=AFTER, **STORE), 'echo "cuda=$CUDA_VISIBLE_DEVICES"')
         assert harness.outcomes[job_id].state == "success", harness.traces[job_id]
         assert _names(harness, job_id) == SUCCESS_ORDER
         assert all(code == 0 for _, code in harness.commands[job_id])
@@ -75,7 +74,7 @@ def test_jobs_run_every_stage_in_order_each_with_its_own_tmpdir(host: Path) -> N
 
 def test_failed_step_still_runs_after_script_failure_stages_and_cleanup(host: Path) -> None:
     harness = harness_for(host, (1,), "shell")
-    harness.run_job(FakeJob(id=21, after_script=AFTER),
+    harness.run_job(FakeJob(id=21, after_script=AFTER, **STORE),
                     "if read line; then echo got-stdin; else echo no-stdin; fi; exit 7")
     outcome = harness.outcomes[21]
     assert (outcome.state, outcome.failure_reason, outcome.exit_code) == ("failed", "script_failure", 7)
@@ -110,7 +109,7 @@ def test_cancel_stops_the_step_then_after_script_and_cleanup_still_run(host: Pat
     mark = host / "started"
     cancel = threading.Event()
     job = threading.Thread(target=harness.run_job, args=(
-        FakeJob(id=41, after_script=AFTER), f"touch {mark}; sleep 300"), kwargs={"cancel": cancel})
+        FakeJob(id=41, after_script=AFTER, **STORE), f"touch {mark}; sleep 300"), kwargs={"cancel": cancel})
     job.start()
     deadline = time.monotonic() + 60
     while not mark.exists() and time.monotonic() < deadline:
@@ -178,146 +177,6 @@ def test_go_durations() -> None:
 
 
 # -- the process: config.toml, polling, reporting, signals (against a stub of GitLab's runner API) --
-
-
-class StubGitLab:
-    """GitLab's runner API as lib/api/ci/runner.rb answers it, reduced to what the runner uses."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.pending: dict[str, list[dict[str, Any]]] = {}
-        self.jobs: dict[int, dict[str, Any]] = {}  # id -> {state, failure_reason, exit_code, trace, token}
-        self.requests: list[dict[str, Any]] = []
-        self.in_flight: dict[str, int] = {}
-        self.max_in_flight: dict[str, int] = {}
-        self.max_running: dict[str, int] = {}
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def enqueue(self, token: str, job_id: int, script: str, *, after: list[str] | None = None) -> None:
-        job = FakeJob(id=job_id, after_script=after or [], cache_paths=[], artifact_paths=[]).json(
-            script, timeout=600)
-        with self.lock:
-            self.pending.setdefault(token, []).append(job)
-            self.jobs[job_id] = {"state": "pending", "trace": b"", "token": job["token"], "runner": token}
-
-    def wait(self, job_id: int, states: tuple[str, ...], timeout_s: float = 90) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with self.lock:
-                if self.jobs[job_id]["state"] in states:
-                    return dict(self.jobs[job_id])
-            time.sleep(0.05)
-        raise AssertionError(f"job {job_id} never reached {states}: {self.jobs[job_id]}")
-
-    def running(self, token: str) -> int:
-        return sum(1 for j in self.jobs.values() if j["runner"] == token and j["state"] in ("running",
-                                                                                            "canceling"))
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-                return
-
-            def _reply(self, status: int, body: Any = None, headers: dict[str, str] | None = None) -> None:
-                data = json.dumps(body).encode() if body is not None else b""
-                self.send_response(status)
-                for key, value in (headers or {}).items():
-                    self.send_header(key, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _read(self) -> bytes:
-                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
-            def do_POST(self) -> None:
-                body = json.loads(self._read())
-                token = body["token"]
-                with stub.lock:
-                    stub.requests.append(body)
-                    stub.in_flight[token] = stub.in_flight.get(token, 0) + 1
-                    stub.max_in_flight[token] = max(stub.max_in_flight.get(token, 0), stub.in_flight[token])
-                time.sleep(0.2)  # a request takes a while: overlapping requests become visible
-                with stub.lock:
-                    stub.in_flight[token] -= 1
-                    queue = stub.pending.get(token, [])
-                    if not queue:
-                        return self._reply(204)
-                    job = queue.pop(0)
-                    stub.jobs[job["id"]]["state"] = "running"
-                    stub.max_running[token] = max(stub.max_running.get(token, 0), stub.running(token))
-                return self._reply(201, job)
-
-            def do_PUT(self) -> None:
-                job_id = int(self.path.rsplit("/", 1)[-1])
-                body = json.loads(self._read())
-                with stub.lock:
-                    job = stub.jobs[job_id]
-                    if body["state"] in ("success", "failed"):
-                        job.update(state="canceled" if job["state"] == "canceling" else body["state"],
-                                   failure_reason=body.get("failure_reason"), exit_code=body.get("exit_code"))
-                        status = job["state"]
-                    else:
-                        status = job["state"]
-                return self._reply(200, None, {"Job-Status": status})
-
-            def do_PATCH(self) -> None:
-                job_id = int(self.path.split("/")[-2])
-                data = self._read()
-                start = int(self.headers["Content-Range"].split("-")[0])
-                with stub.lock:
-                    job = stub.jobs[job_id]
-                    if start != len(job["trace"]):
-                        return self._reply(416, None, {"Range": f"0-{len(job['trace'])}"})
-                    job["trace"] += data
-                    return self._reply(202, None, {"Job-Status": job["state"],
-                                                   "Range": f"0-{len(job['trace'])}"})
-
-        return Handler
-
-
-class RunnerProcess:
-    """`runnerctl sim runner` as a process, its stderr lines collected as they come."""
-
-    def __init__(self, config: Path) -> None:
-        argv = [sys.executable, "-m", "runnerctl", "sim", "runner", "--runner-config", str(config)]
-        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-
-    @property
-    def stderr(self) -> str:
-        return "".join(self.lines)
-
-    def wait_line(self, pattern: str, timeout_s: float = 30) -> str:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            found = [line for line in list(self.lines) if re.search(pattern, line)]
-            if found:
-                return found[0]
-            time.sleep(0.05)
-        raise AssertionError(f"no line matching {pattern!r} in:\n{self.stderr}")
-
-    def stop(self, signum: int, timeout_s: float = 60) -> int:
-        self.proc.send_signal(signum)
-        return self.proc.wait(timeout=timeout_s)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture

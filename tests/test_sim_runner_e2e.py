@@ -21,7 +21,7 @@ import pytest
 
 from runnerctl.executors.lease import LeaseTable
 from tests.harness_custom_executor import write_runner_config
-from tests.test_sim_runner import RunnerProcess
+from tests.sim_runner_process import RunnerProcess
 
 
 class GitLabProcess:

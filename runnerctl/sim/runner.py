@@ -128,6 +128,10 @@ class MultiRunner:
         feeder = threading.Thread(target=self._feed, name="feeder", daemon=True)
         feeder.start()
         while not self.stopping.is_set():
+            if not feeder.is_alive():  # watched: a dead feeder would stop all job requests
+                self.say("the feeder thread died; starting it again")
+                feeder = threading.Thread(target=self._feed, name="feeder", daemon=True)
+                feeder.start()
             self._update_workers()
             if self.stopping.wait(RELOAD_CONFIG_INTERVAL_S):
                 break
@@ -202,8 +206,12 @@ class MultiRunner:
     def _work(self, stop: threading.Event) -> None:
         while not stop.is_set() and not self.stopping.is_set():
             runner = self._channel.get(0.2)
-            if runner is not None:
+            if runner is None:
+                continue
+            try:
                 self._process_runner(runner)
+            except Exception as exc:  # a bug must not end the worker unseen
+                self.say(f"processing runner {runner.name} failed: {exc!r}")
 
     # -- one runner, one job ------------------------------------------------------------------
     def _process_runner(self, runner: RunnerEntry) -> None:
