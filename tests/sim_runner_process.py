@@ -26,6 +26,7 @@ class StubGitLab:
         self.in_flight: dict[str, int] = {}
         self.max_in_flight: dict[str, int] = {}
         self.max_running: dict[str, int] = {}
+        self.max_total_running = 0
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -88,6 +89,8 @@ class StubGitLab:
                     job = queue.pop(0)
                     stub.jobs[job["id"]]["state"] = "running"
                     stub.max_running[token] = max(stub.max_running.get(token, 0), stub.running(token))
+                    stub.max_total_running = max(stub.max_total_running, sum(
+                        1 for j in stub.jobs.values() if j["state"] in ("running", "canceling")))
                 return self._reply(201, job)
 
             def do_PUT(self) -> None:

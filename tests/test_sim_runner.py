@@ -260,3 +260,18 @@ def test_config_reload_and_sigterm_aborts_running_jobs(stub: StubGitLab, tmp_pat
     # runner_interrupted, which GitLab does not list in features.failure_reasons
     assert (aborted["state"], aborted["failure_reason"]) == ("failed", "unknown_failure")
     assert LeaseTable(tmp_path / "host" / "state").all() == []
+
+
+def test_concurrent_bounds_the_jobs_of_all_runners(stub: StubGitLab, tmp_path: Path) -> None:
+    config = write_runner_config(tmp_path, stub.url, [{"token": "glrt-ffff"}, {"token": "glrt-gggg"}],
+                                 concurrent=1)
+    stub.enqueue("glrt-ffff", 401, "sleep 2")
+    stub.enqueue("glrt-gggg", 402, "sleep 2")
+    runner = RunnerProcess(config)
+    try:
+        for job_id in (401, 402):
+            assert stub.wait(job_id, ("success", "failed"))["state"] == "success"
+        assert runner.stop(signal.SIGTERM) == 0
+    finally:
+        runner.kill()
+    assert stub.max_total_running == 1  # one worker: one job at a time, whichever runner
