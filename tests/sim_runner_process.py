@@ -27,6 +27,7 @@ class StubGitLab:
         self.max_in_flight: dict[str, int] = {}
         self.max_running: dict[str, int] = {}
         self.max_total_running = 0
+        self.forbidden: set[str] = set()  # runner tokens GitLab does not know: 403
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -78,6 +79,8 @@ class StubGitLab:
                 token = body["token"]
                 with stub.lock:
                     stub.requests.append(body)
+                    if token in stub.forbidden:
+                        return self._reply(403, {"message": "403 Forbidden"})
                     stub.in_flight[token] = stub.in_flight.get(token, 0) + 1
                     stub.max_in_flight[token] = max(stub.max_in_flight.get(token, 0), stub.in_flight[token])
                 time.sleep(0.2)  # a request takes a while: overlapping requests become visible

@@ -275,3 +275,25 @@ def test_concurrent_bounds_the_jobs_of_all_runners(stub: StubGitLab, tmp_path: P
     finally:
         runner.kill()
     assert stub.max_total_running == 1  # one worker: one job at a time, whichever runner
+
+
+def test_a_runner_refused_three_times_is_left_out(stub: StubGitLab, tmp_path: Path) -> None:
+    stub.forbidden.add("glrt-gone")  # deleted in GitLab
+    config = write_runner_config(tmp_path, stub.url, [{"token": "glrt-gone"}, {"token": "glrt-here"}])
+    runner = RunnerProcess(config)
+
+    def asked(token: str) -> int:
+        with stub.lock:
+            return sum(1 for r in stub.requests if r["token"] == token)
+
+    try:
+        runner.wait_line(r"runner runnerctl/gpu-a/gpu0 is unhealthy after 3 failed job requests")
+        refused, healthy = asked("glrt-gone"), asked("glrt-here")
+        deadline = time.monotonic() + 30
+        while asked("glrt-here") < healthy + 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert asked("glrt-here") >= healthy + 4  # the other runner goes on asking
+        assert asked("glrt-gone") == refused == 3  # this one is left out (for an hour)
+        assert runner.stop(signal.SIGTERM) == 0
+    finally:
+        runner.kill()

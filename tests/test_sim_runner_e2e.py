@@ -100,7 +100,7 @@ def test_jobs_succeed_fail_and_cancel_through_real_processes(gitlab: GitLabProce
         gitlab.wait(second, long, ("running",), 60)
         runner.wait_line(rf"job {long} started")
         assert gitlab.call("POST", f"/projects/{second}/jobs/{long}/cancel")["status"] == "canceling"
-        runner.wait_line(rf"job {long}: GitLab asks to cancel it", timeout_s=60)  # touched every 30 s
+        runner.wait_line(rf"job {long}: GitLab asks to cancel it", timeout_s=90)  # touched every 30 s
         still = gitlab.job(second, long)["status"]
         canceled = gitlab.wait(second, long, ("canceled", "failed", "success"), 60)
         assert canceled["status"] == "canceled"

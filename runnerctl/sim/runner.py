@@ -12,8 +12,9 @@ commands/multi.go:
   `strict_check_interval` (`requeueRunner`).
 - a runner takes a job only under its `limit` (running jobs) and
   `request_concurrency` (requests in flight) (`processRunner`, buildsHelper).
-- after `unhealthy_requests_limit` (3) failed requests (403, other 4xx) a runner is
-  left out for an hour, or until the configuration is reloaded (healthHelper).
+- after `unhealthy_requests_limit` (3) requests answered 403 or not answered at all
+  (network/gitlab.go `RequestJob`: forbidden, client error) a runner is left out for
+  an hour (`unhealthy_interval`), or until the configuration is reloaded (healthHelper).
 - config.toml is checked every 3 s (ReloadConfigInterval) and reloaded when its mtime
   changed; a file that does not load keeps the old configuration and is logged once
   (`checkConfig`). `concurrent` changes the number of workers.
@@ -257,7 +258,7 @@ class MultiRunner:
         with self._lock:
             last_update = self._state(runner).last_update
         answer = self.api_for(runner).request_job(runner, last_update=last_update)
-        healthy = not (answer.status == 403 or (400 <= answer.status < 500 and answer.status != 409))
+        healthy = answer.status not in (403, 0)  # network/gitlab.go RequestJob: forbidden, client error
         with self._lock:
             state = self._state(runner)
             last_error, state.last_error = state.last_error, answer.status

@@ -6,8 +6,8 @@ program. It follows gitlab-org/gitlab-runner:
 
 - network/gitlab.go `RequestJob`: `POST /api/v4/jobs/request` with `token`,
   `system_id`, `info` (executor, shell, features) and `last_update`; 201 is a job,
-  204 none, 403 and other 4xx make the runner unhealthy (commands/multi.go
-  healthHelper), anything else is logged and tried again.
+  204 none; 403 or no answer at all count against the runner's health (commands/multi.go
+  healthHelper); anything else is logged and tried again.
 - network/gitlab.go `UpdateJob` (`PUT /api/v4/jobs/:id`, JOB-TOKEN, `state`,
   `failure_reason`, `exit_code`, `output {checksum, bytesize}`) and `PatchTrace`
   (`PATCH /api/v4/jobs/:id/trace`, `Content-Range: start-end`, 202 accepted, 416 with
