@@ -28,7 +28,7 @@ from typing import Any
 
 from runnerctl.executors import contract
 from runnerctl.executors.contract import DriverArgs, stage_command
-from runnerctl.sim.runner_build import Build, LocalTrace, Outcome
+from runnerctl.sim.runner_build import Build
 from runnerctl.sim.runner_exec import (
     BUILD_FAILURE_EXIT_CODE,
     SYSTEM_FAILURE_EXIT_CODE,
@@ -38,6 +38,7 @@ from runnerctl.sim.runner_exec import (
 )
 from runnerctl.sim.runner_script import finish
 from runnerctl.sim.runner_toml import CustomConfig, RunnerEntry
+from runnerctl.sim.runner_trace import LocalTrace, Outcome
 
 BUILD_FAILURE, SYSTEM_FAILURE = BUILD_FAILURE_EXIT_CODE, SYSTEM_FAILURE_EXIT_CODE
 RUNNER_URL = "https://gitlab.example"

@@ -20,8 +20,9 @@ import pytest
 
 from runnerctl.executors.contract import DriverArgs
 from runnerctl.executors.lease import LeaseTable
-from runnerctl.sim.runner_build import Build, LocalTrace, parse_duration
+from runnerctl.sim.runner_build import Build, parse_duration
 from runnerctl.sim.runner_script import ScriptInfo, generate
+from runnerctl.sim.runner_trace import LocalTrace
 from tests.harness_custom_executor import (
     FakeJob,
     Harness,
@@ -169,6 +170,15 @@ def test_failure_reasons_are_mapped_to_what_gitlab_lists() -> None:
     assert build.map_reason("image_pull_failure") == "runner_system_failure"
     assert build.map_reason("job_canceled") == "unknown_failure"
     assert build.map_reason("job_execution_timeout") == "job_execution_timeout"
+
+
+def test_masked_variables_never_reach_the_trace() -> None:
+    job = {"variables": [{"key": "CI_JOB_TOKEN", "value": "glcbt-secret-123", "masked": True},
+                         {"key": "LR", "value": "0.1", "masked": False}]}
+    trace = LocalTrace()
+    runner = runner_entry(DriverArgs("runnerctl/gpu-a/gpu0", (0,), "sim:8", "/none", "shell"))
+    Build(job, runner, trace=trace).trace.write("token=glcbt-secret-123 lr=0.1\n")
+    assert trace.text() == "token=[MASKED] lr=0.1\n"
 
 
 def test_go_durations() -> None:

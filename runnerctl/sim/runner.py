@@ -41,8 +41,9 @@ from typing import Any
 
 from runnerctl.errors import ConfigError
 from runnerctl.sim.runner_api import Answer, JobTrace, RunnerApi
-from runnerctl.sim.runner_build import Build, Outcome
+from runnerctl.sim.runner_build import Build
 from runnerctl.sim.runner_toml import UNHEALTHY_INTERVAL_S, RunnerEntry, RunnerToml, load
+from runnerctl.sim.runner_trace import Outcome
 
 RELOAD_CONFIG_INTERVAL_S = 3.0  # common/consts.go ReloadConfigInterval
 

@@ -34,8 +34,8 @@ from collections.abc import Callable
 from typing import Any
 
 from runnerctl import __version__
-from runnerctl.sim.runner_build import Outcome
 from runnerctl.sim.runner_toml import RunnerEntry
+from runnerctl.sim.runner_trace import Outcome
 
 UPDATE_INTERVAL_S = 3.0  # common/consts.go DefaultUpdateInterval
 MAX_UPDATE_INTERVAL_S = 900.0

@@ -20,6 +20,7 @@ Follows gitlab-org/gitlab-runner common/build.go:
   on it ends only the steps (RUNNER_SCRIPT_TIMEOUT context), so after_script and the
   later stages still run and the job fails with `job_canceled`. The job timeout ends
   everything (`job_execution_timeout`); a runner shutdown is `runner_interrupted`.
+- Masked variables' values are written `[MASKED]` in the trace (common/buildlogger).
 - `setTraceStatus`: no error is success; a BuildError reports its failure reason
   (mapped by common/failure_reason_mapper.go to what the job's `features.failure_reasons`
   lists, always allowing script_failure, runner_system_failure and
@@ -28,16 +29,16 @@ Follows gitlab-org/gitlab-runner common/build.go:
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlparse
 
 from runnerctl.sim.runner_exec import Ctx, CtxError, CustomExecutor, JobError
 from runnerctl.sim.runner_script import ScriptInfo, Variable, description, generate
 from runnerctl.sim.runner_toml import RunnerEntry
+from runnerctl.sim.runner_trace import MaskingTrace, Outcome, Trace
 
 DEFAULT_TIMEOUT_S = 7200.0
 PREPARATION_RETRIES = 3
@@ -50,58 +51,7 @@ COMPATIBLE = {"image_pull_failure": "runner_system_failure", "runner_configurati
 _CYAN, _RESET = "\x1b[36;1m", "\x1b[0;m"
 
 
-class Trace(Protocol):
-    """What a build writes to and hangs its cancel and abort on (common/trace.go JobTrace)."""
-
-    def write(self, text: str) -> None: ...
-
-    def set_cancel(self, fn: Callable[[], None] | None) -> None: ...
-
-    def set_abort(self, fn: Callable[[], None] | None) -> None: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """What gitlab-runner sends in the final `PUT /jobs/:id`."""
-
-    state: str  # success | failed
-    failure_reason: str | None = None
-    exit_code: int = 0
-    message: str = ""
-
-
 CommandObserver = Callable[[str, int | None, str], None]
-
-
-class LocalTrace:
-    """A trace kept in memory, for a build with no GitLab (the executor tests' harness)."""
-
-    def __init__(self) -> None:
-        self._parts: list[str] = []
-        self._lock = threading.Lock()
-        self._cancel: Callable[[], None] | None = None
-        self._abort: Callable[[], None] | None = None
-
-    def write(self, text: str) -> None:
-        with self._lock:
-            self._parts.append(text)
-
-    def text(self) -> str:
-        with self._lock:
-            return "".join(self._parts)
-
-    def set_cancel(self, fn: Callable[[], None] | None) -> None:
-        self._cancel = fn
-
-    def set_abort(self, fn: Callable[[], None] | None) -> None:
-        self._abort = fn
-
-    def cancel(self) -> bool:
-        """network/trace.go Cancel: consumes the cancel function (steps only, once they run)."""
-        fn, self._cancel = self._cancel, None
-        if fn is not None:
-            fn()
-        return fn is not None
 
 
 class Build:
@@ -111,7 +61,9 @@ class Build:
                  retry_interval_s: float = PREPARATION_RETRY_INTERVAL_S) -> None:
         self.job = job
         self.runner = runner
-        self.trace = trace
+        masked = {str(v["value"]) for v in job.get("variables") or []
+                  if isinstance(v, dict) and v.get("masked") and v.get("value")}
+        self.trace: Trace = MaskingTrace(trace, masked) if masked else trace
         self.concurrent_id = concurrent_id
         self.project_runner_id = project_runner_id
         self.interrupt = interrupt or threading.Event()
