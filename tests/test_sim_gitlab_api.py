@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from runnerctl.sim.gitlab_server import GitLabServer
 from runnerctl.sim.gitlab_sim_hooks import SimHooks
 from runnerctl.sim.gitlab_state import GitLabState
 from tests.sim_gitlab import SimGitLab, running_sim
@@ -302,3 +303,42 @@ def test_a_failing_stuck_jobs_run_is_logged_once_and_the_timer_goes_on(
     finally:
         cron.stop()
     assert len([r for r in caplog.records if "stuck-jobs run failed" in r.getMessage()]) == 1
+
+
+def test_tokens_made_in_process_are_checked_like_any(gitlab_server: GitLabServer) -> None:
+    token = gitlab_server.add_token("admin", ["create_runner"])
+    with httpx.Client(base_url=gitlab_server.url + "/api/v4", headers={"PRIVATE-TOKEN": token}) as client:
+        assert client.post("/user/runners", json={"runner_type": "instance_type"}).status_code == 201
+        assert client.get("/runners/all").json()["error"] == "insufficient_scope"
+
+
+def test_a_runner_manager_can_be_deleted_with_the_runner_token(gl: SimGitLab) -> None:
+    _, info = gl
+    runner = _runner(info, ["gpu"])
+    verify = info["url"] + "/api/v4/runners/verify"
+    httpx.post(verify, json={"token": runner["token"], "system_id": "s_doctor"})
+    managers = info["url"] + "/api/v4/runners/managers"
+    gone = httpx.request("DELETE", managers, json={"token": runner["token"], "system_id": "s_doctor"})
+    assert gone.status_code == 204
+    again = httpx.request("DELETE", managers, json={"token": runner["token"], "system_id": "s_doctor"})
+    assert again.status_code == 404
+    with _api(info) as admin:
+        assert admin.get(f"/runners/{runner['id']}/managers").json() == []
+        assert len(admin.get("/runners", params={"type": "group_type"}).json()) == 1
+    unregister = httpx.request("DELETE", info["url"] + "/api/v4/runners", json={"token": runner["token"]})
+    assert unregister.status_code == 204
+    with _api(info) as admin:
+        assert admin.get(f"/runners/{runner['id']}").status_code == 404
+
+
+def test_project_and_group_listings_show_what_the_caller_may_see(gl: SimGitLab) -> None:
+    server, info = gl
+    elsewhere = server.state.directory.add_project("elsewhere")
+    dana = _user(info, "dana")
+    with _api(info) as admin:
+        admin.post(f"/groups/{info['group_id']}/members", json={"user_id": dana, "access_level": 30})
+        assert {p["id"] for p in admin.get("/projects").json()} == {*info["project_ids"], elsewhere.id}
+    with _api(info, _token(info, "read_api", user_id=dana)) as client:
+        assert {p["id"] for p in client.get("/projects").json()} == set(info["project_ids"])
+        assert client.get("/projects", params={"min_access_level": 40}).json() == []
+        assert [g["id"] for g in client.get("/groups").json()] == [info["group_id"]]

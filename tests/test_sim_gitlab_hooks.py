@@ -16,7 +16,7 @@ from tests.sim_gitlab import SimGitLab, running_sim
 
 
 class Receiver:
-    def __init__(self) -> None:
+    def __init__(self, status: int = 200) -> None:
         self.got: list[tuple[dict[str, str], dict[str, Any]]] = []
         outer = self
 
@@ -27,7 +27,7 @@ class Receiver:
             def do_POST(self) -> None:  # noqa: N802 - stdlib name
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.got.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -102,3 +102,29 @@ def test_an_unreachable_hook_is_counted_and_later_hooks_still_go(
     while len(server.hooks.deliveries) < 2 and time.monotonic() < end:
         time.sleep(0.02)
     assert sorted(d.status or 0 for d in server.hooks.deliveries) == [0, 200]
+
+
+def test_a_failing_hook_is_disabled_for_a_while_then_tried_again(gl: SimGitLab) -> None:
+    server, info = gl
+    receiver = Receiver(status=500)
+    admin = httpx.Client(base_url=info["url"] + "/api/v4", headers={"PRIVATE-TOKEN": info["admin_token"]})
+    project = info["project_ids"][0]
+    hook = admin.post(f"/projects/{project}/hooks", json={"url": receiver.url, "job_events": True}).json()
+
+    def enqueue() -> None:
+        httpx.post(info["url"] + "/-/sim/jobs", json={"project_id": project, "tags": ["gpu"]})
+
+    for count in range(1, 5):  # 3 failures are forgiven; the 4th disables the hook for a minute
+        enqueue()
+        receiver.wait_for(count)
+        end = time.monotonic() + 10
+        while len(server.hooks.deliveries) < count and time.monotonic() < end:
+            time.sleep(0.02)
+    [listed] = admin.get(f"/projects/{project}/hooks").json()
+    assert listed["id"] == hook["id"] and listed["alert_status"] == "temporarily_disabled"
+    enqueue()
+    assert server.hooks.pending() == 0 and len(receiver.got) == 4  # skipped, not queued
+    httpx.post(info["url"] + "/-/sim/clock", json={"advance_s": 61})
+    assert admin.get(f"/projects/{project}/hooks").json()[0]["alert_status"] == "executable"
+    enqueue()
+    receiver.wait_for(5)

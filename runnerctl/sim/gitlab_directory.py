@@ -20,8 +20,9 @@ Rules followed, each from GitLab's source (gitlabhq/gitlabhq):
 `strict=False` (the default for a bare `GitLabState()`) creates a group or project the
 first time an id is used, as the administrators would have (they become its Owners, as
 a group's creator does): unit tests of runnerctl's client code then need no setup.
-`runnerctl sim gitlab` and the tests of GitLab's rules use `strict=True`, where an
-unknown id is 404 as in GitLab.
+A project made that way belongs to no group (group runners do not serve it); `add_project`
+with `group_id` puts it in one. `runnerctl sim gitlab` and the tests of GitLab's rules use
+`strict=True`, where an unknown id is 404 as in GitLab.
 """
 
 from __future__ import annotations

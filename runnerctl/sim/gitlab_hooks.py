@@ -16,6 +16,12 @@
   token), `X-Gitlab-Event-UUID`, `X-Gitlab-Webhook-UUID`, from a background worker
   (WebHookWorker, Sidekiq), so a slow receiver never delays the job.
 
+- Auto-disabling (app/models/concerns/web_hooks/auto_disabling.rb): a delivery that fails
+  counts against the hook (`recent_failures`, reset by a success); after 3 failures
+  each further one disables the hook for 1 minute, doubling up to 1 day
+  (`disabled_until`), and past 39 failures it is disabled for good. A disabled hook is
+  skipped (not queued) when a job changes; `alert_status` shows it.
+
 The sender thread is watched: a failed delivery is counted and logged once per hook, and
 `alive()` says whether the thread still runs.
 """
@@ -36,6 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runnerctl.sim.gitlab_directory import Directory
+from runnerctl.sim.gitlab_rest_ci import _iso as iso
 from runnerctl.sim.gitlab_state import SimJob, SimRunner
 
 log = logging.getLogger(__name__)
@@ -50,6 +57,14 @@ class ProjectHook:
     job_events: bool
     uuid: str
     created_at: float
+    recent_failures: int = 0
+    disabled_until: float | None = None
+
+
+TEMPORARILY_DISABLED_FAILURE_THRESHOLD = 3
+PERMANENTLY_DISABLED_FAILURE_THRESHOLD = 39
+INITIAL_BACKOFF_S = 60.0
+MAX_BACKOFF_S = 86400.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +88,7 @@ class Hooks:
         self._queue: queue.Queue[tuple[ProjectHook, dict[str, Any]] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._warned: set[int] = set()
+        self._lock = threading.Lock()
 
     def add(self, project_id: int, *, url: str, token: str, job_events: bool) -> ProjectHook:
         hook = ProjectHook(next(self._ids), project_id, url, token, job_events, str(uuid.uuid4()),
@@ -85,12 +101,34 @@ class Hooks:
 
     def json(self, hook: ProjectHook) -> dict[str, Any]:
         return {"id": hook.id, "url": hook.url, "project_id": hook.project_id, "job_events": hook.job_events,
-                "push_events": False, "enable_ssl_verification": True, "created_at": _iso(hook.created_at)}
+                "push_events": False, "enable_ssl_verification": True, "created_at": iso(hook.created_at),
+                "alert_status": self.alert_status(hook), "disabled_until": iso(hook.disabled_until)}
+
+    def alert_status(self, hook: ProjectHook) -> str:
+        with self._lock:
+            if hook.recent_failures > PERMANENTLY_DISABLED_FAILURE_THRESHOLD:
+                return "disabled"
+            temporarily = (hook.disabled_until is not None and hook.disabled_until >= self.clock()
+                           and hook.recent_failures > TEMPORARILY_DISABLED_FAILURE_THRESHOLD)
+            return "temporarily_disabled" if temporarily else "executable"
+
+    def _record(self, hook: ProjectHook, ok: bool) -> None:
+        """auto_disabling.rb `enable!` after a success, `backoff!` after a failure."""
+        with self._lock:
+            if ok:
+                hook.recent_failures, hook.disabled_until = 0, None
+                return
+            before = hook.recent_failures
+            hook.recent_failures = min(before + 1, PERMANENTLY_DISABLED_FAILURE_THRESHOLD + 1)
+            if hook.recent_failures > TEMPORARILY_DISABLED_FAILURE_THRESHOLD:
+                backoff = INITIAL_BACKOFF_S * 2.0 ** (before - TEMPORARILY_DISABLED_FAILURE_THRESHOLD)
+                hook.disabled_until = self.clock() + min(max(backoff, INITIAL_BACKOFF_S), MAX_BACKOFF_S)
 
     # -- delivery ----------------------------------------------------------------
     def job_changed(self, job: SimJob) -> None:
         """A `GitLabState` listener: queue the Job Hook for every hook of the job's project."""
-        hooks = [h for h in self.of_project(job.project_id) if h.job_events]
+        hooks = [h for h in self.of_project(job.project_id)
+                 if h.job_events and self.alert_status(h) == "executable"]
         if not hooks:
             return
         payload = self.payload(job)
@@ -153,8 +191,10 @@ class Hooks:
             if item is None:
                 return
             hook, payload = item
+            status = self._send(hook, payload)
+            self._record(hook, status is not None and 200 <= status < 300)
             self.deliveries.append(Delivery(hook.id, int(payload["build_id"]), str(payload["build_status"]),
-                                            self._send(hook, payload)))
+                                            status))
 
     def _send(self, hook: ProjectHook, payload: dict[str, Any]) -> int | None:
         headers = {"Content-Type": "application/json", "User-Agent": "GitLab/19.0.0",

@@ -5,7 +5,10 @@ Shapes and rules from gitlabhq/gitlabhq:
   `POST /users` (admins: username, name, email), `POST /users/:user_id/personal_access_tokens`
   (admins: name, scopes; 201 with the token, lib/api/entities/personal_access_token_with_token.rb).
 - lib/api/personal_access_tokens/self_information.rb: `GET /personal_access_tokens/self`.
-- lib/api/groups.rb: `GET /groups/:id`, `GET /groups/:id/projects` (`include_subgroups`).
+- lib/api/groups.rb: `GET /groups` (those the caller can see; all for admins;
+  `min_access_level`), `GET /groups/:id`, `GET /groups/:id/projects` (`include_subgroups`).
+- lib/api/projects.rb: `GET /projects` (private projects the caller is a member of; all
+  for admins; `min_access_level`), `GET /projects/:id`.
 - lib/api/members.rb: `GET /groups/:id/members/all/:user_id` (effective level, inherited
   included; 404 `Member Not Found`), `POST /groups|projects/:id/members` (user_id,
   access_level; needs Owner of a group, Maintainer of a project).
@@ -67,6 +70,8 @@ class UserRoutes:
         if match and method == "POST":
             require_admin(caller)
             return 201, self._new_token(int(match.group(1)), body)
+        if method == "GET" and path in ("/groups", "/projects"):
+            return 200, self._listing(caller, path, query)
         match = re.fullmatch(r"/groups/([^/]+)(/projects|/members|/members/all/(\d+))?", path)
         if match:
             tail, member = match.group(2) or "", match.group(3)
@@ -145,6 +150,17 @@ class UserRoutes:
         if not tail and method == "GET":
             return 200, self.project_json(self.access.project(caller, project_id))
         raise not_found()
+
+    def _listing(self, caller: Caller, path: str, query: dict[str, list[str]]) -> list[dict[str, Any]]:
+        least = _int(query.get("min_access_level", [None])[0]) or 0
+        every = caller.admin and not least
+        if path == "/groups":
+            groups = [g for g in self.d.groups.values()
+                      if every or self.d.group_level(g, caller.username) >= max(least, 1)]
+            return [self._group_json(g) for g in sorted(groups, key=lambda g: g.full_path)]
+        projects = [p for p in self.d.projects.values()
+                    if every or self.d.project_level(p, caller.username) >= max(least, 1)]
+        return [self.project_json(p) for p in sorted(projects, key=lambda p: -p.id)]
 
     def _member_args(self, body: dict[str, Any]) -> tuple[str, int]:
         user_id, level = _int(body.get("user_id")), _int(body.get("access_level"))

@@ -7,6 +7,9 @@ as in GitLab (lib/api/ci/runner.rb, lib/api/ci/helpers/runner.rb):
   (403 otherwise), heartbeats it and finds or creates its runner manager for
   `system_id` (`<legacy>` without one); answers 200 with `{id, token, token_expires_at}`
   (Entities::Ci::RunnerRegistrationDetails).
+- `DELETE /runners/managers` {token, system_id}: deletes that runner manager (204; 404
+  when there is none); `DELETE /runners` {token}: unregisters the runner (204). Neither
+  heartbeats (`authenticate_runner!(ensure_runner_manager: false)`).
 - `POST /jobs/request` {token, system_id, info{features}, last_update}: the same
   heartbeat; a paused runner gets 204; otherwise 201 with the job
   (lib/api/entities/ci/job_request/response.rb and its JobInfo, GitInfo, RunnerInfo,
@@ -42,7 +45,9 @@ class RunnerApi:
         self.state = state
         self.traces: dict[int, int] = {}  # job id -> trace bytes received
 
-    def handles(self, path: str) -> bool:
+    def handles(self, method: str, path: str) -> bool:
+        if path in ("/runners", "/runners/managers"):
+            return method == "DELETE"  # GET /runners is the user API's
         return (path in ("/runners/verify", "/jobs/request")
                 or re.fullmatch(r"/jobs/\d+(/trace)?", path) is not None)
 
@@ -55,6 +60,16 @@ class RunnerApi:
                          "token_expires_at": runner.token_expires_at}, {}
         if method == "POST" and path == "/jobs/request":
             return self._request(body)
+        if method == "DELETE" and path == "/runners/managers":
+            runner = self._runner(body)
+            if not body.get("system_id"):
+                raise ApiError(400, {"error": "system_id is missing"})
+            if self.state.managers.pop((runner.id, str(body["system_id"])), None) is None:
+                raise ApiError(404, {"message": "404 Not Found"})
+            return 204, None, {}
+        if method == "DELETE" and path == "/runners":
+            self.state.delete_runner(self._runner(body).id)
+            return 204, None, {}
         match = re.fullmatch(r"/jobs/(\d+)(/trace)?", path)
         if match and method == "PUT" and not match.group(2):
             return self._update(int(match.group(1)), body)

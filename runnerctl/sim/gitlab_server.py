@@ -130,6 +130,13 @@ class GitLabServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def add_token(self, user: str, scopes: Iterable[str], *, admin: bool = False) -> str:
+        """A personal access token of `user` (made if unknown) with `scopes`, for tests; over
+        HTTP the same is `POST /users/:id/personal_access_tokens`."""
+        with self.lock:
+            self.state.directory.add_user(user, admin=admin)
+            return self.state.directory.add_token(user, scopes, name="test").token
+
     def changing_requests(self) -> list[LoggedRequest]:
         return [r for r in self.requests if r.method in CHANGING]
 
@@ -158,7 +165,7 @@ class GitLabServer:
         """One API v4 request (path without /api/v4), under the lock."""
         with self.lock:
             try:
-                if self.runner_api.handles(path):
+                if self.runner_api.handles(method, path):
                     return self.runner_api.route(method, path, body, headers, raw)
                 found = self.caller(headers, query)
                 if found is None:
