@@ -21,7 +21,9 @@ import pytest
 from runnerctl.executors.contract import DriverArgs
 from runnerctl.executors.lease import LeaseTable
 from runnerctl.sim.runner_build import Build, parse_duration
+from runnerctl.sim.runner_exec import Ctx, classify, run_command
 from runnerctl.sim.runner_script import ScriptInfo, generate
+from runnerctl.sim.runner_toml import load_system_id
 from runnerctl.sim.runner_trace import LocalTrace
 from tests.harness_custom_executor import (
     FakeJob,
@@ -307,3 +309,37 @@ def test_a_runner_refused_three_times_is_left_out(stub: StubGitLab, tmp_path: Pa
         assert runner.stop(signal.SIGTERM) == 0
     finally:
         runner.kill()
+
+
+def test_a_stage_ignoring_sigterm_is_sigkilled_after_graceful_kill_timeout() -> None:
+    started = time.monotonic()
+    codes: list[int | None] = []
+    argv = ["bash", "-c", 'trap "" TERM; sleep 60 & wait']
+    err = run_command(Ctx(timeout_s=0.5), argv, env=dict(os.environ), cwd="/", graceful_s=1.0,
+                      force_s=5.0, stdout=lambda _: None, stderr=lambda _: None, on_exit=codes.append)
+    assert time.monotonic() - started < 10
+    assert codes == [-signal.SIGKILL]
+    assert err is not None and err.reason is None  # killed: not a build failure
+
+
+def test_exit_codes_as_command_go_reads_them(tmp_path: Path) -> None:
+    code_file = tmp_path / "build_exit_code"
+    assert classify(0, str(code_file)) is None
+    missing = classify(1, str(code_file))
+    assert missing is not None and (missing.reason, missing.exit_code) == ("script_failure", 1)
+    code_file.write_text("7\n")
+    seven = classify(1, str(code_file))
+    assert seven is not None and (seven.reason, seven.exit_code) == ("script_failure", 7)
+    code_file.write_text("seven\n")
+    assert (garbled := classify(1, str(code_file))) is not None and garbled.reason is None
+    assert (system := classify(2, None)) is not None and system.reason is None
+    assert (other := classify(3, None)) is not None and "unknown Custom executor" in str(other)
+
+
+def test_system_id_is_kept_beside_config_toml(tmp_path: Path) -> None:
+    first = load_system_id(tmp_path)
+    assert re.fullmatch(r"[sr]_[0-9a-zA-Z]{12}", first)
+    assert (tmp_path / ".runner_system_id").read_text() == first
+    assert load_system_id(tmp_path) == first  # stable across restarts
+    (tmp_path / ".runner_system_id").write_text("not an id")
+    assert re.fullmatch(r"[sr]_[0-9a-zA-Z]{12}", load_system_id(tmp_path))
