@@ -14,6 +14,8 @@ from typing import Any
 
 from tests.harness_custom_executor import FakeJob
 
+NOT_PROCESSING = {"message": "403 Forbidden - Job is not processing on runner"}
+
 
 class StubGitLab:
     """GitLab's runner API as lib/api/ci/runner.rb answers it, reduced to what the runner uses."""
@@ -101,6 +103,8 @@ class StubGitLab:
                 body = json.loads(self._read())
                 with stub.lock:
                     job = stub.jobs[job_id]
+                    if job["state"] not in ("running", "canceling"):  # authenticate_job!: not processing
+                        return self._reply(403, NOT_PROCESSING, {"Job-Status": job["state"]})
                     if body["state"] in ("success", "failed"):
                         job.update(state="canceled" if job["state"] == "canceling" else body["state"],
                                    failure_reason=body.get("failure_reason"), exit_code=body.get("exit_code"))
@@ -115,6 +119,8 @@ class StubGitLab:
                 start = int(self.headers["Content-Range"].split("-")[0])
                 with stub.lock:
                     job = stub.jobs[job_id]
+                    if job["state"] not in ("running", "canceling"):
+                        return self._reply(403, NOT_PROCESSING, {"Job-Status": job["state"]})
                     if start != len(job["trace"]):
                         return self._reply(416, None, {"Range": f"0-{len(job['trace'])}"})
                     job["trace"] += data

@@ -343,3 +343,24 @@ def test_system_id_is_kept_beside_config_toml(tmp_path: Path) -> None:
     assert load_system_id(tmp_path) == first  # stable across restarts
     (tmp_path / ".runner_system_id").write_text("not an id")
     assert re.fullmatch(r"[sr]_[0-9a-zA-Z]{12}", load_system_id(tmp_path))
+
+
+def test_job_failed_in_gitlab_is_aborted_without_after_script(stub: StubGitLab, tmp_path: Path) -> None:
+    """Job-Status: failed on a trace PATCH (GitLab dropped the job) aborts the whole job."""
+    config = write_runner_config(tmp_path, stub.url, [{"token": "glrt-hhhh"}])
+    stub.enqueue("glrt-hhhh", 501, "while true; do echo tick; sleep 1; done",
+                 after=["echo after_script ran"])
+    runner = RunnerProcess(config)
+    try:
+        stub.wait(501, ("running",))
+        deadline = time.monotonic() + 60
+        while b"tick" not in stub.jobs[501]["trace"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with stub.lock:
+            stub.jobs[501]["state"] = "failed"  # e.g. stuck_or_timeout_failure, no_updates_running
+        runner.wait_line(r"job 501 ended .*final update answered 403", timeout_s=60)
+        assert runner.stop(signal.SIGTERM) == 0
+    finally:
+        runner.kill()
+    assert b"after_script ran" not in stub.jobs[501]["trace"]
+    assert LeaseTable(tmp_path / "host" / "state").all() == []  # cleanup_exec still ran
