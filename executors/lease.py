@@ -52,6 +52,8 @@ class Lease:
     pgid: int | None = None  # the process group of the job's latest host stage
     container: str | None = None  # docker driver
     slurm_job: str | None = None  # slurm driver
+    batch_job: str | None = None  # batch drivers: "<driver>:<scheduler's job id>"
+    batch_gpus: str | None = None  # the GPU set the batch system gave the job (its CUDA_VISIBLE_DEVICES)
 
     @property
     def token(self) -> str:
@@ -131,7 +133,21 @@ def slurm_active(job: str | None) -> bool:
 
 def job_running(lease: Lease) -> bool:
     return (group_alive(lease.pgid) or bool(token_processes(lease.token, same_uid=False))
-            or slurm_active(lease.slurm_job))
+            or slurm_active(lease.slurm_job) or batch_active(lease.batch_job))
+
+
+def batch_active(job: str | None) -> bool:
+    """True while a batch driver's job is pending or running (executors/batch.py)."""
+    if not job or job.startswith("slurm:"):
+        return False
+    from runnerctl.executors.driver import load_registry  # drivers import this module
+
+    name, _, job_id = job.partition(":")
+    driver = load_registry().get(name)
+    scheduler = getattr(driver() if driver else None, "scheduler", None)
+    if scheduler is None:
+        return True  # a driver this host lacks: keep the lease rather than guess
+    return bool(scheduler.active(job_id))
 
 
 def is_stale(lease: Lease) -> bool:
