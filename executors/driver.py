@@ -120,10 +120,11 @@ class Driver(Protocol):
 
 def load_registry() -> dict[str, Callable[[], Driver]]:
     from runnerctl.executors.docker import DockerDriver
+    from runnerctl.executors.sge import SgeDriver
     from runnerctl.executors.shell import ShellDriver
     from runnerctl.executors.slurm import SlurmDriver
 
-    return {"shell": ShellDriver, "docker": DockerDriver, "slurm": SlurmDriver}
+    return {"shell": ShellDriver, "docker": DockerDriver, "slurm": SlurmDriver, "sge": SgeDriver}
 
 
 @contextlib.contextmanager
