@@ -300,6 +300,33 @@ def split_options(text: str, *, drop_long: Sequence[str], drop_short: Sequence[s
     return kept, dropped
 
 
+def drop_single_dash(text: str, *, flags: Sequence[str], valued: Sequence[str], resource_option: str,
+                     resources: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(kept, dropped) for qsub/pjsub-style options: single-dash words taking one value each.
+
+    flags are dropped alone, `valued` options with their value, and `resource_option`
+    (`-l`, `-L`) with its value when that names one of `resources` (`gpu=2`,
+    `select=2:ngpus=4`, `node=4,gpu=8`).
+    """
+    kept: list[str] = []
+    dropped: list[str] = []
+    words = shlex.split(text)
+    i = 0
+    while i < len(words):
+        word, value = words[i], words[i + 1] if i + 1 < len(words) else None
+        if word in flags:
+            dropped.append(word)
+        elif value is not None and (word in valued or (word == resource_option and any(
+                part.split("=", 1)[0].strip() in resources
+                for part in value.replace(",", ":").split(":")))):
+            dropped.extend((word, value))
+            i += 1
+        else:
+            kept.append(word)
+        i += 1
+    return kept, dropped
+
+
 def _has_prefix(value: str, prefix: str) -> bool:
     return any(part.split("=", 1)[0].split(":", 1)[0].strip() == prefix
                for part in value.replace(",", ":").split(":"))

@@ -15,7 +15,7 @@ import dataclasses
 import sys
 
 STAGES = ("config", "prepare", "run", "cleanup")
-DRIVERS = ("shell", "docker", "slurm", "sge")
+DRIVERS = ("shell", "docker", "slurm", "sge", "pbs", "pjm")
 
 # Environment that gitlab-runner sets for every stage.
 ENV_BUILD_FAILURE = "BUILD_FAILURE_EXIT_CODE"

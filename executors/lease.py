@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import logging
 import os
 import secrets
 import subprocess
@@ -140,14 +141,18 @@ def batch_active(job: str | None) -> bool:
     """True while a batch driver's job is pending or running (executors/batch.py)."""
     if not job or job.startswith("slurm:"):
         return False
-    from runnerctl.executors.driver import load_registry  # drivers import this module
+    from runnerctl.executors.driver import SystemFailure, load_registry  # drivers import this module
 
     name, _, job_id = job.partition(":")
     driver = load_registry().get(name)
     scheduler = getattr(driver() if driver else None, "scheduler", None)
     if scheduler is None:
         return True  # a driver this host lacks: keep the lease rather than guess
-    return bool(scheduler.active(job_id))
+    try:
+        return bool(scheduler.active(job_id))
+    except SystemFailure as exc:  # the scheduler cannot be asked: keep the lease
+        logging.getLogger(__name__).warning("cannot ask %s about batch job %s: %s", name, job_id, exc)
+        return True
 
 
 def is_stale(lease: Lease) -> bool:

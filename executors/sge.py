@@ -27,6 +27,7 @@ from runnerctl.executors.batch import (
     Outcome,
     Refused,
     Request,
+    drop_single_dash,
     run_command,
     wait_for_record,
 )
@@ -37,29 +38,9 @@ _FLAGS = ("-terse", "-cwd", "-V")
 
 
 def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
-    """(options passed to qsub, options dropped) from the job's SCHEDULER_PARAMETERS.
-
-    qsub's options are single-dash words, each taking at most one value.
-    """
-    kept: list[str] = []
-    dropped: list[str] = []
-    words = shlex.split(text)
-    i = 0
-    while i < len(words):
-        word, value = words[i], words[i + 1] if i + 1 < len(words) else None
-        if word in _FLAGS:
-            dropped.append(word)
-        elif value is not None and (word in _DROPPED_VALUE or (word == "-l" and _asks_gpus(value))):
-            dropped.extend((word, value))
-            i += 1
-        else:
-            kept.append(word)
-        i += 1
-    return kept, dropped
-
-
-def _asks_gpus(resources: str) -> bool:
-    return any(r.split("=", 1)[0].strip() == "gpu" for r in resources.split(","))
+    """(options passed on, options dropped) from the job's SCHEDULER_PARAMETERS."""
+    return drop_single_dash(text, flags=_FLAGS, valued=_DROPPED_VALUE, resource_option="-l",
+                            resources=("gpu",))
 
 
 class GridEngine:

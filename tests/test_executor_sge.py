@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 
 from runnerctl.executors.sge import scheduler_parameters
-from tests import batch_acceptance
-from tests.batch_acceptance import Cluster
 from tests.harness_custom_executor import FakeJob, harness_for, make_host
 
 
@@ -24,16 +22,6 @@ def gridengine() -> None:
 def host(tmp_path: Path) -> Path:
     return make_host(tmp_path)
 
-
-def _label_jobs(name: str) -> list[str]:
-    out = subprocess.run(["qstat", "-j", name], capture_output=True, text=True, check=False).stdout
-    return [line.split()[1] for line in out.splitlines() if line.startswith("job_number:")]
-
-
-SGE = Cluster(driver="sge", jobs=_label_jobs, title="Grid Engine",
-              admin_delete=lambda job_id: subprocess.run(["qdel", job_id], check=True,
-                                                         capture_output=True),
-              limit_probe='qstat -j "$JOB_ID" | grep -o "h_rt=[0-9]*"', limit_seen="h_rt=120")
 
 
 def test_scheduler_parameters_keep_all_but_gpus_and_bookkeeping() -> None:
@@ -53,23 +41,3 @@ def test_job_runs_with_the_gpus_the_driver_picked(host: Path) -> None:
     assert build.code == 0, build.output
     assert "cuda=5,6 job=" in build.output and "gpu=2" in build.output
     assert "ignoring SCHEDULER_PARAMETERS -l gpu=8 -N x" in build.output
-
-
-def test_exit_code_is_a_build_failure_confirmed_by_qacct(host: Path) -> None:
-    batch_acceptance.exit_code_is_a_build_failure(host, SGE)
-
-
-def test_sigterm_deletes_the_job_and_the_lease_names_its_gpus(host: Path) -> None:
-    batch_acceptance.sigterm_cancels_and_lease_holds_the_gpus(host, SGE)
-
-
-def test_job_deleted_by_an_admin_is_a_system_failure(host: Path) -> None:
-    batch_acceptance.admin_delete_is_a_system_failure(host, SGE)
-
-
-def test_more_gpus_than_any_host_has_are_refused_at_once(host: Path) -> None:
-    batch_acceptance.too_many_gpus_fail_at_once(host, SGE)
-
-
-def test_killed_drivers_job_is_reaped_by_the_next_prepare(host: Path) -> None:
-    batch_acceptance.killed_driver_is_reaped_by_next_prepare(host, SGE)

@@ -13,8 +13,6 @@ import pytest
 
 from runnerctl.executors.lease import LeaseTable
 from runnerctl.executors.slurm import scheduler_parameters
-from tests import batch_acceptance
-from tests.batch_acceptance import Cluster
 from tests.harness_custom_executor import BUILD_FAILURE, FakeJob, Harness, harness_for, make_host
 
 
@@ -138,33 +136,3 @@ def _squeue_name(name: str) -> list[str]:
     return subprocess.run(["squeue", "-h", "-n", name, "-o", "%T"], capture_output=True, text=True,
                           check=False).stdout.split()
 
-
-def _label_jobs(name: str) -> list[str]:
-    return subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True,
-                          check=False).stdout.split()
-
-
-SLURM = Cluster(driver="slurm", jobs=_label_jobs, title="Slurm",
-                admin_delete=lambda job_id: subprocess.run(["scancel", job_id], check=True),
-                limit_probe='scontrol show job "$SLURM_JOB_ID" | grep -o "TimeLimit=[^ ]*"',
-                limit_seen="TimeLimit=00:02:00")
-
-
-def test_exit_code_is_a_build_failure_and_the_timeout_the_time_limit(host: Path) -> None:
-    batch_acceptance.exit_code_is_a_build_failure(host, SLURM)
-
-
-def test_sigterm_cancels_the_job_and_the_lease_names_slurms_gpus(host: Path) -> None:
-    batch_acceptance.sigterm_cancels_and_lease_holds_the_gpus(host, SLURM)
-
-
-def test_job_cancelled_by_an_admin_is_a_system_failure(host: Path) -> None:
-    batch_acceptance.admin_delete_is_a_system_failure(host, SLURM)
-
-
-def test_more_gpus_than_any_node_has_fail_at_once(host: Path) -> None:
-    batch_acceptance.too_many_gpus_fail_at_once(host, SLURM)
-
-
-def test_killed_drivers_job_is_reaped_by_the_next_prepare(host: Path) -> None:
-    batch_acceptance.killed_driver_is_reaped_by_next_prepare(host, SLURM)
