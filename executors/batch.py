@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from runnerctl.executors.contract import USER_SCRIPT_STAGES
 from runnerctl.executors.driver import StageContext, SystemFailure, on_stop
 from runnerctl.executors.lease import Lease, LeaseTable
+from runnerctl.executors.rendezvous import BadNodes, NodeLaunch, nodes_requested, setup_bash
 from runnerctl.executors.shell import GUARD, ShellDriver
 from runnerctl.settings import Settings
 
@@ -84,6 +85,7 @@ class Outcome:
 class Scheduler(Protocol):
     name: str  # driver name: slurm, sge, pbs, pjm
     title: str  # for messages: "Slurm", "Grid Engine"
+    node_launch: NodeLaunch  # node names and the per-node launcher (executors/rendezvous.py)
 
     def check(self) -> None:
         """Raise SystemFailure when the batch system cannot be reached."""
@@ -136,10 +138,16 @@ class BatchDriver:
             raise SystemFailure(f"job {ctx.job.id} holds no lease")
         paths = _Paths(Path(ctx.settings.builds_dir).resolve() / ".runnerctl", f"{ctx.job.id}-{stage}")
         paths.copy.write_bytes(script.read_bytes())  # gitlab-runner's TMPDIR is not on the node
-        request = self._request(ctx, lease, paths)
-        paths.wrapper.write_text(wrapper_script(paths, self.scheduler.gpu_exports(request)))
         try:
+            request = self._request(ctx, lease, paths)
+            paths.wrapper.write_text(wrapper_script(paths, self.scheduler.gpu_exports(request)
+                                                    + setup_bash(self.scheduler.node_launch,
+                                                                 nodefile=paths.nodes,
+                                                                 each_node=paths.each_node)))
             job_id = self.scheduler.submit(request)
+        except BadNodes as exc:
+            print(f"runnerctl: {exc}", flush=True)
+            return 1
         except Refused as exc:
             print(f"runnerctl: {self.scheduler.title} refused the job: {exc}", flush=True)
             return 1
@@ -189,7 +197,8 @@ class BatchDriver:
         env.pop("NVIDIA_VISIBLE_DEVICES")
         return Request(label=label(lease), wrapper=paths.wrapper, log=paths.log,
                        workdir=Path(ctx.settings.builds_dir).resolve(), gpus=len(ctx.args.gpus),
-                       nodes=1, time_limit_s=time_limit(ctx.env), options=kept, env=env,
+                       nodes=nodes_requested(ctx.env), time_limit_s=time_limit(ctx.env), options=kept,
+                       env=env,
                        gpu_ids=ctx.args.gpus)
 
     def _follow(self, job_id: str, paths: _Paths, record_gpus: Any) -> str | None:
@@ -234,6 +243,8 @@ class _Paths:
     log = property(lambda self: self._p(".log"))
     rc = property(lambda self: self._p(".rc"))
     gpus = property(lambda self: self._p(".gpus"))
+    nodes = property(lambda self: self._p(".nodes"))
+    each_node = property(lambda self: self._p(".each-node"))
 
 
 def wrapper_script(paths: _Paths, gpu_exports: str) -> str:
@@ -264,13 +275,11 @@ def hms(seconds: int) -> str:
 
 
 def split_options(text: str, *, drop_long: Sequence[str], drop_short: Sequence[str],
-                  drop_flags: Sequence[str] = (), drop_values: Sequence[tuple[str, str]] = ()
-                  ) -> tuple[list[str], list[str]]:
+                  drop_flags: Sequence[str] = ()) -> tuple[list[str], list[str]]:
     """(kept, dropped) words of SCHEDULER_PARAMETERS.
 
     drop_long: `--name` or `--name=value` or `--name value`; drop_short: `-x value` or
-    `-xvalue`; drop_flags: words dropped alone; drop_values: (option, prefix) pairs
-    such as ("-l", "gpu") dropping `-l gpu=2` but keeping `-l h_rt=60`.
+    `-xvalue`; drop_flags: words dropped alone.
     """
     kept: list[str] = []
     dropped: list[str] = []
@@ -286,10 +295,6 @@ def split_options(text: str, *, drop_long: Sequence[str], drop_short: Sequence[s
             takes = "=" not in word and nxt is not None
             dropped.extend(words[i:i + 1 + takes])
             i += takes
-        elif any(word == opt and nxt is not None and _has_prefix(nxt, pre)
-                 for opt, pre in drop_values):
-            dropped.extend((word, str(nxt)))
-            i += 1
         elif word[:2] in drop_short:
             takes = len(word) == 2 and nxt is not None
             dropped.extend(words[i:i + 1 + takes])
@@ -325,11 +330,6 @@ def drop_single_dash(text: str, *, flags: Sequence[str], valued: Sequence[str], 
             kept.append(word)
         i += 1
     return kept, dropped
-
-
-def _has_prefix(value: str, prefix: str) -> bool:
-    return any(part.split("=", 1)[0].split(":", 1)[0].strip() == prefix
-               for part in value.replace(",", ":").split(":"))
 
 
 def run_command(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:

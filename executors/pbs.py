@@ -38,6 +38,7 @@ from runnerctl.executors.batch import (
     wait_for_record,
 )
 from runnerctl.executors.driver import SystemFailure
+from runnerctl.executors.rendezvous import mpirun_launch
 
 _DROPPED_VALUE = ("-N", "-o", "-e", "-j", "-W")
 _FLAGS = ("-V", "-I", "-X")
@@ -54,6 +55,7 @@ def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
 class Pbs:
     name = "pbs"
     title = "PBS"
+    node_launch = mpirun_launch(names='awk \'!seen[$0]++\' "$PBS_NODEFILE"', job_id="PBS_JOBID")
 
     def check(self) -> None:
         result = run_command(["qstat", "-B"])

@@ -31,6 +31,7 @@ from runnerctl.executors.batch import (
     wait_for_record,
 )
 from runnerctl.executors.driver import SystemFailure
+from runnerctl.executors.rendezvous import mpirun_launch
 
 _DROPPED_VALUE = ("-N", "--name", "-o", "-e")
 _FLAGS = ("-j", "-X", "--step")
@@ -47,6 +48,7 @@ def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
 class Pjm:
     name = "pjm"
     title = "PJM"
+    node_launch = mpirun_launch(names='awk \'!seen[$0]++\' "$PJM_O_NODEINF"', job_id="PJM_JOBID")
 
     def check(self) -> None:
         result = run_command(["pjstat"])

@@ -32,6 +32,7 @@ from runnerctl.executors.batch import (
     wait_for_record,
 )
 from runnerctl.executors.driver import SystemFailure
+from runnerctl.executors.rendezvous import mpirun_launch
 
 _DROPPED_VALUE = ("-o", "-e", "-N", "-wd", "-sync", "-b", "-S", "-j", "-now")
 _FLAGS = ("-terse", "-cwd", "-V")
@@ -46,6 +47,8 @@ def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
 class GridEngine:
     name = "sge"
     title = "Grid Engine"
+    node_launch = mpirun_launch(names='if [ -n "${PE_HOSTFILE-}" ]; then awk \'{print $1}\' "$PE_HOSTFILE"; '
+                                      "else hostname; fi", job_id="JOB_ID")
 
     def check(self) -> None:
         result = run_command(["qstat"])
@@ -61,6 +64,9 @@ class GridEngine:
         return f"export CUDA_VISIBLE_DEVICES={shlex.quote(ids)}\n"
 
     def submit(self, request: Request) -> str:
+        if request.nodes > 1:
+            raise Refused("on Grid Engine, ask for several hosts with a parallel environment in "
+                          "SCHEDULER_PARAMETERS (e.g. -pe mpi 2), not RUNNERCTL_NODES")
         limit = ["-l", f"h_rt={request.time_limit_s}"] if request.time_limit_s else []
         command = ["qsub", "-terse", "-w", "e", "-V", "-S", "/bin/bash", "-N", request.label,
                    "-o", str(request.log), "-j", "y", "-wd", str(request.workdir),

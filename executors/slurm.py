@@ -30,6 +30,7 @@ from runnerctl.executors.batch import (
     wait_for_record,
 )
 from runnerctl.executors.driver import SystemFailure
+from runnerctl.executors.rendezvous import NodeLaunch
 
 _DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE"}
@@ -53,6 +54,12 @@ def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
 class Slurm:
     name = "slurm"
     title = "Slurm"
+    node_launch = NodeLaunch(
+        names='scontrol show hostnames "$SLURM_JOB_NODELIST"',
+        address='scontrol show node "$1" | grep -o "NodeAddr=[^ ]*" | cut -d= -f2',
+        job_id="SLURM_JOB_ID",
+        launch='srun --nodes="$WORLD_SIZE" --ntasks="$WORLD_SIZE" --ntasks-per-node=1',
+        rank="SLURM_NODEID")
 
     def check(self) -> None:
         if run_command(["sinfo", "-h"]).returncode != 0:
@@ -66,8 +73,8 @@ class Slurm:
 
     def submit(self, request: Request) -> str:
         limit = [f"--time={-(-request.time_limit_s // 60)}"] if request.time_limit_s else []
-        command = ["sbatch", "--parsable", *limit, *request.options, f"--job-name={request.label}",
-                   f"--nodes={request.nodes}", f"--gres=gpu:{request.gpus}",
+        command = ["sbatch", "--parsable", *limit, f"--nodes={request.nodes}", *request.options,
+                   f"--job-name={request.label}", f"--gres=gpu:{request.gpus}",
                    f"--output={request.log}", f"--chdir={request.workdir}", str(request.wrapper)]
         result = run_command(command, env=request.env)
         if result.returncode != 0:

@@ -18,7 +18,7 @@
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
 
-apt_install slurm-wlm munge openmpi-bin libpmix-dev  # the mpi/pmix plugin loads libpmix.so
+apt_install slurm-wlm munge openmpi-bin libpmix-dev python3-mpi4py  # pmix plugin loads libpmix.so
 
 node=$(hostname -s)
 for k in 0 1 2 3 4 5 6 7; do [ -e "/dev/nvidia$k" ] || mknod -m 666 "/dev/nvidia$k" c 195 "$k"; done
