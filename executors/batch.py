@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from runnerctl.executors.apptainer import run_line
 from runnerctl.executors.contract import USER_SCRIPT_STAGES
 from runnerctl.executors.driver import StageContext, SystemFailure, on_stop
 from runnerctl.executors.lease import Lease, LeaseTable
@@ -140,10 +141,10 @@ class BatchDriver:
         paths.copy.write_bytes(script.read_bytes())  # gitlab-runner's TMPDIR is not on the node
         try:
             request = self._request(ctx, lease, paths)
-            paths.wrapper.write_text(wrapper_script(paths, self.scheduler.gpu_exports(request)
-                                                    + setup_bash(self.scheduler.node_launch,
-                                                                 nodefile=paths.nodes,
-                                                                 each_node=paths.each_node)))
+            setup = self.scheduler.gpu_exports(request) + setup_bash(
+                self.scheduler.node_launch, nodefile=paths.nodes, each_node=paths.each_node)
+            paths.wrapper.write_text(wrapper_script(paths, setup, image=ctx.job.image,
+                                                    bind=request.workdir))
             job_id = self.scheduler.submit(request)
         except BadNodes as exc:
             print(f"runnerctl: {exc}", flush=True)
@@ -247,16 +248,15 @@ class _Paths:
     each_node = property(lambda self: self._p(".each-node"))
 
 
-def wrapper_script(paths: _Paths, gpu_exports: str) -> str:
-    """The batch script: output to the shared file, GPU set recorded, the stage sourced."""
+def wrapper_script(paths: _Paths, setup: str, *, image: str | None, bind: Path) -> str:
+    """The batch script: output to the shared file, GPU set recorded, the stage run."""
     q = shlex.quote
     return ("#!/bin/bash\n"
             f"exec >>{q(str(paths.output))} 2>&1\n"
-            f"{gpu_exports}"
+            f"{setup}"
             f"echo \"${{CUDA_VISIBLE_DEVICES-}}\" > {q(str(paths.gpus))}\n"
-            + GUARD
-            + f"( source {q(str(paths.copy))} ); rc=$?\n"
-            f"echo $rc > {q(str(paths.rc))}\nexit $rc\n")
+            + run_line(image=image, script=paths.copy, bind=bind, guard=GUARD)
+            + f"echo $rc > {q(str(paths.rc))}\nexit $rc\n")
 
 
 def label(lease: Lease) -> str:
