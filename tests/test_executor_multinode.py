@@ -5,6 +5,7 @@ the rendezvous variables under the PBS and PJM stand-ins."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,26 @@ def test_a_bad_node_count_fails_with_one_clear_line(host: Path) -> None:
     assert build.code != 0
     assert "RUNNERCTL_NODES='two' is not a number of nodes" in build.output
     assert "Traceback" not in build.output
+
+
+def test_optuna_sweep_with_its_database_inside_a_two_node_slurm_job(host: Path, tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[1]
+    dump = tmp_path / "artifacts"
+    harness = harness_for(host, (0, 1), "slurm")
+    job = FakeJob(id=955, variables={"RUNNERCTL_NODES": "2", "SCHEDULER_PARAMETERS": "--partition=multi",
+                                     "OPTUNA_DUMP_DIR": str(dump), "SEARCH_SLEEP_S": "0.05"})
+    bindir = Path(sys.executable).parent
+    body = (f'export PATH={bindir}:"$PATH"\n'
+            f"{repo / 'examples/hpc/optuna-in-job.sh'} sweep 12 {sys.executable} "
+            f"{repo / 'examples/optuna-sweep/search.py'}\n")
+    results = harness.run_job(job, body, timeout=240)
+    build = results["build_script"]
+    assert build.code == 0, build.output
+    assert "12 trials over 2 nodes" in build.output
+    workers = [line for line in build.output.splitlines() if line.startswith("worker ")]
+    assert len(workers) == 2, build.output  # one per node, both joined the study
+    ran = sum(int(line.split(" ran ")[1].split()[0]) for line in workers)
+    assert ran >= 12
+    sql = (dump / "optuna-sweep.sql").read_text()
+    copy = sql.split("COPY public.trials ")[1].split("\n\\.\n")[0].splitlines()[1:]
+    assert sum("COMPLETE" in row for row in copy) >= 12  # the artifacts hold the study
