@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
+from runnerctl.pipelines import render
 from tests.harness_custom_executor import FakeJob, harness_for, make_host
 
 RENDEZVOUS = Path(__file__).parent / "data" / "rendezvous.py"
@@ -108,3 +110,16 @@ def test_optuna_sweep_with_its_database_inside_a_two_node_slurm_job(host: Path, 
     sql = (dump / "optuna-sweep.sql").read_text()
     copy = sql.split("COPY public.trials ")[1].split("\n\\.\n")[0].splitlines()[1:]
     assert sum("COMPLETE" in row for row in copy) >= 12  # the artifacts hold the study
+
+
+def test_the_hpc_batch_job_component_runs_across_two_slurm_nodes(host: Path) -> None:
+    pipeline = yaml.safe_load(render("hpc-batch-job", {
+        "command": 'echo "world=$WORLD_SIZE"; srun printenv SLURMD_NODENAME | sort | paste -sd, -',
+        "nodes": "2", "scheduler_parameters": "--partition=multi"}))
+    job = pipeline["hpc-batch-job"]
+    harness = harness_for(host, (0,), "slurm")
+    fake = FakeJob(id=956, variables={k: str(v) for k, v in job["variables"].items()})
+    results = harness.run_job(fake, "\n".join(job["script"]), timeout=120)
+    build = results["build_script"]
+    assert build.code == 0, build.output
+    assert "world=2" in build.output and "node1,node2" in build.output, build.output
