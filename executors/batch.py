@@ -21,7 +21,7 @@ batch job each, the way Jacamar CI does it, plus what Jacamar leaves to its user
   <nonce>`), so cleanup, a later prepare and the controller cancel what a killed driver
   left, and nothing of anyone else's;
 - the GPU set the scheduler assigned is written to the lease (`batch_gpus`), so the lease
-  and the web page show the GPUs the job really got.
+  names the GPUs the job really got, not only the slot's.
 
 A `Scheduler` says how one batch system does each of these; `BatchDriver` is the rest.
 git, cache and artifact stages run on the host like the shell driver.
