@@ -70,6 +70,8 @@ class Lease:
     slurm_job: str | None = None  # slurm driver
     uid: int = dataclasses.field(default_factory=os.getuid)  # the user the job's processes run as
     problem: str = ""  # set on a file that could not be read: it holds the GPU (fail closed)
+    batch_job: str | None = None  # batch drivers: "<driver>:<scheduler's job id>"
+    batch_gpus: str | None = None  # the GPU set the batch system gave the job (its CUDA_VISIBLE_DEVICES)
 
     @property
     def token(self) -> str:
@@ -219,7 +221,26 @@ def slurm_active(job: str | None) -> bool:
 
 
 def job_running(lease: Lease) -> bool:
-    return group_alive(lease.pgid) or bool(job_processes(lease)) or slurm_active(lease.slurm_job)
+    return (group_alive(lease.pgid) or bool(job_processes(lease))
+            or slurm_active(lease.slurm_job) or batch_active(lease.batch_job))
+
+
+def batch_active(job: str | None) -> bool:
+    """True while a batch driver's job is pending or running (executors/batch.py)."""
+    if not job or job.startswith("slurm:"):
+        return False
+    from runnerctl.executors.driver import SystemFailure, load_registry  # drivers import this module
+
+    name, _, job_id = job.partition(":")
+    driver = load_registry().get(name)
+    scheduler = getattr(driver() if driver else None, "scheduler", None)
+    if scheduler is None:
+        return True  # a driver this host lacks: keep the lease rather than guess
+    try:
+        return bool(scheduler.active(job_id))
+    except SystemFailure as exc:  # the scheduler cannot be asked: keep the lease
+        logging.getLogger(__name__).warning("cannot ask %s about batch job %s: %s", name, job_id, exc)
+        return True
 
 
 def is_stale(lease: Lease) -> bool:

@@ -50,7 +50,8 @@ class PathSettings:
 @dataclasses.dataclass(frozen=True)
 class ExecutorSettings:
     driver: str = "docker"
-    """Driver behind the custom executor: docker (isolates GPUs), shell or slurm."""
+    """Driver behind the custom executor: docker (isolates GPUs), shell, or batch jobs:
+    slurm, sge, pbs, pjm (docs/hpc.md)."""
     gate_wait_s: float = 600.0
     """How long prepare waits for foreign processes to leave its GPUs before failing."""
     docker_image: str = "ubuntu:24.04"

@@ -135,3 +135,4 @@ def test_driver_killed_then_cleanup_leaves_no_slurm_job(host: Path) -> None:
 def _squeue_name(name: str) -> list[str]:
     return subprocess.run(["squeue", "-h", "-n", name, "-o", "%T"], capture_output=True, text=True,
                           check=False).stdout.split()
+

@@ -22,13 +22,14 @@ from runnerctl.pipelines import components, load_component, render
 ROOT = Path(__file__).resolve().parents[1]
 MINIMAL = {"gpu-job": {"command": "python train.py"},
            "optuna-sweep": {"study_name": "lr_search", "command": "python search.py"},
-           "python-cache": {}}
+           "python-cache": {}, "hpc-batch-job": {"command": "srun hostname"}}
 RENDERED = [
     ("gpu-job", {}), ("gpu-job", {"gpus": "8", "priority": "high", "artifacts": '["logs/", "out/"]'}),
     ("optuna-sweep", {}), ("optuna-sweep", {"workers": "200", "gpus_per_worker": "4"}),
     ("optuna-sweep", {"workers": "1", "command": "python a.py\npython b.py",
                       "service_tags": '["cpu"]', "report_command": 'echo "best: see artifacts"'}),
     ("python-cache", {"lock_file": "uv.lock", "venv_options": "--system-site-packages"}),
+    ("hpc-batch-job", {"nodes": "4", "gpus_per_node": "8", "scheduler_parameters": "--partition=gpu"}),
 ]
 
 
@@ -76,7 +77,8 @@ def _gitlab_tags(job: dict[str, Any]) -> list[str]:
 
 @pytest.mark.parametrize("gpus", [1, 2, 4, 8])
 @pytest.mark.parametrize(("component", "job", "gpu_input"), [
-    ("gpu-job", "gpu-job", "gpus"), ("optuna-sweep", "optuna-worker", "gpus_per_worker")])
+    ("gpu-job", "gpu-job", "gpus"), ("optuna-sweep", "optuna-worker", "gpus_per_worker"),
+    ("hpc-batch-job", "hpc-batch-job", "gpus_per_node")])
 def test_gpu_tags_reach_exactly_the_runners_of_that_size(component: str, job: str, gpu_input: str,
                                                          gpus: int) -> None:
     pipeline = yaml.safe_load(render(component, {**MINIMAL[component], gpu_input: str(gpus),

@@ -103,8 +103,8 @@ def _runner_config(settings: Settings, path: Path | None) -> RunnerConfigFile:
 @click.option("--project", "project_id", type=int, help="Register project runners in this project.")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="custom", show_default=True,
               help="custom: runnerctl's drivers (GPU leases, NVML gate; [executor] driver "
-              "docker, shell or slurm); docker/shell: gitlab-runner's own executors with "
-              "the GPU set in config.toml (no lease, no gate).")
+              "docker, shell, or slurm/sge/pbs/pjm batch jobs); docker/shell: gitlab-runner's "
+              "own executors with the GPU set in config.toml (no lease, no gate).")
 @runner_config_option
 @gpu_source_option
 @host_option
