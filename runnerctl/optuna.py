@@ -38,6 +38,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import Trial, TrialState
 
 from runnerctl.errors import ConfigError
+from runnerctl.optuna_journal import PostgresJournalBackend, SweepJournalStorage, is_journal_url
 
 ENV_STORAGE = "OPTUNA_STORAGE"
 ENV_STUDY = "OPTUNA_STUDY_NAME"
@@ -77,6 +78,12 @@ def make_storage(url: str, *, heartbeat_interval: int | None = None,
         return JournalStorage(JournalFileBackend(url.removeprefix(JOURNAL_PREFIX)))
     interval = heartbeat_interval or _positive(env, "RUNNERCTL_OPTUNA_HEARTBEAT_S", HEARTBEAT_INTERVAL_S)
     grace = grace_period or _positive(env, "RUNNERCTL_OPTUNA_GRACE_S", GRACE_PERIOD_S)
+    if is_journal_url(url):
+        with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna, and needed here
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            callback = _retry_callback()[1]
+        return SweepJournalStorage(PostgresJournalBackend(url), heartbeat_interval=interval,
+                                   grace_period=grace, stale_trial_callback=callback)
     engine: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite"):
         engine["connect_args"] = {"timeout": 60}  # wait for the file lock, do not fail
@@ -84,8 +91,9 @@ def make_storage(url: str, *, heartbeat_interval: int | None = None,
         engine.update(pool_size=POOL_SIZE, max_overflow=0)
     with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna, and needed here
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        keyword, callback = _retry_callback()
         return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=interval,
-                          grace_period=grace, **_retry_callback())
+                          grace_period=grace, **{keyword: callback})
 
 
 class SweepStorage(_CachedStorage):
@@ -128,15 +136,15 @@ class SweepStorage(_CachedStorage):
         return super()._get_stale_trial_ids(study_id)
 
 
-def _retry_callback() -> dict[str, Any]:
-    """Optuna 4.9 renamed the callback and its argument; older releases know the old names."""
+def _retry_callback() -> tuple[str, Any]:
+    """RDBStorage's argument name and the callback: Optuna 4.9 renamed both."""
     try:
         from optuna.storages import RetryHeartbeatStaleTrialCallback
     except ImportError:  # Optuna < 4.9
         from optuna.storages import RetryFailedTrialCallback
 
-        return {"failed_trial_callback": RetryFailedTrialCallback(max_retry=MAX_RETRY)}
-    return {"heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)}
+        return "failed_trial_callback", RetryFailedTrialCallback(max_retry=MAX_RETRY)
+    return "heartbeat_stale_trial_callback", RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)
 
 
 def _positive(env: Mapping[str, str], name: str, default: int) -> int:
@@ -176,6 +184,8 @@ def study_from_env(env: Mapping[str, str] | None = None, *,
     storage = make_storage(env[ENV_STORAGE], env=env)
     if isinstance(storage, RDBStorage):
         storage = SweepStorage(storage, refresh_s=_refresh_s(env))
+    elif isinstance(storage, SweepJournalStorage):
+        storage.refresh_s = _refresh_s(env)
     return optuna.load_study(study_name=env[ENV_STUDY], storage=storage, sampler=sampler)
 
 
@@ -190,7 +200,7 @@ def run_worker(objective: Objective, *, study: optuna.Study | None = None,
     try:
         return _run_until_budget(objective, study, budget, poll_s)
     finally:
-        if isinstance(study._storage, SweepStorage):
+        if isinstance(study._storage, SweepStorage | SweepJournalStorage):
             study._storage.expire()  # the caller's next look at the study is a fresh one
 
 
@@ -230,10 +240,11 @@ class TrialCounter:
 
     def __init__(self, study: optuna.Study) -> None:
         self.study = study
-        backend = getattr(study, "_storage", None)
-        backend = getattr(backend, "_backend", backend)  # under Optuna's _CachedStorage
+        storage = getattr(study, "_storage", None)
+        backend = getattr(storage, "_backend", storage)  # under Optuna's _CachedStorage
         self._rdb = backend if isinstance(backend, RDBStorage) else None
-        self.failover = self._rdb is not None and self._rdb.heartbeat_interval is not None
+        self.failover = ((self._rdb is not None and self._rdb.heartbeat_interval is not None)
+                         or isinstance(storage, SweepJournalStorage))
 
     def counts(self, *, exclude_number: int = -1) -> tuple[int, int]:
         """(COMPLETE, RUNNING) trials, leaving out trial number `exclude_number`."""
