@@ -28,7 +28,6 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -299,51 +298,11 @@ class _Admission:
         return value
 
 
-def report(study: optuna.Study, out_dir: Path) -> Path:
-    """Write best_trial.json, trials.json and two plots (HTML, no network needed) to out_dir."""
-    import json
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if not complete:
-        raise ConfigError(f"study {study.study_name!r} has no complete trial to report")
-    best = study.best_trial
-    (out_dir / "best_trial.json").write_text(json.dumps(
-        {"study": study.study_name, "number": best.number, "value": best.value,
-         "params": best.params, "complete_trials": len(complete)}, indent=2) + "\n")
-    (out_dir / "trials.json").write_text(json.dumps(
-        [{"number": t.number, "state": t.state.name, "value": t.value, "params": t.params}
-         for t in study.get_trials(deepcopy=False)], indent=1) + "\n")
-    from optuna import visualization
-
-    visualization.plot_optimization_history(study).write_html(
-        out_dir / "optimization_history.html", include_plotlyjs=True)
-    if len(complete) > 1 and best.params:
-        # PED-ANOVA, Optuna 5's default, named so that 4.x (default fANOVA) needs no scikit-learn
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            evaluator = optuna.importance.PedAnovaImportanceEvaluator()
-        visualization.plot_param_importances(study, evaluator=evaluator).write_html(
-            out_dir / "param_importances.html", include_plotlyjs=True)
-    return out_dir / "best_trial.json"
-
-
 def main(argv: list[str] | None = None) -> int:
-    """`python -m runnerctl.optuna report --out DIR`: the sweep's report job."""
-    import argparse
+    """`python -m runnerctl.optuna report|create-study|dashboard`: the sweep's own jobs."""
+    from runnerctl.optuna_tools import main as tools_main
 
-    parser = argparse.ArgumentParser(prog="python -m runnerctl.optuna")
-    parser.add_argument("command", choices=["report"])
-    parser.add_argument("--out", type=Path, default=Path("optuna-report"))
-    args = parser.parse_args(argv)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        best = report(study_from_env(), args.out)
-    except ConfigError as exc:
-        print(f"runnerctl.optuna: error: {exc}")
-        return int(exc.exit_code)
-    print(best.read_text(), end="")
-    return 0
+    return tools_main(argv)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ import threading
 import time
 from collections.abc import Callable, Container
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from optuna.storages import JournalStorage
 from optuna.storages._heartbeat import BaseHeartbeat
@@ -42,10 +41,12 @@ from optuna.storages.journal import BaseJournalBackend
 from optuna.trial import FrozenTrial, TrialState
 
 from runnerctl.errors import ConfigError
+from runnerctl.postgres import JOURNAL_SCHEME as SCHEME
+from runnerctl.postgres import libpq_url
 
-SCHEME = "journal+postgresql"
-"""`journal+postgresql://ROLE:PASSWORD@HOST:PORT/DATABASE`: this storage, in the database
-that the same URL with `postgresql+psycopg://` names (Optuna's RDB tables may live beside it)."""
+# SCHEME: `journal+postgresql://ROLE:PASSWORD@HOST:PORT/DATABASE` is this storage, in the
+# database that the same URL with `postgresql+psycopg://` names (Optuna's RDB tables may
+# live beside it).
 LOG_TABLE = "runnerctl_optuna_journal"
 BEAT_TABLE = "runnerctl_optuna_heartbeats"
 CONNECT_TIMEOUT_S = 10
@@ -80,13 +81,6 @@ def is_journal_url(url: str) -> bool:
     return url.startswith(SCHEME + "://")
 
 
-def libpq_url(url: str) -> str:
-    """The libpq URL psycopg connects with (scheme postgresql://, all else kept)."""
-    if not is_journal_url(url):
-        raise ConfigError(f"not a {SCHEME}:// URL: {url.split('://', 1)[0]!r}")
-    return urlunsplit(urlsplit(url)._replace(scheme="postgresql"))
-
-
 class PostgresJournalBackend(BaseJournalBackend):
     """Optuna's journal as an append-only table of a PostgreSQL database.
 
@@ -97,6 +91,8 @@ class PostgresJournalBackend(BaseJournalBackend):
     """
 
     def __init__(self, url: str, *, connect: Callable[[str], Any] | None = None) -> None:
+        if not is_journal_url(url):
+            raise ConfigError(f"not a {SCHEME}:// URL: {url.split('://', 1)[0]!r}")
         self._url = libpq_url(url)
         self._connect = connect or _connect
         self._lock = threading.Lock()
