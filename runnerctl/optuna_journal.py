@@ -19,7 +19,8 @@ the study's PostgreSQL database, so workers on any host share it:
 - a read is one indexed range query (`id >= n`), mostly empty.
 
 Heartbeats, which Optuna implements only for RDBStorage, are rows of a second table
-(trial id, last beat by the server's clock, so hosts' clocks do not matter):
+(trial id, last beat by the server's clock, so hosts' clocks do not matter; see
+`record_heartbeat` for the first beat):
 `SweepJournalStorage` records them and finds stale trials among the RUNNING ones of
 its in-memory study; Optuna's `fail_stale_trials` then fails them in the journal (of two
 workers failing the same trial, the journal's order keeps the first) and the retry
@@ -73,7 +74,9 @@ _NOTHING = 2**62
 _READ = f"SELECT log FROM {LOG_TABLE} WHERE id >= %s ORDER BY id"
 _BEAT = (f"INSERT INTO {BEAT_TABLE} (trial_id, beat) VALUES (%s, now()) "
          "ON CONFLICT (trial_id) DO UPDATE SET beat = EXCLUDED.beat")
-_STALE = (f"SELECT trial_id FROM {BEAT_TABLE} WHERE trial_id = ANY(%s) "
+_STALE = (f"WITH seen AS (INSERT INTO {BEAT_TABLE} (trial_id, beat) SELECT unnest(%s::bigint[]), now() "
+          "ON CONFLICT (trial_id) DO NOTHING) "
+          f"SELECT trial_id FROM {BEAT_TABLE} WHERE trial_id = ANY(%s) "
           "AND beat < now() - make_interval(secs => %s)")
 
 
@@ -98,6 +101,7 @@ class PostgresJournalBackend(BaseJournalBackend):
         self._lock = threading.Lock()
         self._conn: Any = None
         self._prefetched: tuple[int, list[dict[str, Any]]] | None = None
+        self._beating: set[int] = set()
         self.next_read: int | None = None
         """The log number the journal reads from next (SweepJournalStorage keeps it up to
         date after each read); None: do not read ahead on append."""
@@ -125,7 +129,17 @@ class PostgresJournalBackend(BaseJournalBackend):
 
     # -- heartbeats -----------------------------------------------------------------------
     def record_heartbeat(self, trial_id: int) -> None:
+        """A beat of a RUNNING trial; the first one (as its trial starts) is not written.
+
+        A trial shorter than one heartbeat interval then costs no heartbeat write (a
+        durable commit: most of the server's CPU per statement). A trial without a row
+        is given one, beating "now", by the first worker that looks for stale trials and
+        sees it RUNNING: one that never beats is stale a grace period after that.
+        """
         with self._lock:
+            if trial_id not in self._beating:
+                self._beating.add(trial_id)
+                return
             self._retrying(lambda conn: conn.execute(_BEAT, (trial_id,)))
 
     def stale_trial_ids(self, trial_ids: list[int], grace_period_s: int) -> list[int]:
@@ -133,7 +147,8 @@ class PostgresJournalBackend(BaseJournalBackend):
         if not trial_ids:
             return []
         with self._lock:
-            rows = self._retrying(lambda conn: conn.execute(_STALE, (trial_ids, grace_period_s)).fetchall())
+            rows = self._retrying(lambda conn: conn.execute(
+                _STALE, (trial_ids, trial_ids, grace_period_s)).fetchall())
         return [int(row[0]) for row in rows]
 
     def close(self) -> None:
