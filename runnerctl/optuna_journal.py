@@ -9,13 +9,13 @@ Its only backends are a file (one host: every worker must see the same file syst
 with working locks) and Redis. `PostgresJournalBackend` puts the log into one table of
 the study's PostgreSQL database, so workers on any host share it:
 
-- one append is one statement, one round trip: a function in the database takes the
-  table's write lock, inserts the entries numbered after the last one, and returns
-  every entry that is new to this worker, its own included (which the journal reads
-  right after each write). The lock is held only while the server runs that statement,
-  never across a network round trip, and makes commit order the log order: a reader
-  that sees entry N sees every entry before it, which the journal's replay (and the
-  exact trial total) relies on;
+- an entry's number comes from a sequence; one append is one statement, one round
+  trip, that inserts the entry and returns every entry new to this worker (the journal
+  reads right after each write). No lock is held across a commit, so concurrent
+  appends share their WAL flushes (group commit);
+- a reader takes entries up to the first missing number only (see `_read`): every
+  worker replays the same entries in the same order, and after its own append it has
+  seen every entry numbered before it, which the exact trial total relies on;
 - a read is one indexed range query (`id >= n`), mostly empty.
 
 Heartbeats, which Optuna implements only for RDBStorage, are rows of a second table
@@ -52,26 +52,22 @@ LOG_TABLE = "runnerctl_optuna_journal"
 BEAT_TABLE = "runnerctl_optuna_heartbeats"
 CONNECT_TIMEOUT_S = 10
 
-APPEND_FUNCTION = "runnerctl_optuna_journal_append"
+SEQUENCE = "runnerctl_optuna_journal_ids"
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {LOG_TABLE} (id bigint PRIMARY KEY, log text NOT NULL);
+CREATE SEQUENCE IF NOT EXISTS {SEQUENCE} MINVALUE 0 START WITH 0;
 CREATE TABLE IF NOT EXISTS {BEAT_TABLE} (trial_id bigint PRIMARY KEY, beat timestamptz NOT NULL);
-CREATE OR REPLACE FUNCTION {APPEND_FUNCTION}(logs text[], read_from bigint)
-RETURNS SETOF text LANGUAGE plpgsql AS $$
-BEGIN
-  -- Appends one at a time, numbered after the last: commit order is log order.
-  -- EXCLUSIVE lets readers go on. Each statement below sees what committed before it.
-  LOCK TABLE {LOG_TABLE} IN EXCLUSIVE MODE;
-  INSERT INTO {LOG_TABLE} (id, log) SELECT last.n + u.ord - 1, u.log
-    FROM (SELECT COALESCE(MAX(id) + 1, 0) AS n FROM {LOG_TABLE}) last,
-         unnest(logs) WITH ORDINALITY AS u(log, ord);
-  RETURN QUERY SELECT t.log FROM {LOG_TABLE} t WHERE t.id >= read_from ORDER BY t.id;
-END $$;
 """
-_APPEND = f"SELECT * FROM {APPEND_FUNCTION}(%s, %s)"
-_NOTHING = 2**62
-"""A log number no log reaches: an append that reads nothing back."""
-_READ = f"SELECT log FROM {LOG_TABLE} WHERE id >= %s ORDER BY id"
+_INSERT = f"INSERT INTO {LOG_TABLE} (id, log) VALUES (nextval('{SEQUENCE}'), %s) RETURNING id"
+_APPEND = (f"WITH mine AS ({_INSERT}) SELECT id, NULL FROM mine "
+           f"UNION ALL SELECT id, log FROM {LOG_TABLE} WHERE id >= %s ORDER BY 1")
+_READ = f"SELECT id, log FROM {LOG_TABLE} WHERE id >= %s ORDER BY id"
+_FILL = f"INSERT INTO {LOG_TABLE} (id, log) VALUES (%s, %s) ON CONFLICT (id) DO NOTHING"
+FILLER = {"op_code": 3, "worker_id": "runnerctl-gap", "study_id": -1, "system_attr": {}}
+"""What fills the number of an append that never committed: an entry Optuna's replay skips
+(an attribute of a study that does not exist, from no worker)."""
+MAX_TRIES = 20
+_FILLER_TEXT = json.dumps(FILLER, separators=(",", ":"))
 _BEAT = (f"INSERT INTO {BEAT_TABLE} (trial_id, beat) VALUES (%s, now()) "
          "ON CONFLICT (trial_id) DO UPDATE SET beat = EXCLUDED.beat")
 _STALE = (f"WITH seen AS (INSERT INTO {BEAT_TABLE} (trial_id, beat) SELECT unnest(%s::bigint[]), now() "
@@ -114,18 +110,59 @@ class PostgresJournalBackend(BaseJournalBackend):
             prefetched, self._prefetched = self._prefetched, None
             if prefetched is not None and prefetched[0] == log_number_from:
                 return prefetched[1]  # read with this worker's last append, one round trip ago
-            rows = self._retrying(lambda conn: conn.execute(_READ, (log_number_from,)).fetchall())
-        return [json.loads(row[0]) for row in rows]
+            logs: list[dict[str, Any]] = self._retrying(lambda conn: self._read(conn, log_number_from, None))
+            return logs
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
-        """Append in log order, then read what is new since this worker's last read."""
-        payload = [json.dumps(log, separators=(",", ":")) for log in logs]
+        """Append in order, then read everything new since this worker's last read."""
+        import psycopg
+
         with self._lock:
-            read_from = self.next_read
-            rows = self._connection().execute(_APPEND, (payload, _NOTHING if read_from is None
-                                                        else read_from)).fetchall()
-            if read_from is not None:
-                self._prefetched = (read_from, [json.loads(row[0]) for row in rows])
+            conn = self._connection()
+            for n, log in enumerate(logs):
+                text = json.dumps(log, separators=(",", ":"))
+                read_from = self.next_read if n == len(logs) - 1 else None
+                for _ in range(MAX_TRIES):
+                    try:
+                        if read_from is None:
+                            conn.execute(_INSERT, (text,))
+                        else:
+                            rows = conn.execute(_APPEND, (text, read_from)).fetchall()
+                            rows = [(i, text if entry is None else entry) for i, entry in rows]
+                            self._prefetched = (read_from, self._read(conn, read_from, rows))
+                        break
+                    except psycopg.errors.UniqueViolation:
+                        continue  # a reader filled our number as we took it: take another
+                else:
+                    raise RuntimeError(f"no free log number after {MAX_TRIES} tries")
+
+    def _read(self, conn: Any, start: int, rows: list[tuple[int, str]] | None) -> list[dict[str, Any]]:
+        """The entries from `start` on that every worker reads alike: up to the first gap.
+
+        Numbers are taken in order but committed in any order, so number N may be missing
+        while N+1 is there: its append is still committing, or it failed. Inserting a
+        filler at N waits for that append's end and does nothing when it committed; when
+        it failed, the filler takes N, and every worker reads the same entries in the
+        same order either way. The entries after the last gap come at the next read.
+        """
+        out: list[dict[str, Any]] = []
+        if rows is None:
+            rows = conn.execute(_READ, (start,)).fetchall()
+        for _ in range(MAX_TRIES):
+            expect, beyond = start + len(out), False
+            for number, text in rows:
+                if number < expect:
+                    continue
+                if number > expect:
+                    beyond = True
+                    break
+                out.append(json.loads(text))
+                expect += 1
+            if not beyond:
+                return out
+            conn.execute(_FILL, (expect, _FILLER_TEXT))
+            rows = conn.execute(_READ, (expect,)).fetchall()
+        return out
 
     # -- heartbeats -----------------------------------------------------------------------
     def record_heartbeat(self, trial_id: int) -> None:
@@ -175,8 +212,8 @@ class PostgresJournalBackend(BaseJournalBackend):
 
     def _ensure_schema(self) -> None:
         conn = self._connection()
-        found = conn.execute("SELECT to_regclass(%s), to_regclass(%s), to_regprocedure(%s)",
-                             (LOG_TABLE, BEAT_TABLE, f"{APPEND_FUNCTION}(text[],bigint)")).fetchone()
+        found = conn.execute("SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)",
+                             (LOG_TABLE, BEAT_TABLE, SEQUENCE)).fetchone()
         if found is not None and None not in found:
             return
         with conn.transaction():  # workers starting together: one creates, the others wait
