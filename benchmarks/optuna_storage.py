@@ -117,7 +117,7 @@ def worker_loop() -> None:
         if config in RUNNERCTL:
             from runnerctl.optuna import run_worker
 
-            run_worker(objective, study=study, poll_s=0.2)
+            run_worker(objective, study=study)  # as the template: waits poll 1 s
         else:
             study.optimize(objective, n_trials=int(share))
         cpu = time.process_time() - cpu

@@ -275,7 +275,8 @@ class _Admission:
 
     A trial is RUNNING from its creation, before this check. It is admitted when the
     COMPLETE trials plus the other RUNNING ones are fewer than the budget; when it takes
-    the last place, the worker stops asking after it (no surplus trial at the end). No lock is
+    the last place, or when the others took the rest while it ran, the worker stops asking
+    after it (few surplus trials at the end: the worker loop waits instead). No lock is
     needed: of any two trials, the one checked later sees the other (RUNNING or
     COMPLETE), so the last admitted trial always sees every other one that completes.
     A RUNNING trial of a killed worker is counted until the heartbeat failover marks it
@@ -295,6 +296,8 @@ class _Admission:
             trial.study.stop()  # the last one with room: create no surplus trial after it
         value = self.objective(trial)
         self.ran += 1
+        if sum(self.counter.counts(exclude_number=trial.number)) + 1 >= self.budget:
+            trial.study.stop()  # the others took the rest meanwhile: no trial to prune unrun
         return value
 
 
