@@ -186,6 +186,28 @@ def test_report_and_dashboard_open_a_journal_study(pg_server: PostgresServer, tm
         server.shutdown()
 
 
+def test_the_dashboard_command_serves_the_storage(pg_server: PostgresServer,
+                                                  spawned: list[subprocess.Popen[bytes]]) -> None:
+    from tests.pg import free_port
+
+    url = _journal(pg_server, "journal_dash")
+    optuna.create_study(study_name="dash", storage=make_storage(url))
+    port = free_port()
+    spawned.append(subprocess.Popen(
+        [sys.executable, "-m", "runnerctl.optuna", "dashboard", "--port", str(port)],
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OPTUNA_STORAGE": url},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            studies = httpx.get(f"http://127.0.0.1:{port}/api/studies", timeout=5).json()
+            break
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "the dashboard never answered"
+            time.sleep(0.2)
+    assert [s["study_name"] for s in studies["study_summaries"]] == ["dash"]
+
+
 class _QuietHandler(wsgiref.simple_server.WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the stdlib's name)
         return
