@@ -42,7 +42,8 @@ SERVER_USER = "postgres"
 DEFAULT_DATABASE = "optuna"
 """The project database `runnerctl postgres url` hands out when no name is given."""
 MAX_CONNECTIONS = 200
-"""runnerctl.optuna uses at most 2 connections per worker: about 95 workers."""
+"""runnerctl.optuna's journal uses 1 connection per worker (about 190 workers), its RDB
+path at most 2 (about 95)."""
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 _RESERVED = {"postgres", "template0", "template1", "public", ADMIN_ROLE}
 _WILDCARDS = {"*", "0.0.0.0", "::"}
@@ -329,10 +330,25 @@ def with_host(url: str, host: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{userinfo}{bracketed}{port}"))
 
 
+KINDS = ("journal", "rdb")
+"""How Optuna keeps a study in a database: runnerctl's journal (a log table; workers read
+only what is new: the default) or Optuna's RDB tables (what plain Optuna URLs open)."""
+JOURNAL_SCHEME = "journal+postgresql"
+
+
+def storage_url(url: str, kind: str) -> str:
+    """The Optuna storage URL of one database for `kind`: journal+postgresql:// or
+    postgresql+psycopg:// (SQLAlchemy's form, which Optuna's RDBStorage takes)."""
+    if kind not in KINDS:
+        raise ConfigError(f"storage kind {kind!r} is not one of {', '.join(KINDS)}")
+    rest = libpq_url(url).partition("://")[2]
+    return f"{JOURNAL_SCHEME if kind == 'journal' else 'postgresql+psycopg'}://{rest}"
+
+
 def libpq_url(url: str) -> str:
-    """psycopg wants postgresql://; SQLAlchemy URLs name the driver."""
+    """psycopg wants postgresql://; SQLAlchemy URLs name the driver, journal URLs the kind."""
     scheme, sep, rest = url.partition("://")
-    if not sep or not scheme.startswith(("postgresql", "postgres")):
+    if not sep or not scheme.removeprefix("journal+").startswith(("postgresql", "postgres")):
         raise ConfigError(f"not a PostgreSQL URL: {scheme or url!r}")
     return "postgresql://" + rest
 
