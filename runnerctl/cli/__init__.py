@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import click
 
 from runnerctl import __version__
-from runnerctl.cli import controller, experiments, host, monitoring, users
+from runnerctl.cli import controller, experiments, host, monitoring, ops, users
 from runnerctl.errors import ExitCode, RunnerctlError
 
 COMMANDS: list[click.Command] = [
@@ -31,6 +31,7 @@ COMMANDS: list[click.Command] = [
     controller.resume,
     monitoring.exporter,
     users.user,
+    ops.install,
 ]
 
 
