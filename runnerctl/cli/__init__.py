@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import click
 
 from runnerctl import __version__
-from runnerctl.cli import controller, experiments, host, monitoring, sim, users
+from runnerctl.cli import controller, experiments, host, monitoring, ops, sim, users
 from runnerctl.errors import ExitCode, RunnerctlError
 from runnerctl.logline import configure
 
@@ -35,6 +35,7 @@ COMMANDS: list[click.Command] = [
     monitoring.exporter,
     users.user,
     sim.sim,
+    ops.install,
 ]
 
 
