@@ -53,6 +53,16 @@ class StubGitLab:
             time.sleep(0.05)
         raise AssertionError(f"job {job_id} never reached {states}: {self.jobs[job_id]}")
 
+    def wait_trace(self, job_id: int, needle: bytes, timeout_s: float = 60) -> None:
+        """Until the job's trace, as PATCHed so far, holds `needle`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self.lock:
+                if needle in self.jobs[job_id]["trace"]:
+                    return
+            time.sleep(0.05)
+        raise AssertionError(f"job {job_id}'s trace never showed {needle!r}: {self.jobs[job_id]['trace']!r}")
+
     def running(self, token: str) -> int:
         return sum(1 for j in self.jobs.values() if j["runner"] == token and j["state"] in ("running",
                                                                                             "canceling"))

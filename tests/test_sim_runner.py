@@ -236,10 +236,7 @@ def test_canceling_runs_after_script_then_reports(stub: StubGitLab, tmp_path: Pa
     stub.enqueue("glrt-cccc", 201, "sleep 300", after=["echo after_script saw $CI_JOB_STATUS"])
     runner = RunnerProcess(config)
     try:
-        stub.wait(201, ("running",))
-        deadline = time.monotonic() + 30
-        while b"$ sleep 300" not in stub.jobs[201]["trace"] and time.monotonic() < deadline:
-            time.sleep(0.1)
+        stub.wait_trace(201, b"$ sleep 300")
         with stub.lock:
             stub.jobs[201]["state"] = "canceling"  # POST /projects/:id/jobs/:id/cancel
         job = stub.wait(201, ("canceled",), timeout_s=90)  # a quiet job is touched every 30 s
@@ -352,10 +349,7 @@ def test_job_failed_in_gitlab_is_aborted_without_after_script(stub: StubGitLab, 
                  after=["echo after_script ran"])
     runner = RunnerProcess(config)
     try:
-        stub.wait(501, ("running",))
-        deadline = time.monotonic() + 60
-        while b"tick" not in stub.jobs[501]["trace"] and time.monotonic() < deadline:
-            time.sleep(0.1)
+        stub.wait_trace(501, b"tick")
         with stub.lock:
             stub.jobs[501]["state"] = "failed"  # e.g. stuck_or_timeout_failure, no_updates_running
         runner.wait_line(r"job 501 ended .*final update answered 403", timeout_s=60)
