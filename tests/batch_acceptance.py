@@ -74,7 +74,7 @@ def exit_code_is_a_build_failure(host: Path, cluster: Cluster) -> None:
     assert build.code == BUILD_FAILURE, build.output
     assert "before" in build.output and cluster.limit_seen in build.output, build.output
     assert f"{cluster.title} job" in build.output
-    assert (h.workdir / "exit-901").read_text().strip() == "3"
+    assert h.outcomes[901].exit_code == 3
     assert results["cleanup"].code == 0 and LeaseTable(host / "state").all() == []
 
 

@@ -36,10 +36,10 @@ def test_slurm_job_with_an_image_runs_in_apptainer_with_its_gpus(host: Path, tmp
     results = harness.run_job(job, 'echo "in=$APPTAINER_CONTAINER cuda=$CUDA_VISIBLE_DEVICES"; exit 4')
     build = results["build_script"]
     assert "in=docker://pytorch/pytorch:2.3 cuda=" in build.output, build.output
-    assert build.output.split("cuda=")[1].split()[0].isdigit()  # Slurm's GPU passes through
-    assert (harness.workdir / "exit-960").read_text().strip() == "4"
+    assert build.output.rsplit("cuda=", 1)[1].split()[0].isdigit()  # Slurm's GPU (output, not echo)
+    assert harness.outcomes[960].exit_code == 4
     calls = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(calls) == 1 and "--nv" in calls[0]["flags"]
+    assert calls and all("--nv" in call["flags"] for call in calls)  # build_script, after_script
     assert calls[0]["image"] == "docker://pytorch/pytorch:2.3"
 
 
@@ -50,4 +50,4 @@ def test_a_node_without_apptainer_fails_the_stage_saying_so(host: Path, monkeypa
     results = harness.run_job(FakeJob(id=961, image="/shared/train.sif"), "echo never")
     build = results["build_script"]
     assert "image: /shared/train.sif needs apptainer or singularity on this node" in build.output
-    assert (harness.workdir / "exit-961").read_text().strip() == "127"
+    assert harness.outcomes[961].exit_code == 127

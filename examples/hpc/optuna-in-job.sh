@@ -24,9 +24,10 @@ pg=(runnerctl postgres --dir "$scratch" --listen "$MASTER_ADDR" --port $(( MASTE
 "${pg[@]}" init >/dev/null
 "${pg[@]}" start >/dev/null
 trap '"${pg[@]}" stop >/dev/null; rm -rf "$scratch"' EXIT
-url=$("${pg[@]}" create-study --host "$MASTER_ADDR" "$study" | tail -n 1)
+url=$("${pg[@]}" create-study --kind rdb --host "$MASTER_ADDR" "$study" | tail -n 1)  # RDB tables: the dump is readable without runnerctl
 echo "optuna-in-job: study $study on $MASTER_ADDR, $trials trials over $WORLD_SIZE nodes"
 export OPTUNA_STORAGE=$url OPTUNA_STUDY_NAME=$study OPTUNA_N_TRIALS=$trials
 "$RUNNERCTL_EACH_NODE" "$@"
-pg_dump --dbname="${url/+psycopg/}" --file="$dump_dir/optuna-$study.sql"
+dburl=${url#journal+}  # runnerctl journal storage or RDB: both are one PostgreSQL database
+pg_dump --dbname="${dburl/+psycopg/}" --file="$dump_dir/optuna-$study.sql"
 echo "optuna-in-job: database dumped to $dump_dir/optuna-$study.sql"
