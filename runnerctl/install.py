@@ -83,6 +83,17 @@ def write(files: list[UnitFile], root: Path, *, state_dir: Path) -> list[Path]:
     return written
 
 
+_STRICT = """NoNewPrivileges=yes
+PrivateTmp=yes
+ProtectSystem=strict
+ProtectHome=read-only
+ProtectKernelTunables=yes
+ProtectControlGroups=yes
+"""
+"""Hardening of the long-running services: the whole file system read-only but for the
+paths each unit names, no privilege gained through exec, no other user's /home."""
+
+
 def _command(options: InstallOptions, *args: str) -> str:
     return shlex.join([options.python, "-m", "runnerctl", *args])
 
@@ -107,13 +118,7 @@ ExecStart={_command(options, "serve", "--gitlab", options.gitlab_url, "--listen"
 Restart=always
 RestartSec=5
 TimeoutStopSec=30
-NoNewPrivileges=yes
-PrivateTmp=yes
-ProtectSystem=strict
-ProtectHome=read-only
-ProtectKernelTunables=yes
-ProtectControlGroups=yes
-ReadWritePaths={state} -{runner_dir}
+{_STRICT}ReadWritePaths={state} -{runner_dir}
 UMask=0077
 
 [Install]
@@ -161,13 +166,7 @@ User=root
 {_env_lines(options)}ExecStart={_command(options, "exporter")}
 Restart=always
 RestartSec=5
-NoNewPrivileges=yes
-PrivateTmp=yes
-ProtectSystem=strict
-ProtectHome=read-only
-ProtectKernelTunables=yes
-ProtectControlGroups=yes
-ReadOnlyPaths={options.settings.state_dir}
+{_STRICT}ReadOnlyPaths={options.settings.state_dir}
 UMask=0077
 
 [Install]
