@@ -11,6 +11,10 @@ and never `gpu` or a smaller `gpus:K`, so it cannot take a job that asked for fe
 GPUs; single-GPU runners carry `gpu` and `gpus:1` so that both the classic `tags:
 [gpu]` and `gpus:1` reach them. Every runner carries all `priority:*` tags, so a job's
 priority tag only informs the controller and never makes a job unschedulable.
+
+The host's stand-by runner (`standby_tags`) carries every tag any of its slots
+carries, so that a job one of its slots can serve is never "stuck" in GitLab's eyes
+while its runners are paused (docs/controller.md, "Stand-by runner").
 """
 
 from __future__ import annotations
@@ -30,6 +34,16 @@ def slot_tags(slot: Slot) -> list[str]:
     if slot.size == 1:
         tags.insert(0, "gpu")
     return tags + [f"priority:{p}" for p in PRIORITIES]
+
+
+def standby_name(host: str) -> str:
+    """The stand-by runner's description in GitLab (never a config.toml entry)."""
+    return f"runnerctl/{host}/standby"
+
+
+def standby_tags(slots: list[Slot]) -> list[str]:
+    """Every tag of every slot of the host, in slot order: the jobs the host can serve."""
+    return list(dict.fromkeys(tag for slot in slots for tag in slot_tags(slot)))
 
 
 def plan_slots(snapshot: GpuSnapshot) -> list[Slot]:

@@ -8,20 +8,25 @@ second run picks up where the first stopped. Existing entries keep their credent
 A create whose answer never arrived (a timeout) may still have made a runner in GitLab
 whose token nobody knows: every run first deletes such orphans (a runner named like one
 of this host's slots that config.toml does not know), so they never pile up.
+
+Last, `standby.ensure` makes the host's stand-by runner (never in config.toml; its token
+in the state dir), which keeps GitLab from dropping jobs that wait for a drain.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import tomlkit
 
+from runnerctl import standby
 from runnerctl.executors.contract import DriverArgs, custom_section
 from runnerctl.gitlab import CreatedRunner, GitLabPort, RunnerInfo, RunnerScope
-from runnerctl.layout import plan_slots, slot_tags
+from runnerctl.layout import plan_slots, slot_tags, standby_name
 from runnerctl.model import GpuSnapshot, Slot
 from runnerctl.runner_config import RunnerConfigFile, replace_owned_entries
 from runnerctl.settings import Settings
@@ -55,6 +60,9 @@ class RegistrationPlan:
                  for s in self.create]
         lines += [f"keep   {s.name} (runner {rid})" for s, rid in self.keep]
         lines += [f"retire {name} (runner {rid})" for name, rid in self.retire]
+        if self.slots:
+            lines.append(f"ensure {standby_name(self.slots[0].host)} (stand-by: unpaused, every slot's "
+                         "tags, never in config.toml, token beside it)")
         return lines
 
 
@@ -127,7 +135,18 @@ def render_dry_run(plan: RegistrationPlan, snapshot: GpuSnapshot, options: Regis
         entries[slot.name] = values
     _ensure_globals(doc, len(plan.slots))
     replace_owned_entries(doc, entries, retire={name for name, _ in plan.retire})
-    return tomlkit.dumps(doc)
+    return mask_tokens(tomlkit.dumps(doc))
+
+
+_TOKEN_VALUE = re.compile(r'^(\s*token\s*=\s*)(["\'])(?!<)[^"\']*\2', re.MULTILINE)
+_GITLAB_TOKEN = re.compile(r"\b(gl[a-z]{1,6}-)[0-9A-Za-z_.\-]{8,}")
+
+
+def mask_tokens(text: str) -> str:
+    """config.toml text fit to print: every runner `token` value and anything shaped like a
+    GitLab token (`glrt-...`, `glpat-...`) masked, so a dry run shows no secret."""
+    text = _TOKEN_VALUE.sub(r"\1\2<masked>\2", text)
+    return _GITLAB_TOKEN.sub(r"\1<masked>", text)
 
 
 @dataclasses.dataclass
@@ -176,7 +195,20 @@ def apply_registration(plan: RegistrationPlan, snapshot: GpuSnapshot,
     finally:
         if entries or retired:
             _write(config, entries, retired, len(plan.slots))
+    _ensure_standby(plan, options, gitlab, config, result)
     return result
+
+
+def _ensure_standby(plan: RegistrationPlan, options: RegistrationOptions, gitlab: GitLabPort,
+                    config: RunnerConfigFile, result: RegistrationResult) -> None:
+    """The host's stand-by runner, reported under the same labels as the slots."""
+    if not plan.slots:
+        return
+    done, orphans = standby.ensure(gitlab, gitlab_url=options.gitlab_url, host=plan.slots[0].host,
+                                   slots=list(plan.slots), scope=options.scope, runner_config=config.path)
+    name = standby_name(plan.slots[0].host)
+    {"created": result.created, "retagged": result.retagged}.get(done, result.unchanged).append(name)
+    result.orphans.extend(orphans)
 
 
 def find_orphans(plan: RegistrationPlan, scope: RunnerScope, gitlab: GitLabPort) -> list[RunnerInfo]:

@@ -89,8 +89,8 @@ OPTIONS = {
     "drain": ["--gpu", "--slot", "--host", "--why", "--who", "--host-name"],
     "resume": ["--gpu", "--slot", "--host", "--why", "--who", "--host-name"],
     "status": ["--gpu-source", "--host", "--json", "--runner-config"],
-    "init": ["--gitlab-url", "--token", "--group", "--project", "--executor", "--gpu-source", "--host",
-             "--runner-config", "--optuna-storage"],
+    "init": ["--gitlab-url", "--token", "--token-file", "--group", "--project", "--executor", "--gpu-source",
+             "--host", "--runner-config", "--optuna-storage"],
 }
 
 

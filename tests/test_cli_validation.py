@@ -18,7 +18,7 @@ from runnerctl.controller.store import Toggle
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim.gitlab_server import GitLabServer
 from runnerctl.sim.world import PROJECT, World, build_world
-from tests.conftest import ADMIN_TOKEN
+from tests.conftest import token_file
 
 HEADER = "job_id,submit_time,gpus,duration\n"
 
@@ -134,8 +134,10 @@ def immutable() -> Iterator[list[Path]]:
 def test_init_on_an_immutable_config_or_directory_is_one_line(
         gitlab_server: GitLabServer, tmp_path: Path, immutable: list[Path],
         capsys: pytest.CaptureFixture[str]) -> None:
+    token = token_file(tmp_path)
+
     def init(config: Path) -> int:
-        return main(["init", "--gitlab-url", gitlab_server.url, "--token", ADMIN_TOKEN, "--group", "7",
+        return main(["init", "--gitlab-url", gitlab_server.url, "--token-file", token, "--group", "7",
                      "--gpu-source", "sim:2", "--host", "gpu-a", "--runner-config", str(config),
                      "--config", str(tmp_path / "absent.toml")])
 
@@ -207,3 +209,29 @@ def test_the_web_api_answers_422_for_a_target_the_host_lacks(world: World, tmp_p
 
     answer = TestClient(app).get("/probe")
     assert answer.status_code == 422 and "is not host, gpu:N or slot:KEY" in answer.json()["detail"]
+
+
+@pytest.mark.parametrize("args", [["demo", "--duration", "inf", "--listen", ""],
+                                  ["demo", "--duration", "nan"],
+                                  ["serve", "--gitlab", "sim", "--interval", "nan"],
+                                  ["serve", "--gitlab", "sim", "--interval", "1e999"],
+                                  ["exporter", "--interval", "-inf"]])
+def test_durations_must_be_finite(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    one_line(capsys, main(args), 2, "seconds (see `runnerctl")
+
+
+@pytest.mark.parametrize("line", ["interval_s = nan", "interval_s = inf", "cooldown_s = -1.0",
+                                  "claim_ttl_s = -inf"])
+def test_settings_numbers_must_be_finite_and_not_negative(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          line: str) -> None:
+    config = tmp_path / "runnerctl.toml"
+    config.write_text(f"[controller]\n{line}\n")
+    code = main(["pause", "--gpu", "0", "--why", "x", "--config", str(config), "--state-dir", str(tmp_path)])
+    one_line(capsys, code, 3, "must be a finite number, not negative")
+
+
+@pytest.mark.parametrize("source", ["sim:0", "sim:1000", "sim:x", "nvml", "sim:/some.yml"])
+def test_serve_sim_takes_only_sim_n(tmp_path: Path, capsys: pytest.CaptureFixture[str], source: str) -> None:
+    code = main(["serve", "--gitlab", "sim", "--gpu-source", source, "--listen", "127.0.0.1:0",
+                 "--state-dir", str(tmp_path)])
+    one_line(capsys, code, 3, "with --gitlab sim it is sim:N, N from 1 to 64")

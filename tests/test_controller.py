@@ -27,12 +27,15 @@ def world(tmp_path: Path) -> Iterator[World]:
 
 
 def _open(world: World) -> set[str]:
-    return {r.description.rsplit("/", 1)[-1] for r in world.state.runners.values() if not r.paused}
+    """Open slot runners (the stand-by is always unpaused and never runs a job)."""
+    return {r.description.rsplit("/", 1)[-1] for r in world.state.runners.values()
+            if not r.paused and r.description in world.fleet.slots}
 
 
 def _assert_s1(world: World) -> None:
     slots = {s.name: s for s in world.fleet.slots.values()}
-    opened = [slots[r.description] for r in world.state.runners.values() if not r.paused]
+    opened = [slots[r.description] for r in world.state.runners.values()
+              if not r.paused and r.description in slots]
     for i, a in enumerate(opened):
         for b in opened[i + 1:]:
             assert not set(a.gpus) & set(b.gpus), (a.key, b.key)
@@ -200,14 +203,22 @@ def test_api_state_and_webhook(world: World) -> None:
     state = client.get("/api/state").json()
     assert state["host"] == "demo" and len(state["slots"]) == 15
     assert state["snapshot"]["gpus"][0]["index"] == 0
-    payload = {"object_kind": "build", "build_id": 77, "build_status": "pending", "project_id": PROJECT,
-               "build_tags": ["gpus:2"], "build_created_at": "2023-11-14 22:13:20 UTC"}
+    job = world.state.enqueue_job(project_id=PROJECT, tags=["gpus:2"])
+    payload = {"object_kind": "build", "build_id": job.id, "build_status": "pending", "project_id": PROJECT,
+               "build_created_at": "2023-11-14 22:13:20 UTC", "runner": None}  # GitLab's fields: no tags
     assert client.post("/webhooks/gitlab", json=payload).status_code == 401
     wrong = client.post("/webhooks/gitlab", json=payload, headers={"X-Gitlab-Token": "nope"})
     assert wrong.status_code == 401
+    world.controller.wake.clear()
     ok = client.post("/webhooks/gitlab", json=payload, headers={"X-Gitlab-Token": "s3cret"})
-    assert ok.status_code == 200
-    assert [j.job_id for j in world.controller.demand.jobs] == [77]
+    assert ok.status_code == 200 and world.controller.wake.is_set()  # the loop ticks now...
+    start = len(world.server.requests)
+    for _ in range(3):  # ...and asks GitLab about that job before polling anything else
+        world.clock.now += 5.0  # (runners stand still: the job stays pending)
+        world.controller.tick()
+    asked = [r.path for r in world.server.requests[start:] if r.path.startswith("/projects")]
+    assert asked[0] == f"/projects/{PROJECT}/jobs/{job.id}"
+    assert [(j.job_id, j.gpus) for j in world.controller.demand.jobs] == [(job.id, 2)]
 
 
 def test_polling_stays_within_the_api_budget(world: World) -> None:

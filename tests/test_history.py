@@ -59,7 +59,7 @@ def test_every_job_is_recorded_once_with_its_gpus_times_and_user(world: World) -
         assert record.started_at == world.fleet.started[job]  # from the lease: exact
         assert record.mean_utilization == pytest.approx(0.9)
         assert record.idle_gpu_s == 0.0 and record.unused_at is None
-    assert records[jobs[1]].user == "dave" and records[jobs[0]].project == f"p{PROJECT}"
+    assert records[jobs[1]].user == "dave" and records[jobs[0]].project == f"project-{PROJECT}"
     waited = records[jobs[2]]  # the 4-GPU job waited for its block: demand polling saw it pending
     assert waited.queued_at == world.submitted[jobs[2]][0] and waited.name == "job"
     assert waited.wait_s == pytest.approx(world.fleet.started[jobs[2]] - world.submitted[jobs[2]][0])
@@ -207,7 +207,7 @@ def test_report_outputs_and_one_line_errors(world: World, tmp_path: Path,
     assert err.count("\n") == 1 and "no controller store" in err
     assert not (tmp_path / "nowhere").exists()
     config = tmp_path / "runnerctl.toml"
-    config.write_text("[controller]\nhistory_retention_days = -1\n")
+    config.write_text("[controller]\nhistory_retention_days = 0\n")
     assert main(["report", "--config", str(config)]) != 0
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "history_retention_days must be more than 0" in err

@@ -12,20 +12,26 @@ import tomlkit
 
 from runnerctl.cli import main
 from runnerctl.sim.gitlab_server import Fault, GitLabServer
-from tests.conftest import ADMIN_TOKEN
+from runnerctl.sim.gitlab_state import SimRunner
+from tests.conftest import token_file
 
 
 def _init(server: GitLabServer, config: Path, gpus: str = "sim:8", *extra: str) -> int:
-    return main(["init", "--gitlab-url", server.url, "--token", ADMIN_TOKEN, "--group", "7",
-                 "--gpu-source", gpus, "--host", "gpu-a", "--runner-config", str(config),
+    return main(["init", "--gitlab-url", server.url, "--token-file", token_file(config.parent),
+                 "--group", "7", "--gpu-source", gpus, "--host", "gpu-a", "--runner-config", str(config),
                  "--config", str(config.parent / "absent-runnerctl.toml"), *extra])
+
+
+def _slot_runners(server: GitLabServer) -> dict[int, SimRunner]:
+    """The runners in config.toml: all but the host's stand-by (tests/test_standby.py)."""
+    return {i: r for i, r in server.state.runners.items() if not r.description.endswith("/standby")}
 
 
 def test_init_creates_15_runners_blocks_paused(gitlab_server: GitLabServer, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "config.toml"
     assert _init(gitlab_server, config) == 0
-    runners = list(gitlab_server.state.runners.values())
+    runners = list(_slot_runners(gitlab_server).values())
     assert len(runners) == 15
     paused = [r for r in runners if r.paused]
     assert len(paused) == 7 and all("gpu" not in r.tags for r in paused)
@@ -69,11 +75,11 @@ def test_gpu_removed_then_added_retires_and_adds_exactly_those(gitlab_server: Gi
                                                                 tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     _init(gitlab_server, config, "sim:4")
-    ids_before = set(gitlab_server.state.runners)
+    ids_before = set(_slot_runners(gitlab_server))
     assert len(ids_before) == 7  # 4 singles, 2 pairs, 1 quad
     gitlab_server.requests.clear()
     _init(gitlab_server, config, "sim:2")  # two GPUs gone
-    remaining = {r.description for r in gitlab_server.state.runners.values()}
+    remaining = {r.description for r in _slot_runners(gitlab_server).values()}
     assert remaining == {"runnerctl/gpu-a/gpu0", "runnerctl/gpu-a/gpu1", "runnerctl/gpu-a/gpu0-1"}
     assert sum(r.method == "DELETE" for r in gitlab_server.changing_requests()) == 4
     assert not any(r.method == "POST" for r in gitlab_server.changing_requests())
@@ -120,7 +126,7 @@ def test_failure_midway_keeps_tokens_of_runners_already_created(gitlab_server: G
     assert {e["token"] for e in written} == {r.token for r in state.runners.values()}
     gitlab_server.faults.clear()
     assert _init(gitlab_server, config, "sim:4") == 0
-    assert len(state.runners) == 7  # picked up where it stopped, no duplicates
+    assert len(_slot_runners(gitlab_server)) == 7  # picked up where it stopped, no duplicates
 
 
 def test_wrong_token_one_line_config_untouched(gitlab_server: GitLabServer, tmp_path: Path) -> None:
@@ -128,8 +134,8 @@ def test_wrong_token_one_line_config_untouched(gitlab_server: GitLabServer, tmp_
     config.write_text("# mine\nconcurrent = 2\n")
     before = config.read_bytes()
     result = subprocess.run(
-        [sys.executable, "-m", "runnerctl", "init", "--gitlab-url", gitlab_server.url, "--token",
-         "glpat-wrong", "--gpu-source", "sim:2", "--runner-config", str(config),
+        [sys.executable, "-m", "runnerctl", "init", "--gitlab-url", gitlab_server.url, "--token-file",
+         token_file(tmp_path, "glpat-wrong"), "--gpu-source", "sim:2", "--runner-config", str(config),
          "--config", str(tmp_path / "absent.toml")],
         capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 4
@@ -162,9 +168,9 @@ def test_a_create_whose_answer_was_lost_leaves_no_orphan(gitlab_server: GitLabSe
     assert not config.exists() or "runners" not in tomlkit.parse(config.read_text())
     capsys.readouterr()
     assert _init(gitlab_server, config, "sim:2") == 0
-    assert orphan not in state.runners and len(state.runners) == 3
+    assert orphan not in state.runners and len(_slot_runners(gitlab_server)) == 3
     written = tomlkit.parse(config.read_text())["runners"]
-    assert {e["id"] for e in written} == set(state.runners)
+    assert {e["id"] for e in written} == set(_slot_runners(gitlab_server))
     assert f"runner {orphan}, deleted" in capsys.readouterr().out
     gitlab_server.requests.clear()
     assert _init(gitlab_server, config, "sim:2") == 0

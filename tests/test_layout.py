@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from runnerctl.gpus.sim import count_snapshot
-from runnerctl.layout import plan_slots, slot_tags
+from runnerctl.layout import plan_slots, slot_tags, standby_tags
 from runnerctl.model import GpuSnapshot, Slot, TopologyLevel
 
 
@@ -86,3 +86,12 @@ def test_every_slot_accepts_any_priority_tag() -> None:
     for slot in plan_slots(count_snapshot("h", 8)):
         for priority in ("high", "normal", "low"):
             assert f"priority:{priority}" in slot_tags(slot)
+
+
+@pytest.mark.parametrize("count", [1, 3, 6, 8, 16])
+def test_standby_tags_cover_every_slot_and_nothing_else(count: int) -> None:
+    slots = plan_slots(count_snapshot("h", count))
+    tags = standby_tags(slots)
+    assert len(tags) == len(set(tags)) <= 50  # GitLab's TAG_LIST_MAX_LENGTH
+    assert set(tags) == {t for s in slots for t in slot_tags(s)}
+    assert {f"gpus:{s.size}" for s in slots} <= set(tags) and "host:h" in tags

@@ -93,7 +93,7 @@ def test_a_postgres_restart_under_serve_stalls_ticks_then_they_resume_and_nothin
         wait_until("/healthz reports the stall", lambda: health(web)[0] == 503, proc, log)
         status, body = health(web)
         assert "no good tick" in body["problem"] and "controller store" in body["problem"], body
-        refused = cli("pause", "--gpu", "2", "--host-name", "demo", "--config", str(cfg))
+        refused = cli("pause", "--gpu", "2", "--why", "psu", "--host-name", "demo", "--config", str(cfg))
         assert refused.returncode == 6 and refused.stdout == "", refused
         assert refused.stderr.startswith("runnerctl: error: the controller store postgresql://")
         assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr, refused.stderr
@@ -103,7 +103,8 @@ def test_a_postgres_restart_under_serve_stalls_ticks_then_they_resume_and_nothin
 
     wait_until("ticks resume", lambda: health(web)[0] == 200 and health(web)[1]["tick"] > stalled_at,
                proc, log)
-    assert cli("pause", "--gpu", "2", "--host-name", "demo", "--config", str(cfg)).returncode == 0
+    second = cli("pause", "--gpu", "2", "--why", "psu", "--host-name", "demo", "--config", str(cfg))
+    assert second.returncode == 0, second
     wait_until("a toggle after the restart is applied", lambda: paused(web, 2), proc, log)
     assert paused(web, 1)
     with psycopg.connect(libpq_url(url)) as conn:

@@ -10,6 +10,7 @@ import pytest
 from runnerctl.cli import main
 from runnerctl.controller.plan import Demand, relevant_demand
 from runnerctl.errors import ConfigError
+from runnerctl.sim.gitlab_state import OUTDATED_REASON, STUCK_REASON
 from runnerctl.sim.hosts import host_name
 from runnerctl.sim.simulator import POLICIES, ForeignUse, SimConfig, Simulator, TraceJob
 from runnerctl.sim.trace import read_foreign, read_jobs, synthetic
@@ -77,6 +78,35 @@ def test_cli_json_and_bad_trace(tmp_path: Path, capsys: pytest.CaptureFixture[st
     with pytest.raises(ConfigError, match="missing column"):
         read_jobs(bad)
     assert main(["simulate", "--trace", str(bad)]) == 3
+
+
+def test_cli_reports_the_jobs_gitlab_drops(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """static-partition has no 8-GPU runner: GitLab's hourly cron fails the 8-GPU job
+    (first cron past its hour: at 2 h); `dynamic` has the stand-by, so the same job
+    waits behind eight 3-hour jobs and runs."""
+    trace = tmp_path / "jobs.csv"
+    trace.write_text("job_id,submit_time,gpus,duration\n" + "".join(f"{i},0,1,10800\n" for i in range(1, 9))
+                     + "9,1,8,60\n")
+    args = ["simulate", "--trace", str(trace), "--json", "--policy"]
+    assert main([*args, "static-partition"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["jobs_dropped"] == {STUCK_REASON: 1} and result["jobs_dropped_by_gpus"] == {"8": 1}
+    assert result["jobs_completed"] == 8 and result["jobs_never_started"] == 1
+    assert main([*args, "dynamic"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["jobs_dropped"] == {} and result["jobs_completed"] == 9
+    assert result["wait_max_s"]["8"] >= 3 * 3600 - 1  # behind the whole drain
+    bare = Simulator(read_jobs(trace), SimConfig(standby=False))
+    bare.run()
+    assert bare.dropped == {9: (7200.0, STUCK_REASON)}
+
+
+def test_a_job_covered_but_never_served_is_dropped_after_a_day() -> None:
+    """Foreign use holds GPU 3 for two days: the stand-by keeps the 8-GPU job from being
+    stuck, and GitLab's 1-day rule drops it (at the first cron past a day)."""
+    sim = Simulator([TraceJob(1, 10.0, 8, 60.0)], SimConfig(), [ForeignUse(0.0, 2 * 86400.0, 0, 3)])
+    result = sim.run()
+    assert sim.dropped == {1: (90000.0, OUTDATED_REASON)} and result["jobs_never_started"] == 1
 
 
 def test_hosts_beyond_gpu_z_and_foreign_use_on_a_missing_host(tmp_path: Path,

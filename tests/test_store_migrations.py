@@ -11,6 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from runnerctl.controller import jobs_store
 from runnerctl.controller.migrations import MIGRATIONS, Migration, check
 from runnerctl.controller.store import Event, Store, StoreError, Toggle
 from runnerctl.postgres import PostgresServer, libpq_url
@@ -49,6 +50,25 @@ def test_an_unversioned_sqlite_store_is_upgraded_in_place(tmp_path: Path) -> Non
     with again._tx() as cur:
         assert cur.query("SELECT note FROM toggles WHERE target = 'gpu:3'") == [("",)]
     again.close()
+
+
+def test_a_version_3_sqlite_store_gets_job_history_and_keeps_every_row(tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / "controller.sqlite") as conn:
+        conn.executescript((DATA / "v3.sqlite.sql").read_text())
+    store = Store.open(state_dir=tmp_path)
+    assert _versions(store) == [m.version for m in MIGRATIONS] and store.version >= 4
+    _assert_old_rows_kept(store)
+    assert store.inventory("gpu-a") == (list(range(8)), ["runnerctl/gpu-a/gpu0", "runnerctl/gpu-a/gpu0-3"])
+    olga = store.web_session("5e" * 32, 1700000100.0)
+    assert olga is not None and (olga.name, olga.via, olga.role) == ("olga", "local", "operator")
+    pat = store.web_session("a1" * 32, 1700000100.0)
+    assert pat is not None and (pat.gitlab_id, pat.role) == (17, "viewer")
+    assert jobs_store.jobs(store) == []  # migration 4: the job history table, empty, usable
+    record = jobs_store.JobRecord("gpu-a", 7, "runnerctl/gpu-a/gpu0", (0,), "p", "1", "train", "olga", "u",
+                                  None, 1700000200.0, 1700000260.0, 1700000260.0, "success")
+    jobs_store.save_jobs(store, [record])
+    assert jobs_store.jobs(store) == [record]
+    store.close()
 
 
 def test_an_unversioned_postgres_store_is_upgraded_in_place(pg_server: PostgresServer) -> None:

@@ -185,7 +185,7 @@ def test_no_secret_in_responses_or_logs(world: World, tmp_path: Path,
     password_hash = world.store.user("olga")
     assert password_hash is not None
     runner_tokens = [runner.token for runner in world.state.runners.values()]
-    assert len(runner_tokens) == 15 and all(t.startswith("glrt-") for t in runner_tokens)
+    assert len(runner_tokens) == 16 and all(t.startswith("glrt-") for t in runner_tokens)  # and the stand-by
     secrets = [TOKEN, PASSWORD, password_hash[0], (tmp_path / "web-session.key").read_text().strip(),
                *runner_tokens]
     everything = "\n".join(bodies + [r.getMessage() for r in caplog.records])

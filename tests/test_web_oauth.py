@@ -51,6 +51,7 @@ def _approve(client: TestClient, login: str) -> httpx.Response:
     location = start.headers["location"]
     params = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(location).query))
     assert params["response_type"] == "code" and params["code_challenge_method"] == "S256"
+    assert params["scope"] == "read_api"  # read_user cannot read group members
     assert "Authorize as mia" in httpx.get(location).text
     back = httpx.post(location.split("?")[0], data={**params, "login": login})
     assert back.status_code == 302

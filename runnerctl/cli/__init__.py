@@ -16,8 +16,9 @@ from collections.abc import Sequence
 import click
 
 from runnerctl import __version__
-from runnerctl.cli import controller, experiments, host, monitoring, report, users
+from runnerctl.cli import controller, experiments, host, monitoring, ops, report, sim, users
 from runnerctl.errors import ExitCode, RunnerctlError
+from runnerctl.logline import configure
 
 COMMANDS: list[click.Command] = [
     host.init,
@@ -33,6 +34,8 @@ COMMANDS: list[click.Command] = [
     controller.resume,
     monitoring.exporter,
     users.user,
+    sim.sim,
+    ops.install,
     report.report,
 ]
 
@@ -43,7 +46,7 @@ COMMANDS: list[click.Command] = [
 def cli(verbose: int) -> None:
     """Turn shared multi-GPU servers and a GitLab instance into a fair, safe GPU cluster."""
     level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="runnerctl: %(levelname)s %(name)s: %(message)s")
+    configure(level, "runnerctl: %(levelname)s %(name)s: %(message)s")  # control chars escaped
 
 
 for _command in COMMANDS:

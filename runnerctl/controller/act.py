@@ -18,6 +18,7 @@ from runnerctl.controller.observe import RunnerCache
 from runnerctl.controller.plan import Decision
 from runnerctl.errors import GitLabError, TemporaryError
 from runnerctl.gitlab import GitLabPort
+from runnerctl.standby import VERIFY_EVERY_S, Standby
 
 log = logging.getLogger(__name__)
 DEFAULT_DELAY_S = 5.0
@@ -105,3 +106,61 @@ def _send(decision: Decision, *, gitlab: GitLabPort, cache: RunnerCache, health:
     cache.set(name, not decision.open)
     health.ok()
     return Action(decision, True)
+
+
+STANDBY_RETRY_S = 60.0
+
+
+class StandbyKeeper:
+    """Keeps the host's stand-by runner online (see runnerctl/standby.py): a
+    `POST /runners/verify` with its own token and its one system_id every
+    `VERIFY_EVERY_S`, retried a minute after a failure. Failures are logged once
+    while they last; so is a GitLab that does not count the runner online after a
+    verify (versions that skip `contacted_at` on verify for `glrt-` tokens)."""
+
+    def __init__(self, standby: Standby | None, *, every_s: float = VERIFY_EVERY_S,
+                 logger: logging.Logger = log) -> None:
+        self.standby = standby
+        self.every_s = every_s
+        self.verified_at: float | None = None
+        self.retry_at = 0.0
+        self.error = ""
+        self._log = logger
+
+    def due(self, now: float) -> bool:
+        if self.standby is None or now < self.retry_at:
+            return False
+        return self.verified_at is None or now - self.verified_at >= self.every_s
+
+    def status(self) -> str:
+        if self.standby is None:
+            return "none"
+        return self.error or ("online" if self.verified_at is not None else "not yet verified")
+
+    def keep_online(self, gitlab: GitLabPort, now: float) -> None:
+        standby = self.standby
+        if standby is None or not self.due(now):
+            return
+        try:
+            gitlab.heartbeat_runner(standby.token, system_id=standby.system_id)
+            info = gitlab.get_runner(standby.id)
+        except GitLabError as exc:
+            self.retry_at = now + STANDBY_RETRY_S
+            self._failed(f"cannot keep the stand-by runner {standby.id} online: {exc}; GitLab may drop "
+                         "multi-GPU jobs that wait over an hour (runner deleted or token refused: delete "
+                         "runnerctl-standby.json beside config.toml and run `runnerctl init` again)")
+            return
+        self.verified_at = now
+        if info is not None and info.online is False:
+            self._failed(f"GitLab does not count the stand-by runner {standby.id} online after a verify "
+                         "(a GitLab version that ignores verify for glrt- tokens); multi-GPU jobs that "
+                         "wait over an hour may be dropped")
+            return
+        if self.error:
+            self._log.warning("the stand-by runner %s is online again", standby.id)
+        self.error = ""
+
+    def _failed(self, message: str) -> None:
+        if message != self.error:
+            self._log.warning("%s", message)
+        self.error = message

@@ -1,6 +1,6 @@
 """Job history rows in the controller store, and retention of history and events.
 
-One row per job a runner of the host ran (table `job_history`, migration 3), keyed by
+One row per job a runner of the host ran (table `job_history`, migration 4), keyed by
 (host, job id): the controller inserts it when the job's lease appears, updates it each
 tick while the lease lasts (last seen, utilization samples) and closes it when the
 lease is gone. Writes are upserts of the whole row from the controller's memory, which

@@ -39,6 +39,7 @@ from runnerctl.gpus import GpuSource
 from runnerctl.layout import plan_slots
 from runnerctl.model import GpuSnapshot, Slot
 from runnerctl.settings import ControllerSettings
+from runnerctl.standby import Standby
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
@@ -83,6 +84,8 @@ class ControllerView:
     """Running job id -> (user, link), from the executor's leases."""
     unused: tuple[int, ...] = ()
     """Running jobs flagged "requested but unused": GPUs held, idle (controller/history.py)."""
+    standby: str = ""
+    """The stand-by runner: `online`, `none`, `not yet verified` or why it may not be online."""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -108,6 +111,7 @@ class Wiring:
     is_ci: IsCi = nothing_is_ci
     webhook_secret: str = ""
     on_event: Callable[[Event], None] = lambda event: None
+    standby: Standby | None = None  # kept online so GitLab never drops a job waiting for a drain
 
 
 class Controller:
@@ -120,12 +124,13 @@ class Controller:
         self.wake = threading.Event()  # a webhook brought multi-GPU demand: tick now
         self.demand = DemandTracker(
             projects=settings.projects, priorities=settings.project_priorities, budget=self.budget,
-            clock=wiring.clock, active_window_s=settings.active_window_s,
-            webhook_fresh_s=settings.webhook_fresh_s, secret=wiring.webhook_secret,
-            on_demand=self.wake.set)
+            clock=wiring.clock, runner_ids=wiring.runner_ids.values(),
+            active_window_s=settings.active_window_s, webhook_fresh_s=settings.webhook_fresh_s,
+            secret=wiring.webhook_secret, on_demand=self.wake.set)
         self.cache = RunnerCache(wiring.runner_ids)
         self.orphans = OrphanAudit(check_s=settings.lease_check_s, orphan_after_s=settings.orphan_after_s)
         self.health = acting.GitLabHealth(backoff_max_s=settings.backoff_max_s)
+        self.standby = acting.StandbyKeeper(wiring.standby)
         self.limits = GateThresholds(settings.foreign_memory_mib, settings.foreign_utilization,
                                      settings.reopen_ratio, settings.cooldown_s)
         self.drains = wiring.store.drains(self.host)
@@ -163,10 +168,12 @@ class Controller:
         if gitlab_ok:
             acting.apply(result.decisions, gitlab=self.w.gitlab, cache=self.cache, health=self.health,
                          now=now, on_action=lambda a: self._acted(a, now))
+        if gitlab_ready:
+            self.standby.keep_online(self.w.gitlab, now)
         self._remember(result, now)
-        self._aside("job history", lambda: self.history.tick(
-            self.w.jobs.leased(), snapshot, now, lambda *event: self._event(now, *event),
-            self.demand.take_outcomes()))
+        # a store failure here fails the tick like any other (not a side task): /healthz sees it
+        self.history.tick(self.w.jobs.leased(), snapshot, now, lambda *event: self._event(now, *event),
+                          self.demand.take_outcomes())
         self.view = self._view(snapshot, result, running, toggles, now)
         self.liveness.good()
         view, took = self.view, time.perf_counter() - started
@@ -325,7 +332,8 @@ class Controller:
         return ControllerView(
             self.host, now, self.ticks, snapshot, slots, gpus, tuple(self.demand.jobs),
             tuple((t, toggle_status(t, self._slots, running)) for t in toggles), dict(result.reserved),
-            self.health.last_error, self.budget.spent, self.w.jobs.owners(), self.history.unused())
+            self.health.last_error, self.budget.spent, self.w.jobs.owners(),
+            unused=self.history.unused(), standby=self.standby.status())
 
     # -- running ---------------------------------------------------------------------
     def run(self, stop: threading.Event, *, sleep: Callable[[float], None] | None = None,

@@ -79,7 +79,13 @@ MIGRATIONS: tuple[Migration, ...] = (
         """CREATE TABLE inventory (host TEXT PRIMARY KEY, gpus TEXT NOT NULL, slots TEXT NOT NULL,
             at DOUBLE PRECISION NOT NULL)""",
     )),
-    Migration(3, "job history (one row per job a runner of the host ran) and indexes for retention", (
+    Migration(3, "web sessions on the server, so that they can be ended (runnerctl.web.sessions)", (
+        """CREATE TABLE web_sessions (key TEXT PRIMARY KEY, name TEXT NOT NULL, via TEXT NOT NULL,
+            role TEXT NOT NULL, gitlab_id BIGINT, created_at DOUBLE PRECISION NOT NULL,
+            checked_at DOUBLE PRECISION NOT NULL, expires_at DOUBLE PRECISION NOT NULL)""",
+        "CREATE INDEX web_sessions_name ON web_sessions (name, via)",
+    )),
+    Migration(4, "job history (one row per job a runner of the host ran) and indexes for retention", (
         """CREATE TABLE job_history (host TEXT NOT NULL, job_id BIGINT NOT NULL, slot TEXT NOT NULL,
             gpus TEXT NOT NULL, project TEXT NOT NULL, pipeline TEXT NOT NULL, name TEXT NOT NULL,
             username TEXT NOT NULL, url TEXT NOT NULL, queued_at DOUBLE PRECISION,

@@ -27,7 +27,8 @@ from runnerctl.errors import ConfigError
 from runnerctl.gitlab import PythonGitLab
 from runnerctl.gpus import open_gpu_source
 from runnerctl.runner_config import RunnerConfigFile
-from runnerctl.settings import Settings
+from runnerctl.settings import Settings, WebSettings
+from runnerctl.standby import load as load_standby
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +41,14 @@ def production_controller(settings: Settings, *, gitlab_url: str, token: str, gp
         raise ConfigError(f"{runner_config} has no runnerctl runners with an id",
                           hint="register them first with `runnerctl init`")
     jobs = LeaseJobs(settings.state_dir, settings)
+    standby = load_standby(runner_config)
+    if standby is None:
+        log.warning("no stand-by runner beside %s: GitLab will drop multi-GPU jobs that wait over an hour "
+                    "for a drain; run `runnerctl init` again to create it", runner_config)
     store = Store.open(url=settings.controller.store_url, state_dir=settings.state_dir)
     wiring = Wiring(host=settings.host.name, gpus=open_gpu_source(gpu_source, host=settings.host.name),
                     gitlab=PythonGitLab(gitlab_url, token), runner_ids=runner_ids, store=store, jobs=jobs,
-                    clock=time.time, is_ci=jobs.is_ci, webhook_secret=webhook_secret)
+                    clock=time.time, is_ci=jobs.is_ci, webhook_secret=webhook_secret, standby=standby)
     return Controller(wiring, settings.controller)
 
 
@@ -68,13 +73,22 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def http_config(app: FastAPI, host: str, port: int, web: WebSettings, log_level: str) -> uvicorn.Config:
+    """uvicorn believes X-Forwarded-For/-Proto only from `[web] trusted_proxies` (its own
+    default trusts them from 127.0.0.1, so anyone on the host could pick their address)."""
+    trusted = list(web.trusted_proxies)
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, proxy_headers=bool(trusted),
+                          forwarded_allow_ips=trusted or None, server_header=False)
+
+
 def serve(controller: Controller, listen: str, *,
           loop: Callable[[threading.Event], None] | None = None, metrics: Metrics | None = None,
-          extend: Sequence[Callable[[FastAPI], None]] = ()) -> None:
+          extend: Sequence[Callable[[FastAPI], None]] = (), web: WebSettings | None = None) -> None:
     """Run until SIGINT/SIGTERM: `loop(stop)` (default: the controller's own) in a thread."""
     host, port = parse_listen(listen)
+    web = web or WebSettings()
     app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend,
-                     health=controller.liveness.report)
+                     health=controller.liveness.report, max_body_bytes=web.max_body_bytes)
     stop = threading.Event()
     worker = threading.Thread(target=loop or controller.run, args=(stop,), name="reconcile", daemon=True)
     controller.liveness.watch(worker)  # /healthz fails if it ever ends
@@ -82,19 +96,21 @@ def serve(controller: Controller, listen: str, *,
     log.warning("runnerctl serve: http://%s:%d/ (page), /api/state, /metrics, webhooks at /webhooks/gitlab",
                 host, port)
     try:
-        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
+        uvicorn.Server(http_config(app, host, port, web, "warning")).run()
     finally:
         stop.set()
         worker.join(timeout=10)
 
 
 def serve_in_background(controller: Controller, listen: str, metrics: Metrics | None = None, *,
-                        extend: Sequence[Callable[[FastAPI], None]] = ()) -> uvicorn.Server | None:
+                        extend: Sequence[Callable[[FastAPI], None]] = (),
+                        web: WebSettings | None = None) -> uvicorn.Server | None:
     """The app on a daemon thread (the demo); None when the address is taken."""
     host, port = parse_listen(listen)
+    web = web or WebSettings()
     app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend,
-                     health=controller.liveness.report)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="error"))
+                     health=controller.liveness.report, max_body_bytes=web.max_body_bytes)
+    server = uvicorn.Server(http_config(app, host, port, web, "error"))
     thread = threading.Thread(target=server.run, name="web", daemon=True)
     thread.start()
     deadline = time.monotonic() + 5

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from runnerctl import private
 from runnerctl.controller.migrations import MIGRATIONS, Migration, StoreError, migrate
 
-__all__ = ["Event", "Migration", "Store", "StoreError", "Toggle"]
+__all__ = ["Event", "Migration", "Store", "StoreError", "Toggle", "WebSession"]
 log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +42,21 @@ class Toggle:
     who: str
     at: float
     why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class WebSession:
+    """A signed-in browser: `key` is the SHA-256 of the id in its cookie (a copy of the
+    store does not sign anyone in); `checked_at`: when a GitLab role was last read."""
+
+    key: str
+    name: str
+    via: str  # local | gitlab
+    role: str
+    gitlab_id: int | None
+    created_at: float
+    checked_at: float
+    expires_at: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +106,8 @@ class Store:
         if state_dir is None:
             raise ValueError("a store needs a PostgreSQL URL or a state directory")
         try:
-            state_dir.mkdir(parents=True, exist_ok=True)
+            private.state_dir(state_dir)
+            private.create_private_file(state_dir / "controller.sqlite")  # its -wal/-shm take its mode
         except OSError as exc:
             raise StoreError(f"cannot create the state directory {state_dir}: {exc.strerror}") from None
         path = state_dir / "controller.sqlite"
@@ -298,7 +315,9 @@ class Store:
 
     # -- web users (local accounts; the hash comes from runnerctl.web.auth) -----------
     def save_user(self, name: str, password_hash: str, role: str, now: float) -> None:
+        """Add or replace an account; a replaced one's sessions end (new password or role)."""
         with self._tx() as cur:
+            cur.execute("DELETE FROM web_sessions WHERE name = ? AND via = 'local'", (name,))
             cur.execute("DELETE FROM users WHERE name = ?", (name,))
             cur.execute("INSERT INTO users (name, password_hash, role, created_at) VALUES (?, ?, ?, ?)",
                         (name, password_hash, role, now))
@@ -317,7 +336,42 @@ class Store:
 
     def remove_user(self, name: str) -> bool:
         with self._tx() as cur:
+            cur.execute("DELETE FROM web_sessions WHERE name = ? AND via = 'local'", (name,))
             return cur.execute("DELETE FROM users WHERE name = ?", (name,)) > 0
+
+    # -- web sessions (the cookie holds a random id; the store only its SHA-256, `key`) ----
+    def save_session(self, session: WebSession) -> None:
+        """Store a new session, and forget the expired ones."""
+        with self._tx() as cur:
+            cur.execute("DELETE FROM web_sessions WHERE expires_at < ?", (session.created_at,))
+            cur.execute("INSERT INTO web_sessions (key, name, via, role, gitlab_id, created_at, checked_at, "
+                        "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", dataclasses.astuple(session))
+
+    def web_session(self, key: str, now: float) -> WebSession | None:
+        """The live session with this key; None when it ended or expired."""
+        with self._tx() as cur:
+            rows = cur.query("SELECT key, name, via, role, gitlab_id, created_at, checked_at, expires_at "
+                             "FROM web_sessions WHERE key = ? AND expires_at >= ?", (key, now))
+        if not rows:
+            return None
+        r = rows[0]
+        return WebSession(r[0], r[1], r[2], r[3], None if r[4] is None else int(r[4]), float(r[5]),
+                          float(r[6]), float(r[7]))
+
+    def end_session(self, key: str) -> None:
+        with self._tx() as cur:
+            cur.execute("DELETE FROM web_sessions WHERE key = ?", (key,))
+
+    def end_sessions(self, name: str, via: str) -> int:
+        """End every session of one user (signed in locally or with GitLab); returns how many."""
+        with self._tx() as cur:
+            return cur.execute("DELETE FROM web_sessions WHERE name = ? AND via = ?", (name, via))
+
+    def recheck_sessions(self, gitlab_id: int, role: str, now: float) -> int:
+        """The role GitLab gives this user now, for all their sessions."""
+        with self._tx() as cur:
+            return cur.execute("UPDATE web_sessions SET role = ?, checked_at = ? WHERE via = 'gitlab' "
+                               "AND gitlab_id = ?", (role, now, gitlab_id))
 
     # -- for store modules beside this one (controller/jobs_store.py) -------------------
     @contextmanager

@@ -7,9 +7,13 @@ Follows docs.gitlab.com/api/oauth2 (authorization code flow, with PKCE):
 client_id, client_secret, code, redirect_uri[, code_verifier]) answers
 `{access_token, token_type: "Bearer", expires_in: 7200, refresh_token, scope, created_at}`
 and an invalid grant with 400 `{"error": "invalid_grant"}`; the token then works as
-`Authorization: Bearer` on API v4. Members: docs.gitlab.com/api/members,
-`GET /groups/:id/members/all/:user_id` -> `{id, username, access_level, ...}` (404 for a
-non-member; 40 = Maintainer), `:id` being the id or the URL-encoded full path.
+`Authorization: Bearer` on API v4 with exactly the scopes asked for in `scope`
+(space-separated; Doorkeeper as configured in gitlabhq/gitlabhq
+config/initializers/doorkeeper.rb), and the API checks them like a personal access
+token's (runnerctl.sim.gitlab_access): a `read_user` token may read `/user` but not
+`/groups/:id/members/all/:user_id`, which needs `read_api` or `api`. A scope the
+application was not registered with is `invalid_scope`; no `scope` means all of the
+application's.
 
 The approval page stands in for GitLab's sign-in and consent: it lists the simulated
 users, and posting one approves as that user.
@@ -25,26 +29,35 @@ import secrets
 import urllib.parse
 from typing import Any
 
+from runnerctl.sim.gitlab_directory import Directory
+
 
 @dataclasses.dataclass(frozen=True)
 class OAuthApp:
     client_id: str
     secret: str
     redirect_uri: str
+    scopes: tuple[str, ...] = ("api", "read_api", "read_user", "openid", "profile", "email")
+    """What the application may ask for; a request for more is `invalid_scope`."""
 
 
-@dataclasses.dataclass
 class OAuthProvider:
-    apps: dict[str, OAuthApp] = dataclasses.field(default_factory=dict)
-    users: dict[str, int] = dataclasses.field(default_factory=dict)  # username -> id
-    groups: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)  # path -> user -> level
-    codes: dict[str, tuple[str, str, str, str]] = dataclasses.field(default_factory=dict)
-    tokens: dict[str, str] = dataclasses.field(default_factory=dict)  # access token -> username
+    """`users` and `groups` (full path -> username -> access level) are the directory's own
+    tables, so what a test writes there is what the API answers."""
 
-    def user_of(self, authorization: str | None) -> str | None:
-        if not authorization or not authorization.startswith("Bearer "):
-            return None
-        return self.tokens.get(authorization[7:])
+    def __init__(self, directory: Directory | None = None) -> None:
+        self.directory = directory or Directory()
+        self.apps: dict[str, OAuthApp] = {}
+        self.codes: dict[str, tuple[str, str, str, str, tuple[str, ...]]] = {}
+        self.tokens: dict[str, str] = {}  # access token -> username
+
+    @property
+    def users(self) -> dict[str, int]:
+        return self.directory.users
+
+    @property
+    def groups(self) -> dict[str, dict[str, int]]:
+        return self.directory.group_members
 
     def handle(self, method: str, path: str, query: dict[str, list[str]],
                body: dict[str, Any]) -> tuple[int, Any, dict[str, str]]:
@@ -56,27 +69,23 @@ class OAuthProvider:
                 return 400, {"error": "invalid_client"}, {}
             if params.get("response_type") != "code":
                 return 400, {"error": "unsupported_response_type"}, {}
+            scopes = tuple(params.get("scope", "").split()) or app.scopes
+            if not set(scopes) <= set(app.scopes):
+                return 400, {"error": "invalid_scope"}, {}
             if method == "GET":
                 return 200, self._consent(params), {}
             login = params.get("login", "")
             if login not in self.users:
                 return 400, {"error": "access_denied"}, {}
             code = secrets.token_urlsafe(24)
-            self.codes[code] = (app.client_id, app.redirect_uri, login, params.get("code_challenge", ""))
+            challenge = params.get("code_challenge", "")
+            self.codes[code] = (app.client_id, app.redirect_uri, login, challenge, scopes)
             target = app.redirect_uri + "?" + urllib.parse.urlencode({"code": code,
                                                                       "state": params.get("state", "")})
             return 302, None, {"Location": target}
         if path == "/oauth/token" and method == "POST":
             return self._token(body)
         return 404, {"message": "404 Not found"}, {}
-
-    def member(self, group: str, user_id: int) -> tuple[int, Any]:
-        members = self.groups.get(urllib.parse.unquote(group))
-        name = next((n for n, i in self.users.items() if i == user_id), None)
-        if members is None or name is None or name not in members:
-            return 404, {"message": "404 Not found"}
-        return 200, {"id": user_id, "username": name, "name": name, "state": "active",
-                     "access_level": members[name]}
 
     def _token(self, body: dict[str, Any]) -> tuple[int, Any, dict[str, str]]:
         app = self.apps.get(str(body.get("client_id", "")))
@@ -90,10 +99,11 @@ class OAuthProvider:
             digest = hashlib.sha256(str(body.get("code_verifier", "")).encode()).digest()
             if base64.urlsafe_b64encode(digest).rstrip(b"=").decode() != found[3]:
                 return 400, {"error": "invalid_grant"}, {}
-        token = secrets.token_urlsafe(32)
-        self.tokens[token] = found[2]
-        return 200, {"access_token": token, "token_type": "Bearer", "expires_in": 7200,
-                     "refresh_token": secrets.token_urlsafe(32), "scope": "read_user", "created_at": 0}, {}
+        made = self.directory.add_token(found[2], found[4], name=app.client_id, kind="oauth")
+        self.tokens[made.token] = found[2]
+        return 200, {"access_token": made.token, "token_type": "Bearer", "expires_in": 7200,
+                     "refresh_token": secrets.token_urlsafe(32), "scope": " ".join(found[4]),
+                     "created_at": 0}, {}
 
     def _consent(self, params: dict[str, str]) -> str:
         hidden = "".join(f'<input type="hidden" name="{html.escape(k)}" value="{html.escape(v)}">'

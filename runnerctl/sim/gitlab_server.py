@@ -1,15 +1,27 @@
-"""A real HTTP server that speaks the part of GitLab's REST API v4 runnerctl uses.
+"""A real HTTP server that speaks the part of GitLab's API v4 runnerctl and gitlab-runner use.
 
-python-gitlab talks to it exactly as to GitLab, so the real client code runs in the
-demo and in tests. Shapes follow docs.gitlab.com/api/runners (POST /user/runners,
-GET/PUT/DELETE /runners/:id, GET /runners, GET /runners/:id/jobs, POST
-/runners/verify), docs.gitlab.com/api/jobs (GET /projects/:id/jobs?scope[]=...) and
-docs.gitlab.com/api/users (GET /user), docs.gitlab.com/api/members (GET
-/groups/:id/members/all/:user_id) and GitLab as an OAuth 2.0 provider (/oauth/authorize,
-/oauth/token: runnerctl.sim.gitlab_oauth); authentication by the `PRIVATE-TOKEN` header
-or an OAuth `Authorization: Bearer` token (401 `{"message": "401 Unauthorized"}`
-otherwise); pagination by `page`/`per_page` with `X-Page`, `X-Per-Page`, `X-Total`,
-`X-Total-Pages`, `X-Next-Page` and `Link`.
+python-gitlab talks to it exactly as to GitLab, so the real client code runs in the demo
+and in tests; the runner stand-in polls it as gitlab-runner polls GitLab. The rules live
+in the modules it wires together: runnerctl.sim.gitlab_state (runners, jobs, queue, drop
+rules), gitlab_directory (users, groups, projects), gitlab_access (token scopes, roles,
+GitLab's error bodies), gitlab_runner_api (the runner side), gitlab_rest_ci and
+gitlab_rest_users (the user side), gitlab_hooks (job webhooks), gitlab_oauth (GitLab as
+an OAuth provider). Authentication as in lib/api/api_guard.rb and lib/gitlab/auth/auth_finders.rb:
+a `PRIVATE-TOKEN` header, a `private_token` parameter or `Authorization: Bearer` (personal
+or OAuth token); none or an unknown one is 401 `{"message": "401 Unauthorized"}`.
+Pagination by `page`/`per_page` with `X-Page`, `X-Per-Page`, `X-Total`, `X-Total-Pages`,
+`X-Next-Page` and `Link` (lib/gitlab/pagination/offset_pagination.rb). An unknown route
+is 404 `{"error": "404 Not Found"}` (lib/api/api.rb `route :any, '*path'`).
+
+GitLab's StuckBuildsDropWorker runs hourly from cron (config/initializers/1_settings.rb,
+`stuck_ci_jobs_worker` `0 * * * *`); here a watched thread runs `drop_stuck_jobs` every
+`drop_interval_s` (None: never, the caller does it).
+
+Test hooks, outside GitLab's API, under `/-/sim/`: `POST /-/sim/jobs` {project_id, tags,
+duration_s, user[, name, after_script_s]} -> {"id"}: a job whose script is `sleep
+<duration_s>`; `POST /-/sim/drop` runs the drop rules now; `POST /-/sim/clock`
+{advance_s} moves an `OffsetClock`; `GET /-/sim/health` says whether the server's
+threads live.
 
 Tests inject faults (`Fault`): a status (401, 403, 404, 429 with `Retry-After`, 500,
 502), `drop` (close the connection with no answer), `lost` (carry the request out,
@@ -20,19 +32,29 @@ saw a failure) or `delay` (answer late, so a client times out). Every request is
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
+import logging
 import re
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from runnerctl.sim.gitlab_access import Access, ApiError, Caller, check_scope, unauthorized
+from runnerctl.sim.gitlab_directory import AccessToken
+from runnerctl.sim.gitlab_hooks import Hooks
 from runnerctl.sim.gitlab_oauth import OAuthProvider
-from runnerctl.sim.gitlab_state import GitLabState, SimJob, SimRunner
+from runnerctl.sim.gitlab_rest_ci import CiRoutes
+from runnerctl.sim.gitlab_rest_users import UserRoutes
+from runnerctl.sim.gitlab_runner_api import RunnerApi
+from runnerctl.sim.gitlab_sim_hooks import SimHooks
+from runnerctl.sim.gitlab_state import GitLabState
 
+log = logging.getLogger(__name__)
 CHANGING = frozenset({"POST", "PUT", "DELETE", "PATCH"})
+Answer = tuple[int, Any, dict[str, str]]
 
 
 @dataclasses.dataclass
@@ -53,24 +75,33 @@ class LoggedRequest:
     status: int | None
 
 
-class _HttpError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
 class GitLabServer:
-    """`with GitLabServer(state, tokens={"glpat-x": "alice"}) as server: server.url`."""
+    """`with GitLabServer(state, tokens={"glpat-x": "alice"}) as server: server.url`.
+
+    Each token in `tokens` is a personal access token with scope `api` of its user; the
+    users named in `admins` are administrators.
+    """
 
     def __init__(self, state: GitLabState | None = None, *, tokens: dict[str, str] | None = None,
-                 host: str = "127.0.0.1", port: int = 0) -> None:
+                 host: str = "127.0.0.1", port: int = 0, admins: Iterable[str] = ("admin",),
+                 drop_interval_s: float | None = None) -> None:
         self.state = state or GitLabState()
-        self.tokens = dict(tokens or {"glpat-runnerctl-test": "admin"})
+        directory = self.state.directory
+        for name in admins:
+            directory.add_user(name, admin=True)
+        for value, user in (tokens or {"glpat-runnerctl-test": "admin"}).items():
+            directory.add_token(user, ["api"], name="default", token=value)
         self.faults: list[Fault] = []
-        self.oauth = OAuthProvider()
+        self.oauth = OAuthProvider(directory)
         self.requests: list[LoggedRequest] = []
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
+        self.access = Access(directory)
+        self.runner_api = RunnerApi(self.state)
+        self.hooks = Hooks(directory, self.state.runners.get, self.state.clock, base_url=self.state.base_url)
+        self.state.listeners.append(self.hooks.job_changed)
+        self.ci = CiRoutes(self.state, self.access)
+        self.users = UserRoutes(self.access, self.hooks, self.state.clock)
+        self.sim = SimHooks(self.state, self.lock, drop_interval_s)
         self._httpd = ThreadingHTTPServer((host, port), _handler_for(self))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -83,17 +114,28 @@ class GitLabServer:
     def start(self) -> GitLabServer:
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._thread.start()
+        self.hooks.start()
+        self.sim.start()
         return self
 
     def stop(self) -> None:
+        self.sim.stop()
         self._httpd.shutdown()
         self._httpd.server_close()
+        self.hooks.stop()
 
     def __enter__(self) -> GitLabServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def add_token(self, user: str, scopes: Iterable[str], *, admin: bool = False) -> str:
+        """A personal access token of `user` (made if unknown) with `scopes`, for tests; over
+        HTTP the same is `POST /users/:id/personal_access_tokens`."""
+        with self.lock:
+            self.state.directory.add_user(user, admin=admin)
+            return self.state.directory.add_token(user, scopes, name="test").token
 
     def changing_requests(self) -> list[LoggedRequest]:
         return [r for r in self.requests if r.method in CHANGING]
@@ -106,99 +148,45 @@ class GitLabServer:
                     return fault
         return None
 
-    # -- routes ------------------------------------------------------------------
-    def route(self, method: str, path: str, query: dict[str, list[str]],
-              body: dict[str, Any], user: str) -> tuple[int, Any, dict[str, str]]:
-        s = self.state
-        if method == "GET" and path == "/user":
-            return 200, {"id": self.oauth.users.get(user, 1), "username": user, "name": user,
-                         "state": "active"}, {}
-        match = re.fullmatch(r"/groups/([^/]+)/members/all/(\d+)", path)
-        if match and method == "GET":
-            code, member = self.oauth.member(match.group(1), int(match.group(2)))
-            return code, member, {}
-        if method == "POST" and path == "/user/runners":
-            return 201, self._create(body), {}
-        if method == "POST" and path == "/runners/verify":
-            runner = s.runner_by_token(str(body.get("token", "")))
-            if runner is None:
-                raise _HttpError(403, "403 Forbidden")
-            return 200, {"id": runner.id, "token": runner.token,
-                         "token_expires_at": runner.token_expires_at}, {}
-        if method == "GET" and path in ("/runners", "/runners/all"):
-            runners = [r for r in s.runners.values() if _runner_matches(r, query, s)]
-            return self._page([self._runner_brief(r) for r in runners], query)
-        match = re.fullmatch(r"/runners/(\d+)(/jobs)?", path)
-        if match:
-            runner = s.runners.get(int(match.group(1)))
-            if runner is None:
-                raise _HttpError(404, "404 Not found")
-            if match.group(2):
-                status = query.get("status", [None])[0]
-                return self._page([self._job(j) for j in s.jobs_of_runner(runner.id, status)], query)
-            if method == "GET":
-                return 200, self._runner_detail(runner), {}
-            if method == "PUT":
-                s.update_runner(runner.id, paused=_bool(body.get("paused")),
-                                tags=_tags(body["tag_list"]) if "tag_list" in body else None,
-                                description=body.get("description"))
-                return 200, self._runner_detail(runner), {}
-            if method == "DELETE":
-                s.delete_runner(runner.id)
-                return 204, None, {}
-        match = re.fullmatch(r"/projects/(\d+)/jobs", path)
-        if match and method == "GET":
-            scopes = query.get("scope[]", []) + query.get("scope", [])
-            jobs = s.project_jobs(int(match.group(1)), scopes)
-            return self._page([self._job(j) for j in jobs], query)
-        raise _HttpError(404, "404 Not found")
+    def caller(self, headers: dict[str, str],
+               query: dict[str, list[str]]) -> tuple[Caller, AccessToken] | None:
+        """Who is calling (lib/gitlab/auth/auth_finders.rb): the token's user and scopes."""
+        value = headers.get("private-token") or query.get("private_token", [""])[0]
+        if not value and headers.get("authorization", "").startswith("Bearer "):
+            value = headers["authorization"][7:]
+        token = self.state.directory.token(value)
+        if token is None:
+            return None
+        name = token.username
+        return Caller(name, token.scopes, token.kind, self.state.directory.is_admin(name)), token
 
-    def _create(self, body: dict[str, Any]) -> dict[str, Any]:
-        kind = body.get("runner_type")
-        if kind not in ("instance_type", "group_type", "project_type"):
-            raise _HttpError(400, "runner_type is missing or invalid")
-        if kind == "group_type" and not body.get("group_id"):
-            raise _HttpError(400, "group_id is missing")
-        if kind == "project_type" and not body.get("project_id"):
-            raise _HttpError(400, "project_id is missing")
-        runner = self.state.create_runner(
-            description=str(body.get("description", "")), tags=_tags(body.get("tag_list", [])),
-            paused=bool(_bool(body.get("paused")) or False), runner_type=kind,
-            group_id=_int(body.get("group_id")), project_id=_int(body.get("project_id")),
-            run_untagged=bool(_bool(body.get("run_untagged", True))),
-            locked=bool(_bool(body.get("locked", True))),
-            maximum_timeout=_int(body.get("maximum_timeout")))
-        return {"id": runner.id, "token": runner.token, "token_expires_at": None}
+    def answer(self, method: str, path: str, query: dict[str, list[str]], body: dict[str, Any],
+               headers: dict[str, str], raw: bytes) -> Answer:
+        """One API v4 request (path without /api/v4), under the lock."""
+        with self.lock:
+            try:
+                if self.runner_api.handles(method, path):
+                    return self.runner_api.route(method, path, body, headers, raw)
+                found = self.caller(headers, query)
+                if found is None:
+                    raise unauthorized()
+                caller, token = found
+                check_scope(caller, method, path)
+                result = (self.ci.route(caller, method, path, query, body)
+                          or self.users.route(caller, token, method, path, query, body))
+                if result is None:
+                    return 404, {"error": "404 Not Found"}, {}
+                status, payload = result
+                return self._page(payload, query) if isinstance(payload, list) else (status, payload, {})
+            except ApiError as exc:
+                return exc.status, exc.body, exc.headers
 
-    def _runner_brief(self, r: SimRunner) -> dict[str, Any]:
-        online = self.state.online(r)
-        return {"id": r.id, "description": r.description, "ip_address": None, "active": not r.paused,
-                "paused": r.paused, "is_shared": r.runner_type == "instance_type",
-                "runner_type": r.runner_type, "name": "gitlab-runner", "online": online,
-                "status": ("paused" if r.paused else "online" if online else "offline")}
-
-    def _runner_detail(self, r: SimRunner) -> dict[str, Any]:
-        return {**self._runner_brief(r), "tag_list": sorted(r.tags), "run_untagged": r.run_untagged,
-                "locked": r.locked, "maximum_timeout": r.maximum_timeout, "access_level": "not_protected",
-                "contacted_at": _iso(r.contacted_at), "version": None,
-                "groups": [{"id": r.group_id}] if r.group_id else [],
-                "projects": [{"id": r.project_id}] if r.project_id else []}
-
-    def _job(self, j: SimJob) -> dict[str, Any]:
-        runner = self.state.runners.get(j.runner_id) if j.runner_id else None
-        return {"id": j.id, "status": j.status, "stage": "test", "name": j.name, "ref": "main",
-                "tag_list": sorted(j.tags), "created_at": _iso(j.created_at),
-                "started_at": _iso(j.started_at), "finished_at": _iso(j.finished_at),
-                "queued_duration": ((j.started_at or self.state.clock()) - j.created_at),
-                "user": {"id": abs(hash(j.user)) % 10_000, "username": j.user},
-                "web_url": self.state.web_url(j),
-                "project": {"id": j.project_id},
-                "pipeline": {"id": j.pipeline_id, "project_id": j.project_id},
-                "runner": None if runner is None else self._runner_brief(runner)}
-
-    def _page(self, items: list[Any], query: dict[str, list[str]]) -> tuple[int, Any, dict[str, str]]:
-        page = max(1, int(query.get("page", ["1"])[0]))
-        per_page = min(100, max(1, int(query.get("per_page", ["20"])[0])))
+    def _page(self, items: list[Any], query: dict[str, list[str]]) -> Answer:
+        try:
+            page = max(1, int(query.get("page", ["1"])[0]))
+            per_page = min(100, max(1, int(query.get("per_page", ["20"])[0])))
+        except ValueError:
+            return 400, {"error": "page is invalid"}, {}
         pages = max(1, -(-len(items) // per_page))
         headers = {"X-Page": str(page), "X-Per-Page": str(per_page), "X-Total": str(len(items)),
                    "X-Total-Pages": str(pages), "X-Next-Page": str(page + 1) if page < pages else ""}
@@ -216,17 +204,23 @@ def _handler_for(server: GitLabServer) -> type[BaseHTTPRequestHandler]:
 
         def _serve(self) -> None:
             parsed = urllib.parse.urlsplit(self.path)
+            query = urllib.parse.parse_qs(parsed.query)
+            raw = self._raw()
+            try:
+                body = self._body(raw)
+            except ValueError:
+                self._send(400, {"error": "body is not valid JSON"}, {}, parsed)
+                return
             if parsed.path.startswith("/oauth/"):
-                query = urllib.parse.parse_qs(parsed.query)
-                body = self._body()
                 with server.lock:
-                    status, payload, headers = server.oauth.handle(self.command, parsed.path, query, body)
-                server.requests.append(LoggedRequest(self.command, parsed.path, query, status))
-                self._send(status, payload, headers, parsed)
+                    answer = server.oauth.handle(self.command, parsed.path, query, body)
+                server.requests.append(LoggedRequest(self.command, parsed.path, query, answer[0]))
+                self._send(*answer, parsed)
+                return
+            if parsed.path.startswith("/-/"):
+                self._send(*server.sim.handle(self.command, parsed.path, body), parsed)
                 return
             path = parsed.path.removeprefix("/api/v4")
-            query = urllib.parse.parse_qs(parsed.query)
-            body = self._body()
             fault = server.take_fault(self.command, path)
             if fault is not None and fault.kind == "drop":
                 server.requests.append(LoggedRequest(self.command, path, query, None))
@@ -235,7 +229,13 @@ def _handler_for(server: GitLabServer) -> type[BaseHTTPRequestHandler]:
                 return
             if fault is not None and fault.kind == "delay":
                 time.sleep(fault.delay_s)
-            status, payload, headers = self._answer(path, query, body, fault)
+            if fault is not None and fault.kind.isdigit():
+                status = int(fault.kind)
+                headers = {"Retry-After": str(fault.retry_after)} if status == 429 else {}
+                payload: Any = {"message": f"{status} {_REASONS.get(status, 'Error')}"}
+            else:
+                lowered = {k.lower(): v for k, v in self.headers.items()}
+                status, payload, headers = server.answer(self.command, path, query, body, lowered, raw)
             server.requests.append(LoggedRequest(self.command, path, query, status))
             if fault is not None and fault.kind == "lost":  # done, but the answer never arrives
                 self.close_connection = True
@@ -243,37 +243,27 @@ def _handler_for(server: GitLabServer) -> type[BaseHTTPRequestHandler]:
                 return
             self._send(status, payload, headers, parsed)
 
-        def _answer(self, path: str, query: dict[str, list[str]], body: dict[str, Any],
-                    fault: Fault | None) -> tuple[int, Any, dict[str, str]]:
-            if fault is not None and fault.kind.isdigit():
-                status = int(fault.kind)
-                headers = {"Retry-After": str(fault.retry_after)} if status == 429 else {}
-                return status, {"message": f"{status} {_REASONS.get(status, 'Error')}"}, headers
-            user = (server.tokens.get(self.headers.get("PRIVATE-TOKEN", ""))
-                    or server.oauth.user_of(self.headers.get("Authorization")))
-            verify = path == "/runners/verify"  # authenticated by the runner token itself
-            if user is None and not verify:
-                return 401, {"message": "401 Unauthorized"}, {}
-            try:
-                with server.lock:
-                    return server.route(self.command, path, query, body, user or "")
-            except _HttpError as exc:
-                return exc.status, {"message": exc.message}, {}
-
-        def _body(self) -> dict[str, Any]:
+        def _raw(self) -> bytes:
             length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
+            return self.rfile.read(length) if length else b""
+
+        def _body(self, raw: bytes) -> dict[str, Any]:
             if not raw:
                 return {}
-            if "json" in (self.headers.get("Content-Type") or ""):
+            content_type = self.headers.get("Content-Type") or ""
+            if "json" in content_type:
                 loaded = json.loads(raw)
                 return loaded if isinstance(loaded, dict) else {}
-            return {k: v[-1] for k, v in urllib.parse.parse_qs(raw.decode()).items()}
+            if "x-www-form-urlencoded" in content_type or not content_type:
+                pairs = urllib.parse.parse_qs(raw.decode(errors="replace"))
+                return {k: (v if k.endswith("[]") else v[-1]) for k, v in pairs.items()}
+            return {}  # a trace patch or another raw body
 
         def _send(self, status: int, payload: Any, headers: dict[str, str],
                   parsed: urllib.parse.SplitResult) -> None:
-            page = isinstance(payload, str)  # the simulated sign-in/consent page
-            data = b"" if payload is None else payload.encode() if page else json.dumps(payload).encode()
+            content_type = headers.pop("Content-Type", None)
+            text = isinstance(payload, str)  # the simulated sign-in/consent page, or a plain answer
+            data = b"" if payload is None else payload.encode() if text else json.dumps(payload).encode()
             self.send_response(status)
             next_page = headers.pop("_next_page", None)
             if next_page:
@@ -285,48 +275,16 @@ def _handler_for(server: GitLabServer) -> type[BaseHTTPRequestHandler]:
             for key, value in headers.items():
                 self.send_header(key, value)
             if data:
-                self.send_header("Content-Type", "text/html; charset=utf-8" if page else "application/json")
+                self.send_header("Content-Type", content_type or ("text/html; charset=utf-8" if text
+                                                                  else "application/json"))
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
 
-        do_GET = do_POST = do_PUT = do_DELETE = _serve
+        do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve
 
     return Handler
 
 
 _REASONS = {401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 429: "Too Many Requests",
             500: "Internal Server Error", 502: "Bad Gateway"}
-
-
-def _runner_matches(r: SimRunner, query: dict[str, list[str]], state: GitLabState) -> bool:
-    if "paused" in query and _bool(query["paused"][0]) != r.paused:
-        return False
-    if "type" in query and query["type"][0] != r.runner_type:
-        return False
-    if "tag_list" in query and not _tags(query["tag_list"][0]) <= r.tags:
-        return False
-    return True
-
-
-def _tags(value: Any) -> frozenset[str]:
-    items = value.split(",") if isinstance(value, str) else list(value or [])
-    return frozenset(str(t).strip() for t in items if str(t).strip())
-
-
-def _bool(value: Any) -> bool | None:
-    if value is None or isinstance(value, bool):
-        return value
-    return str(value).lower() in ("true", "1", "yes")
-
-
-def _int(value: Any) -> int | None:
-    return None if value in (None, "") else int(value)
-
-
-def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.datetime.fromtimestamp(ts, datetime.UTC).isoformat().replace("+00:00", "Z")
-
-

@@ -1,5 +1,6 @@
 """What `runnerctl simulate --json` prints: makespan against its lower bound, occupancy,
-waits by job size, and the invariant counters (double allocations, foreign collisions)."""
+waits by job size, the invariant counters (double allocations, foreign collisions), and
+the jobs GitLab's own rules failed (`jobs_dropped` by failure reason, and by job size)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ def metrics(sim: Simulator) -> dict[str, object]:
     makespan = end - first
     lower = max(sum(j.gpus * j.duration for j in jobs) / gpus,
                 max((j.submit + j.duration for j in jobs), default=0.0) - first)
+    reasons: dict[str, int] = {}
+    sizes: dict[int, int] = {}
+    for job_id, (_, reason) in sim.dropped.items():
+        reasons[reason] = reasons.get(reason, 0) + 1
+        sizes[sim.jobs[job_id].gpus] = sizes.get(sim.jobs[job_id].gpus, 0) + 1
     waits: dict[int, list[float]] = {}
     for job in jobs:
         if job.job_id in sim.started:
@@ -30,6 +36,7 @@ def metrics(sim: Simulator) -> dict[str, object]:
         "wait_p95_s": {n: round(_quantile(w, 0.95), 3) for n, w in sorted(waits.items())},
         "wait_max_s": {n: round(max(w), 3) for n, w in sorted(waits.items())},
         "jobs_completed": len(sim.finished), "jobs_never_started": len(jobs) - len(sim.started),
+        "jobs_dropped": dict(sorted(reasons.items())), "jobs_dropped_by_gpus": dict(sorted(sizes.items())),
         "double_allocations": sim.double_allocations,
         "foreign_collisions": sim.foreign_collisions, "gitlab_api_calls": sim.gitlab_api_calls,
     }

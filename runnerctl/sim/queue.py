@@ -29,6 +29,9 @@ class PendingQueue:
     def __contains__(self, job_id: int) -> bool:
         return job_id in self._rank
 
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(self._rank))
+
     def add(self, job_id: int, gpus: int, priority: str) -> None:
         rank = PRIORITY_RANK.get(priority, 1)
         self._arrival.setdefault(gpus, {})[job_id] = None

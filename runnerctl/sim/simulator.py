@@ -20,6 +20,12 @@ before draining for it, and no other host drains for it, though one with an idle
 may start it), `greedy` (start any queued job that fits, oldest first) and
 `fifo` (strict arrival order).
 
+GitLab's own rule against waiting jobs runs on its hourly cron (`gitlab_cron`): a job
+pending over an hour that no online, unpaused runner covers, and any job pending over
+a day, is failed and counted in `jobs_dropped`. `dynamic` hosts have runnerctl's
+stand-by runner (`SimConfig.standby`, on by default); the reference policies are no
+GitLab and drop nothing.
+
 `dynamic` calls `plan` for a host only when its inputs changed since its last plan
 (its jobs, its closed GPUs, the demand it can act on) or that plan acted; the plan is
 a pure function, so an unchanged input would give the same plan again. Demand is
@@ -29,51 +35,25 @@ same plan as the whole queue).
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
 from collections.abc import Iterable
 
-from runnerctl.controller.plan import Demand, Observed, PlanPolicy, plan
+from runnerctl.controller.plan import Demand, Observed, plan
+from runnerctl.sim.gitlab_cron import CRON_S, drop_stuck
 from runnerctl.sim.hosts import SimHost, SimRunner, host_name
+from runnerctl.sim.inputs import ForeignUse, SimConfig, TraceJob
 from runnerctl.sim.metrics import metrics
 from runnerctl.sim.queue import PendingQueue
+
+__all__ = ["POLICIES", "REFERENCE", "ForeignUse", "SimConfig", "Simulator", "TraceJob"]
 
 POLICIES = ("dynamic", "static-singles", "static-partition", "greedy", "fifo")
 REFERENCE = ("greedy", "fifo")
 
 # event kinds; at one instant they run in this order (state changes, then the
 # controller, then the runners)
-END, FOREIGN_OFF, FOREIGN_ON, ARRIVE, REOPEN, TICK, POLL = range(7)
-
-
-@dataclasses.dataclass(frozen=True)
-class TraceJob:
-    job_id: int
-    submit: float
-    gpus: int
-    duration: float
-    project: str = "p"
-    priority: str = "normal"
-
-
-@dataclasses.dataclass(frozen=True)
-class ForeignUse:
-    start: float
-    duration: float
-    host: int
-    gpu: int
-
-
-@dataclasses.dataclass(frozen=True)
-class SimConfig:
-    hosts: int = 1
-    gpus_per_host: int = 8
-    policy: str = "dynamic"
-    reconcile_s: float = 5.0  # controller interval
-    check_s: float = 3.0  # gitlab-runner check_interval
-    cooldown_s: float = 30.0  # a GPU stays closed this long after foreign use ends
-    plan_policy: PlanPolicy = PlanPolicy()
+END, FOREIGN_OFF, FOREIGN_ON, ARRIVE, REOPEN, TICK, POLL, CRON = range(8)
 
 
 class Simulator:
@@ -91,6 +71,7 @@ class Simulator:
         self.claims: dict[int, int] = {}  # job -> host draining for it
         self.placement: dict[int, tuple[int, tuple[int, ...]]] = {}  # job -> (host, GPUs)
         self.first_block: dict[int, tuple[int, tuple[int, ...]]] = {}  # job -> first reserved
+        self.dropped: dict[int, tuple[float, str]] = {}  # job -> (when, reason): GitLab failed it
         self.double_allocations = 0
         self.foreign_collisions = 0
         self.actions = 0  # runner pauses and resumes sent to GitLab
@@ -100,6 +81,7 @@ class Simulator:
         self._seq = itertools.count()
         self._free = [len(h.owner) for h in self.hosts]  # reference policies' free GPUs
         self._next_poll = -1.0  # scheduled poll, or -1
+        self._next_cron = -1.0  # GitLab's next stuck-job cron, or -1
         self._ticks: set[float] = set()  # scheduled controller ticks
         self._last_poll = self._last_tick = float("-inf")
         self._dirty: set[int] = set(range(config.hosts))
@@ -141,6 +123,8 @@ class Simulator:
             idle_ticks = 0
             if kind == POLL:
                 self._poll(now)
+            elif kind == CRON:
+                self._cron(now)
             else:
                 self._handle(now, kind, a, b)
                 if reference:
@@ -169,6 +153,7 @@ class Simulator:
                 self._schedule_tick(now)
             self._want_tick(now)
             self._want_poll(now)
+            self._want_cron(now)
             return
         host = self.hosts[b] if kind == END else self.hosts[a]
         if kind == END:
@@ -252,6 +237,30 @@ class Simulator:
         if not any(t <= at for t in self._ticks):
             self._ticks.add(at)
             self._push(at, TICK)
+
+    def _want_cron(self, now: float) -> None:
+        if self.config.policy not in REFERENCE and self._next_cron < now:
+            self._next_cron = (now // CRON_S + 1) * CRON_S
+            self._push(self._next_cron, CRON)
+
+    def _cron(self, now: float) -> None:
+        """GitLab's hourly cron: drop what its rules drop, again next hour while jobs wait."""
+        self._next_cron = -1.0
+        pending = ((j, self.jobs[j].submit, self.jobs[j].gpus, self.jobs[j].priority) for j in self.queue)
+        standby = self.config.standby and self.config.policy == "dynamic"
+        for job_id, reason in drop_stuck(self.hosts, pending, now, standby=standby):
+            self.dropped[job_id] = (now, reason)
+            self.queue.remove(job_id)
+            claimer = self.claims.pop(job_id, None)
+            if claimer is not None:
+                self.hosts[claimer].claimed.discard(job_id)
+            self._demand_changed, self._common = True, None
+            self._dirty.update(range(len(self.hosts)))
+            self._want_tick(now)
+        if not self.queue and self._queue_since is not None:
+            self._count_beats(now)
+        if self.queue:
+            self._want_cron(now)
 
     def _count_beats(self, until: float) -> None:
         """The queue empties at `until`: count the reconcile beats it was non-empty."""

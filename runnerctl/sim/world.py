@@ -5,6 +5,11 @@ adapter, exactly as in production; only GitLab, the GPUs and gitlab-runner are f
 Time is a `VirtualClock` that `advance()` moves in steps, so the demo can run an hour
 in a minute and tests run without sleeping. Used by `runnerctl demo`, by `serve
 --gitlab sim` and by the controller tests.
+
+As in production the host has a stand-by runner (runnerctl/standby.py; kept in memory
+here, not in a state dir), and `advance()` plays GitLab's hourly cron
+(`StuckCiJobsWorker`, `0 * * * *` in gitlabhq `config/initializers/1_settings.rb`),
+which drops stuck and outdated pending jobs (`GitLabState.drop_stuck_jobs`).
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ from runnerctl.controller.observe import JobSource, LeaseJobs, nothing_is_ci
 from runnerctl.controller.plan import PlanPolicy
 from runnerctl.controller.store import Event, Store
 from runnerctl.gitlab import PythonGitLab, RunnerScope
-from runnerctl.layout import slot_tags
+from runnerctl.layout import slot_tags, standby_name, standby_tags
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim.fleet import RunningJob, SimFleet, SimGpus
+from runnerctl.sim.gitlab_cron import CRON_S
 from runnerctl.sim.gitlab_server import GitLabServer
 from runnerctl.sim.gitlab_state import GitLabState
+from runnerctl.standby import Standby, new_system_id
 
 TOKEN = "glpat-runnerctl-sim"
 PROJECT = 1
@@ -54,7 +61,10 @@ class World:
     durations: dict[int, float]
     submitted: dict[int, tuple[float, int]]  # job id -> (when, GPUs)
     utilizations: dict[int, float] = dataclasses.field(default_factory=dict)  # job id -> its GPUs' load
+    standby: Standby | None = None
+    dropped: dict[int, str] = dataclasses.field(default_factory=dict)  # job id -> failure reason
     _next_tick: float = 0.0
+    _next_cron: float = 0.0
 
     def submit(self, gpus: int, duration: float, *, user: str = "bob", priority: str = "",
                utilization: float = 0.9, name: str = "job") -> int:
@@ -75,6 +85,9 @@ class World:
             if self.clock.now >= self._next_tick:
                 self.controller.tick()
                 self._next_tick = self.clock.now + self.controller.settings.interval_s
+            if self.clock.now >= self._next_cron:
+                self._next_cron = (self.clock.now // CRON_S + 1) * CRON_S
+                self.dropped.update((job.id, str(job.failure_reason)) for job in self.state.drop_stuck_jobs())
             if pace is not None:
                 pace()
 
@@ -88,9 +101,10 @@ def build_world(state_dir: Path, *, host: str = "demo", gpu_count: int = 8,
                 on_event: Callable[[Event], None] = lambda e: None,
                 on_job: Callable[[str, RunningJob, float], None] = lambda kind, job, now: None,
                 webhook_secret: str = "", store_url: str = "", check_s: float = 3.0,
-                lease_dir: Path | None = None) -> World:
+                lease_dir: Path | None = None, standby: bool = True) -> World:
     """With `lease_dir`, the runner stand-ins take real lease files there and the controller
-    reads running jobs from them (`LeaseJobs`), as in production."""
+    reads running jobs from them (`LeaseJobs`), as in production. `standby=False` leaves
+    out the stand-by runner (runnerctl before it had one)."""
     clock = VirtualClock()
     state = GitLabState(clock=clock)
     server = GitLabServer(state, tokens={TOKEN: "admin"})
@@ -105,6 +119,11 @@ def build_world(state_dir: Path, *, host: str = "demo", gpu_count: int = 8,
         created = gitlab.create_runner(description=slot.name, tags=slot_tags(slot), paused=slot.size > 1,
                                        scope=RunnerScope())
         runner_ids[slot.name] = created.id
+    keep: Standby | None = None
+    if standby and slots:
+        made = gitlab.create_runner(description=standby_name(host), tags=standby_tags(slots), paused=False,
+                                    scope=RunnerScope())
+        keep = Standby(made.id, made.token, new_system_id(), standby_name(host), tuple(standby_tags(slots)))
     durations: dict[int, float] = {}
     utilizations: dict[int, float] = {}
     fleet = SimFleet(state, runner_ids, slots, gpus, check_s=check_s,
@@ -114,6 +133,8 @@ def build_world(state_dir: Path, *, host: str = "demo", gpu_count: int = 8,
     store = Store.open(url=store_url, state_dir=state_dir)
     settings = settings or ControllerSettings(projects=(PROJECT,))
     wiring = Wiring(host=host, gpus=gpus, gitlab=gitlab, runner_ids=runner_ids, store=store, jobs=jobs,
-                    clock=clock, is_ci=nothing_is_ci, webhook_secret=webhook_secret, on_event=on_event)
+                    clock=clock, is_ci=nothing_is_ci, webhook_secret=webhook_secret, on_event=on_event,
+                    standby=keep)
     controller = Controller(wiring, settings, policy)
-    return World(clock, state, server, gitlab, gpus, fleet, controller, store, durations, {}, utilizations)
+    return World(clock, state, server, gitlab, gpus, fleet, controller, store, durations, {}, utilizations,
+                 standby=keep)

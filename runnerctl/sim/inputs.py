@@ -1,0 +1,40 @@
+"""The simulator's inputs: trace jobs, foreign GPU use and the run's configuration.
+
+Kept apart from `simulator` (the event loop) so each stays small.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from runnerctl.controller.plan import PlanPolicy
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceJob:
+    job_id: int
+    submit: float
+    gpus: int
+    duration: float
+    project: str = "p"
+    priority: str = "normal"
+
+
+@dataclasses.dataclass(frozen=True)
+class ForeignUse:
+    start: float
+    duration: float
+    host: int
+    gpu: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SimConfig:
+    hosts: int = 1
+    gpus_per_host: int = 8
+    policy: str = "dynamic"
+    reconcile_s: float = 5.0  # controller interval
+    check_s: float = 3.0  # gitlab-runner check_interval
+    cooldown_s: float = 30.0  # a GPU stays closed this long after foreign use ends
+    plan_policy: PlanPolicy = PlanPolicy()
+    standby: bool = True  # dynamic: each host has runnerctl's stand-by runner (False: as before it)
