@@ -202,9 +202,15 @@ class Controller:
             log.warning("cannot read GPUs (every runner stays closed): %s", exc)
             return None
         if not self._slots:
+            # lost GPUs keep their slots (the gate keeps them closed); so do MIG GPUs whose
+            # runners init made before MIG was turned on (closed too), besides MIG-less slots
             whole = dataclasses.replace(snapshot, gpus=tuple(dataclasses.replace(g, lost=False)
                                                              for g in snapshot.gpus))
-            self._slots = tuple(s for s in plan_slots(whole) if s.name in self.cache.ids)
+            no_mig = dataclasses.replace(whole, gpus=tuple(dataclasses.replace(g, mig_enabled=False)
+                                                           for g in whole.gpus))
+            planned = {s.name: s for s in (*plan_slots(whole), *plan_slots(no_mig))}
+            self._slots = tuple(sorted((s for s in planned.values() if s.name in self.cache.ids),
+                                       key=lambda s: (s.size, s.gpus)))
         return snapshot
 
     def _publish_inventory(self, snapshot: GpuSnapshot | None) -> None:

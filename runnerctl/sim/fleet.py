@@ -34,7 +34,8 @@ class SimGitLabState(Protocol):
 
 class SimGpus:
     """`count` idle GPUs; `foreign[gpu] = (pid, user)` adds a process someone started by hand;
-    `busy[gpu]` is the utilization (0-1) of a GPU a CI job runs on (SimFleet sets it)."""
+    `busy[gpu]` is the utilization (0-1) of a GPU a CI job runs on (SimFleet sets it);
+    a GPU in `mig` is in MIG mode (NVML then reports no utilization for it)."""
 
     def __init__(self, host: str, count: int, clock: Callable[[], float]) -> None:
         self.spec = f"sim:{count}"
@@ -42,6 +43,7 @@ class SimGpus:
         self.count = count
         self.foreign: dict[int, tuple[int, str]] = {}
         self.unhealthy: set[int] = set()
+        self.mig: set[int] = set()
         self.busy: dict[int, float] = {}
         self._clock = clock
 
@@ -57,6 +59,8 @@ class SimGpus:
                 gpu = dataclasses.replace(gpu, utilization=self.busy[gpu.index])
             if gpu.index in self.unhealthy:
                 gpu = dataclasses.replace(gpu, xid_errors=1)
+            if gpu.index in self.mig:
+                gpu = dataclasses.replace(gpu, mig_enabled=True, utilization=None)
             gpus.append(gpu)
         return dataclasses.replace(base, gpus=tuple(gpus), taken_at=self._clock())
 
