@@ -36,6 +36,7 @@ COMMANDS: list[click.Command] = [
     users.user,
     sim.sim,
     ops.install,
+    ops.uninstall,
     report.report,
 ]
 
