@@ -52,10 +52,7 @@ def test_an_unversioned_sqlite_store_is_upgraded_in_place(tmp_path: Path) -> Non
     again.close()
 
 
-def test_a_version_3_sqlite_store_gets_job_history_and_keeps_every_row(tmp_path: Path) -> None:
-    with sqlite3.connect(tmp_path / "controller.sqlite") as conn:
-        conn.executescript((DATA / "v3.sqlite.sql").read_text())
-    store = Store.open(state_dir=tmp_path)
+def _assert_version_3_rows_kept_and_job_history_usable(store: Store) -> None:
     assert _versions(store) == [m.version for m in MIGRATIONS] and store.version >= 4
     _assert_old_rows_kept(store)
     assert store.inventory("gpu-a") == (list(range(8)), ["runnerctl/gpu-a/gpu0", "runnerctl/gpu-a/gpu0-3"])
@@ -68,6 +65,22 @@ def test_a_version_3_sqlite_store_gets_job_history_and_keeps_every_row(tmp_path:
                                   None, 1700000200.0, 1700000260.0, 1700000260.0, "success")
     jobs_store.save_jobs(store, [record])
     assert jobs_store.jobs(store) == [record]
+
+
+def test_a_version_3_sqlite_store_gets_job_history_and_keeps_every_row(tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / "controller.sqlite") as conn:
+        conn.executescript((DATA / "v3.sqlite.sql").read_text())
+    store = Store.open(state_dir=tmp_path)
+    _assert_version_3_rows_kept_and_job_history_usable(store)
+    store.close()
+
+
+def test_a_version_3_postgres_store_gets_job_history_and_keeps_every_row(pg_server: PostgresServer) -> None:
+    url = pg_server.create_database("store_v3")
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+        conn.execute((DATA / "v3.postgres.sql").read_text().encode())
+    store = Store.open(url=url)
+    _assert_version_3_rows_kept_and_job_history_usable(store)
     store.close()
 
 
