@@ -187,6 +187,7 @@ def status_report(snapshot: GpuSnapshot, entries: dict[str, dict[str, Any]]) -> 
             "state": "lost" if gpu.lost else ("busy" if gpu.processes else "idle"),
             "utilization": gpu.utilization, "memory_used_bytes": gpu.memory_used_bytes,
             "memory_total_bytes": gpu.memory_total_bytes, "healthy": gpu.healthy,
+            "xid_errors": gpu.xid_errors, "ecc_uncorrected_errors": gpu.ecc_uncorrected_errors,
             "processes": [{"pid": p.pid, "user": p.user, "memory_bytes": p.used_memory_bytes,
                            "command": p.command} for p in gpu.processes],
         })
@@ -200,12 +201,13 @@ def status_report(snapshot: GpuSnapshot, entries: dict[str, dict[str, Any]]) -> 
 
 def format_status(report: dict[str, Any]) -> str:
     lines = [f"host {report['host']} ({report['source']})", "",
-             f"{'GPU':>3}  {'STATE':6} {'UTIL':>5} {'MEMORY':>17}  PROCESSES"]
+             f"{'GPU':>3}  {'STATE':6} {'HEALTH':9} {'UTIL':>5} {'MEMORY':>17}  PROCESSES"]
     for gpu in report["gpus"]:
         util = "?" if gpu["utilization"] is None else f"{gpu['utilization']:.0%}"
         mem = _mem(gpu["memory_used_bytes"], gpu["memory_total_bytes"])
         procs = ", ".join(f"{p['pid']} ({p['user'] or '?'})" for p in gpu["processes"]) or "-"
-        lines.append(f"{gpu['index']:>3}  {gpu['state']:6} {util:>5} {mem:>17}  {procs}")
+        health = {True: "ok", False: "unhealthy", None: "unknown"}[gpu["healthy"]]
+        lines.append(f"{gpu['index']:>3}  {gpu['state']:6} {health:9} {util:>5} {mem:>17}  {procs}")
     lines += ["", f"{'SLOT':22} {'RUNNER':>7}  TAGS"]
     for slot in report["slots"]:
         runner = str(slot["runner_id"]) if slot["registered"] else "-"
