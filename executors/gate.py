@@ -53,11 +53,6 @@ class Foreign:
                 f"{self.process.user or 'unknown'}{size}")
 
 
-def lease_token(pid: int) -> str | None:
-    """The RUNNERCTL_LEASE a process carries (prefer `belongs_to`, which also knows cgroups)."""
-    return environ_token(pid)
-
-
 def belongs_to(pid: int, lease: Lease) -> bool:
     """Is this process part of the lease's job? Reads /proc only."""
     if lease.problem:

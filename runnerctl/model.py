@@ -57,10 +57,11 @@ class Gpu:
 
     @property
     def healthy(self) -> bool | None:
-        """False on any sign of trouble, None when nothing is known either way."""
+        """False on any sign of trouble; True only when every counter was read and is
+        clean; None otherwise (a counter unsupported, or Xids not watched)."""
         if self.lost or (self.ecc_uncorrected_errors or 0) > 0 or (self.xid_errors or 0) > 0:
             return False
-        if self.ecc_uncorrected_errors is None and self.xid_errors is None:
+        if self.ecc_uncorrected_errors is None or self.xid_errors is None:
             return None
         return True
 

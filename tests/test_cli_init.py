@@ -171,6 +171,24 @@ def test_status_table_shows_processes_with_user(tmp_path: Path) -> None:
     assert "busy" in row and "777 (alice)" in row
 
 
+def test_status_cannot_claim_a_gpu_healthy_without_watching_its_xids(tmp_path: Path) -> None:
+    """Issue 15: a one-shot reader never saw the Xid events (NVML hands them only to a
+    session registered before they happen), so health is unknown, not healthy; an ECC
+    count it can read still makes a GPU unhealthy."""
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text("gpus:\n  - {xid: 2}\n  - {ecc_uncorrected: 1}\n")
+    result = runnerctl("status", "--gpu-source", f"sim:{gpus}", "--json",
+                       "--runner-config", str(tmp_path / "config.toml"))
+    assert result.returncode == 0, result.stderr
+    first, second = json.loads(result.stdout)["gpus"]
+    assert (first["xid_errors"], first["healthy"]) == (None, None)
+    assert second["healthy"] is False
+    table = runnerctl("status", "--gpu-source", f"sim:{gpus}",
+                      "--runner-config", str(tmp_path / "config.toml"))
+    rows = [line.split() for line in table.stdout.splitlines() if line.strip()[:2] in ("0 ", "1 ")]
+    assert [row[2] for row in rows[:2]] == ["unknown", "unhealthy"], table.stdout
+
+
 def test_usage_error_exit_code() -> None:
     result = runnerctl("init", "--gitlab-url", "x", "--group", "1", "--project", "2",
                        "--gpu-source", "sim:1", "--dry-run")

@@ -67,7 +67,7 @@ def test_observer_tells_ci_from_foreign_and_cools_down(tmp_path: Path, ci_proces
                            {"gpu": 2, "pid": pid, "user": "gitlab-runner", "memory": "5GiB"}])
     jobs = LeaseJobs(tmp_path)
     clock = Clock()
-    observer = Observer(host="gpu-c", gpus=open_gpu_source(f"sim:{gpus_file}", host="gpu-c"),
+    observer = Observer(host="gpu-c", gpus=open_gpu_source(f"sim:{gpus_file}", host="gpu-c", watch_xid=True),
                         held=lease_holders(jobs), is_ci=jobs.is_ci, clock=clock,
                         limits=GateThresholds(cooldown_s=30.0))
     parts = {"gpus": gpus.collect, "reconcile": reconcile.collect}

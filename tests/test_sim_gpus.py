@@ -83,3 +83,12 @@ def test_missing_sim_file(tmp_path: Path) -> None:
 def test_bad_source_specs(spec: str) -> None:
     with pytest.raises(ConfigError):
         open_gpu_source(spec)
+
+
+def test_only_a_watching_reader_knows_the_xid_count(tmp_path: Path) -> None:
+    path = tmp_path / "gpus.yaml"
+    path.write_text("gpus:\n  - {xid: 3}\n  - {}\n")
+    watched = open_gpu_source(f"sim:{path}", watch_xid=True).snapshot().gpus
+    once = open_gpu_source(f"sim:{path}").snapshot().gpus
+    assert [g.xid_errors for g in watched] == [3, 0] and [g.healthy for g in watched] == [False, True]
+    assert [g.xid_errors for g in once] == [None, None] and [g.healthy for g in once] == [None, None]

@@ -192,6 +192,7 @@ def status_report(snapshot: GpuSnapshot, entries: dict[str, dict[str, Any]]) -> 
             "mig_enabled": gpu.mig_enabled,
             "utilization": gpu.utilization, "memory_used_bytes": gpu.memory_used_bytes,
             "memory_total_bytes": gpu.memory_total_bytes, "healthy": gpu.healthy,
+            "xid_errors": gpu.xid_errors, "ecc_uncorrected_errors": gpu.ecc_uncorrected_errors,
             "processes": [{"pid": p.pid, "user": p.user, "memory_bytes": p.used_memory_bytes,
                            "command": p.command} for p in gpu.processes],
         })
@@ -214,12 +215,13 @@ def mig_note(snapshot: GpuSnapshot) -> list[str]:
 
 def format_status(report: dict[str, Any]) -> str:
     lines = [f"host {report['host']} ({report['source']})", "",
-             f"{'GPU':>3}  {'STATE':6} {'UTIL':>5} {'MEMORY':>17}  PROCESSES"]
+             f"{'GPU':>3}  {'STATE':6} {'HEALTH':9} {'UTIL':>5} {'MEMORY':>17}  PROCESSES"]
     for gpu in report["gpus"]:
         util = "?" if gpu["utilization"] is None else f"{gpu['utilization']:.0%}"
         mem = _mem(gpu["memory_used_bytes"], gpu["memory_total_bytes"])
         procs = ", ".join(f"{p['pid']} ({p['user'] or '?'})" for p in gpu["processes"]) or "-"
-        lines.append(f"{gpu['index']:>3}  {gpu['state']:6} {util:>5} {mem:>17}  {procs}")
+        health = {True: "ok", False: "unhealthy", None: "unknown"}[gpu["healthy"]]
+        lines.append(f"{gpu['index']:>3}  {gpu['state']:6} {health:9} {util:>5} {mem:>17}  {procs}")
     lines += ["", *report["left_alone"]] if report["left_alone"] else []
     lines += ["", f"{'SLOT':22} {'RUNNER':>7}  TAGS"]
     for slot in report["slots"]:

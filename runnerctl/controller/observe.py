@@ -14,16 +14,15 @@ notice a change someone made in GitLab's UI). A state it could not read is `None
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
 
 from runnerctl.controller.demand import ApiBudget
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi, step
 from runnerctl.gitlab import GitLabPort
-from runnerctl.model import GpuProcess, GpuSnapshot, Slot
+from runnerctl.model import GpuProcess, GpuSnapshot
 from runnerctl.settings import PathSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -167,20 +166,6 @@ class RunnerCache:
     def set(self, name: str, paused: bool | None) -> None:
         if name in self.paused:
             self.paused[name] = paused
-
-
-@dataclasses.dataclass(frozen=True)
-class Observation:
-    snapshot: GpuSnapshot
-    slots: tuple[Slot, ...]  # registered slots (a runner id known)
-    paused: Mapping[str, bool | None]
-    running: Mapping[str, tuple[int, ...]]
-    gate: Mapping[int, GateState]
-
-
-def registered_slots(snapshot: GpuSnapshot, runner_ids: Mapping[str, int],
-                     plan_slots: Callable[[GpuSnapshot], list[Slot]]) -> tuple[Slot, ...]:
-    return tuple(s for s in plan_slots(snapshot) if s.name in runner_ids)
 
 
 def gate_step(snapshot: GpuSnapshot, gate: Mapping[int, GateState], *, now: float, is_ci: IsCi,

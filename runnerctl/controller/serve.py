@@ -46,7 +46,8 @@ def production_controller(settings: Settings, *, gitlab_url: str, token: str, gp
         log.warning("no stand-by runner beside %s: GitLab will drop multi-GPU jobs that wait over an hour "
                     "for a drain; run `runnerctl init` again to create it", runner_config)
     store = Store.open(url=settings.controller.store_url, state_dir=settings.state_dir)
-    wiring = Wiring(host=settings.host.name, gpus=open_gpu_source(gpu_source, host=settings.host.name),
+    gpus = open_gpu_source(gpu_source, host=settings.host.name, watch_xid=True)
+    wiring = Wiring(host=settings.host.name, gpus=gpus,
                     gitlab=PythonGitLab(gitlab_url, token), runner_ids=runner_ids, store=store, jobs=jobs,
                     clock=time.time, is_ci=jobs.is_ci, webhook_secret=webhook_secret, standby=standby)
     return Controller(wiring, settings.controller)

@@ -1,6 +1,10 @@
 """GPU inventory: `open_gpu_source("nvml" | "sim:N" | "sim:PATH")` -> a snapshot reader.
 
 This package is the only place that reads GPUs; callers get frozen `GpuSnapshot`s.
+NVML delivers an Xid only to a session that registered for it before it happened, so
+only a long-lived reader (the controller, the exporter) opens its source with
+`watch_xid=True`; a one-shot reader (`runnerctl status`, the executors' stages) reports
+the Xid count, and with it the GPU's health, as unknown rather than as zero.
 """
 
 from __future__ import annotations
@@ -20,17 +24,21 @@ class GpuSource(Protocol):
 
 
 class NvmlSource:
-    """NVML, opened on the first snapshot and kept open (Xid events between snapshots
-    are counted only while a session lives)."""
+    """NVML. Watching: opened on the first snapshot and kept open (Xid events between
+    snapshots are counted only while a session lives). Not watching: opened and closed
+    for every snapshot, Xid counts unknown."""
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, *, watch_xid: bool) -> None:
         self.spec = "nvml"
         self.host = host
+        self.watch_xid = watch_xid
         self._live: Any = None
 
     def snapshot(self) -> GpuSnapshot:
-        from runnerctl.gpus.nvml import LiveNvml
+        from runnerctl.gpus.nvml import LiveNvml, read_snapshot
 
+        if not self.watch_xid:
+            return read_snapshot(self.host)
         if self._live is None:
             self._live = LiveNvml(self.host)
         snapshot: GpuSnapshot = self._live.snapshot()
@@ -38,29 +46,34 @@ class NvmlSource:
 
 
 class SimSource:
-    def __init__(self, spec: str, host: str) -> None:
+    """Simulated GPUs; like NVML, a reader that does not watch cannot know the Xid count."""
+
+    def __init__(self, spec: str, host: str, *, watch_xid: bool) -> None:
         self.spec = spec
         self.host = host
+        self.watch_xid = watch_xid
         self._arg = spec.removeprefix("sim:")
 
     def snapshot(self) -> GpuSnapshot:
         from runnerctl.gpus import sim
 
         if self._arg.isdigit():
-            return sim.count_snapshot(self.host, int(self._arg))
-        return sim.file_snapshot(Path(self._arg), self.host)
+            snapshot = sim.count_snapshot(self.host, int(self._arg))
+        else:
+            snapshot = sim.file_snapshot(Path(self._arg), self.host)
+        return snapshot if self.watch_xid else sim.unwatched(snapshot)
 
 
-def open_gpu_source(spec: str, *, host: str | None = None) -> GpuSource:
-    """Parse a `--gpu-source` value."""
+def open_gpu_source(spec: str, *, host: str | None = None, watch_xid: bool = False) -> GpuSource:
+    """Parse a `--gpu-source` value. `watch_xid` for a reader that lives across snapshots."""
     host = host or socket.gethostname()
     if spec == "nvml":
-        return NvmlSource(host)
+        return NvmlSource(host, watch_xid=watch_xid)
     if spec.startswith("sim:") and len(spec) > 4:
         arg = spec[4:]
         if arg.isdigit() and not 1 <= int(arg) <= 64:
             raise ConfigError(f"--gpu-source {spec}: a simulated host has 1 to 64 GPUs")
-        return SimSource(spec, host)
+        return SimSource(spec, host, watch_xid=watch_xid)
     raise ConfigError(
         f"unknown GPU source {spec!r}", hint="use `nvml`, `sim:N` (N GPUs) or `sim:PATH` (YAML)"
     )

@@ -19,6 +19,7 @@ A process without `user` is looked up like a real one (its owner, if the pid exi
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import time
@@ -82,6 +83,13 @@ def count_snapshot(host: str, count: int) -> GpuSnapshot:
         driver_version="sim",
         source=f"sim:{count}",
     )
+
+
+def unwatched(snapshot: GpuSnapshot) -> GpuSnapshot:
+    """What a one-shot reader sees: NVML delivers Xid events only to a session registered
+    before they happened (nvmlEventSetWait), so the count is unknown, never zero."""
+    return dataclasses.replace(snapshot, gpus=tuple(
+        g if g.lost else dataclasses.replace(g, xid_errors=None) for g in snapshot.gpus))
 
 
 def file_snapshot(path: Path, default_host: str) -> GpuSnapshot:
