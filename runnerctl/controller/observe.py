@@ -14,6 +14,7 @@ notice a change someone made in GitLab's UI). A state it could not read is `None
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
