@@ -59,9 +59,10 @@ def test_only_one_module_talks_to_nvml() -> None:
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("runnerctl.__main__",),
     ("runnerctl.cli",),
-    ("runnerctl.web", "runnerctl.exporter", "runnerctl.sim"),
+    ("runnerctl.web", "runnerctl.exporter", "runnerctl.sim", "runnerctl.report"),
     ("runnerctl.controller",),
-    ("runnerctl.registration", "runnerctl.optuna", "runnerctl.optuna_tools", "runnerctl.optuna_journal"),
+    ("runnerctl.registration", "runnerctl.uninstall", "runnerctl.optuna", "runnerctl.optuna_tools",
+     "runnerctl.optuna_journal"),
     ("executors", "runnerctl.postgres", "runnerctl.install", "runnerctl.access", "runnerctl.standby"),
     ("runnerctl.settings", "runnerctl.private", "runnerctl.logline", "runnerctl.runner_config",
      "runnerctl.layout", "runnerctl.gpus", "runnerctl.gitlab", "runnerctl.pipelines"),
@@ -92,6 +93,7 @@ def layer_violations(sources: dict[str, Path]) -> list[str]:
             other = _unit(name)
             if other is None or other == me:
                 continue
+            assert other in RANK, f"{other} (imported by {module}) is in no layer: add it to LAYERS"
             if RANK[other] < RANK[me] or (me, other) in SIBLINGS:
                 continue
             found.append(f"{path.name}: {me} -> {other}")
