@@ -10,7 +10,7 @@ import pytest
 
 from runnerctl.controller.claims import Claims, drained_for
 from runnerctl.controller.plan import Demand, Observed, Plan, PlanPolicy, SlotState
-from runnerctl.controller.store import Store
+from runnerctl.controller.store import Event, Store
 from runnerctl.gpus.sim import count_snapshot
 from runnerctl.layout import plan_slots
 
@@ -110,6 +110,20 @@ def test_a_lapsed_claim_passes_and_its_old_holder_lets_it_go(store: Store) -> No
     assert b.drains() == [9] and store.claims(TTL_S + 2.5) == {9: "gpu-b"}
     result = a.tick(TTL_S + 3.0, (big,), busy={0})
     assert result.reserved == {} and a.claims.drained_for == set()
+
+
+@pytest.mark.parametrize("detail", ["for pending job 9: waiting on x", "for pending job 9"])  # new, old
+def test_after_a_restart_a_drain_under_way_is_not_told_again_and_keeps_its_claim(
+        store: Store, detail: str) -> None:
+    a = Host("gpu-a", store)
+    big = Demand(9, 8, 10.0)
+    a.tick(1.0, (big,), busy={0})
+    (kind, block, _), = a.events
+    store.record(Event(1.0, "gpu-a", kind, block, detail))
+    a.claims, a.events = Claims(store, "gpu-a", ttl_s=TTL_S, drains=a.reserved), []  # restarted
+    assert a.claims.drained_for == {9}
+    a.tick(2.0, (big,), busy={0})
+    assert a.events == [] and store.claims(2.0) == {9: "gpu-a"}
 
 
 def test_drained_for_reads_old_and_new_details() -> None:
