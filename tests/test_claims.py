@@ -3,6 +3,7 @@ opened at once on idle GPUs (runnerctl/controller/claims.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 
@@ -28,8 +29,11 @@ class Host:
         self.reserved: dict[str, int] = {}
         self.events: list[tuple[str, str, str]] = []
 
-    def tick(self, now: float, demand: tuple[Demand, ...], busy: AbstractSet[int] = frozenset()) -> Plan:
+    def tick(self, now: float, demand: tuple[Demand, ...], busy: AbstractSet[int] = frozenset(),
+             blocks: Mapping[str, int] | None = None) -> Plan:
+        """`busy`: GPUs whose single runs a job; `blocks`: block key -> the job it runs."""
         running = {s.name: (100 + s.gpus[0],) for s in self.slots if s.size == 1 and s.gpus[0] in busy}
+        running |= {self.by_key[key].name: (job,) for key, job in (blocks or {}).items()}
         states = tuple(SlotState(s, s.size > 1 and s.name not in self.reserved, running.get(s.name, ()))
                        for s in self.slots)
         claimed = {job for job, host in self.store.claims(now).items() if host != self.name}
@@ -65,6 +69,16 @@ def test_an_idle_block_is_a_reserve_and_becomes_a_drain_only_when_it_must_wait(s
     host.tick(4.0, big, busy={3})
     host.tick(5.0, big)  # the block opens: no third event
     assert len(host.events) == 2 and host.drains() == [7]
+
+
+def test_a_block_that_gitlab_gave_another_job_drains_for_the_one_it_opened_for(store: Store) -> None:
+    host = Host("gpu-a", store)
+    wanted = Demand(7, 8, 10.0)
+    host.tick(1.0, (Demand(6, 8, 5.0), wanted))
+    host.tick(2.0, (wanted,), blocks={"gpu0-7": 6})  # GitLab handed the block the other 8-GPU job
+    block = host.by_key["gpu0-7"].name
+    assert host.events[-1] == ("drain", block, "for pending job 7: waiting on its own runner's job")
+    assert host.claims.drained_for == {7}
 
 
 def test_a_host_keeps_the_claim_of_a_job_it_drained_for_while_a_more_urgent_job_drains(

@@ -16,8 +16,10 @@ job to first runs it). The claim stays with the host that really drained for a j
 A claim passes to another host only when it lapses, i.e. its host stopped ticking.
 
 Events tell the two apart: `reserve` when a block opens at once on idle GPUs for a job,
-`drain` when it is held while other jobs run on its GPUs (what `runnerctl_drains_total`
-counts). A reservation that began idle and must wait later records its `drain` then.
+`drain` when it is held while jobs still run on its GPUs (what `runnerctl_drains_total`
+counts), be they other runners' or one GitLab handed the block itself (GitLab gives an
+open block the oldest job its tags cover, not necessarily the one it opened for). A
+reservation that began idle and must wait later records its `drain` then.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Claims:
         self.told = told_before(store, host, drains)  # block -> (job, reserve|drain) recorded
         self.drained_for = {job for job, kind in self.told.values() if kind == DRAIN}
         self.renewed: dict[int, float] = {}  # job -> when this host last took or renewed its claim
+        self.waiting: set[str] = set()  # reserved blocks with busy GPUs in the last plan
 
     def plan(self, observed: Observed, policy: PlanPolicy, now: float) -> Plan:
         """Plan, claiming the jobs it reserves blocks for; a job another host claimed
@@ -55,9 +58,9 @@ class Claims:
             if not lost:
                 break
             observed = dataclasses.replace(observed, elsewhere=observed.elsewhere | lost)
-        opened = {d.slot.name for d in result.decisions if d.open}
+        self.waiting = waiting(observed, result)
         self.drained_for |= {job for name, job in result.reserved.items()
-                             if name not in opened and job in result.claims}
+                             if name in self.waiting and job in result.claims}
         gone = {job for job, at in self.renewed.items() if job not in pending and now < at + self.ttl_s}
         keep = result.claims | self.drained_for | gone
         self.renewed = {job: at for job, at in self.renewed.items() if job in keep}
@@ -73,19 +76,27 @@ class Claims:
     def tell(self, result: Plan) -> list[tuple[str, str, str]]:
         """(kind, block, detail) of the reservation events this plan brings: one per block
         and job, `reserve` or `drain`, and a `drain` after a `reserve` when it must wait."""
-        opened = {d.slot.name for d in result.decisions if d.open}
+        reasons = {d.slot.name: d.reason for d in result.decisions}
         events = []
         for name, job in sorted(result.reserved.items()):
-            kind = RESERVE if name in opened else DRAIN
+            kind = DRAIN if name in self.waiting else RESERVE
             told = self.told.get(name)
             if told is not None and told[0] == job and (told[1] == DRAIN or kind == RESERVE):
                 continue
             self.told[name] = (job, kind)
-            detail = "idle, opened at once" if kind == RESERVE else next(
-                (d.reason.partition(": ")[2] for d in result.decisions if d.slot.name == name), "")
+            detail = "idle, opened at once" if kind == RESERVE else (
+                reasons[name].partition(": ")[2] or "waiting on its own runner's job")
             events.append((kind, name, f"for pending job {job}: {detail}"))
         self.told = {name: told for name, told in self.told.items() if name in result.reserved}
         return events
+
+
+def waiting(observed: Observed, result: Plan) -> set[str]:
+    """The reserved blocks that must wait: a job (another runner's, or one GitLab handed
+    the block's own runner) still runs on some of their GPUs."""
+    busy = {g for s in observed.slots if s.running_jobs for g in s.slot.gpus}
+    gpus = {d.slot.name: d.slot.gpus for d in result.decisions}
+    return {name for name in result.reserved if not busy.isdisjoint(gpus[name])}
 
 
 def told_before(store: Store, host: str, drains: Mapping[str, int]) -> dict[str, tuple[int, str]]:
