@@ -74,8 +74,9 @@ class Claims:
         return False
 
     def tell(self, result: Plan) -> list[tuple[str, str, str]]:
-        """(kind, block, detail) of the reservation events this plan brings: one per block
-        and job, `reserve` or `drain`, and a `drain` after a `reserve` when it must wait."""
+        """(kind, block, detail) of the reservation events the plan `plan` just returned
+        brings: one per block and job, `reserve` or `drain`, and a `drain` after a
+        `reserve` when it must wait."""
         reasons = {d.slot.name: d.reason for d in result.decisions}
         events = []
         for name, job in sorted(result.reserved.items()):
