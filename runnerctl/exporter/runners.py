@@ -48,7 +48,7 @@ def collect(stats: StatsView) -> Iterator[Metric]:
     yield from (state, paused, known, online, jobs)
     yield from _toggles(stats)
     drains = CounterMetricFamily("runnerctl_drains", "Drains started: a block held for a pending "
-                                 "multi-GPU job while other jobs still ran on its GPUs (its singles "
+                                 "multi-GPU job while jobs still ran on its GPUs (its singles "
                                  "closed until they end).", labels=["Hostname", "slot"])
     for name, count in sorted(stats.drains.items()):
         drains.add_metric([view.host, _key(name)], count)
