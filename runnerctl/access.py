@@ -15,7 +15,8 @@ What GitLab really demands (gitlabhq/gitlabhq):
   `admin_project_runners`), an administrator for instance runners
   (`Ci::Runners::CreateRunnerService`, instance strategy).
 The scopes come from `GET /personal_access_tokens/self`, the role from `GET
-/groups/:id/members/all/:user_id` (inherited memberships included).
+/groups|projects/:id/members/all/:user_id` (lib/api/members.rb; inherited memberships
+included).
 """
 
 from __future__ import annotations

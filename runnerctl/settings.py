@@ -109,7 +109,9 @@ class ControllerSettings:
     (a notebook between cells) does not flap runners."""
     claim_ttl_s: float = 120.0
     """A host's claim on a pending job (before draining for it) expires after this (s)
-    unless renewed each tick, so a dead host does not hold a job forever."""
+    unless renewed each tick, so a dead host does not hold a job forever; it also outlives
+    the job by this long, so a host whose last poll is older than this may drain for a
+    job already running elsewhere (keep it above the time demand polls take)."""
     backoff_max_s: float = 300.0
     """Upper bound (s) of the back-off after repeated GitLab failures."""
     lease_check_s: float = 60.0

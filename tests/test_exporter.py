@@ -125,6 +125,18 @@ def test_states_follow_ci_foreign_draining_paused_and_unhealthy(world: World) ->
     assert value(samples, "runnerctl_gate_decisions_total", decision="open") == 1.0
 
 
+def test_a_block_opened_on_idle_gpus_is_a_reserve_not_a_drain(world: World) -> None:
+    world.advance(6)
+    world.submit(4, 60.0)  # every GPU idle: a quad opens at once
+    world.advance(20)
+    samples = scrape(world)
+    reserved = [dict(ls)["slot"] for (n, ls), v in samples.items() if n == "runnerctl_reserves_total" and v]
+    assert len(reserved) == 1 and reserved[0] in ("gpu0-3", "gpu4-7"), reserved
+    assert not [v for (n, _), v in samples.items() if n == "runnerctl_drains_total" and v]
+    assert {e.kind for e in world.store.events("demo")} >= {"reserve"}
+    assert "drain" not in {e.kind for e in world.store.events("demo")}
+
+
 def test_a_snapshot_failure_is_unknown_not_idle(world: World) -> None:
     world.advance(6)
 

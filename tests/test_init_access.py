@@ -65,6 +65,28 @@ def test_a_group_maintainer_is_told_owner_is_needed(gitlab_server: GitLabServer,
     assert _init(gitlab_server, tmp_path, token, "--group", str(group.id)) == 0
 
 
+def test_a_project_developer_is_told_maintainer_is_needed(gitlab_server: GitLabServer, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Project runners need Maintainer (app/policies/project_policy.rb: `maintainer`
+    enables `create_runner`); the role is read with `GET /projects/:id/members/all/:user_id`
+    (lib/api/members.rb), where a membership inherited from the group counts too."""
+    directory = gitlab_server.state.directory
+    group = directory.add_group("ml")
+    project = directory.add_project("train", group_id=group.id)
+    token = _token(gitlab_server, "dev", ["api"])
+    directory.project_members[project.id]["dev"] = 30
+    gitlab_server.requests.clear()
+    assert _init(gitlab_server, tmp_path, token, "--project", str(project.id)) == ExitCode.GITLAB
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"the role Maintainer of project {project.id} (user dev has Developer)" in err[0]
+    assert gitlab_server.changing_requests() == [] and not gitlab_server.state.runners
+    assert not (tmp_path / "config.toml").exists()
+    directory.group_members[group.full_path]["dev"] = 40  # Maintainer through the group
+    assert _init(gitlab_server, tmp_path, token, "--project", str(project.id)) == 0
+    runners = gitlab_server.state.runners.values()
+    assert runners and {r.runner_type for r in runners} == {"project_type"}
+
+
 def test_a_refused_scope_midway_is_named(gitlab_server: GitLabServer) -> None:
     """A 403 insufficient_scope from any request names the scope, e.g. demand polling
     with a create_runner token."""

@@ -2,10 +2,10 @@
 
 Thin by design: everything it decides comes from `plan.plan`. Each tick it reads the
 GPUs once, the running jobs, toggles and claims from the store, steps the gate, polls
-demand within the API budget, plans, claims the jobs it drains for, applies pauses
-then resumes, and stores drains, gate states and events. It then replaces one frozen
-`ControllerView`, which the web API, exporter and page read (they never call NVML or
-GitLab themselves).
+demand within the API budget, plans and claims the jobs it drains for (claims.py),
+applies pauses then resumes, and stores drains, gate states and events. It then
+replaces one frozen `ControllerView`, which the web API, exporter and page read (they
+never call NVML or GitLab themselves).
 
 Restart: drains, toggles, claims and gate states come back from the store, runner
 states are re-read from GitLab, and the plan is recomputed from what is observed, so
@@ -23,13 +23,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from runnerctl.controller import act as acting
+from runnerctl.controller.claims import Claims
 from runnerctl.controller.demand import ApiBudget, DemandTracker, PendingJob
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi, reopen
 from runnerctl.controller.history import History
 from runnerctl.controller.liveness import Liveness
 from runnerctl.controller.observe import JobSource, RunnerCache, gate_step, nothing_is_ci
 from runnerctl.controller.orphans import OrphanAudit
-from runnerctl.controller.plan import Decision, Observed, Plan, PlanPolicy, SlotState, plan
+from runnerctl.controller.plan import Decision, Observed, Plan, PlanPolicy, SlotState
 from runnerctl.controller.stats import ControllerStats
 from runnerctl.controller.store import Event, Store, Toggle
 from runnerctl.controller.toggles import held_slots, toggle_status
@@ -134,6 +135,7 @@ class Controller:
         self.limits = GateThresholds(settings.foreign_memory_mib, settings.foreign_utilization,
                                      settings.reopen_ratio, settings.cooldown_s)
         self.drains = wiring.store.drains(self.host)
+        self.claims = Claims(wiring.store, self.host, ttl_s=settings.claim_ttl_s, drains=self.drains)
         self.protected = wiring.store.protected(self.host)  # drains no later job may delay (plan.py)
         self.gate = {gpu: GateState.from_row(row) for gpu, row in wiring.store.gate(self.host).items()}
         self.view = ControllerView(self.host, wiring.clock(), 0, None)
@@ -164,7 +166,7 @@ class Controller:
             self._free_orphans(running, now)
         gitlab_ok = gitlab_ready and self._talk_to_gitlab(now)
         observed = self._observed(snapshot, running, toggles, now)
-        result = self._plan_with_claims(observed, now)
+        result = self.claims.plan(observed, self.policy, now)
         if gitlab_ok:
             acting.apply(result.decisions, gitlab=self.w.gitlab, cache=self.cache, health=self.health,
                          now=now, on_action=lambda a: self._acted(a, now))
@@ -296,19 +298,6 @@ class Controller:
         return Observed(states, closed, demand, self.drains, held_slots(toggles, self._slots), self.protected,
                         elsewhere)
 
-    def _plan_with_claims(self, observed: Observed, now: float) -> Plan:
-        """Plan and claim the jobs it reserves blocks for; a job another host claimed
-        meanwhile counts as claimed elsewhere (no drain for it here) and the plan is redone."""
-        for _ in range(4):
-            result = plan(observed, self.policy)
-            lost = [job for job in result.claims
-                    if not self.w.store.claim(job, self.host, now=now, ttl_s=self.settings.claim_ttl_s)]
-            if not lost:
-                break
-            observed = dataclasses.replace(observed, elsewhere=observed.elsewhere | frozenset(lost))
-        self.w.store.release_claims(self.host, keep=list(result.claims))
-        return result
-
     def _acted(self, action: acting.Action, now: float) -> None:
         d = action.decision
         verb = "resume" if d.open else "pause"
@@ -316,9 +305,8 @@ class Controller:
         self._event(now, verb if action.ok else f"{verb}-failed", d.slot.name, detail)
 
     def _remember(self, result: Plan, now: float) -> None:
-        for name, job in result.reserved.items():
-            if self.drains.get(name) != job:
-                self._event(now, "drain", name, f"for pending job {job}")
+        for kind, name, detail in self.claims.tell(result):
+            self._event(now, kind, name, detail)
         self.drains = dict(result.reserved)
         self.protected = result.protected
         self.w.store.save_drains(self.host, self.drains, now)

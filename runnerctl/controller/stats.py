@@ -2,11 +2,11 @@
 
 A `ControllerView` is a picture of one instant; Prometheus also wants what happened
 between pictures (GPU-seconds per occupant class, how long jobs waited, how long a
-tick took, how many drains and gate decisions). The loop hands every finished view,
-its tick duration and each event to `ControllerStats`, which folds them into one frozen
-`StatsView` replaced per tick. The exporter reads only that view (it carries the
-`ControllerView` it was made from, so a scrape never mixes two ticks) and never calls
-NVML or GitLab.
+tick took, how many drains, idle blocks opened for jobs and gate decisions). The loop
+hands every finished view, its tick duration and each event to `ControllerStats`,
+which folds them into one frozen `StatsView` replaced per tick. The exporter reads
+only that view (it carries the `ControllerView` it was made from, so a scrape never
+mixes two ticks) and never calls NVML or GitLab.
 
 Occupancy of a GPU over the interval between two ticks is the class it had at the
 first of them, so per GPU the classes add up to the time since the first tick, exactly.
@@ -78,8 +78,9 @@ class StatsView:
     gpu_seconds: Mapping[tuple[int, str], float]  # (GPU index, class) -> seconds
     job_waits: Mapping[int, Histogram]  # GPUs asked -> wait from creation to start
     reconcile: Histogram
-    events: Mapping[str, int]  # event kind (drain, gate-close, pause-failed, ...) -> count
-    drains: Mapping[str, int]  # slot name -> drains started for it
+    events: Mapping[str, int]  # event kind (drain, reserve, gate-close, pause-failed, ...) -> count
+    drains: Mapping[str, int]  # block name -> real drains started for it (event `drain`)
+    reserves: Mapping[str, int]  # block name -> times opened at once on idle GPUs for a job
     admin_toggles: Mapping[str, int]  # pause | drain -> toggles seen
     gitlab_requests: Mapping[str, int] | None  # HTTP status -> count; None if not counted
 
@@ -122,6 +123,7 @@ class ControllerStats:
         self._reconcile = Histogram(RECONCILE_BUCKETS_S)
         self._events: Counter[str] = Counter()
         self._drains: Counter[str] = Counter()
+        self._reserves: Counter[str] = Counter()
         self._admin: Counter[str] = Counter()
         self._toggles_seen: set[tuple[str, str, float]] = set()
         self._pending: dict[int, tuple[int, float, float]] = {}  # job -> (GPUs, created_at, last seen)
@@ -129,8 +131,10 @@ class ControllerStats:
 
     def event(self, event: Event) -> None:
         self._events[event.kind] += 1
-        if event.kind == "drain":
+        if event.kind == "drain":  # the planner's; an admin's drain toggle is not an event here
             self._drains[event.subject] += 1
+        elif event.kind == "reserve":
+            self._reserves[event.subject] += 1
 
     def observe(self, view: ControllerView, *, duration_s: float, is_ci: IsCi,
                 gitlab: object = None) -> StatsView:
@@ -153,6 +157,7 @@ class ControllerStats:
             ticks=(previous.ticks if previous else 0) + 1, occupancy=occupancy(view, self._gpus),
             foreign_processes=foreign, gpu_seconds=dict(self._gpu_seconds), job_waits=dict(self._waits),
             reconcile=self._reconcile, events=dict(self._events), drains=dict(self._drains),
+            reserves=dict(self._reserves),
             admin_toggles=dict(self._admin), gitlab_requests=requests)
         return self.view
 

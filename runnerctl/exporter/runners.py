@@ -47,11 +47,18 @@ def collect(stats: StatsView) -> Iterator[Metric]:
         jobs.add_metric(labels, len(slot.running_jobs))
     yield from (state, paused, known, online, jobs)
     yield from _toggles(stats)
-    drains = CounterMetricFamily("runnerctl_drains", "Drains started: a block's singles closed so that "
-                                 "a pending multi-GPU job can start on it.", labels=["Hostname", "slot"])
+    drains = CounterMetricFamily("runnerctl_drains", "Drains started: a block held for a pending "
+                                 "multi-GPU job while jobs still ran on its GPUs (its singles "
+                                 "closed until they end).", labels=["Hostname", "slot"])
     for name, count in sorted(stats.drains.items()):
         drains.add_metric([view.host, _key(name)], count)
     yield drains
+    reserves = CounterMetricFamily("runnerctl_reserves", "Blocks opened at once on idle GPUs for a "
+                                   "pending multi-GPU job (nothing waited: not a drain).",
+                                   labels=["Hostname", "slot"])
+    for name, count in sorted(stats.reserves.items()):
+        reserves.add_metric([view.host, _key(name)], count)
+    yield reserves
 
 
 def _toggles(stats: StatsView) -> Iterator[Metric]:

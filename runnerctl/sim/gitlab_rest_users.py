@@ -9,9 +9,11 @@ Shapes and rules from gitlabhq/gitlabhq:
   `min_access_level`), `GET /groups/:id`, `GET /groups/:id/projects` (`include_subgroups`).
 - lib/api/projects.rb: `GET /projects` (private projects the caller is a member of; all
   for admins; `min_access_level`), `GET /projects/:id`.
-- lib/api/members.rb: `GET /groups/:id/members/all/:user_id` (effective level, inherited
-  included; 404 `Member Not Found`), `POST /groups|projects/:id/members` (user_id,
-  access_level; needs Owner of a group, Maintainer of a project).
+- lib/api/members.rb: `GET /groups|projects/:id/members/all/:user_id` (one route for both
+  source types; the effective level, inherited group memberships included, highest
+  wins; 404 `Member Not Found`; any member of the source may read it),
+  `POST /groups|projects/:id/members` (user_id, access_level; needs Owner of a group,
+  Maintainer of a project).
 - lib/api/project_hooks.rb: `POST /projects/:id/hooks` (url, token, job_events) and
   `GET /projects/:id/hooks`; needs Maintainer (`admin_project`); the token is never shown.
 """
@@ -76,8 +78,10 @@ class UserRoutes:
         if match:
             tail, member = match.group(2) or "", match.group(3)
             return self._group(caller, method, match.group(1), tail, member, query, body)
-        match = re.fullmatch(r"/projects/(\d+)(/members|/hooks)?", path)
+        match = re.fullmatch(r"/projects/(\d+)(/members|/hooks|/members/all/(\d+))?", path)
         if match:
+            if match.group(3) is not None and method == "GET":
+                return self._project_member(caller, int(match.group(1)), int(match.group(3)))
             return self._project(caller, method, int(match.group(1)), match.group(2) or "", body)
         return None
 
@@ -126,6 +130,14 @@ class UserRoutes:
         if not tail and method == "GET":
             return 200, self._group_json(self.access.group(caller, ref))
         raise not_found()
+
+    def _project_member(self, caller: Caller, project_id: int, user_id: int) -> tuple[int, Any]:
+        project = self.access.project(caller, project_id, level=0)  # any member (read_project_member)
+        name = self.d.user_name(user_id)
+        level = self.d.project_level(project, name) if name else 0
+        if not name or not level:
+            raise not_found("Member")
+        return 200, {"id": user_id, "username": name, "name": name, "state": "active", "access_level": level}
 
     def _project(self, caller: Caller, method: str, project_id: int, tail: str,
                  body: dict[str, Any]) -> tuple[int, Any]:

@@ -53,6 +53,7 @@ class SimHost:
         self.closed_until = [0.0] * gpus
         self.reserved: dict[str, int] = {}
         self.claimed: set[int] = set()
+        self.drained: set[int] = set()  # claimed jobs it really drained for: kept (controller/claims.py)
         self.protected: frozenset[int] = frozenset()
 
     def gated(self, gpu: int, now: float) -> bool:

@@ -17,7 +17,8 @@ Policies: `static-singles` (one runner per GPU), `static-partition` (per host on
 quad, one pair and two singles, always open), `dynamic` (runnerctl: every slot, opened
 by `runnerctl.controller.plan.plan` on the reconcile beat; hosts claim a pending job
 before draining for it, and no other host drains for it, though one with an idle block
-may start it), `greedy` (start any queued job that fits, oldest first) and
+may start it; a host keeps the claim of a job it drained for until the job starts, as
+`runnerctl.controller.claims` does), `greedy` (start any queued job that fits, oldest first) and
 `fifo` (strict arrival order).
 
 GitLab's own rule against waiting jobs runs on its hourly cron (`gitlab_cron`): a job
@@ -39,6 +40,7 @@ import heapq
 import itertools
 from collections.abc import Iterable
 
+from runnerctl.controller.claims import waiting
 from runnerctl.controller.plan import Demand, Observed, plan
 from runnerctl.sim.gitlab_cron import CRON_S, drop_stuck
 from runnerctl.sim.hosts import SimHost, SimRunner, host_name
@@ -200,6 +202,7 @@ class Simulator:
         self._common = None
         if claimer is not None:
             self.hosts[claimer].claimed.discard(job_id)
+            self.hosts[claimer].drained.discard(job_id)
             self._dirty.add(claimer)
         self.started[job_id] = now
         job = self.jobs[job_id]
@@ -254,6 +257,7 @@ class Simulator:
             claimer = self.claims.pop(job_id, None)
             if claimer is not None:
                 self.hosts[claimer].claimed.discard(job_id)
+                self.hosts[claimer].drained.discard(job_id)
             self._demand_changed, self._common = True, None
             self._dirty.update(range(len(self.hosts)))
             self._want_tick(now)
@@ -363,12 +367,16 @@ class Simulator:
         reserved = dict(result.reserved)
         for name, job_id in reserved.items():
             self.first_block.setdefault(job_id, (host_no, by_name[name].slot.gpus))
-        if not pauses and not resumes and reserved == host.reserved and result.protected == host.protected:
+        drained = host.drained | {reserved[name] for name in waiting(observed, result)
+                                  if reserved[name] in result.claims} if reserved else host.drained
+        if (not pauses and not resumes and reserved == host.reserved and result.protected == host.protected
+                and drained == host.drained):
             self._dirty.discard(host_no)
             return
         host.reserved, host.protected = reserved, result.protected  # plan again next beat
+        host.drained = drained
         self._want_tick(now)
-        claims = set(result.claims)
+        claims = set(result.claims) | drained
         if claims != host.claimed:
             for job_id in host.claimed - claims:
                 self.claims.pop(job_id, None)
