@@ -32,6 +32,7 @@ from runnerctl.controller.plan import Decision, Observed, Plan, PlanPolicy, Slot
 from runnerctl.controller.stats import ControllerStats
 from runnerctl.controller.store import Event, Store, Toggle
 from runnerctl.controller.toggles import held_slots, toggle_status
+from runnerctl.controller.waiting import Waiting, why_waiting
 from runnerctl.errors import GitLabError, GpuError
 from runnerctl.gitlab import GitLabPort
 from runnerctl.gpus import GpuSource
@@ -83,6 +84,8 @@ class ControllerView:
     """Running job id -> (user, link), from the executor's leases."""
     standby: str = ""
     """The stand-by runner: `online`, `none`, `not yet verified` or why it may not be online."""
+    waiting: Mapping[int, Waiting] = dataclasses.field(default_factory=dict)
+    """Pending job id -> why it waits, from this tick's plan (controller/waiting.py)."""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -159,14 +162,15 @@ class Controller:
             self._free_orphans(running, now)
         gitlab_ok = gitlab_ready and self._talk_to_gitlab(now)
         observed = self._observed(snapshot, running, toggles, now)
-        result = self._plan_with_claims(observed, now)
+        result, observed = self._plan_with_claims(observed, now)
         if gitlab_ok:
             acting.apply(result.decisions, gitlab=self.w.gitlab, cache=self.cache, health=self.health,
                          now=now, on_action=lambda a: self._acted(a, now))
         if gitlab_ready:
             self.standby.keep_online(self.w.gitlab, now)
         self._remember(result, now)
-        self.view = self._view(snapshot, result, running, toggles, now)
+        self.view = dataclasses.replace(self._view(snapshot, result, running, toggles, now),
+                                        waiting=why_waiting(observed, result))
         self.liveness.good()
         view, took = self.view, time.perf_counter() - started
         self._aside("stats", lambda: self.stats.observe(view, duration_s=took, is_ci=self.w.is_ci,
@@ -281,9 +285,10 @@ class Controller:
         return Observed(states, closed, demand, self.drains, held_slots(toggles, self._slots), self.protected,
                         elsewhere)
 
-    def _plan_with_claims(self, observed: Observed, now: float) -> Plan:
+    def _plan_with_claims(self, observed: Observed, now: float) -> tuple[Plan, Observed]:
         """Plan and claim the jobs it reserves blocks for; a job another host claimed
-        meanwhile counts as claimed elsewhere (no drain for it here) and the plan is redone."""
+        meanwhile counts as claimed elsewhere (no drain for it here) and the plan is redone.
+        Returns the plan and what it was made from."""
         for _ in range(4):
             result = plan(observed, self.policy)
             lost = [job for job in result.claims
@@ -292,7 +297,7 @@ class Controller:
                 break
             observed = dataclasses.replace(observed, elsewhere=observed.elsewhere | frozenset(lost))
         self.w.store.release_claims(self.host, keep=list(result.claims))
-        return result
+        return result, observed
 
     def _acted(self, action: acting.Action, now: float) -> None:
         d = action.decision

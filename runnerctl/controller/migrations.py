@@ -85,6 +85,13 @@ MIGRATIONS: tuple[Migration, ...] = (
             checked_at DOUBLE PRECISION NOT NULL, expires_at DOUBLE PRECISION NOT NULL)""",
         "CREATE INDEX web_sessions_name ON web_sessions (name, via)",
     )),
+    # 4 is h/history's job_history; this stand-in (no statements) keeps the versions
+    # consecutive until that branch is merged here, and is replaced by it then
+    Migration(4, "reserved for job history (h/history)", ()),
+    Migration(5, "host views: each controller's last good tick, GPUs and queue, for the fleet page", (
+        """CREATE TABLE host_views (host TEXT PRIMARY KEY, at DOUBLE PRECISION NOT NULL,
+            interval_s DOUBLE PRECISION NOT NULL, tick BIGINT NOT NULL, view TEXT NOT NULL)""",
+    )),
 )
 
 _VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,

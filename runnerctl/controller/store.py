@@ -373,6 +373,13 @@ class Store:
             return cur.execute("UPDATE web_sessions SET role = ?, checked_at = ? WHERE via = 'gitlab' "
                                "AND gitlab_id = ?", (role, now, gitlab_id))
 
+    # -- for store modules beside this one (controller/jobs_store.py) -------------------
+    @contextmanager
+    def transaction(self) -> Iterator[_Cursor]:
+        """One transaction with `?` placeholders; database failures become StoreError."""
+        with self._tx() as cur:
+            yield cur
+
 
 class _Cursor:
     """A cursor that takes `?` placeholders on both databases."""

@@ -26,11 +26,11 @@ from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import request as toggle_request
 from runnerctl.logline import one_line
 from runnerctl.settings import WebSettings
-from runnerctl.web import auth
+from runnerctl.web import auth, fleet
 from runnerctl.web.oauth import GitLabOAuth, RoleCheck
 from runnerctl.web.oauth import install as install_oauth
 from runnerctl.web.sessions import Sessions
-from runnerctl.web.view import EventOut, FleetHostOut, HostOut, JobMemory, event_out, host_page, toggle_out
+from runnerctl.web.view import EventOut, HostOut, JobMemory, event_out, host_page
 
 log = logging.getLogger(__name__)
 
@@ -180,16 +180,18 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
         """The activity log of this host, newest first (toggles with who and why, controller actions)."""
         return [event_out(e) for e in store.events(view().host, limit)]
 
-    @app.get("/api/fleet", response_model=list[FleetHostOut], tags=["host"],
+    @app.get("/api/fleet", response_model=list[fleet.FleetHostOut], tags=["fleet"],
              responses={401: {"description": "sign in"}})
-    def fleet(who: Annotated[auth.Principal | None, Depends(reader)]) -> list[FleetHostOut]:
-        """Every host of the store (all hosts sharing a PostgreSQL store): toggles and last event."""
-        hosts = []
-        for name in store.hosts():
-            last = store.events(name, 1)
-            hosts.append(FleetHostOut(host=name, toggles=[toggle_out(t) for t in store.toggles(name)],
-                                      last_event=event_out(last[0]) if last else None))
-        return hosts
+    def fleet_hosts(who: Annotated[auth.Principal | None, Depends(reader)]) -> list[fleet.FleetHostOut]:
+        """Every host of the store (all hosts sharing a PostgreSQL store): running or stopped
+        (no good tick for two intervals), its GPUs at its last good tick, toggles, last event."""
+        return fleet.hosts(store, clock())
+
+    @app.get("/api/queue", response_model=list[fleet.QueueJobOut], tags=["fleet"],
+             responses={401: {"description": "sign in"}})
+    def fleet_queue(who: Annotated[auth.Principal | None, Depends(reader)]) -> list[fleet.QueueJobOut]:
+        """Every pending GPU job the running hosts see, most urgent first, with why it waits."""
+        return fleet.queue(store, clock())
 
     @app.post("/api/toggles", response_model=ToggleResult, tags=["toggles"],
               responses={403: {"description": "not an operator, or no CSRF token"}})
