@@ -28,6 +28,7 @@ class HostRow:
     at: float
     """The host's clock at its last good tick."""
     interval_s: float
+    """Its tick period at that tick: the interval plus the tick's own time."""
     tick: int
     view: dict[str, Any]
 

@@ -69,7 +69,8 @@ class QueueJobOut(DemandOut):
 
 def publisher(store: Store, *, interval_s: float,
               clock: Callable[[], float]) -> Callable[[ControllerView], None]:
-    """An `on_tick` hook that writes this host's GPUs and queue to the store."""
+    """An `on_tick` hook that writes this host's GPUs and queue to the store, with the
+    host's tick period (its interval plus how long this tick took)."""
     memory = JobMemory()  # its own: the request threads have theirs
 
     def publish_fleet_view(view: ControllerView) -> None:
@@ -81,7 +82,9 @@ def publisher(store: Store, *, interval_s: float,
                           "priority": job.priority, "user": job.user, "url": job.web_url,
                           "created_at": job.created_at, "reason": why.code if why else "resources",
                           "detail": why.detail if why else "not planned yet"})
-        host_views.save(store, host=view.host, at=clock(), interval_s=interval_s, tick=view.tick,
+        at = clock()  # the loop waits an interval after each tick: its period is the sum
+        host_views.save(store, host=view.host, at=at, interval_s=interval_s + max(0.0, at - view.at),
+                        tick=view.tick,
                         view={"gpus": [g.model_dump() for g in page.gpus], "queue": queue,
                               "gitlab_error": view.gitlab_error})
 
