@@ -68,7 +68,7 @@ def test_a_block_an_admin_paused_is_held() -> None:
 def test_a_job_another_host_drains_for_is_draining_there() -> None:
     busy = {f"gpu{i}": (i + 1,) for i in range(8)}
     why = _why(busy, (Demand(7, 8, 10.0),), elsewhere=frozenset({7}))[7]
-    assert why == Waiting("draining", "another host drains a block for it")
+    assert why == Waiting("draining", "another host drains a block for it", elsewhere=True)
 
 
 def test_every_pending_job_gets_a_reason() -> None:

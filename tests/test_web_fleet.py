@@ -44,9 +44,11 @@ def _other_host(world: World, name: str, *, at: float, queue: list[dict[str, Any
                     view={"gpus": gpus, "queue": queue, "gitlab_error": ""})
 
 
-def _queued(job_id: int, reason: str, *, created_at: float, priority: str = "normal") -> dict[str, Any]:
+def _queued(job_id: int, reason: str, *, created_at: float, priority: str = "normal",
+            elsewhere: bool = False) -> dict[str, Any]:
     return {"job_id": job_id, "gpus": 8, "project_id": 1, "priority": priority, "user": "erin", "url": None,
-            "created_at": created_at, "reason": reason, "detail": f"{reason} on the other host"}
+            "created_at": created_at, "reason": reason, "detail": f"{reason} on the other host",
+            "elsewhere": elsewhere}
 
 
 def test_every_host_shows_its_gpus_and_a_silent_one_is_stopped(world: World, tmp_path: Path) -> None:
@@ -79,10 +81,13 @@ def test_the_queue_merges_hosts_with_the_most_telling_reason(world: World, tmp_p
     world.advance(3.0)
     now = world.clock()
     urgent = _queued(777, "resources", created_at=now - 100, priority="high")
-    _other_host(world, "gpu-b", at=now, queue=[_queued(busy, "draining", created_at=now - 3), urgent])
+    _other_host(world, "gpu-b", at=now, queue=[_queued(busy, "draining", created_at=now - 3), urgent,
+                                               _queued(555, "draining", created_at=now - 2, elsewhere=True)])
+    _other_host(world, "gpu-d", at=now, queue=[_queued(555, "draining", created_at=now - 2)])
     _other_host(world, "gpu-c", at=now - 5, queue=[_queued(888, "held", created_at=now - 50)])  # stopped
     queue = _client(world, tmp_path).get("/api/queue").json()
-    assert [(j["position"], j["job_id"]) for j in queue] == [(1, 777), (2, busy)]  # high first; 888 is stale
+    assert [(j["position"], j["job_id"]) for j in queue] == [(1, 777), (2, busy), (3, 555)]  # 888 is stale
+    assert queue[2]["host"] == "gpu-d"  # the host that drains for it, not one that says another does
     mine = queue[1]
     assert mine["reason"] == "draining" and mine["user"] == "dave"
     assert mine["host"] == "demo" and mine["detail"] == f"runner gpu0-7 drains for it, waiting on job {first}"

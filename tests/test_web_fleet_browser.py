@@ -9,31 +9,19 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import pytest
-from playwright.sync_api import Browser, expect, sync_playwright
+from playwright.sync_api import Browser, expect
 
 from runnerctl.postgres import PostgresServer
 from tests.e2e_fleet import Host, SimGitLab, wait_for
+from tests.test_web_browser import browser  # noqa: F401 - the fixture: Debian's Chromium
 
-CHROMIUM = "/usr/bin/chromium"
 HOSTS = ("gpu-a", "gpu-b", "gpu-c")
 INTERVAL_S = 1.0
 REASONS = {"starting", "draining", "priority", "resources", "foreign", "held"}
-
-
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: run .ci/setup (Debian's chromium package)"
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
-        yield browser
-        browser.close()
 
 
 def _fleet_of_three(tmp_path: Path, spawned: list[subprocess.Popen[bytes]], store_url: str,
@@ -64,7 +52,7 @@ def _fleet_states(host: Host) -> dict[str, str]:
 
 def test_the_page_of_one_host_shows_the_whole_fleet(
         tmp_path: Path, spawned: list[subprocess.Popen[bytes]], pg_server: PostgresServer,
-        browser: Browser) -> None:
+        browser: Browser) -> None:  # noqa: F811 - the fixture imported above
     gitlab = SimGitLab(spawned)
     hosts, serves = _fleet_of_three(tmp_path, spawned, pg_server.create_database("fleet_page"), gitlab)
     first, second = gitlab.info["project_ids"][:2]

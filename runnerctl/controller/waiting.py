@@ -34,6 +34,8 @@ RANK = {"starting": 0, "draining": 1, "priority": 2, "resources": 3, "foreign": 
 class Waiting(NamedTuple):
     code: str
     detail: str
+    elsewhere: bool = False
+    """Another host acts for it (drains a block): that host's reason says more."""
 
 
 def why_waiting(observed: Observed, result: Plan) -> dict[int, Waiting]:
@@ -65,7 +67,7 @@ def _one(demand: Demand, observed: Observed, decisions: Mapping[str, Decision],
     if job in singles:
         return Waiting("starting", f"runner {singles[job].rsplit('/', 1)[-1]} is open for it")
     if job in observed.elsewhere:
-        return Waiting("draining", "another host drains a block for it")
+        return Waiting("draining", "another host drains a block for it", elsewhere=True)
     sized = [s.slot for s in observed.slots if len(s.slot.gpus) == demand.gpus]
     if not sized:
         return Waiting("resources", f"no runner of {demand.gpus} GPU{'s' if demand.gpus != 1 else ''} here")

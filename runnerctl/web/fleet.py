@@ -81,7 +81,8 @@ def publisher(store: Store, *, interval_s: float,
             queue.append({"job_id": job.job_id, "gpus": job.gpus, "project_id": job.project_id,
                           "priority": job.priority, "user": job.user, "url": job.web_url,
                           "created_at": job.created_at, "reason": why.code if why else "resources",
-                          "detail": why.detail if why else "not planned yet"})
+                          "detail": why.detail if why else "not planned yet",
+                          "elsewhere": why.elsewhere if why else False})
         at = clock()  # the loop waits an interval after each tick: its period is the sum
         host_views.save(store, host=view.host, at=at, interval_s=interval_s + max(0.0, at - view.at),
                         tick=view.tick,
@@ -113,19 +114,20 @@ def queue(store: Store, now: float) -> list[QueueJobOut]:
     """The pending GPU jobs every live host sees, most urgent first (priority, then age),
     each with the most telling reason any host gave."""
     seen: dict[int, dict[str, Any]] = {}
-    said: dict[int, list[ReasonOut]] = {}
+    said: dict[int, list[tuple[int, bool, ReasonOut]]] = {}
     for row in host_views.load(store):
         if row.stopped(now):
             continue
         for job in row.view.get("queue", ()):
-            said.setdefault(job["job_id"], []).append(
-                ReasonOut(host=row.host, reason=job["reason"], detail=job["detail"]))
+            said.setdefault(job["job_id"], []).append((
+                RANK.get(job["reason"], len(RANK)), bool(job.get("elsewhere")),
+                ReasonOut(host=row.host, reason=job["reason"], detail=job["detail"])))
             seen.setdefault(job["job_id"], job)
     jobs = sorted(seen.values(),
                   key=lambda j: (PRIORITY_RANK.get(j["priority"], 1), j["created_at"], j["job_id"]))
     out = []
     for position, job in enumerate(jobs, start=1):
-        reasons = sorted(said[job["job_id"]], key=lambda r: (RANK.get(r.reason, len(RANK)), r.host))
+        reasons = [r for *_, r in sorted(said[job["job_id"]], key=lambda r: (r[0], r[1], r[2].host))]
         out.append(QueueJobOut(
             position=position, job_id=job["job_id"], gpus=job["gpus"], project_id=job["project_id"],
             priority=job["priority"], user=job["user"], url=job["url"],
