@@ -12,6 +12,11 @@ GPUs; single-GPU runners carry `gpu` and `gpus:1` so that both the classic `tags
 [gpu]` and `gpus:1` reach them. Every runner carries all `priority:*` tags, so a job's
 priority tag only informs the controller and never makes a job unschedulable.
 
+A GPU in MIG mode (NVML `mig_enabled`) gets no slot and is not counted in any block:
+runnerctl leaves MIG GPUs alone (docs/controller.md, "MIG GPUs"). Its processes run on
+GPU instances, CUDA takes MIG device UUIDs, not the GPU's, and NVML reports no
+utilization for it, so neither the lease (a set of whole GPUs) nor the gate fits it.
+
 The host's stand-by runner (`standby_tags`) carries every tag any of its slots
 carries, so that a job one of its slots can serve is never "stuck" in GitLab's eyes
 while its runners are paused (docs/controller.md, "Stand-by runner").
@@ -46,9 +51,20 @@ def standby_tags(slots: list[Slot]) -> list[str]:
     return list(dict.fromkeys(tag for slot in slots for tag in slot_tags(slot)))
 
 
+def mig_gpus(snapshot: GpuSnapshot) -> list[int]:
+    """GPUs in MIG mode: runnerctl plans no slot on them."""
+    return [gpu.index for gpu in snapshot.gpus if gpu.mig_enabled]
+
+
+MIG_HINT = ("runnerctl leaves MIG GPUs alone (no runner, never opened); nothing to set: to give "
+            "one to runnerctl, turn MIG off (nvidia-smi -i N -mig 0, then reset the GPU) and run "
+            "runnerctl init again")
+
+
 def plan_slots(snapshot: GpuSnapshot) -> list[Slot]:
-    """Singles, then blocks of 2, 4, ... GPUs, then the whole host; smallest first."""
-    indexes = sorted(gpu.index for gpu in snapshot.gpus if not gpu.lost)
+    """Singles, then blocks of 2, 4, ... GPUs, then the whole host; smallest first.
+    Lost GPUs and MIG GPUs (`mig_gpus`) are left out."""
+    indexes = sorted(gpu.index for gpu in snapshot.gpus if not gpu.lost and not gpu.mig_enabled)
     if not indexes:
         return []
     slots = [Slot(snapshot.host, (i,)) for i in indexes]

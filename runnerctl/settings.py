@@ -122,6 +122,29 @@ class ControllerSettings:
     writes, plus 30 s to SIGKILL and 30 s to force-kill)."""
     store_url: str = ""
     """PostgreSQL URL shared by the hosts (claims, toggles); empty: SQLite in state_dir."""
+    history_retention_days: float = 400.0
+    """Job history older than this (days, by the job's end) is deleted, at most once an
+    hour. Over a year, so that "GPU-hours this month vs the same month last year" still
+    answers; a row is a few hundred bytes, so even 100,000 jobs a year stay small."""
+    events_retention_days: float = 90.0
+    """Events (the activity log: pauses, resumes, drains, gate changes) older than this
+    (days) are deleted, at most once an hour. A log grows with every tick's decision; three
+    months covers an incident's post-mortem, and the history keeps the per-job record."""
+    unused_utilization: float = 0.02
+    """A job's GPUs below this mean utilization (ratio 0-1) count as idle: its idle
+    GPU-hours in `runnerctl report`, and "requested but unused" once it lasts."""
+    unused_after_s: float = 1800.0
+    """A job whose GPUs stay idle this long (s) while it holds them is flagged "requested
+    but unused" (an event once per job, a badge on the page, a line in the report). Long
+    enough that data loading or compiling at a job's start is not flagged."""
+
+    def __post_init__(self) -> None:
+        for name in ("history_retention_days", "events_retention_days", "unused_after_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"[controller] {name} must be more than 0, not {getattr(self, name)!r}")
+        if not 0 <= self.unused_utilization <= 1:
+            raise ConfigError(f"[controller] unused_utilization is a ratio from 0 to 1, not "
+                              f"{self.unused_utilization!r}")
 
 
 @dataclasses.dataclass(frozen=True)

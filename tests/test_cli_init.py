@@ -138,6 +138,29 @@ def test_status_sim_json(tmp_path: Path) -> None:
     assert not any(s["registered"] for s in report["slots"])
 
 
+def test_mig_gpus_are_left_alone_by_status_and_init(tmp_path: Path) -> None:
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text("gpus:\n  - {}\n  - {mig: true, utilization: null}\n  - {}\n  - {}\n")
+    common = ["--gpu-source", f"sim:{gpus}", "--host", "gpu-a",
+              "--runner-config", str(tmp_path / "config.toml")]
+    status = runnerctl("status", *common, "--json")
+    assert status.returncode == 0, status.stderr
+    report = json.loads(status.stdout)
+    assert [g["state"] for g in report["gpus"]] == ["idle", "mig", "idle", "idle"]
+    assert all(1 not in s["gpus"] for s in report["slots"]) and len(report["slots"]) == 5
+    (note,) = report["left_alone"]
+    assert note.startswith("GPU 1 in MIG mode: runnerctl leaves MIG GPUs alone") and "-mig 0" in note
+    table = runnerctl("status", *common)
+    assert table.returncode == 0 and "GPU 1 in MIG mode" in table.stdout
+    init = runnerctl("init", *common, "--dry-run", "--gitlab-url", "https://gitlab.example.com")
+    assert init.returncode == 0, init.stderr
+    assert "# GPU 1 in MIG mode: runnerctl leaves MIG GPUs alone" in init.stdout
+    body = tomlkit.parse(init.stdout.split("# config.toml for", 1)[1].split("\n", 1)[1]).unwrap()
+    visible = [e for entry in body["runners"] for e in entry["environment"]
+               if e.startswith("NVIDIA_VISIBLE_DEVICES=")]
+    assert len(visible) == 5 and not any(report["gpus"][1]["uuid"] in v for v in visible)
+
+
 def test_status_table_shows_processes_with_user(tmp_path: Path) -> None:
     gpus = tmp_path / "gpus.yaml"
     gpus.write_text("gpus: 2\nprocesses: [{gpu: 1, pid: 777, user: alice, memory: 3GiB}]\n")

@@ -91,6 +91,22 @@ def test_unhealthy_gpu_stays_closed_until_admin_reopens(world: World, tmp_path: 
     assert "gpu2" in _open(world)
 
 
+def test_a_gpu_switched_to_mig_is_closed_and_its_runners_stay_paused(world: World) -> None:
+    world.advance(6)
+    assert "gpu3" in _open(world)
+    world.gpus.mig.add(3)  # init ran before MIG was turned on: its runners exist
+    world.advance(6)
+    assert "gpu3" not in _open(world)
+    reason = next(g.reason for g in world.controller.view.gpus if g.index == 3)
+    assert reason.startswith("MIG mode on: runnerctl leaves MIG GPUs alone")
+    world.submit(4, 30.0)  # a block over GPU 3 is never opened for it
+    world.advance(60)
+    assert not {"gpu0-3", "gpu0-7", "gpu2-3"} & _open(world) and world.fleet.holder.get(3) is None
+    world.gpus.mig.discard(3)
+    world.advance(60)
+    assert "gpu3" in _open(world)
+
+
 def test_gate_counts_xids_again_after_the_counter_restarts() -> None:
     """The Xid count lives as long as the controller's NVML session: after a restart it
     starts from 0 below the stored baseline, and the next Xid must still close the GPU."""

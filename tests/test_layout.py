@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from runnerctl.gpus.sim import count_snapshot
-from runnerctl.layout import plan_slots, slot_tags, standby_tags
+from runnerctl.layout import mig_gpus, plan_slots, slot_tags, standby_tags
 from runnerctl.model import GpuSnapshot, Slot, TopologyLevel
 
 
@@ -62,6 +62,18 @@ def test_lost_gpu_gets_no_slot() -> None:
     slots = plan_slots(dataclasses.replace(base, gpus=gpus))
     assert all(3 not in s.gpus for s in slots)
     assert max(s.size for s in slots) == 3
+
+
+def test_mig_gpu_gets_no_slot_and_is_in_no_block() -> None:
+    import dataclasses
+
+    base = count_snapshot("h", 8)
+    gpus = tuple(dataclasses.replace(g, mig_enabled=g.index == 5) for g in base.gpus)
+    snapshot = dataclasses.replace(base, gpus=gpus)
+    slots = plan_slots(snapshot)
+    assert all(5 not in s.gpus for s in slots) and mig_gpus(snapshot) == [5]
+    assert sorted(s.gpus[0] for s in slots if s.size == 1) == [0, 1, 2, 3, 4, 6, 7]
+    assert plan_slots(base)[-1].size == 8  # the same GPUs without MIG: the octet is back
 
 
 def _runner_can_take(runner_tags: list[str], job_tags: list[str]) -> bool:

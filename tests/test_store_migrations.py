@@ -11,6 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from runnerctl.controller import jobs_store
 from runnerctl.controller.migrations import MIGRATIONS, Migration, check
 from runnerctl.controller.store import Event, Store, StoreError, Toggle
 from runnerctl.postgres import PostgresServer, libpq_url
@@ -37,10 +38,23 @@ def _versions(store: Store) -> list[int]:
         return [int(r[0]) for r in cur.query("SELECT version FROM schema_migrations ORDER BY version")]
 
 
+def _sqlite_from(dump: str, state_dir: Path) -> Store:
+    """Today's Store opened on a SQLite store loaded from tests/data/store/`dump`."""
+    with sqlite3.connect(state_dir / "controller.sqlite") as conn:
+        conn.executescript((DATA / dump).read_text())
+    return Store.open(state_dir=state_dir)
+
+
+def _postgres_from(dump: str, pg_server: PostgresServer, database: str) -> Store:
+    """Today's Store opened on a new PostgreSQL database loaded from tests/data/store/`dump`."""
+    url = pg_server.create_database(database)
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+        conn.execute((DATA / dump).read_text().encode())
+    return Store.open(url=url)
+
+
 def test_an_unversioned_sqlite_store_is_upgraded_in_place(tmp_path: Path) -> None:
-    with sqlite3.connect(tmp_path / "controller.sqlite") as conn:
-        conn.executescript((DATA / "unversioned.sqlite.sql").read_text())
-    store = Store.open(state_dir=tmp_path)
+    store = _sqlite_from("unversioned.sqlite.sql", tmp_path)
     assert store.version == len(MIGRATIONS) and _versions(store) == [m.version for m in MIGRATIONS]
     _assert_old_rows_kept(store)
     store.close()
@@ -51,11 +65,35 @@ def test_an_unversioned_sqlite_store_is_upgraded_in_place(tmp_path: Path) -> Non
     again.close()
 
 
+def _assert_version_3_rows_kept_and_job_history_usable(store: Store) -> None:
+    assert _versions(store) == [m.version for m in MIGRATIONS] and store.version >= 4
+    _assert_old_rows_kept(store)
+    assert store.inventory("gpu-a") == (list(range(8)), ["runnerctl/gpu-a/gpu0", "runnerctl/gpu-a/gpu0-3"])
+    olga = store.web_session("5e" * 32, 1700000100.0)
+    assert olga is not None and (olga.name, olga.via, olga.role) == ("olga", "local", "operator")
+    pat = store.web_session("a1" * 32, 1700000100.0)
+    assert pat is not None and (pat.gitlab_id, pat.role) == (17, "viewer")
+    assert jobs_store.jobs(store) == []  # migration 4: the job history table, empty, usable
+    record = jobs_store.JobRecord("gpu-a", 7, "runnerctl/gpu-a/gpu0", (0,), "p", "1", "train", "olga", "u",
+                                  None, 1700000200.0, 1700000260.0, 1700000260.0, "success")
+    jobs_store.save_jobs(store, [record])
+    assert jobs_store.jobs(store) == [record]
+
+
+def test_a_version_3_sqlite_store_gets_job_history_and_keeps_every_row(tmp_path: Path) -> None:
+    store = _sqlite_from("v3.sqlite.sql", tmp_path)
+    _assert_version_3_rows_kept_and_job_history_usable(store)
+    store.close()
+
+
+def test_a_version_3_postgres_store_gets_job_history_and_keeps_every_row(pg_server: PostgresServer) -> None:
+    store = _postgres_from("v3.postgres.sql", pg_server, "store_v3")
+    _assert_version_3_rows_kept_and_job_history_usable(store)
+    store.close()
+
+
 def test_an_unversioned_postgres_store_is_upgraded_in_place(pg_server: PostgresServer) -> None:
-    url = pg_server.create_database("store_unversioned")
-    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
-        conn.execute((DATA / "unversioned.postgres.sql").read_text().encode())
-    store = Store.open(url=url)
+    store = _postgres_from("unversioned.postgres.sql", pg_server, "store_unversioned")
     assert _versions(store) == [m.version for m in MIGRATIONS]
     _assert_old_rows_kept(store)
     store.close()

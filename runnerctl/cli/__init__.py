@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import click
 
 from runnerctl import __version__
-from runnerctl.cli import controller, experiments, host, monitoring, ops, sim, users
+from runnerctl.cli import controller, experiments, host, monitoring, ops, report, sim, users
 from runnerctl.errors import ExitCode, RunnerctlError
 from runnerctl.logline import configure
 
@@ -36,6 +36,8 @@ COMMANDS: list[click.Command] = [
     users.user,
     sim.sim,
     ops.install,
+    ops.uninstall,
+    report.report,
 ]
 
 

@@ -182,8 +182,11 @@ def _busy(world: World) -> None:
               help="Wall-clock seconds the scripted 15 minutes take.")
 @click.option("--listen", default="127.0.0.1:8080", show_default=True,
               help="HOST:PORT for /api/state while the demo runs ('' for none).")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Keep the demo's store (events, job history) in this directory, for `runnerctl "
+              "report --state-dir`; use a new directory, not a host's [default: a temporary one].")
 @click.pass_context
-def demo(ctx: click.Context, duration: float, listen: str) -> None:
+def demo(ctx: click.Context, duration: float, listen: str, state_dir: Path | None) -> None:
     """Watch runnerctl compose 4- and 8-GPU runners on a simulated host, no GPU or GitLab needed."""
     from runnerctl.controller.serve import serve_in_background
     from runnerctl.sim.demo import run_demo
@@ -199,7 +202,7 @@ def demo(ctx: click.Context, duration: float, listen: str) -> None:
             click.echo(f"web page: http://{listen}/ (metrics at /metrics)" if server
                        else f"(web page off: {listen} is taken)")
 
-        ctx.exit(run_demo(duration_s=duration, echo=click.echo, serve=web))
+        ctx.exit(run_demo(duration_s=duration, echo=click.echo, serve=web, state_dir=state_dir))
 
 
 def _toggle_options(func: click.decorators.FC) -> click.decorators.FC:

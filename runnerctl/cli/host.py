@@ -17,7 +17,7 @@ from runnerctl import access
 from runnerctl.errors import ConfigError, ExitCode, RunnerctlError
 from runnerctl.gitlab import REQUIRED_SCOPE, PythonGitLab, RunnerScope
 from runnerctl.gpus import open_gpu_source
-from runnerctl.layout import plan_slots, slot_tags
+from runnerctl.layout import MIG_HINT, mig_gpus, plan_slots, slot_tags
 from runnerctl.model import GpuSnapshot
 from runnerctl.registration import (
     EXECUTORS,
@@ -141,8 +141,9 @@ def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: i
                                   scope=scope, gpu_source=spec, settings=settings,
                                   settings_path=str(settings_path), optuna_storage=optuna_storage)
     plan = plan_registration(snapshot, config.owned_entries())
+    left_alone = mig_note(snapshot)
     if dry_run:
-        click.echo("\n".join(f"# {line}" for line in plan.describe()))
+        click.echo("\n".join(f"# {line}" for line in [*plan.describe(), *left_alone]))
         click.echo(f"# config.toml for {config.path}:")
         click.echo(render_dry_run(plan, snapshot, options, config))
         return
@@ -151,6 +152,8 @@ def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: i
     gitlab = PythonGitLab(options.gitlab_url, token)
     access.require(gitlab, scope)  # before anything is created or deleted
     result = apply_registration(plan, snapshot, options, gitlab, config)
+    for line in left_alone:
+        click.echo(line)
     for label, names in (("created", result.created), ("retagged", result.retagged),
                          ("retired", result.retired), ("unchanged", result.unchanged),
                          ("orphans", result.orphans)):
@@ -184,7 +187,9 @@ def status_report(snapshot: GpuSnapshot, entries: dict[str, dict[str, Any]]) -> 
     for gpu in snapshot.gpus:
         gpus.append({
             "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name,
-            "state": "lost" if gpu.lost else ("busy" if gpu.processes else "idle"),
+            "state": ("lost" if gpu.lost else "mig" if gpu.mig_enabled else
+                      "busy" if gpu.processes else "idle"),
+            "mig_enabled": gpu.mig_enabled,
             "utilization": gpu.utilization, "memory_used_bytes": gpu.memory_used_bytes,
             "memory_total_bytes": gpu.memory_total_bytes, "healthy": gpu.healthy,
             "processes": [{"pid": p.pid, "user": p.user, "memory_bytes": p.used_memory_bytes,
@@ -195,7 +200,16 @@ def status_report(snapshot: GpuSnapshot, entries: dict[str, dict[str, Any]]) -> 
         entry = entries.get(slot.name, {})
         slots.append({"name": slot.name, "gpus": list(slot.gpus), "tags": slot_tags(slot),
                       "runner_id": entry.get("id"), "registered": bool(entry.get("token"))})
-    return {"host": snapshot.host, "source": snapshot.source, "gpus": gpus, "slots": slots}
+    return {"host": snapshot.host, "source": snapshot.source, "gpus": gpus, "slots": slots,
+            "left_alone": mig_note(snapshot)}
+
+
+def mig_note(snapshot: GpuSnapshot) -> list[str]:
+    """A line naming the MIG GPUs runnerctl leaves alone, and what to do (none without)."""
+    mig = mig_gpus(snapshot)
+    if not mig:
+        return []
+    return [f"GPU {', '.join(map(str, mig))} in MIG mode: {MIG_HINT}"]
 
 
 def format_status(report: dict[str, Any]) -> str:
@@ -206,6 +220,7 @@ def format_status(report: dict[str, Any]) -> str:
         mem = _mem(gpu["memory_used_bytes"], gpu["memory_total_bytes"])
         procs = ", ".join(f"{p['pid']} ({p['user'] or '?'})" for p in gpu["processes"]) or "-"
         lines.append(f"{gpu['index']:>3}  {gpu['state']:6} {util:>5} {mem:>17}  {procs}")
+    lines += ["", *report["left_alone"]] if report["left_alone"] else []
     lines += ["", f"{'SLOT':22} {'RUNNER':>7}  TAGS"]
     for slot in report["slots"]:
         runner = str(slot["runner_id"]) if slot["registered"] else "-"

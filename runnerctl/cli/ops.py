@@ -1,4 +1,5 @@
-"""`runnerctl install`: the host's services (serve, postgres, exporter) as systemd units."""
+"""`runnerctl install`: the host's services (serve, postgres, exporter) as systemd units;
+`runnerctl uninstall`: runnerctl's runners, config.toml entries and units taken back."""
 
 from __future__ import annotations
 
@@ -6,9 +7,18 @@ from pathlib import Path
 
 import click
 
-from runnerctl.cli.host import _settings, config_option
+from runnerctl.cli.host import (
+    NO_TOKEN_HINT,
+    _runner_config,
+    _settings,
+    config_option,
+    runner_config_option,
+    token_option,
+)
 from runnerctl.errors import ConfigError
+from runnerctl.gitlab import PythonGitLab
 from runnerctl.install import ENV_FILE, SERVICES, InstallOptions, render, write
+from runnerctl.uninstall import apply_uninstall, plan_uninstall
 
 
 @click.command()
@@ -52,3 +62,53 @@ def install(gitlab_url: str | None, listen: str, services: tuple[str, ...], root
     if "serve" in chosen:
         click.echo(f"next: put the GitLab token (scope api) into {root / ENV_FILE.relative_to('/')}")
     click.echo(f"then: systemctl daemon-reload && systemctl enable --now {units}")
+
+
+@click.command()
+@runner_config_option
+@click.option("--gitlab-url", help="GitLab that holds the runners [default: the url of runnerctl's "
+              "entries in config.toml].")
+@token_option
+@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=Path("/"),
+              show_default=True, help="Look for the systemd units below this directory instead of /.")
+@click.option("--dry-run", is_flag=True, help="Contact nothing, change nothing: list what would be done.")
+@config_option
+def uninstall(runner_config: Path | None, gitlab_url: str | None, token: str | None, root: Path,
+              dry_run: bool, config_path: Path | None) -> None:
+    """Delete runnerctl's runners in GitLab, their config.toml entries and its systemd units.
+
+    Only what runnerctl made: the runners of its own `[[runners]]` entries (named
+    `runnerctl/...`) and the host's stand-by runner, those entries (every other entry is
+    kept byte for byte), and the units `runnerctl install` wrote. Stop the services
+    first (`systemctl disable --now runnerctl-serve runnerctl-postgres runnerctl-exporter`).
+    The state directory, PostgreSQL data and /etc/runnerctl are left to you.
+    """
+    settings, _ = _settings(config_path)
+    config = _runner_config(settings, runner_config)
+    urls = {str(e["url"]).rstrip("/") for e in config.owned_entries().values() if e.get("url")}
+    if gitlab_url is None and len(urls) > 1:
+        raise ConfigError(f"runnerctl's entries in {config.path} name {len(urls)} GitLab URLs",
+                          hint="pass --gitlab-url for the one to uninstall from")
+    url = gitlab_url.rstrip("/") if gitlab_url else next(iter(urls), None)
+    plan = plan_uninstall(config, root=root, gitlab_url=url)
+    if dry_run:
+        for line in plan.describe(config.path):
+            click.echo(f"# {line}")
+        return
+    gitlab: PythonGitLab | None = None
+    if plan.runners or plan.standby is not None:
+        if not token:
+            raise ConfigError("no GitLab token", hint=NO_TOKEN_HINT)
+        if url is None:
+            url = plan.standby.gitlab_url if plan.standby is not None and plan.standby.gitlab_url else None
+        if url is None:
+            raise ConfigError(f"no GitLab URL in {config.path}", hint="pass --gitlab-url")
+        gitlab = PythonGitLab(url, token)
+    result = apply_uninstall(plan, config=config, gitlab=gitlab)
+    for label, items in (("deleted", result.deleted), ("left", result.not_ours), ("removed", result.removed)):
+        for item in items:
+            click.echo(f"{label:8} {item}")
+    for unit in plan.foreign_units:
+        click.echo(f"kept     {unit} (not written by runnerctl install)")
+    if plan.units:
+        click.echo("then: systemctl daemon-reload")

@@ -26,7 +26,9 @@ null while pending), so it is never read as demand: a pending job's event queues
 at GitLab itself before any other poll (one job: `GET /projects/:id/jobs/:job_id`;
 several of one project: one poll of that project) and wakes the loop for an early tick,
 so a multi-GPU job's block is reserved before runners hand out smaller jobs on it. An
-event of a job that left pending drops it from the demand at once.
+event of a job that left pending drops it from the demand at once. A final
+`build_status` (success, failed, canceled) is kept as the job's outcome for the job
+history (the same payload's `build_id`, `build_status`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from runnerctl.controller.plan import PRIORITY_RANK, Demand
 from runnerctl.gitlab import GitLabPort, JobInfo
 
 log = logging.getLogger(__name__)
+FINAL = frozenset({"success", "failed", "canceled"})
+"""A job's statuses once it is over (GitLab's Ci::HasStatus COMPLETED_STATUSES, less skipped)."""
 Clock = Callable[[], float]
 DISCOVER_S = 900.0
 """How often (s) the projects the runners serve are read again: a project added to the
@@ -96,6 +100,7 @@ class PendingJob:
     host: str | None  # a `host:` tag pins the job to one host
     web_url: str | None = None
     user: str | None = None
+    name: str | None = None  # the job's name in .gitlab-ci.yml (job history keeps it)
 
 
 def gpus_of(tags: Iterable[str]) -> int:
@@ -114,7 +119,7 @@ def pending_job(job: JobInfo, *, project_id: int, priorities: Mapping[str, str])
                     priorities.get(str(project_id), "normal"))
     host = next((t[5:] for t in job.tags if t.startswith("host:")), None)
     return PendingJob(job.id, project_id, gpus, _timestamp(job.created_at), priority, host,
-                      job.web_url, job.user)
+                      job.web_url, job.user, job.name)
 
 
 class DemandTracker:
@@ -138,6 +143,7 @@ class DemandTracker:
         self._discover_at = float("inf") if self.override or not self._runner_ids else clock()
         self._named: set[int] = set()  # projects webhooks told of (kept across discoveries)
         self._jobs: dict[int, PendingJob] = {}
+        self._outcomes: dict[int, str] = {}  # job id -> final status from a webhook (job history)
         self._active: dict[int, float] = {}  # project -> last activity
         self._polled: dict[int, float] = {}
         self._lookups: dict[int, set[int]] = {}  # project -> pending jobs webhooks told of
@@ -261,6 +267,13 @@ class DemandTracker:
             for job_id in job_ids:
                 self._jobs.pop(job_id, None)
 
+    def take_outcomes(self) -> dict[int, str]:
+        """Final statuses (success, failed, canceled) that job webhooks brought since the
+        last call, for the job history; a GitLab without webhooks brings none."""
+        with self._lock:
+            found, self._outcomes = self._outcomes, {}
+        return found
+
     def webhook(self, token: str | None, payload: Mapping[str, Any]) -> bool:
         """Apply one job event; False (and nothing changes) when the token is wrong."""
         if not self.secret or not hmac.compare_digest((token or "").encode(), self.secret.encode()):
@@ -284,6 +297,8 @@ class DemandTracker:
         self._named.add(project)
         if project not in self.projects:
             self.projects.append(project)
+        if payload.get("build_status") in FINAL and len(self._outcomes) < 10_000:
+            self._outcomes[job_id] = str(payload["build_status"])
         if payload.get("build_status") != "pending":
             self._jobs.pop(job_id, None)
             self._lookups.get(project, set()).discard(job_id)

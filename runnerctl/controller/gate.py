@@ -6,7 +6,9 @@ no visible owner (a user in another PID namespace). A closed GPU reopens only af
 `cooldown_s` without such use, and a GPU closed for memory/utilization counts as clean
 only below `reopen_ratio` of the thresholds (hysteresis: no flapping). A GPU with ECC
 or Xid errors, or lost, is unhealthy and stays closed until an admin reopens it; the
-error counts seen then become the baseline. Unknown values are never read as zero.
+error counts seen then become the baseline. A GPU in MIG mode stays closed while MIG is
+on (runnerctl leaves MIG GPUs alone, layout.py): this keeps the runners of a GPU that
+was switched to MIG after `init` paused. Unknown values are never read as zero.
 
 Pure: `step(state, gpu, ...) -> state`; the loop keeps the states in the store.
 """
@@ -20,6 +22,7 @@ from typing import Any
 from runnerctl.model import Gpu, GpuProcess
 
 MIB = 1024**2
+MIG_REASON = "MIG mode on: runnerctl leaves MIG GPUs alone (run runnerctl init again to retire its runners)"
 IsCi = Callable[[int, GpuProcess], bool]
 
 
@@ -57,6 +60,8 @@ def step(state: GateState, gpu: Gpu, *, now: float, is_ci: IsCi, owned: bool,
     if sick or state.unhealthy:
         return dataclasses.replace(state, closed=True, unhealthy=True,
                                    reason=sick or state.reason, last_dirty=now)
+    if gpu.mig_enabled:
+        return dataclasses.replace(state, closed=True, reason=MIG_REASON, last_dirty=now)
     dirty = _foreign_use(gpu, is_ci=is_ci, owned=owned, limits=limits, was_closed=state.closed)
     if dirty:
         return dataclasses.replace(state, closed=True, reason=dirty, last_dirty=now)

@@ -25,6 +25,7 @@ from typing import Any
 from runnerctl.controller import act as acting
 from runnerctl.controller.demand import ApiBudget, DemandTracker, PendingJob
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi, reopen
+from runnerctl.controller.history import History
 from runnerctl.controller.liveness import Liveness
 from runnerctl.controller.observe import JobSource, RunnerCache, gate_step, nothing_is_ci
 from runnerctl.controller.orphans import OrphanAudit
@@ -82,6 +83,8 @@ class ControllerView:
     api_requests: int = 0
     owners: Mapping[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
     """Running job id -> (user, link), from the executor's leases."""
+    unused: tuple[int, ...] = ()
+    """Running jobs flagged "requested but unused": GPUs held, idle (controller/history.py)."""
     standby: str = ""
     """The stand-by runner: `online`, `none`, `not yet verified` or why it may not be online."""
     waiting: Mapping[int, Waiting] = dataclasses.field(default_factory=dict)
@@ -145,6 +148,7 @@ class Controller:
         self.on_tick: list[Callable[[ControllerView], None]] = []  # e.g. dcgm job mapping files
         self._failing: set[str] = set()  # side tasks failing now (logged once)
         self.liveness = Liveness(host=self.host, interval_s=settings.interval_s)  # for /healthz, /metrics
+        self.history = History(wiring.store, self.host, settings)  # job history, retention
 
     # -- one tick ------------------------------------------------------------------
     def tick(self) -> ControllerView:
@@ -154,6 +158,7 @@ class Controller:
         snapshot = self._snapshot()
         self._publish_inventory(snapshot)
         running = self.w.jobs.running()
+        self.history.remember_pending(self.demand.jobs)
         self.demand.forget(j for jobs in running.values() for j in jobs)
         toggles = self._toggles(snapshot, now)
         self._step_gate(snapshot, running, now)
@@ -169,6 +174,9 @@ class Controller:
         if gitlab_ready:
             self.standby.keep_online(self.w.gitlab, now)
         self._remember(result, now)
+        # a store failure here fails the tick like any other (not a side task): /healthz sees it
+        self.history.tick(self.w.jobs.leased(), snapshot, now, lambda *event: self._event(now, *event),
+                          self.demand.take_outcomes())
         self.view = dataclasses.replace(self._view(snapshot, result, running, toggles, now),
                                         waiting=why_waiting(observed, result))
         self.liveness.good()
@@ -198,9 +206,15 @@ class Controller:
             log.warning("cannot read GPUs (every runner stays closed): %s", exc)
             return None
         if not self._slots:
+            # lost GPUs keep their slots (the gate keeps them closed); so do MIG GPUs whose
+            # runners init made before MIG was turned on (closed too), besides MIG-less slots
             whole = dataclasses.replace(snapshot, gpus=tuple(dataclasses.replace(g, lost=False)
                                                              for g in snapshot.gpus))
-            self._slots = tuple(s for s in plan_slots(whole) if s.name in self.cache.ids)
+            no_mig = dataclasses.replace(whole, gpus=tuple(dataclasses.replace(g, mig_enabled=False)
+                                                           for g in whole.gpus))
+            planned = {s.name: s for s in (*plan_slots(whole), *plan_slots(no_mig))}
+            self._slots = tuple(sorted((s for s in planned.values() if s.name in self.cache.ids),
+                                       key=lambda s: (s.size, s.gpus)))
         return snapshot
 
     def _publish_inventory(self, snapshot: GpuSnapshot | None) -> None:
@@ -265,6 +279,7 @@ class Controller:
 
             def free(job: int = job, missing_s: float = missing_s) -> None:
                 gpus = self.w.jobs.free(job)
+                self.history.freed.add(job)
                 self._event(now, "free", f"job {job}", f"not running in GitLab for {missing_s:.0f} s "
                             f"but still leased (its cleanup was stopped): reaped, GPUs "
                             f"{', '.join(map(str, gpus)) or 'none'} released")
@@ -328,7 +343,8 @@ class Controller:
         return ControllerView(
             self.host, now, self.ticks, snapshot, slots, gpus, tuple(self.demand.jobs),
             tuple((t, toggle_status(t, self._slots, running)) for t in toggles), dict(result.reserved),
-            self.health.last_error, self.budget.spent, self.w.jobs.owners(), self.standby.status())
+            self.health.last_error, self.budget.spent, self.w.jobs.owners(),
+            unused=self.history.unused(), standby=self.standby.status())
 
     # -- running ---------------------------------------------------------------------
     def run(self, stop: threading.Event, *, sleep: Callable[[float], None] | None = None,

@@ -85,9 +85,18 @@ MIGRATIONS: tuple[Migration, ...] = (
             checked_at DOUBLE PRECISION NOT NULL, expires_at DOUBLE PRECISION NOT NULL)""",
         "CREATE INDEX web_sessions_name ON web_sessions (name, via)",
     )),
-    # 4 is h/history's job_history; this stand-in (no statements) keeps the versions
-    # consecutive until that branch is merged here, and is replaced by it then
-    Migration(4, "reserved for job history (h/history)", ()),
+    Migration(4, "job history (one row per job a runner of the host ran) and indexes for retention", (
+        """CREATE TABLE job_history (host TEXT NOT NULL, job_id BIGINT NOT NULL, slot TEXT NOT NULL,
+            gpus TEXT NOT NULL, project TEXT NOT NULL, pipeline TEXT NOT NULL, name TEXT NOT NULL,
+            username TEXT NOT NULL, url TEXT NOT NULL, queued_at DOUBLE PRECISION,
+            started_at DOUBLE PRECISION NOT NULL, seen_at DOUBLE PRECISION NOT NULL,
+            ended_at DOUBLE PRECISION, outcome TEXT NOT NULL, util_sum DOUBLE PRECISION NOT NULL,
+            util_samples INTEGER NOT NULL, idle_gpu_s DOUBLE PRECISION NOT NULL,
+            low_since DOUBLE PRECISION, unused_at DOUBLE PRECISION, PRIMARY KEY (host, job_id))""",
+        "CREATE INDEX job_history_ended ON job_history (ended_at)",
+        "CREATE INDEX job_history_started ON job_history (started_at)",
+        "CREATE INDEX events_at ON events (at)",
+    )),
     Migration(5, "host views: each controller's last good tick, GPUs and queue, for the fleet page", (
         """CREATE TABLE host_views (host TEXT PRIMARY KEY, at DOUBLE PRECISION NOT NULL,
             interval_s DOUBLE PRECISION NOT NULL, tick BIGINT NOT NULL, view TEXT NOT NULL)""",

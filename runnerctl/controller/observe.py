@@ -33,6 +33,19 @@ Owner = tuple[str, str]
 """(user, link to the job's page); '' where unknown."""
 
 
+@dataclasses.dataclass(frozen=True)
+class LeasedJob:
+    """What the executor's lease says of a running job (job history reads it)."""
+
+    slot: str
+    gpus: tuple[int, ...]
+    user: str = ""
+    url: str = ""
+    project: str = ""
+    pipeline: str = ""
+    created_at: float | None = None  # when prepare took the lease: the job holds GPUs since
+
+
 class JobSource(Protocol):
     def running(self) -> dict[str, tuple[int, ...]]:
         """Slot name -> ids of the jobs running on it now."""
@@ -40,6 +53,10 @@ class JobSource(Protocol):
 
     def owners(self) -> dict[int, Owner]:
         """Job id -> who started it and its link, for the jobs of the last `running()`."""
+        ...
+
+    def leased(self) -> dict[int, LeasedJob]:
+        """Job id -> its lease, for the jobs of the last `running()`."""
         ...
 
     def free(self, job_id: int) -> tuple[int, ...]:
@@ -74,6 +91,18 @@ class LeaseJobs:
 
     def owners(self) -> dict[int, Owner]:
         return dict(self._owners)
+
+    def leased(self) -> dict[int, LeasedJob]:
+        found: dict[int, LeasedJob] = {}
+        for lease in sorted(self._leases.values(), key=lambda le: le.gpu):
+            if not lease.job_id.isdigit():
+                continue
+            job = int(lease.job_id)
+            seen = found.get(job)
+            gpus = (seen.gpus if seen else ()) + (lease.gpu,)
+            found[job] = LeasedJob(lease.slot, gpus, lease.user, lease.url, lease.project,
+                                   lease.pipeline_id, lease.created_at)
+        return found
 
     def free(self, job_id: int) -> tuple[int, ...]:
         """The executors' own cleanup, as their cleanup stage would have done it: reap

@@ -4,7 +4,10 @@ A scripted workload in accelerated time against the real controller, python-gitl
 an HTTP GitLab: 1-GPU jobs keep arriving, a 4-GPU and then an 8-GPU job are composed
 (singles drained, block opened), run and released, and a colleague's process closes a
 GPU and, after the cool-down, reopens it. The web API (`/api/state`) is served while it
-runs. Ends by itself and prints a summary.
+runs. Ends by itself and prints a summary. Jobs come from three users in turn, so
+`runnerctl report --state-dir DIR` after `runnerctl demo --state-dir DIR` shows per-user
+GPU-hours; without `--state-dir` the store lives in a temporary directory and is
+deleted at the end (the demo never writes into a host's real store).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from runnerctl.sim.world import PROJECT, World, build_world
 SCRIPT_S = 900.0
 """Virtual length of the scripted workload (s)."""
 Echo = Callable[[str], None]
+USERS = ("bob", "carol", "dave")
+"""Who submits the scripted jobs, in turn."""
 
 # (virtual time, action, argument): jobs as (GPUs, duration)
 SCRIPT: list[tuple[float, str, tuple[int, float]]] = [
@@ -35,10 +40,14 @@ SCRIPT: list[tuple[float, str, tuple[int, float]]] = [
 ]
 
 
-def run_demo(*, duration_s: float, echo: Echo, serve: Callable[[World], None] | None = None) -> int:
-    """Run the script so that it takes about `duration_s` of wall time; exit code 0 if sound."""
+def run_demo(*, duration_s: float, echo: Echo, serve: Callable[[World], None] | None = None,
+             state_dir: Path | None = None) -> int:
+    """Run the script so that it takes about `duration_s` of wall time; exit code 0 if sound.
+    The controller's store (events, job history) goes to `state_dir`, else to a temporary
+    directory removed at the end."""
     with tempfile.TemporaryDirectory(prefix="runnerctl-demo-") as tmp:
-        world = build_world(Path(tmp), settings=ControllerSettings(projects=(PROJECT,), cooldown_s=60.0),
+        settings = ControllerSettings(projects=(PROJECT,), cooldown_s=60.0)
+        world = build_world(state_dir or Path(tmp), settings=settings,
                             on_event=lambda e: echo(_event_line(world, e)),
                             on_job=lambda kind, job, now: echo(_job_line(world, kind, job)))
         try:
@@ -70,7 +79,7 @@ def _play(world: World, duration_s: float, echo: Echo) -> None:
 def _act(world: World, action: str, arg: tuple[int, float], *, echo: Echo) -> None:
     stamp = f"[{world.clock.elapsed:5.0f}s]"
     if action == "job":
-        job = world.submit(arg[0], arg[1])
+        job = world.submit(arg[0], arg[1], user=USERS[len(world.submitted) % len(USERS)])
         if arg[0] > 1:
             echo(f"{stamp} submit  job {job} asks for {arg[0]} GPUs (tag gpus:{arg[0]})")
     elif action == "foreign+":

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from runnerctl.controller.observe import LeasedJob
 from runnerctl.gpus.sim import count_snapshot
 from runnerctl.layout import plan_slots
 from runnerctl.model import GpuProcess, GpuSnapshot, ProcessKind, Slot
@@ -32,7 +33,9 @@ class SimGitLabState(Protocol):
 
 
 class SimGpus:
-    """`count` idle GPUs; `foreign[gpu] = (pid, user)` adds a process someone started by hand."""
+    """`count` idle GPUs; `foreign[gpu] = (pid, user)` adds a process someone started by hand;
+    `busy[gpu]` is the utilization (0-1) of a GPU a CI job runs on (SimFleet sets it);
+    a GPU in `mig` is in MIG mode (NVML then reports no utilization for it)."""
 
     def __init__(self, host: str, count: int, clock: Callable[[], float]) -> None:
         self.spec = f"sim:{count}"
@@ -40,6 +43,8 @@ class SimGpus:
         self.count = count
         self.foreign: dict[int, tuple[int, str]] = {}
         self.unhealthy: set[int] = set()
+        self.mig: set[int] = set()
+        self.busy: dict[int, float] = {}
         self._clock = clock
 
     def snapshot(self) -> GpuSnapshot:
@@ -50,8 +55,12 @@ class SimGpus:
                 pid, user = self.foreign[gpu.index]
                 proc = GpuProcess(pid, ProcessKind.COMPUTE, 2 * GIB, user, "python train.py")
                 gpu = dataclasses.replace(gpu, processes=(proc,), memory_used_bytes=2 * GIB, utilization=0.9)
+            elif gpu.index in self.busy:
+                gpu = dataclasses.replace(gpu, utilization=self.busy[gpu.index])
             if gpu.index in self.unhealthy:
                 gpu = dataclasses.replace(gpu, xid_errors=1)
+            if gpu.index in self.mig:
+                gpu = dataclasses.replace(gpu, mig_enabled=True, utilization=None)
             gpus.append(gpu)
         return dataclasses.replace(base, gpus=tuple(gpus), taken_at=self._clock())
 
@@ -72,13 +81,15 @@ class SimFleet:
                  gpus: SimGpus, *, check_s: float = 3.0,
                  duration_of: Callable[[int], float] = lambda job_id: 60.0,
                  on_change: Callable[[str, RunningJob, float], None] = lambda kind, job, now: None,
-                 lease_dir: Path | None = None) -> None:
+                 lease_dir: Path | None = None,
+                 utilization_of: Callable[[int], float] = lambda job_id: 0.9) -> None:
         self.gitlab = gitlab
         self.runner_ids = dict(runner_ids)
         self.slots = {s.name: s for s in slots if s.name in runner_ids}
         self.gpus = gpus
         self.check_s = check_s
         self.duration_of = duration_of
+        self.utilization_of = utilization_of  # what its GPUs show while a job runs
         self.on_change = on_change
         self.jobs: dict[str, RunningJob] = {}  # slot name -> its running job
         self.holder: dict[int, int] = {}  # GPU -> job id
@@ -97,6 +108,14 @@ class SimFleet:
         found = {j.job_id: self.gitlab.owner(j.job_id) for j in self.jobs.values()}
         return {job_id: owner for job_id, owner in found.items() if owner}
 
+    def leased(self) -> dict[int, LeasedJob]:
+        """What the executor's lease would say (the simulated GitLab has the job's user)."""
+        found = {}
+        for job in self.jobs.values():
+            user, url = self.gitlab.owner(job.job_id) or ("", "")
+            found[job.job_id] = LeasedJob(job.slot.name, job.slot.gpus, user, url, created_at=job.started)
+        return found
+
     def free(self, job_id: int) -> tuple[int, ...]:
         """The controller reaps a job GitLab says is over: it stops here, unfinished."""
         gpus: tuple[int, ...] = ()
@@ -104,6 +123,8 @@ class SimFleet:
             if job.job_id == job_id:
                 del self.jobs[name]
                 gpus += tuple(g for g in job.slot.gpus if self.holder.pop(g, None) == job_id)
+                for g in gpus:
+                    self.gpus.busy.pop(g, None)
         if self._leases is not None:
             self._leases.release(str(job_id))
         return gpus
@@ -134,6 +155,7 @@ class SimFleet:
         self.jobs[slot.name] = job
         for g in slot.gpus:
             self.holder[g] = job_id
+            self.gpus.busy[g] = self.utilization_of(job_id)
         self.started[job_id] = now
         self.on_change("start", job, now)
 
@@ -142,6 +164,7 @@ class SimFleet:
         for g in job.slot.gpus:
             if self.holder.get(g) == job.job_id:
                 del self.holder[g]
+                self.gpus.busy.pop(g, None)
         self.finished[job.job_id] = now
         if self._leases is not None:
             self._leases.release(str(job.job_id))

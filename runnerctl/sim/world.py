@@ -60,16 +60,19 @@ class World:
     store: Store
     durations: dict[int, float]
     submitted: dict[int, tuple[float, int]]  # job id -> (when, GPUs)
+    utilizations: dict[int, float] = dataclasses.field(default_factory=dict)  # job id -> its GPUs' load
     standby: Standby | None = None
     dropped: dict[int, str] = dataclasses.field(default_factory=dict)  # job id -> failure reason
     _next_tick: float = 0.0
     _next_cron: float = 0.0
 
-    def submit(self, gpus: int, duration: float, *, user: str = "bob", priority: str = "") -> int:
+    def submit(self, gpus: int, duration: float, *, user: str = "bob", priority: str = "",
+               utilization: float = 0.9, name: str = "job") -> int:
         tags = ["gpu"] if gpus == 1 else [f"gpus:{gpus}"]
         job = self.state.enqueue_job(project_id=PROJECT, tags=tags + ([f"priority:{priority}"] if priority
-                                                                       else []), user=user)
+                                                                       else []), user=user, name=name)
         self.durations[job.id] = duration
+        self.utilizations[job.id] = utilization
         self.submitted[job.id] = (self.clock(), gpus)
         return job.id
 
@@ -122,9 +125,10 @@ def build_world(state_dir: Path, *, host: str = "demo", gpu_count: int = 8,
                                     scope=RunnerScope())
         keep = Standby(made.id, made.token, new_system_id(), standby_name(host), tuple(standby_tags(slots)))
     durations: dict[int, float] = {}
+    utilizations: dict[int, float] = {}
     fleet = SimFleet(state, runner_ids, slots, gpus, check_s=check_s,
                      duration_of=lambda job_id: durations.get(job_id, 60.0), on_change=on_job,
-                     lease_dir=lease_dir)
+                     lease_dir=lease_dir, utilization_of=lambda job_id: utilizations.get(job_id, 0.9))
     jobs: JobSource = fleet if lease_dir is None else LeaseJobs(lease_dir)
     store = Store.open(url=store_url, state_dir=state_dir)
     settings = settings or ControllerSettings(projects=(PROJECT,))
@@ -132,4 +136,5 @@ def build_world(state_dir: Path, *, host: str = "demo", gpu_count: int = 8,
                     clock=clock, is_ci=nothing_is_ci, webhook_secret=webhook_secret, on_event=on_event,
                     standby=keep)
     controller = Controller(wiring, settings, policy)
-    return World(clock, state, server, gitlab, gpus, fleet, controller, store, durations, {}, keep)
+    return World(clock, state, server, gitlab, gpus, fleet, controller, store, durations, {}, utilizations,
+                 standby=keep)

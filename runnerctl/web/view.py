@@ -33,6 +33,7 @@ class JobOut(BaseModel):
     user: str | None
     url: str | None
     runtime_s: float
+    unused: bool = False  # "requested but unused": GPUs held, idle (controller/history.py)
 
 
 class ToggleOut(BaseModel):
@@ -168,7 +169,7 @@ def _gpu(gpu: Gpu, view: ControllerView, toggles: list[ToggleOut], jobs: JobMemo
     slots = [s for s in view.slots if gpu.index in s.gpus]
     running = [JobOut(job_id=j, slot=s.name.rsplit("/", 1)[-1], user=jobs.owner.get(j, (None, None))[0],
                       url=jobs.owner.get(j, (None, None))[1],
-                      runtime_s=max(0.0, view.at - jobs.first_seen.get(j, view.at)))
+                      runtime_s=max(0.0, view.at - jobs.first_seen.get(j, view.at)), unused=j in view.unused)
                for s in slots for j in s.running_jobs]
     toggle = _toggle_over(gpu.index, slots, toggles)
     drained_for = [view.drains[s.name] for s in slots if s.name in view.drains]

@@ -51,6 +51,8 @@ function gpuCard(gpu) {
   for (const job of gpu.jobs) {
     const label = `job ${job.job_id}` + (job.user ? ` by ${job.user}` : "") + `, ${ago(job.runtime_s)}`;
     detail.append(job.url ? el("a", { href: job.url, text: label }) : el("span", { text: label }), " ");
+    if (job.unused) detail.append(el("span", { class: "badge unused", text: "requested but unused",
+      title: "holds its GPUs at near-zero utilization" }), " ");
   }
   for (const proc of gpu.processes) {
     detail.append(el("div", { class: "process",

@@ -1,0 +1,156 @@
+"""Job history: every job the host's runners ran, written by the controller each tick.
+
+The executor's lease is the ground truth of who holds which GPUs (executors/lease.py):
+a job enters the history when its lease appears (start = the lease's creation, when
+prepare took the GPUs) and leaves it when the lease is gone. The controller only looks
+once per tick, so the end is taken halfway between the last tick that saw the lease and
+the first that did not (off by at most half an interval; none of it is counted twice).
+What the lease lacks comes from what the controller already read: the job's name and
+queued time from the pending jobs demand polling saw (`queued_at` stays unknown for a
+job never seen pending), and the GPUs' utilization from the tick's one NVML snapshot
+(a tick where it is unknown adds no sample: unknown never counts as 0 %).
+
+Outcome: GitLab's final status (success, failed, canceled) when a job webhook brought
+it (up to an hour after the lease went); else "ended" (the lease went away) or "freed"
+(the controller's orphan audit released it: GitLab said the job was long over). No
+request is spent on it: the API budget stays with demand polling.
+
+"Requested but unused": a job whose GPUs stay below `unused_utilization` for
+`unused_after_s` gets one `unused` event, a flag in the view (badge on the page) and a
+line in `runnerctl report`.
+
+Restart: the open rows of this host are read back at start, so a job running across
+a restart keeps its row (never counted twice), and one whose lease vanished while the
+controller was down is closed at its last sighting.
+
+Retention: at most once an hour, history and events older than their retention
+(`[controller] history_retention_days`, `events_retention_days`) are deleted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from urllib.parse import urlsplit
+
+from runnerctl.controller import jobs_store
+from runnerctl.controller.demand import PendingJob
+from runnerctl.controller.jobs_store import JobRecord
+from runnerctl.controller.observe import LeasedJob
+from runnerctl.controller.store import Store
+from runnerctl.model import GpuSnapshot
+from runnerctl.settings import ControllerSettings
+
+log = logging.getLogger(__name__)
+PRUNE_EVERY_S = 3600.0
+DAY_S = 86400.0
+EventSink = Callable[[str, str, str], None]
+"""(kind, subject, detail) -> recorded as an event of the host."""
+
+
+class History:
+    """The host's open jobs in memory, mirrored to the store every tick."""
+
+    def __init__(self, store: Store, host: str, settings: ControllerSettings) -> None:
+        self.store, self.host, self.settings = store, host, settings
+        self.open: dict[int, JobRecord] = {r.job_id: r for r in jobs_store.open_jobs(store, host)}
+        self.pending: dict[int, PendingJob] = {}  # last seen pending: name and queued time
+        self.freed: set[int] = set()
+        self.outcomes: dict[int, tuple[str, float]] = {}  # job id -> (GitLab status, heard at)
+        self.recent: dict[int, JobRecord] = {}  # closed as "ended" in the last hour: may hear more
+        self._last_tick: float | None = None
+        self._next_prune = 0.0
+
+    def remember_pending(self, jobs: Iterable[PendingJob]) -> None:
+        """Called before demand forgets the jobs now running (their queued time)."""
+        for job in jobs:
+            self.pending[job.job_id] = job
+
+    def tick(self, leased: Mapping[int, LeasedJob], snapshot: GpuSnapshot | None, now: float,
+             event: EventSink, outcomes: Mapping[int, str] | None = None) -> None:
+        """Open rows for new leases, sample running ones, close vanished ones, store them.
+        `outcomes`: final GitLab statuses heard since the last tick (job webhooks)."""
+        self.outcomes.update((job, (status, now)) for job, status in (outcomes or {}).items())
+        interval = self.settings.interval_s
+        dt = 0.0 if self._last_tick is None else max(0.0, min(now - self._last_tick, 3 * interval))
+        first = self._last_tick is None
+        self._last_tick = now
+        utilization = {} if snapshot is None else {g.index: g.utilization for g in snapshot.gpus}
+        changed: list[JobRecord] = []
+        for job_id, lease in leased.items():
+            record = self.open.get(job_id) or self._new(job_id, lease, now)
+            record = self._sample(record, [utilization.get(g) for g in record.gpus], now, dt, event)
+            self.open[job_id] = record
+            changed.append(record)
+        for job_id in [j for j in self.open if j not in leased]:
+            record = self.open.pop(job_id)
+            gap = now - record.seen_at
+            end = record.seen_at + (min(gap, interval) / 2 if not first else 0.0)
+            outcome = "freed" if job_id in self.freed else "ended"
+            closed = dataclasses.replace(record, ended_at=end, outcome=outcome, low_since=None)
+            changed.append(closed)
+            self.freed.discard(job_id)
+            self.recent[job_id] = closed
+        for job_id in [j for j in self.recent if j in self.outcomes]:
+            status, _ = self.outcomes.pop(job_id)
+            changed.append(dataclasses.replace(self.recent.pop(job_id), outcome=status))
+        self.recent = {j: r for j, r in self.recent.items() if now - r.end < 3600.0}
+        self.outcomes = {j: o for j, o in self.outcomes.items() if now - o[1] < 3600.0}
+        for job_id in [j for j in self.pending if j in leased]:
+            del self.pending[job_id]
+        jobs_store.save_jobs(self.store, changed)
+        if now >= self._next_prune:
+            self._prune(now)
+
+    def unused(self) -> tuple[int, ...]:
+        """Running jobs flagged "requested but unused" and still idle now."""
+        return tuple(sorted(j for j, r in self.open.items() if r.unused_at is not None and r.low_since))
+
+    def _new(self, job_id: int, lease: LeasedJob, now: float) -> JobRecord:
+        seen = self.pending.get(job_id)
+        started = lease.created_at if lease.created_at is not None and lease.created_at <= now else now
+        return JobRecord(
+            host=self.host, job_id=job_id, slot=lease.slot, gpus=tuple(lease.gpus),
+            project=lease.project or _project_of(lease.url) or (str(seen.project_id) if seen else ""),
+            pipeline=lease.pipeline,
+            name=(seen.name or "") if seen else "", user=lease.user or (seen.user or "" if seen else ""),
+            url=lease.url or (seen.web_url or "" if seen else ""),
+            queued_at=seen.created_at if seen else None, started_at=started, seen_at=now)
+
+    def _sample(self, record: JobRecord, values: list[float | None], now: float, dt: float,
+                event: EventSink) -> JobRecord:
+        known = [v for v in values if v is not None]
+        if not known:  # unknown: no sample, and the idle clock neither runs nor resets
+            return dataclasses.replace(record, seen_at=now)
+        limit = self.settings.unused_utilization
+        mean = sum(known) / len(known)
+        idle = sum(1 for v in known if v < limit)
+        low_since = (record.low_since if record.low_since is not None else now) if mean < limit else None
+        record = dataclasses.replace(record, seen_at=now, util_sum=record.util_sum + mean,
+                                     util_samples=record.util_samples + 1,
+                                     idle_gpu_s=record.idle_gpu_s + idle * dt, low_since=low_since)
+        if (low_since is not None and record.unused_at is None
+                and now - low_since >= self.settings.unused_after_s):
+            record = dataclasses.replace(record, unused_at=now)
+            event("unused", f"job {record.job_id}",
+                  f"{record.user or 'unknown user'} holds GPU{'s' if len(record.gpus) > 1 else ''} "
+                  f"{', '.join(map(str, record.gpus))} at under {limit:.0%} utilization for "
+                  f"{(now - low_since) / 60:.0f} min (requested but unused)")
+        return record
+
+    def _prune(self, now: float) -> None:
+        self._next_prune = now + PRUNE_EVERY_S
+        self.pending = {j: p for j, p in self.pending.items() if now - p.created_at < 7 * DAY_S}
+        jobs, events = jobs_store.prune(
+            self.store, jobs_before=now - self.settings.history_retention_days * DAY_S,
+            events_before=now - self.settings.events_retention_days * DAY_S)
+        if jobs or events:
+            log.info("retention: deleted %d job history rows and %d events", jobs, events)
+
+
+def _project_of(url: str) -> str:
+    """The project's path from a job's page (`https://gitlab/group/app/-/jobs/7` -> `group/app`),
+    as CI_PROJECT_PATH, which a lease records, names it."""
+    path = urlsplit(url).path.strip("/")
+    return path.split("/-/", 1)[0] if "/-/" in path else ""

@@ -1,0 +1,120 @@
+"""`runnerctl uninstall`: take back what runnerctl put on a host, and nothing else.
+
+What runnerctl made, and how it is recognized:
+- its runners in GitLab: the ones named in its own `[[runners]]` entries of
+  gitlab-runner's config.toml (name `runnerctl/...`, with the runner `id`), plus the
+  host's stand-by runner recorded in `runnerctl-standby.json` beside it. A runner is
+  deleted only when GitLab still lists that id under that name (an id GitLab gave to
+  another runner since is left alone); one already gone counts as deleted;
+- those config.toml entries (every other entry and key is kept as it is, byte for byte)
+  and the stand-by record;
+- the systemd units `runnerctl install` wrote (`runnerctl-<service>.service` whose
+  `ExecStart` runs `-m runnerctl`); a file of that name that runnerctl did not write is
+  left and named.
+The state directory, the PostgreSQL data, `/etc/runnerctl` (settings, serve.env with
+the token) are left for the admin (docs/operations.md, "Uninstall").
+
+Order: each runner is deleted in GitLab before its entry leaves config.toml, so a
+failure midway (GitLab down) leaves exactly what is still to do for the next run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from runnerctl import standby
+from runnerctl.install import SERVICES, UNIT_DIR
+from runnerctl.runner_config import RunnerConfigFile, replace_owned_entries
+
+if TYPE_CHECKING:
+    from runnerctl.gitlab import GitLabPort
+
+
+@dataclasses.dataclass(frozen=True)
+class UninstallPlan:
+    runners: tuple[tuple[str, int | None], ...]  # config.toml entry name, its runner id
+    standby: standby.Standby | None
+    units: tuple[Path, ...]  # absolute, below the root
+    foreign_units: tuple[Path, ...]  # named like ours, not written by runnerctl: kept
+
+    def describe(self, config: Path) -> list[str]:
+        lines = [f"delete runner {rid} ({name}) in GitLab" if rid else f"no runner id for {name}"
+                 for name, rid in self.runners]
+        if self.standby is not None:
+            lines.append(f"delete runner {self.standby.id} ({self.standby.name}, the stand-by) in GitLab")
+        lines += [f"remove {name} from {config}" for name, _ in self.runners]
+        if self.standby is not None:
+            lines.append(f"remove {standby.standby_path(config)}")
+        lines += [f"remove {unit}" for unit in self.units]
+        lines += [f"keep   {unit} (not written by runnerctl install)" for unit in self.foreign_units]
+        return lines or ["nothing of runnerctl's here"]
+
+
+def plan_uninstall(config: RunnerConfigFile, *, root: Path, gitlab_url: str | None) -> UninstallPlan:
+    """What runnerctl would remove; reads only. `gitlab_url`: the stand-by record is
+    acted on only when it was made for this GitLab (None: any)."""
+    runners = tuple((name, int(entry["id"]) if entry.get("id") else None)
+                    for name, entry in config.owned_entries().items())
+    kept = standby.load(config.path)
+    if kept is not None and gitlab_url is not None and kept.gitlab_url not in ("", gitlab_url):
+        kept = None
+    units: list[Path] = []
+    foreign: list[Path] = []
+    for service in SERVICES:
+        path = root / UNIT_DIR.relative_to("/") / f"runnerctl-{service}.service"
+        if path.is_file():
+            (units if _written_by_runnerctl(path) else foreign).append(path)
+    return UninstallPlan(runners, kept, tuple(units), tuple(foreign))
+
+
+def _written_by_runnerctl(path: Path) -> bool:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return False
+    return any(line.startswith("ExecStart=") and " -m runnerctl " in line for line in text.splitlines())
+
+
+@dataclasses.dataclass
+class UninstallResult:
+    deleted: list[str] = dataclasses.field(default_factory=list)
+    not_ours: list[str] = dataclasses.field(default_factory=list)
+    removed: list[str] = dataclasses.field(default_factory=list)
+
+
+def apply_uninstall(plan: UninstallPlan, *, config: RunnerConfigFile,
+                    gitlab: GitLabPort | None) -> UninstallResult:
+    """Carry the plan out; `gitlab` may be None only when no runner is to be deleted."""
+    if gitlab is None and (plan.standby is not None or any(rid for _, rid in plan.runners)):
+        raise ValueError("runners to delete, and no GitLab to delete them in")
+    result = UninstallResult()
+    done: set[str] = set()
+    try:
+        for name, rid in plan.runners:
+            if rid is not None and gitlab is not None:
+                _delete(gitlab, rid, name, result)
+            done.add(name)
+        if plan.standby is not None and gitlab is not None:
+            _delete(gitlab, plan.standby.id, plan.standby.name, result)
+            standby.standby_path(config.path).unlink(missing_ok=True)
+            result.removed.append(str(standby.standby_path(config.path)))
+    finally:
+        if done:
+            config.edit(lambda doc: replace_owned_entries(doc, {}, retire=done))
+            result.removed += [f"{name} (config.toml)" for name in sorted(done)]
+    for unit in plan.units:
+        unit.unlink(missing_ok=True)
+        result.removed.append(str(unit))
+    return result
+
+
+def _delete(gitlab: GitLabPort, runner_id: int, name: str, result: UninstallResult) -> None:
+    info = gitlab.get_runner(runner_id)
+    if info is not None and info.description != name:
+        result.not_ours.append(f"runner {runner_id} is {info.description!r} now, not {name}: left in GitLab")
+        return
+    if info is not None:
+        gitlab.delete_runner(runner_id)
+    result.deleted.append(f"{name} (runner {runner_id}{'' if info is not None else ', already gone'})")

@@ -1,0 +1,259 @@
+"""Job history, retention and `runnerctl report` on a simulated host around the real
+controller (virtual time: `World.advance`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runnerctl.cli import main
+from runnerctl.controller import jobs_store
+from runnerctl.controller.history import History
+from runnerctl.controller.loop import Controller
+from runnerctl.controller.observe import LeasedJob
+from runnerctl.controller.store import Event, Store
+from runnerctl.gpus.sim import count_snapshot
+from runnerctl.postgres import PostgresServer
+from runnerctl.report import build
+from runnerctl.settings import ControllerSettings
+from runnerctl.sim import demo
+from runnerctl.sim.world import PROJECT, World, build_world
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = build_world(tmp_path, settings=ControllerSettings(projects=(PROJECT,), unused_after_s=600.0))
+    yield w
+    w.close()
+
+
+def _finish(world: World, deadline_s: float = 7200.0) -> None:
+    """Advance until every submitted job finished (bounded)."""
+    end = world.clock.now + deadline_s
+    while (len(world.fleet.finished) < len(world.submitted)) and world.clock.now < end:
+        world.advance(10.0)
+    world.advance(2 * world.controller.settings.interval_s)
+    assert len(world.fleet.finished) == len(world.submitted)
+
+
+def _expected_gpu_hours(world: World) -> dict[int, float]:
+    return {job: world.submitted[job][1] * (world.fleet.finished[job] - world.fleet.started[job]) / 3600
+            for job in world.submitted}
+
+
+def test_every_job_is_recorded_once_with_its_gpus_times_and_user(world: World) -> None:
+    jobs = [world.submit(1, 300.0, user="carol"), world.submit(2, 200.0, user="dave"),
+            world.submit(4, 250.0, user="carol")]
+    _finish(world)
+    records = {r.job_id: r for r in jobs_store.jobs(world.store)}
+    assert set(records) == set(jobs)
+    expected = _expected_gpu_hours(world)
+    for job, record in records.items():
+        assert record.ended_at is not None and record.outcome == "ended"
+        assert len(record.gpus) == world.submitted[job][1]
+        assert record.gpu_hours == pytest.approx(expected[job], rel=0.02)
+        assert record.started_at == world.fleet.started[job]  # from the lease: exact
+        assert record.mean_utilization == pytest.approx(0.9)
+        assert record.idle_gpu_s == 0.0 and record.unused_at is None
+    assert records[jobs[1]].user == "dave" and records[jobs[0]].project == f"project-{PROJECT}"
+    waited = records[jobs[2]]  # the 4-GPU job waited for its block: demand polling saw it pending
+    assert waited.queued_at == world.submitted[jobs[2]][0] and waited.name == "job"
+    assert waited.wait_s == pytest.approx(world.fleet.started[jobs[2]] - world.submitted[jobs[2]][0])
+
+
+def test_a_restart_neither_loses_nor_double_counts_a_running_job(world: World) -> None:
+    job = world.submit(2, 1500.0, user="erin", utilization=0.0)
+    world.advance(700.0)  # flagged unused after 600 s
+    assert [r.job_id for r in jobs_store.open_jobs(world.store, "demo")] == [job]
+    # the controller process restarts: a new Controller over the same store, twice
+    world.controller = Controller(world.controller.w, world.controller.settings)
+    world.advance(100.0)
+    assert world.controller.view.unused == (job,)  # still flagged, from the stored row
+    world.controller = Controller(world.controller.w, world.controller.settings)
+    _finish(world)
+    records = jobs_store.jobs(world.store)
+    assert [r.job_id for r in records] == [job]
+    assert records[0].gpu_hours == pytest.approx(_expected_gpu_hours(world)[job], rel=0.01)
+    assert records[0].idle_gpu_s == pytest.approx(2 * 1500.0, rel=0.02)  # samples kept across restarts
+    assert records[0].util_samples >= 1500 / 5 - 3
+    assert [e.kind for e in world.store.events("demo", limit=1000)].count("unused") == 1
+
+
+def test_a_lease_gone_while_the_controller_was_down_ends_at_its_last_sighting(tmp_path: Path) -> None:
+    store = Store.open(state_dir=tmp_path)
+    settings = ControllerSettings()
+    lease = LeasedJob("runnerctl/h/gpu0", (0,), "ann", created_at=1000.0)
+    history = History(store, "h", settings)
+    snapshot = count_snapshot("h", 2)
+    history.tick({7: lease}, snapshot, 1000.0, lambda *e: None)
+    history.tick({7: lease}, snapshot, 1005.0, lambda *e: None)
+    again = History(store, "h", settings)  # restarted an hour later: the lease is gone
+    again.tick({}, snapshot, 4605.0, lambda *e: None)
+    [record] = jobs_store.jobs(store)
+    assert record.ended_at == 1005.0 and record.gpu_hours == pytest.approx(5 / 3600)
+    store.close()
+
+
+def test_unknown_utilization_stays_unknown(tmp_path: Path) -> None:
+    store = Store.open(state_dir=tmp_path)
+    history = History(store, "h", ControllerSettings(unused_after_s=1.0))
+    base = count_snapshot("h", 1)
+    blind = dataclasses.replace(base, gpus=tuple(dataclasses.replace(g, utilization=None) for g in base.gpus))
+    events: list[tuple[str, ...]] = []
+    lease = LeasedJob("runnerctl/h/gpu0", (0,), "ann", created_at=0.0)
+    for t in (0.0, 5.0, 10.0, 15.0):
+        history.tick({1: lease}, blind, t, lambda *e: events.append(e))
+    history.tick({}, None, 20.0, lambda *e: events.append(e))
+    [record] = jobs_store.jobs(store)
+    assert record.mean_utilization is None and record.to_json()["mean_utilization"] is None
+    assert record.idle_gpu_s == 0.0 and record.unused_at is None and events == []
+    store.close()
+
+
+def test_a_job_at_zero_utilization_is_flagged_once_shown_and_reported(world: World) -> None:
+    idle = world.submit(2, 1500.0, user="frank", utilization=0.0)
+    busy = world.submit(1, 1500.0, user="gina")
+    world.advance(300.0)
+    assert world.controller.view.unused == ()  # not yet: 600 s threshold
+    world.advance(400.0)
+    assert world.controller.view.unused == (idle,)
+    from fastapi.testclient import TestClient
+
+    from runnerctl.controller.app import create_app
+
+    app = create_app(lambda: world.controller.view, world.controller.demand.webhook)
+    state = TestClient(app).get("/api/state")
+    assert state.json()["unused"] == [idle]  # the flag in /api/state
+    from runnerctl.web.view import JobMemory, host_page
+
+    page = host_page(world.controller.view, [], JobMemory())
+    flagged = {j.job_id for g in page.gpus for j in g.jobs if j.unused}
+    assert flagged == {idle}  # the page's badge
+    _finish(world)
+    unused_events = [e for e in world.store.events("demo", limit=1000) if e.kind == "unused"]
+    assert [e.subject for e in unused_events] == [f"job {idle}"]  # once per job
+    assert "frank" in unused_events[0].detail
+    report = build(jobs_store.jobs(world.store), by="user", since=None, until=world.clock.now)
+    rows = {r.key: r for r in report.rows}
+    assert [j.job_id for j in report.unused] == [idle] and rows["frank"].unused_jobs == 1
+    assert rows["frank"].idle_gpu_hours == pytest.approx(rows["frank"].gpu_hours, rel=0.02)
+    assert rows["gina"].idle_gpu_hours == 0.0 and busy not in {j.job_id for j in report.unused}
+
+
+def test_retention_keeps_the_store_bounded_over_a_long_run(tmp_path: Path) -> None:
+    settings = ControllerSettings(projects=(PROJECT,), interval_s=60.0, history_retention_days=1 / 24,
+                                  events_retention_days=1 / 48)
+    recorded: list[object] = []
+    world = build_world(tmp_path, settings=settings, on_event=recorded.append)
+    try:
+        sizes = []
+        for _hour in range(7):
+            for i in range(6):
+                world.submit(1 + (i % 2), 500.0, user=f"u{i % 3}")
+            world.advance(3600.0, step=30.0)
+            sizes.append(jobs_store.count_rows(world.store))
+        assert len(world.fleet.finished) == 42
+        print("rows (job history, events) after each hour:", sizes)
+        # 42 jobs ran; kept: those of the last retention period plus at most an hour to the next prune
+        assert all(jobs <= 18 for jobs, _ in sizes[2:]), sizes
+        assert all(events <= max(e for _, e in sizes[:3]) for _, events in sizes[3:]), sizes
+        assert sizes[-1][1] < len(recorded) / 3
+        oldest = min(r.end for r in jobs_store.jobs(world.store))
+        assert world.clock.now - oldest <= 2 * 3600.0 + 60.0
+    finally:
+        world.close()
+
+
+def test_report_after_the_demo_matches_the_simulated_gpu_hours(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "demo-state"
+    assert main(["demo", "--duration", "0", "--listen", "", "--state-dir", str(state)]) == 0
+    capsys.readouterr()
+    assert main(["report", "--state-dir", str(state), "--by", "user", "--json"]) == 0
+    rows = {r["key"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    expected: dict[str, float] = {}
+    jobs = [arg for _, action, arg in sorted(demo.SCRIPT, key=lambda item: item[0]) if action == "job"]
+    for index, (gpus, duration) in enumerate(jobs):
+        user = demo.USERS[index % len(demo.USERS)]
+        expected[user] = expected.get(user, 0.0) + gpus * duration / 3600
+    assert set(rows) == set(demo.USERS)
+    for user, hours in expected.items():
+        assert rows[user]["gpu_hours"] == pytest.approx(hours, rel=0.01), user
+    assert sum(r["jobs"] for r in rows.values()) == len(jobs)
+
+
+def test_report_outputs_and_one_line_errors(world: World, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    world.submit(1, 120.0, user="carol")
+    _finish(world)
+    state = str(tmp_path)
+    assert main(["report", "--state-dir", state, "--by", "host", "--csv"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("host,jobs,gpu_hours") and lines[1].startswith("demo,1,")
+    assert main(["report", "--state-dir", state, "--since", "2000-01-01"]) == 0
+    assert "carol" in capsys.readouterr().out
+    assert main(["report", "--state-dir", state, "--since", "2999-01-01", "--by", "project"]) == 0
+    assert "(no jobs in this period)" in capsys.readouterr().out
+    for args in (["--since", "last tuesday"], ["--since", "2024-13-40"]):
+        assert main(["report", "--state-dir", state, *args]) != 0
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is not a date" in err and "Traceback" not in err
+    assert main(["report", "--state-dir", str(tmp_path / "nowhere")]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no controller store" in err
+    assert not (tmp_path / "nowhere").exists()
+    config = tmp_path / "runnerctl.toml"
+    config.write_text("[controller]\nhistory_retention_days = 0\n")
+    assert main(["report", "--config", str(config)]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "history_retention_days must be more than 0" in err
+
+
+def test_the_outcome_comes_from_gitlab_job_webhooks_else_ended(tmp_path: Path) -> None:
+    world = build_world(tmp_path, webhook_secret="hook-secret")
+    try:
+        early, late, silent = (world.submit(1, 100.0, user="ann") for _ in range(3))
+
+        def hook(job: int, status: str) -> None:
+            payload = {"object_kind": "build", "build_id": job, "build_status": status, "project_id": PROJECT}
+            assert world.controller.demand.webhook("hook-secret", payload)
+
+        world.advance(30.0)
+        hook(early, "failed")  # heard while its lease still stands
+        _finish(world)
+        hook(late, "canceled")  # heard after its lease went
+        world.advance(10.0)
+        outcomes = {r.job_id: r.outcome for r in jobs_store.jobs(world.store)}
+        assert outcomes == {early: "failed", late: "canceled", silent: "ended"}
+    finally:
+        world.close()
+
+
+def test_history_on_a_shared_postgresql_store(pg_server: PostgresServer) -> None:
+    """Two hosts write to one PostgreSQL store; the report sums both; retention prunes it."""
+    url = pg_server.create_database("history_store")
+    settings = ControllerSettings(history_retention_days=1.0, events_retention_days=1.0)
+    stores = [Store.open(url=url), Store.open(url=url)]
+    try:
+        snapshot = count_snapshot("h", 2)
+        for index, (store, host) in enumerate(zip(stores, ("gpu-a", "gpu-b"), strict=True)):
+            history = History(store, host, settings)
+            lease = LeasedJob(f"runnerctl/{host}/gpu0-1", (0, 1), f"user{index}", project="lab/app",
+                              created_at=1000.0)
+            for t in (1000.0, 1005.0, 4600.0):
+                history.tick({10 + index: lease}, snapshot, t, lambda *e: None)
+            history.tick({}, snapshot, 4605.0, lambda *e: None)
+        store.record(Event(1000.0, "gpu-a", "resume", "gpu0", "old"))
+        report = build(jobs_store.jobs(stores[0]), by="project", since=None, until=5000.0)
+        assert [(r.key, r.jobs) for r in report.rows] == [("lab/app", 2)]
+        assert report.rows[0].gpu_hours == pytest.approx(2 * 2 * 3602.5 / 3600)
+        assert jobs_store.open_jobs(stores[1], "gpu-b") == []
+        assert jobs_store.prune(stores[1], jobs_before=1e9, events_before=1e9) == (2, 1)
+        assert jobs_store.count_rows(stores[0]) == (0, 0)
+    finally:
+        for store in stores:
+            store.close()

@@ -1,0 +1,106 @@
+"""`runnerctl uninstall` against the simulated GitLab: runnerctl's runners, entries and
+units go; the lab's own runner, config.toml entries and files stay byte for byte."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runnerctl.cli import main
+from runnerctl.gitlab import PythonGitLab, RunnerScope
+from runnerctl.standby import standby_path
+from tests.conftest import token_file
+from tests.sim_gitlab import SimGitLab, running_sim
+
+OWN_HEAD = 'concurrent = 40\ncheck_interval = 3  # the lab\'s\nlog_level = "warning"\n\n'
+OWN_FIRST = ('[[runners]]\n  # CPU jobs, not runnerctl\'s\n  name = "lab/cpu"\n  url = "{url}"\n'
+             '  id = {id}\n  token = "glrt-lab-cpu-token"\n  executor = "shell"\n'
+             '  [runners.custom_build_dir]\n    enabled = true\n')
+OWN_LAST = "[[runners]]\nname='lab/docs'   # odd spacing kept\nexecutor = 'docker'\n" \
+           "[runners.docker]\nimage = \"alpine:3\"\n"
+
+
+@pytest.fixture
+def sim() -> Iterator[SimGitLab]:
+    with running_sim() as found:
+        yield found
+
+
+def _setup(sim: SimGitLab, tmp: Path) -> tuple[Path, Path, int]:
+    server, info = sim
+    scope = RunnerScope("group_type", group_id=info["group_id"])
+    lab = PythonGitLab(info["url"], info["admin_token"]).create_runner(
+        description="lab/cpu", tags=["cpu"], paused=False, scope=scope)
+    config = tmp / "gitlab-runner" / "config.toml"
+    config.parent.mkdir()
+    config.write_text(OWN_HEAD + OWN_FIRST.format(url=info["url"], id=lab.id))
+    settings = tmp / "runnerctl.toml"
+    settings.write_text(f'[paths]\nstate_dir = "{tmp / "state"}"\nrunner_config = "{config}"\n')
+    assert main(["init", "--gitlab-url", info["url"], "--token-file", token_file(tmp, info["admin_token"]),
+                 "--group", str(info["group_id"]), "--gpu-source", "sim:8", "--host", "gpu-a",
+                 "--config", str(settings)]) == 0
+    with config.open("a") as handle:
+        handle.write("\n" + OWN_LAST)
+    root = tmp / "root"
+    assert main(["install", "--root", str(root), "--service", "serve", "--service", "postgres",
+                 "--gitlab-url", info["url"], "--config", str(settings)]) == 0
+    units = root / "etc" / "systemd" / "system"
+    (units / "runnerctl-exporter.service").write_text("[Service]\nExecStart=/usr/bin/lab-exporter\n")
+    return config, settings, lab.id
+
+
+def test_dry_run_lists_everything_and_changes_nothing(sim: SimGitLab, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    server, _ = sim
+    config, settings, _ = _setup(sim, tmp_path)
+    capsys.readouterr()
+    before, runners = config.read_bytes(), dict(server.state.runners)
+    server.requests.clear()
+    assert main(["uninstall", "--dry-run", "--root", str(tmp_path / "root"), "--config", str(settings)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len([line for line in out if line.startswith("# delete runner ")]) == 16  # 15 slots + stand-by
+    assert "# delete runner" not in "\n".join(line for line in out if "lab/" in line)
+    assert sum(line.endswith(".service") and line.startswith("# remove ") for line in out) == 2
+    assert any(line.startswith("# keep ") and "runnerctl-exporter.service" in line for line in out)
+    assert config.read_bytes() == before and server.state.runners.keys() == runners.keys()
+    assert server.requests == []  # a dry run contacts nothing
+
+
+def test_uninstall_removes_only_what_runnerctl_made(sim: SimGitLab, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    server, info = sim
+    config, settings, lab_id = _setup(sim, tmp_path)
+    root = tmp_path / "root"
+    assert len(server.state.runners) == 17
+    assert main(["uninstall", "--token-file", token_file(tmp_path, info["admin_token"]), "--root", str(root),
+                 "--config", str(settings)]) == 0
+    assert [r.description for r in server.state.runners.values()] == ["lab/cpu"]  # runnerctl's 16 gone
+    assert lab_id in server.state.runners
+    text = config.read_text()
+    assert text.startswith(OWN_HEAD) and OWN_FIRST.format(url=info["url"], id=lab_id) in text
+    assert OWN_LAST in text and "runnerctl/" not in text  # the lab's entries byte for byte
+    assert not standby_path(config).exists()
+    units = root / "etc" / "systemd" / "system"
+    assert sorted(p.name for p in units.iterdir()) == ["runnerctl-exporter.service"]  # not runnerctl's
+    state = root / (tmp_path / "state").relative_to("/")  # install made it below the root
+    assert (root / "etc" / "runnerctl" / "serve.env").exists() and state.is_dir()
+    out = capsys.readouterr().out
+    assert "then: systemctl daemon-reload" in out and "glrt-" not in out
+    after = config.read_bytes()
+    assert main(["uninstall", "--token-file", token_file(tmp_path, info["admin_token"]), "--root", str(root),
+                 "--config", str(settings)]) == 0  # again: nothing left to do, nothing touched
+    assert config.read_bytes() == after and len(server.state.runners) == 1
+
+
+def test_a_runner_id_gitlab_gave_to_another_runner_is_left(sim: SimGitLab, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    server, info = sim
+    config, settings, _ = _setup(sim, tmp_path)
+    victim = next(r for r in server.state.runners.values() if r.description == "runnerctl/gpu-a/gpu5")
+    victim.description = "lab/other"  # renamed in GitLab's page: no longer runnerctl's to delete
+    assert main(["uninstall", "--token-file", token_file(tmp_path, info["admin_token"]),
+                 "--root", str(tmp_path / "root"), "--config", str(settings)]) == 0
+    assert sorted(r.description for r in server.state.runners.values()) == ["lab/cpu", "lab/other"]
+    assert "left" in capsys.readouterr().out
