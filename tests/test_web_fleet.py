@@ -1,6 +1,7 @@
 """The fleet in the JSON API, in process: each host's last good tick in the store
 (controller/host_views.py), its GPUs and queue on every host's page, a host with no good
-tick for two intervals shown stopped and its stale queue left out."""
+tick for two intervals shown stopped and its stale queue left out; every host's job
+history with filters."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from runnerctl.controller import host_views
+from runnerctl.controller import host_views, jobs_store
 from runnerctl.controller.app import create_app
+from runnerctl.controller.jobs_store import JobRecord
 from runnerctl.exporter import endpoint
 from runnerctl.settings import ControllerSettings, WebSettings
 from runnerctl.sim.world import PROJECT, World, build_world
@@ -101,3 +103,45 @@ def test_a_host_that_never_ticked_is_unknown(world: World, tmp_path: Path) -> No
     world.store.record(Event(1.0, "gpu-z", "drain", "host", "by olga: old"))
     fleet = {h["host"]: h for h in _client(world, tmp_path).get("/api/fleet").json()}
     assert fleet["gpu-z"]["state"] == "unknown" and fleet["gpu-z"]["gpus"] == []
+
+
+def _ran(host: str, job_id: int, user: str, project: str, *, started: float,
+         ended: float | None) -> JobRecord:
+    return JobRecord(host, job_id, "gpu0-1", (0, 1), project, "7", "train", user,
+                     f"https://gl/{project}/-/jobs/{job_id}", started - 30, started,
+                     ended or started + 60, ended, "success" if ended else "running", 1.2, 2)
+
+
+def test_the_history_of_every_host_with_filters(world: World, tmp_path: Path) -> None:
+    day = 86400.0
+    jobs_store.save_jobs(world.store, [
+        _ran("gpu-a", 1, "ada", "ml/sweeps", started=10 * day, ended=10 * day + 3600),
+        _ran("gpu-b", 2, "bo", "ml/sweeps", started=20 * day, ended=20 * day + 7200),
+        _ran("gpu-b", 3, "ada", "ml/vision", started=30 * day, ended=None)])
+    client = _client(world, tmp_path)
+
+    def shown(**filters: str) -> list[tuple[str, int]]:
+        answer = client.get("/api/history", params=filters)
+        assert answer.status_code == 200, answer.text
+        return [(j["host"], j["job_id"]) for j in answer.json()]
+
+    assert shown() == [("gpu-b", 3), ("gpu-b", 2), ("gpu-a", 1)]  # newest first
+    assert shown(user="ada") == [("gpu-b", 3), ("gpu-a", 1)]
+    assert shown(project="ml/sweeps", host="gpu-b") == [("gpu-b", 2)]
+    assert shown(since="1970-01-21") == [("gpu-b", 3), ("gpu-b", 2)]  # day 20: job 2 ran then
+    assert shown(since="1970-01-21T02:00:01") == [("gpu-b", 3)]
+    assert shown(since="1970-01-21T04:00:00+02:00") == [("gpu-b", 3), ("gpu-b", 2)]
+    assert shown(user="nobody") == [] and shown(limit="1") == [("gpu-b", 3)]
+    first = client.get("/api/history", params={"host": "gpu-a"}).json()[0]
+    assert first["gpus"] == [0, 1] and first["gpu_hours"] == 2.0 and first["wait_s"] == 30.0
+    assert first["mean_utilization"] == 0.6 and first["outcome"] == "success" and not first["unused"]
+
+
+@pytest.mark.parametrize("filters", [{"since": "last week"}, {"since": "2026-13-01"}, {"user": "a\x00b"},
+                                     {"user": ""}, {"project": "x" * 201}, {"limit": "0"}, {"limit": "x"}])
+def test_a_bad_history_filter_is_a_one_line_422(world: World, tmp_path: Path,
+                                                filters: dict[str, str]) -> None:
+    answer = _client(world, tmp_path).get("/api/history", params=filters)
+    assert answer.status_code == 422, answer.text
+    detail = answer.json()["detail"]
+    assert len(detail) == 1 and detail[0]["loc"] == ["query", next(iter(filters))], detail

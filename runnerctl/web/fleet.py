@@ -6,7 +6,8 @@ waits, as its own planner gave it (controller/waiting.py). Any host's page then 
 every host's row (controller/host_views.py): `hosts` marks a host stopped when its
 last good tick is older than two of its intervals, and `queue` merges the hosts'
 queues into one, each job with one reason (the most telling one, `waiting.RANK`) and
-what every live host said. A stopped host's queue is left out: it is stale.
+what every live host said. A stopped host's queue is left out: it is stale. `history`
+reads the job history every host writes (controller/jobs_store.py), newest first.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from runnerctl.controller import host_views
+from runnerctl.controller import host_views, jobs_store
 from runnerctl.controller.loop import ControllerView
 from runnerctl.controller.plan import PRIORITY_RANK
 from runnerctl.controller.store import Store
@@ -65,6 +66,27 @@ class QueueJobOut(DemandOut):
     host: str
     """The host whose reason is shown."""
     hosts: list[ReasonOut]
+
+
+class HistoryJobOut(BaseModel):
+    host: str
+    job_id: int
+    project: str
+    pipeline: str
+    name: str
+    user: str
+    url: str
+    gpus: list[int]
+    queued_at: float | None
+    started_at: float
+    ended_at: float | None
+    """None while it runs."""
+    outcome: str
+    gpu_hours: float
+    mean_utilization: float | None
+    wait_s: float | None
+    unused: bool
+    """Flagged "requested but unused": it held GPUs that stayed idle."""
 
 
 def publisher(store: Store, *, interval_s: float,
@@ -134,3 +156,14 @@ def queue(store: Store, now: float) -> list[QueueJobOut]:
             waiting_s=round(max(0.0, now - job["created_at"]), 3), reason=reasons[0].reason,
             detail=reasons[0].detail, host=reasons[0].host, hosts=reasons))
     return out
+
+
+def history(store: Store, *, limit: int, since: float | None, user: str | None, project: str | None,
+            host: str | None) -> list[HistoryJobOut]:
+    """The jobs of every host that started last and match the filters, newest first."""
+    found = jobs_store.latest(store, limit=limit, since=since, user=user, project=project, host=host)
+    return [HistoryJobOut(host=j.host, job_id=j.job_id, project=j.project, pipeline=j.pipeline, name=j.name,
+                          user=j.user, url=j.url, gpus=list(j.gpus), queued_at=j.queued_at,
+                          started_at=j.started_at, ended_at=j.ended_at, outcome=j.outcome,
+                          gpu_hours=round(j.gpu_hours, 4), mean_utilization=j.mean_utilization,
+                          wait_s=j.wait_s, unused=j.unused_at is not None) for j in found]

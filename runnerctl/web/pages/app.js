@@ -1,7 +1,8 @@
-// runnerctl page: polls /api/host, /api/fleet and /api/queue every 2 s; toggles POST
-// /api/toggles with the CSRF token.
+// runnerctl page: polls /api/host, /api/fleet, /api/queue and /api/history (with the
+// filters applied) every 2 s; toggles POST /api/toggles with the CSRF token.
 "use strict";
 let session = null;
+let historyQuery = "";
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -25,7 +26,11 @@ async function call(method, url, body) {
   const response = await fetch(url, { method, headers, body: body ? JSON.stringify(body) : undefined,
                                       credentials: "same-origin" });
   const data = await response.json().catch(() => ({}));
-  if (!response.ok) throw new Error(typeof data.detail === "string" ? data.detail : `HTTP ${response.status}`);
+  if (!response.ok) {
+    const first = Array.isArray(data.detail) && data.detail[0];  // FastAPI's 422: the failing field
+    throw new Error(typeof data.detail === "string" ? data.detail
+      : first ? `${first.loc.slice(1).join(".")}: ${first.msg}` : `HTTP ${response.status}`);
+  }
   return data;
 }
 
@@ -140,13 +145,38 @@ function renderQueue(queue) {
   document.getElementById("queue-empty").hidden = queue.length > 0;
 }
 
+function renderHistory(jobs) {
+  const now = Date.now() / 1000;
+  rows("history", jobs, (j) => {
+    const job = j.url ? el("a", { href: j.url, text: String(j.job_id) }) : el("span", { text: String(j.job_id) });
+    const cell = el("span", {}, job, j.name ? ` ${j.name}` : "");
+    if (j.unused) cell.append(" ", el("span", { class: "badge unused", text: "requested but unused" }));
+    return [new Date(j.started_at * 1000).toLocaleString(), cell, j.user || "?", j.project || "?", j.host,
+      j.gpus.join(","), j.wait_s === null ? "?" : ago(j.wait_s), ago((j.ended_at ?? now) - j.started_at),
+      j.outcome, j.gpu_hours.toFixed(2),
+      j.mean_utilization === null ? "?" : `${Math.round(j.mean_utilization * 100)} %`];
+  }, (j) => `${j.host}:${j.job_id}`);
+}
+
+function filterHistory() {
+  const params = new URLSearchParams({ limit: "50" });
+  for (const name of ["user", "project", "host", "since"]) {
+    const value = document.getElementById(`history-${name}`).value.trim();
+    if (value) params.set(name, value);
+  }
+  historyQuery = params.toString();
+}
+
 async function refresh() {
   try {
-    const [host, fleet, queue] = await Promise.all(
-      [call("GET", "/api/host"), call("GET", "/api/fleet"), call("GET", "/api/queue")]);
+    if (!historyQuery) filterHistory();
+    const [host, fleet, queue, history] = await Promise.all(
+      [call("GET", "/api/host"), call("GET", "/api/fleet"), call("GET", "/api/queue"),
+       call("GET", `/api/history?${historyQuery}`).catch((error) => error)]);
     render(host);
     renderFleet(fleet);
     renderQueue(queue);
+    if (history instanceof Error) say(`history: ${history.message}`, true); else renderHistory(history);
   } catch (error) {
     say(error.message, true);
   }
@@ -167,6 +197,12 @@ document.addEventListener("DOMContentLoaded", async () => {
   document.getElementById("signout").addEventListener("click", async () => {
     try { await call("POST", "/api/session/end"); await loadSession(); await refresh(); say("signed out"); }
     catch (error) { say(error.message, true); }
+  });
+  document.getElementById("history-filter").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    filterHistory();
+    say("");
+    await refresh();
   });
   document.getElementById("toggle-form").addEventListener("submit", async (event) => {
     event.preventDefault();
