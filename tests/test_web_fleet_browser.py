@@ -1,8 +1,9 @@
 """One page for the fleet, in a real browser: three hosts (`runnerctl serve` each, set up
 as README.md says, tests/e2e_fleet.py) share one real PostgreSQL store and one simulated
 GitLab. The page of gpu-a shows all 24 GPUs, the whole queue with a reason for every
-waiting job, and marks gpu-c stopped within two of its intervals once its controller is
-killed. `RUNNERCTL_FLEET_SCREENSHOT=docs/img/fleet.png` retakes the docs' screenshot."""
+waiting job and the job history of every host (filtered by user), and marks gpu-c
+stopped within two of its tick periods once its controller is killed.
+`RUNNERCTL_FLEET_SCREENSHOT=docs/img/fleet.png` retakes the docs' screenshot."""
 
 from __future__ import annotations
 
@@ -56,6 +57,9 @@ def test_the_page_of_one_host_shows_the_whole_fleet(
     gitlab = SimGitLab(spawned)
     hosts, serves = _fleet_of_three(tmp_path, spawned, pg_server.create_database("fleet_page"), gitlab)
     first, second = gitlab.info["project_ids"][:2]
+    short = [(second, gitlab.enqueue(second, ["gpus:2"], duration_s=4, user=user)) for user in ("eve", "fay")]
+    wait_for("two short jobs to end", lambda: all(gitlab.job(p, j)["status"] == "success" for p, j in short),
+             timeout=120)
     # every host busy with one 8-GPU job, then a queue that must wait
     busy = [(first, gitlab.enqueue(first, ["gpus:8"], duration_s=900, user=f"long{i}")) for i in range(3)]
     wait_for("three 8-GPU jobs running", lambda: _running(gitlab, busy), timeout=120)
@@ -89,8 +93,19 @@ def test_the_page_of_one_host_shows_the_whole_fleet(
         row = page.locator(f'#queue tr[data-key="{entry["job_id"]}"]')
         expect(row).to_have_attribute("data-reason", entry["reason"])
         expect(row).to_contain_text(entry["user"])
+    # the history: the short jobs ended, the long ones run; filtered by user
+    for _, job in short + busy:
+        expect(page.locator(f'#history tr[data-key$=":{job}"]')).to_be_visible(timeout=30_000)
+    for _, job in short:
+        expect(page.locator(f'#history tr[data-key$=":{job}"]')).not_to_contain_text("running")
+    expect(page.locator(f'#history tr[data-key$=":{busy[0][1]}"]')).to_contain_text("running")
     if shot := os.environ.get("RUNNERCTL_FLEET_SCREENSHOT"):
         page.screenshot(path=shot, full_page=True)
+
+    page.fill("#history-user", "eve")
+    page.click("#history-apply")
+    expect(page.locator("#history tbody tr")).to_have_count(1)
+    expect(page.locator(f'#history tr[data-key$=":{short[0][1]}"]')).to_contain_text("eve")
 
     serves[2].kill()  # gpu-c's controller stops
     killed = time.monotonic()
