@@ -145,3 +145,13 @@ def test_a_bad_history_filter_is_a_one_line_422(world: World, tmp_path: Path,
     assert answer.status_code == 422, answer.text
     detail = answer.json()["detail"]
     assert len(detail) == 1 and detail[0]["loc"] == ["query", next(iter(filters))], detail
+
+
+def test_api_state_says_why_each_job_waits(world: World, tmp_path: Path) -> None:
+    first = world.submit(8, 3600.0, user="carol")
+    world.advance(20.0)
+    waiting = world.submit(8, 600.0, user="dave")
+    world.advance(3.0)
+    state = _client(world, tmp_path).get("/api/state").json()
+    detail = f"runner gpu0-7 drains for it, waiting on job {first}"
+    assert state["waiting"] == {str(waiting): {"code": "draining", "detail": detail, "elsewhere": False}}

@@ -97,6 +97,7 @@ class ControllerView:
             topology = self.snapshot.topology.items()
             data["snapshot"]["topology"] = {f"{a}-{b}": int(v) for (a, b), v in topology}
         data["toggles"] = [{**dataclasses.asdict(t), "status": s} for t, s in self.toggles]
+        data["waiting"] = {job: why._asdict() for job, why in self.waiting.items()}
         return data
 
 
