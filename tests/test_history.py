@@ -15,7 +15,7 @@ from runnerctl.controller import jobs_store
 from runnerctl.controller.history import History
 from runnerctl.controller.loop import Controller
 from runnerctl.controller.observe import LeasedJob
-from runnerctl.controller.store import Event, Store
+from runnerctl.controller.store import Event, Store, StoreError
 from runnerctl.gpus.sim import count_snapshot
 from runnerctl.postgres import PostgresServer
 from runnerctl.report import build
@@ -81,6 +81,31 @@ def test_a_restart_neither_loses_nor_double_counts_a_running_job(world: World) -
     assert records[0].idle_gpu_s == pytest.approx(2 * 1500.0, rel=0.02)  # samples kept across restarts
     assert records[0].util_samples >= 1500 / 5 - 3
     assert [e.kind for e in world.store.events("demo", limit=1000)].count("unused") == 1
+
+
+def test_a_job_that_ends_while_the_store_fails_is_closed_once_it_is_back(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    job = world.submit(2, 40.0, user="erin")
+    world.advance(20)
+    assert [r.job_id for r in jobs_store.open_jobs(world.store, "demo")] == [job]
+    real = jobs_store.save_jobs
+
+    def down(store: object, records: object) -> None:
+        raise StoreError("the controller store is busy: database is locked")
+
+    monkeypatch.setattr(jobs_store, "save_jobs", down)
+    failed = 0
+    for _ in range(60):  # the job ends while every tick fails on the store
+        try:
+            world.advance(1)
+        except StoreError:
+            failed += 1
+    assert failed > 0 and job in world.fleet.finished
+    monkeypatch.setattr(jobs_store, "save_jobs", real)
+    world.advance(10)
+    (record,) = [r for r in jobs_store.jobs(world.store) if r.job_id == job]
+    assert record.ended_at == pytest.approx(world.fleet.finished[job], abs=5.0)
+    assert jobs_store.open_jobs(world.store, "demo") == []
 
 
 def test_a_lease_gone_while_the_controller_was_down_ends_at_its_last_sighting(tmp_path: Path) -> None:

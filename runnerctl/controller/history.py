@@ -23,6 +23,10 @@ Restart: the open rows of this host are read back at start, so a job running acr
 a restart keeps its row (never counted twice), and one whose lease vanished while the
 controller was down is closed at its last sighting.
 
+Store failures: the write is part of the tick, so a failing store fails the tick (logged
+once, /healthz), never silently; rows it could not write go again with the next tick's,
+so a job that ended while the store was down is still closed at its real end.
+
 Retention: at most once an hour, history and events older than their retention
 (`[controller] history_retention_days`, `events_retention_days`) are deleted.
 """
@@ -59,6 +63,7 @@ class History:
         self.freed: set[int] = set()
         self.outcomes: dict[int, tuple[str, float]] = {}  # job id -> (GitLab status, heard at)
         self.recent: dict[int, JobRecord] = {}  # closed as "ended" in the last hour: may hear more
+        self._unsaved: dict[int, JobRecord] = {}  # rows a failed tick could not store: sent again
         self._last_tick: float | None = None
         self._next_prune = 0.0
 
@@ -99,7 +104,9 @@ class History:
         self.outcomes = {j: o for j, o in self.outcomes.items() if now - o[1] < 3600.0}
         for job_id in [j for j in self.pending if j in leased]:
             del self.pending[job_id]
-        jobs_store.save_jobs(self.store, changed)
+        self._unsaved.update((r.job_id, r) for r in changed)  # the latest row of each job
+        jobs_store.save_jobs(self.store, self._unsaved.values())  # a StoreError fails the tick
+        self._unsaved.clear()
         if now >= self._next_prune:
             self._prune(now)
 
