@@ -3,11 +3,13 @@
 Hosts that share a PostgreSQL store see each other's toggles and events, but a GPU's
 state and the reasons jobs wait live only in the memory of the controller that
 computed them. After each good tick, `serve` writes one row per host here (the page's
-JSON of its GPUs and queue, the time, the tick and its interval, `save`); every host's
-page reads all rows (`load`). A row older than `STOPPED_INTERVALS` intervals means the
-controller stopped (killed, its thread dead, or its ticks failing: a failed tick writes
-nothing), which the page shows instead of stale GPUs. Hosts compare their clocks, as
-claims already do: keep them in NTP sync.
+JSON of its GPUs and queue, the time, the tick and its tick period, `save`); every
+host's page reads all rows (`load`). A row older than `STOPPED_INTERVALS` periods means
+the controller stopped (killed, its thread dead, or its ticks failing: a failed tick
+writes nothing), which the page shows over its last GPUs. The period is the interval
+plus the tick's own time, since the loop waits an interval after each tick: a slow
+tick is not taken for a stop. Hosts compare their clocks, as claims already do: keep
+them in NTP sync.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from runnerctl.controller.store import Store
 
 STOPPED_INTERVALS = 2.0
-"""A host whose last good tick is older than this many of its intervals is shown stopped."""
+"""A host whose last good tick is older than this many of its tick periods is shown stopped."""
 
 
 @dataclasses.dataclass(frozen=True)

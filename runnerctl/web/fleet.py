@@ -4,7 +4,7 @@ Each `serve` publishes its page data after every good tick (`publisher`, hung on
 controller's `on_tick`): its GPU cards and its pending jobs with the reason each one
 waits, as its own planner gave it (controller/waiting.py). Any host's page then reads
 every host's row (controller/host_views.py): `hosts` marks a host stopped when its
-last good tick is older than two of its intervals, and `queue` merges the hosts'
+last good tick is older than two of its tick periods, and `queue` merges the hosts'
 queues into one, each job with one reason (the most telling one, `waiting.RANK`) and
 what every live host said. A stopped host's queue is left out: it is stale. `history`
 reads the job history every host writes (controller/jobs_store.py), newest first.
@@ -41,10 +41,11 @@ HostState = Literal["running", "stopped", "unknown"]
 class FleetHostOut(BaseModel):
     host: str
     state: HostState
-    """`stopped`: no good tick for two of its intervals; `unknown`: it never published one."""
+    """`stopped`: no good tick for two of its tick periods; `unknown`: it never published one."""
     last_tick_at: float | None
     age_s: float | None
     interval_s: float | None
+    """Its tick period at its last good tick: the interval plus that tick's own time."""
     gitlab_error: str
     gpus: list[GpuOut]
     toggles: list[ToggleOut]
