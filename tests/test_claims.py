@@ -39,7 +39,7 @@ class Host:
         claimed = {job for job, host in self.store.claims(now).items() if host != self.name}
         elsewhere = frozenset(d.job_id for d in demand if d.job_id in claimed)
         observed = Observed(states, {}, demand, dict(self.reserved), elsewhere=elsewhere)
-        result = self.claims.plan(observed, PlanPolicy(), now)
+        result, _ = self.claims.plan(observed, PlanPolicy(), now)
         self.events += self.claims.tell(result)
         self.reserved = dict(result.reserved)
         return result

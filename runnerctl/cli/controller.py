@@ -100,6 +100,7 @@ def _web(controller: Controller, settings: Settings, listen: str, oauth: GitLabO
     """The page's routes; refuses a non-loopback address when nobody could sign in (the
     simulated GitLab lets anyone approve as anyone, so its sign-in does not count)."""
     from runnerctl.controller.serve import is_loopback, parse_listen
+    from runnerctl.web.fleet import publisher
     from runnerctl.web.routes import install
 
     store = controller.w.store
@@ -107,6 +108,10 @@ def _web(controller: Controller, settings: Settings, listen: str, oauth: GitLabO
         raise ConfigError(f"--listen {listen} is reachable from other machines, but no sign-in is configured",
                           hint="add an operator first (`runnerctl user add NAME --role operator`) "
                                "or listen on 127.0.0.1")
+    # the fleet page: this host's GPUs and queue after each good tick (a simulated world
+    # ticks at least once per virtual second)
+    interval = max(settings.controller.interval_s, 1.0) if simulated else settings.controller.interval_s
+    controller.on_tick.append(publisher(store, interval_s=interval, clock=controller.w.clock))
     return [lambda app: install(app, view=lambda: controller.view, store=store, settings=settings.web,
                                 state_dir=settings.state_dir, oauth=oauth, clock=controller.w.clock)]
 

@@ -43,10 +43,11 @@ class Claims:
         self.renewed: dict[int, float] = {}  # job -> when this host last took or renewed its claim
         self.waiting: set[str] = set()  # reserved blocks with busy GPUs in the last plan
 
-    def plan(self, observed: Observed, policy: PlanPolicy, now: float) -> Plan:
+    def plan(self, observed: Observed, policy: PlanPolicy, now: float) -> tuple[Plan, Observed]:
         """Plan, claiming the jobs it reserves blocks for; a job another host claimed
         meanwhile counts as claimed elsewhere (no drain for it here) and the plan is
-        redone. Ends: each redo adds a job to `elsewhere`, and the queue is finite."""
+        redone. Ends: each redo adds a job to `elsewhere`, and the queue is finite.
+        Returns the plan and what it was made from (with those jobs elsewhere)."""
         pending = {d.job_id for d in observed.demand}
         self.drained_for &= pending
         for job in sorted(self.drained_for):
@@ -65,7 +66,7 @@ class Claims:
         keep = result.claims | self.drained_for | gone
         self.renewed = {job: at for job, at in self.renewed.items() if job in keep}
         self.store.release_claims(self.host, keep=sorted(keep))
-        return result
+        return result, observed
 
     def _claim(self, job: int, now: float) -> bool:
         if self.store.claim(job, self.host, now=now, ttl_s=self.ttl_s):

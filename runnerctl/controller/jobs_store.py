@@ -124,6 +124,25 @@ def jobs(store: Store, *, since: float | None = None, until: float | None = None
     return [_record(r) for r in rows]
 
 
+def latest(store: Store, *, limit: int, since: float | None = None, user: str | None = None,
+           project: str | None = None, host: str | None = None) -> list[JobRecord]:
+    """The `limit` jobs that started last and match every filter given (the fleet page's
+    history: `since` as in `jobs`, the others equal)."""
+    where: list[str] = ["1 = 1"]
+    params: list[object] = []
+    if since is not None:
+        where.append("(ended_at IS NULL OR ended_at >= ?)")
+        params.append(since)
+    for column, value in (("username", user), ("project", project), ("host", host)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            params.append(value)
+    with store.transaction() as cur:
+        rows = cur.query(f"SELECT {', '.join(_COLUMNS)} FROM job_history WHERE {' AND '.join(where)} "
+                         "ORDER BY started_at DESC, job_id DESC LIMIT ?", [*params, limit])
+    return [_record(r) for r in rows]
+
+
 def prune(store: Store, *, jobs_before: float, events_before: float) -> tuple[int, int]:
     """Delete closed jobs that ended before `jobs_before` and events before
     `events_before` (every host's: any host may prune a shared store); returns counts."""

@@ -34,6 +34,7 @@ from runnerctl.controller.plan import Decision, Observed, Plan, PlanPolicy, Slot
 from runnerctl.controller.stats import ControllerStats
 from runnerctl.controller.store import Event, Store, Toggle
 from runnerctl.controller.toggles import held_slots, toggle_status
+from runnerctl.controller.waiting import Waiting, why_waiting
 from runnerctl.errors import GitLabError, GpuError
 from runnerctl.gitlab import GitLabPort
 from runnerctl.gpus import GpuSource
@@ -87,6 +88,8 @@ class ControllerView:
     """Running jobs flagged "requested but unused": GPUs held, idle (controller/history.py)."""
     standby: str = ""
     """The stand-by runner: `online`, `none`, `not yet verified` or why it may not be online."""
+    waiting: Mapping[int, Waiting] = dataclasses.field(default_factory=dict)
+    """Pending job id -> why it waits, from this tick's plan (controller/waiting.py)."""
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -95,6 +98,7 @@ class ControllerView:
             topology = self.snapshot.topology.items()
             data["snapshot"]["topology"] = {f"{a}-{b}": int(v) for (a, b), v in topology}
         data["toggles"] = [{**dataclasses.asdict(t), "status": s} for t, s in self.toggles]
+        data["waiting"] = {job: why._asdict() for job, why in self.waiting.items()}
         return data
 
 
@@ -166,7 +170,7 @@ class Controller:
             self._free_orphans(running, now)
         gitlab_ok = gitlab_ready and self._talk_to_gitlab(now)
         observed = self._observed(snapshot, running, toggles, now)
-        result = self.claims.plan(observed, self.policy, now)
+        result, observed = self.claims.plan(observed, self.policy, now)
         if gitlab_ok:
             acting.apply(result.decisions, gitlab=self.w.gitlab, cache=self.cache, health=self.health,
                          now=now, on_action=lambda a: self._acted(a, now))
@@ -176,7 +180,8 @@ class Controller:
         # a store failure here fails the tick like any other (not a side task): /healthz sees it
         self.history.tick(self.w.jobs.leased(), snapshot, now, lambda *event: self._event(now, *event),
                           self.demand.take_outcomes())
-        self.view = self._view(snapshot, result, running, toggles, now)
+        self.view = dataclasses.replace(self._view(snapshot, result, running, toggles, now),
+                                        waiting=why_waiting(observed, result))
         self.liveness.good()
         view, took = self.view, time.perf_counter() - started
         self._aside("stats", lambda: self.stats.observe(view, duration_s=took, is_ci=self.w.is_ci,

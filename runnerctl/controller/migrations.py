@@ -97,6 +97,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         "CREATE INDEX job_history_started ON job_history (started_at)",
         "CREATE INDEX events_at ON events (at)",
     )),
+    Migration(5, "host views: each controller's last good tick, GPUs and queue, for the fleet page", (
+        """CREATE TABLE host_views (host TEXT PRIMARY KEY, at DOUBLE PRECISION NOT NULL,
+            interval_s DOUBLE PRECISION NOT NULL, tick BIGINT NOT NULL, view TEXT NOT NULL)""",
+    )),
 )
 
 _VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,

@@ -102,6 +102,8 @@ class Plan:
     reserved: Mapping[str, int]  # block name -> the job it drains for (to remember)
     protected: frozenset[int] = frozenset()  # to remember, too
     claims: frozenset[int] = frozenset()  # reserved jobs not claimed elsewhere: claim them
+    singles: Mapping[int, str] = dataclasses.field(default_factory=dict)
+    """1-GPU job -> the idle single kept open for it (why_waiting reads it)."""
 
     def open_slots(self) -> list[Slot]:
         return [d.slot for d in self.decisions if d.open]
@@ -121,7 +123,7 @@ def plan(observed: Observed, policy: PlanPolicy = PlanPolicy()) -> Plan:
     decisions = _decide(observed, busy, reservations)
     reserved = {name: job for name, (_, job) in reservations.items()}
     return Plan(decisions, reserved, frozenset(reserver.protected),
-                frozenset(reserved.values()) - observed.elsewhere)
+                frozenset(reserved.values()) - observed.elsewhere, reserver.singles)
 
 
 def relevant_demand(demand: Iterable[Demand], slots: Iterable[Slot], protected: Iterable[int] = (),
@@ -196,6 +198,7 @@ class _Reserver:
         self.claims: dict[int, tuple[int, float, int]] = {}
         self.owner: dict[int, int] = {}  # GPU of a reserved block -> its job
         self.kept_open: set[int] = set()  # idle singles held for 1-GPU jobs
+        self.singles: dict[int, str] = {}  # 1-GPU job -> the single kept open for it
         self.reservations: dict[str, tuple[Slot, int]] = {}
         sizes = {len(s.slot.gpus) for s in observed.slots}
         away = observed.elsewhere  # not waiting for this host: another one drains for them
@@ -244,6 +247,7 @@ class _Reserver:
             if size == 1:
                 chosen = max(idle, key=self._crowding)
                 self.kept_open.add(chosen.gpus[0])
+                self.singles[job_id] = chosen.name
             else:
                 chosen = min(idle, key=self._cost)
                 self._reserve(chosen, job_id)

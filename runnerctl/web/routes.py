@@ -9,6 +9,7 @@ the session's CSRF token in `X-CSRF-Token`. Security headers go on every respons
 
 # no `from __future__ import annotations`: FastAPI reads the Depends() of closures at def time
 
+import datetime
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -26,11 +27,11 @@ from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import request as toggle_request
 from runnerctl.logline import one_line
 from runnerctl.settings import WebSettings
-from runnerctl.web import auth
+from runnerctl.web import auth, fleet
 from runnerctl.web.oauth import GitLabOAuth, RoleCheck
 from runnerctl.web.oauth import install as install_oauth
 from runnerctl.web.sessions import Sessions
-from runnerctl.web.view import EventOut, FleetHostOut, HostOut, JobMemory, event_out, host_page, toggle_out
+from runnerctl.web.view import EventOut, HostOut, JobMemory, event_out, host_page
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ def _utf8(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_utf8)]
+Filter = Annotated[str | None, Query(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$",
+                                     description="equal to this (case matters)")]
 
 
 class SignIn(BaseModel):
@@ -180,16 +183,32 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
         """The activity log of this host, newest first (toggles with who and why, controller actions)."""
         return [event_out(e) for e in store.events(view().host, limit)]
 
-    @app.get("/api/fleet", response_model=list[FleetHostOut], tags=["host"],
+    @app.get("/api/fleet", response_model=list[fleet.FleetHostOut], tags=["fleet"],
              responses={401: {"description": "sign in"}})
-    def fleet(who: Annotated[auth.Principal | None, Depends(reader)]) -> list[FleetHostOut]:
-        """Every host of the store (all hosts sharing a PostgreSQL store): toggles and last event."""
-        hosts = []
-        for name in store.hosts():
-            last = store.events(name, 1)
-            hosts.append(FleetHostOut(host=name, toggles=[toggle_out(t) for t in store.toggles(name)],
-                                      last_event=event_out(last[0]) if last else None))
-        return hosts
+    def fleet_hosts(who: Annotated[auth.Principal | None, Depends(reader)]) -> list[fleet.FleetHostOut]:
+        """Every host of the store (all hosts sharing a PostgreSQL store): running or stopped
+        (no good tick for two intervals), its GPUs at its last good tick, toggles, last event."""
+        return fleet.hosts(store, clock())
+
+    @app.get("/api/queue", response_model=list[fleet.QueueJobOut], tags=["fleet"],
+             responses={401: {"description": "sign in"}})
+    def fleet_queue(who: Annotated[auth.Principal | None, Depends(reader)]) -> list[fleet.QueueJobOut]:
+        """Every pending GPU job the running hosts see, most urgent first, with why it waits."""
+        return fleet.queue(store, clock())
+
+    @app.get("/api/history", response_model=list[fleet.HistoryJobOut], tags=["fleet"],
+             responses={401: {"description": "sign in"}, 422: {"description": "a filter is not valid"}})
+    def fleet_history(who: Annotated[auth.Principal | None, Depends(reader)],
+                      user: Filter = None, project: Filter = None, host: Filter = None,
+                      since: Annotated[datetime.datetime | None, Query(description=(
+                          "YYYY-MM-DD or an ISO 8601 date and time (UTC unless it names an offset): "
+                          "jobs that ran at some time since"))] = None,
+                      limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[fleet.HistoryJobOut]:
+        """The job history of every host sharing the store, newest first, filtered by user,
+        project (path, e.g. `ml/sweeps`), host and time."""
+        start = None if since is None else (
+            since if since.tzinfo else since.replace(tzinfo=datetime.UTC)).timestamp()
+        return fleet.history(store, limit=limit, since=start, user=user, project=project, host=host)
 
     @app.post("/api/toggles", response_model=ToggleResult, tags=["toggles"],
               responses={403: {"description": "not an operator, or no CSRF token"}})

@@ -99,12 +99,6 @@ class HostOut(BaseModel):
     events: list[EventOut]
 
 
-class FleetHostOut(BaseModel):
-    host: str
-    toggles: list[ToggleOut]
-    last_event: EventOut | None
-
-
 class JobMemory:
     """Who submitted a job and its link, remembered from demand (GitLab forgets neither,
     but the controller stops listing a job once it runs); and when it was first seen running."""

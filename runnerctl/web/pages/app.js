@@ -1,6 +1,8 @@
-// runnerctl page: polls /api/host every 2 s; toggles POST /api/toggles with the CSRF token.
+// runnerctl page: polls /api/host, /api/fleet, /api/queue and /api/history (with the
+// filters applied) every 2 s; toggles POST /api/toggles with the CSRF token.
 "use strict";
 let session = null;
+let historyQuery = "";
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -24,7 +26,11 @@ async function call(method, url, body) {
   const response = await fetch(url, { method, headers, body: body ? JSON.stringify(body) : undefined,
                                       credentials: "same-origin" });
   const data = await response.json().catch(() => ({}));
-  if (!response.ok) throw new Error(typeof data.detail === "string" ? data.detail : `HTTP ${response.status}`);
+  if (!response.ok) {
+    const first = Array.isArray(data.detail) && data.detail[0];  // FastAPI's 422: the failing field
+    throw new Error(typeof data.detail === "string" ? data.detail
+      : first ? `${first.loc.slice(1).join(".")}: ${first.msg}` : `HTTP ${response.status}`);
+  }
   return data;
 }
 
@@ -98,23 +104,79 @@ function render(host) {
   document.getElementById("gitlab-error").textContent = host.gitlab_error ? `GitLab: ${host.gitlab_error}` : "";
   rows("slots", host.slots, (s) => [s.key, s.gpus.join(","), s.state, s.running_jobs.join(", ") || "-", s.reason],
        (s) => s.key);
-  rows("demand", host.demand.filter((d) => d.gpus > 1), (d) => [
-    d.url ? el("a", { href: d.url, text: String(d.job_id) }) : String(d.job_id), String(d.gpus),
-    d.user || "?", ago(d.waiting_s)]);
   rows("events", host.events, (e) => [new Date(e.at * 1000).toLocaleString(), e.kind, e.subject, e.detail],
        (e) => `${e.kind} ${e.subject}`);
 }
 
+const REASONS = { starting: "starting", draining: "draining for it", priority: "behind a higher priority",
+                  resources: "resources", foreign: "foreign use", held: "held by an admin" };
+
+function tile(host, gpu) {
+  const who = gpu.jobs.map((j) => `job ${j.job_id}` + (j.user ? ` by ${j.user}` : ""))
+    .concat(gpu.processes.map((p) => p.user || `pid ${p.pid}`)).join(", ") || gpu.detail;
+  const util = gpu.utilization === null ? "?" : `${Math.round(gpu.utilization * 100)} %`;
+  return el("div", { class: "tile", "data-host": host, "data-gpu": String(gpu.index), "data-state": gpu.state,
+                     title: gpu.detail || gpu.state },
+    el("div", { class: "tile-head" }, el("b", { text: String(gpu.index) }), el("span", { text: gpu.state })),
+    el("div", { class: "tile-who", text: who || "\u00a0" }), el("div", { class: "numbers", text: `util ${util}` }));
+}
+
 function renderFleet(hosts) {
-  rows("fleet", hosts, (h) => [h.host,
-    h.toggles.map((t) => `${t.target} ${t.action} by ${t.who}: ${t.why}`).join("; ") || "-",
-    h.last_event ? `${h.last_event.kind} ${h.last_event.subject}: ${h.last_event.detail}` : "-"], (h) => h.host);
+  document.getElementById("fleet").replaceChildren(...hosts.map((h) => {
+    const age = h.age_s === null ? "never ticked" : `last good tick ${ago(h.age_s)} ago`;
+    const notes = h.toggles.map((t) => `${t.target} ${t.action} by ${t.who}: ${t.why}`);
+    if (h.gitlab_error) notes.push(`GitLab: ${h.gitlab_error}`);
+    return el("div", { class: "host", "data-host": h.host, "data-state": h.state },
+      el("h3", {}, el("span", { text: h.host }), el("span", { class: "state", text: h.state }),
+         el("span", { class: "age", text: age })),
+      notes.length ? el("div", { class: "notes", text: notes.join("; ") }) : null,
+      el("div", { class: "tiles" }, ...h.gpus.map((g) => tile(h.host, g))));
+  }));
+}
+
+function renderQueue(queue) {
+  rows("queue", queue, (j) => [String(j.position),
+    j.url ? el("a", { href: j.url, text: String(j.job_id) }) : String(j.job_id), String(j.gpus),
+    j.user || "?", ago(j.waiting_s), el("span", { class: "reason", text: REASONS[j.reason] || j.reason }),
+    `${j.host}: ${j.detail}`], (j) => String(j.job_id));
+  for (const [i, row] of document.querySelectorAll("#queue tbody tr").entries()) {
+    row.dataset.reason = queue[i].reason;
+  }
+  document.getElementById("queue-empty").hidden = queue.length > 0;
+}
+
+function renderHistory(jobs) {
+  const now = Date.now() / 1000;
+  rows("history", jobs, (j) => {
+    const job = j.url ? el("a", { href: j.url, text: String(j.job_id) }) : el("span", { text: String(j.job_id) });
+    const cell = el("span", {}, job, j.name ? ` ${j.name}` : "");
+    if (j.unused) cell.append(" ", el("span", { class: "badge unused", text: "requested but unused" }));
+    return [new Date(j.started_at * 1000).toLocaleString(), cell, j.user || "?", j.project || "?", j.host,
+      j.gpus.join(","), j.wait_s === null ? "?" : ago(j.wait_s), ago((j.ended_at ?? now) - j.started_at),
+      j.outcome, j.gpu_hours.toFixed(2),
+      j.mean_utilization === null ? "?" : `${Math.round(j.mean_utilization * 100)} %`];
+  }, (j) => `${j.host}:${j.job_id}`);
+}
+
+function filterHistory() {
+  const params = new URLSearchParams({ limit: "50" });
+  for (const name of ["user", "project", "host", "since"]) {
+    const value = document.getElementById(`history-${name}`).value.trim();
+    if (value) params.set(name, value);
+  }
+  historyQuery = params.toString();
 }
 
 async function refresh() {
   try {
-    render(await call("GET", "/api/host"));
-    renderFleet(await call("GET", "/api/fleet"));
+    if (!historyQuery) filterHistory();
+    const [host, fleet, queue, history] = await Promise.all(
+      [call("GET", "/api/host"), call("GET", "/api/fleet"), call("GET", "/api/queue"),
+       call("GET", `/api/history?${historyQuery}`).catch((error) => error)]);
+    render(host);
+    renderFleet(fleet);
+    renderQueue(queue);
+    if (history instanceof Error) say(`history: ${history.message}`, true); else renderHistory(history);
   } catch (error) {
     say(error.message, true);
   }
@@ -135,6 +197,12 @@ document.addEventListener("DOMContentLoaded", async () => {
   document.getElementById("signout").addEventListener("click", async () => {
     try { await call("POST", "/api/session/end"); await loadSession(); await refresh(); say("signed out"); }
     catch (error) { say(error.message, true); }
+  });
+  document.getElementById("history-filter").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    filterHistory();
+    say("");
+    await refresh();
   });
   document.getElementById("toggle-form").addEventListener("submit", async (event) => {
     event.preventDefault();
