@@ -18,9 +18,10 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from runnerctl.controller.app import create_app
-from runnerctl.controller.stats import OCCUPANCY, Histogram
+from runnerctl.controller.stats import Histogram
 from runnerctl.controller.store import Toggle
 from runnerctl.controller.toggles import set_toggle
+from runnerctl.controller.view import OCCUPANCY
 from runnerctl.errors import GpuError
 from runnerctl.exporter import build_registry, endpoint, metrics_text
 from runnerctl.exporter.dcgm import JobMappingWriter

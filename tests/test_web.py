@@ -56,7 +56,7 @@ def _sign_in(client: TestClient, name: str, password: str = PASSWORD) -> tuple[i
 def test_page_data_shows_job_foreign_process_and_block(world: World, tmp_path: Path) -> None:
     host = _client(world, tmp_path).get("/api/host").json()
     states = {g["index"]: g["state"] for g in host["gpus"]}
-    assert [states[i] for i in range(4)] == ["job"] * 4
+    assert [states[i] for i in range(4)] == ["ci"] * 4
     assert states[7] == "foreign"
     assert host["gpus"][7]["processes"][0]["user"] == "alice"
     assert host["gpus"][7]["processes"][0]["memory_mib"] == 2048

@@ -60,7 +60,7 @@ def _sign_in(page: Page, name: str) -> None:
 def _busy_page(page: Page) -> None:
     """The scripted workload is up: a 4-GPU job on gpu0-3, alice's process on GPU 7."""
     for gpu in range(4):
-        expect(page.locator(f'.gpu[data-gpu="{gpu}"]')).to_have_attribute("data-state", "job", timeout=60_000)
+        expect(page.locator(f'.gpu[data-gpu="{gpu}"]')).to_have_attribute("data-state", "ci", timeout=60_000)
     expect(page.locator('.gpu[data-gpu="0"]')).to_contain_text("job 1000")
     foreign = page.locator('.gpu[data-gpu="7"]')
     expect(foreign).to_have_attribute("data-state", "foreign", timeout=60_000)

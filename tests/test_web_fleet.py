@@ -64,7 +64,7 @@ def test_every_host_shows_its_gpus_and_a_silent_one_is_stopped(world: World, tmp
                                                                "gpu-c": "stopped"}
     assert sum(len(h["gpus"]) for h in fleet.values()) == 24
     demo = {g["index"]: g["state"] for g in fleet["demo"]["gpus"]}
-    assert [demo[i] for i in range(4)] == ["job"] * 4 and demo[7] == "foreign"
+    assert [demo[i] for i in range(4)] == ["ci"] * 4 and demo[7] == "foreign"
     assert fleet["gpu-c"]["age_s"] == pytest.approx(2.5, abs=0.01)
 
 

@@ -78,7 +78,7 @@ def test_the_page_of_one_host_shows_the_whole_fleet(
         expect(page.locator(f'.host[data-host="{name}"]')).to_have_attribute("data-state", "running",
                                                                              timeout=60_000)
     expect(page.locator(".tile")).to_have_count(24)
-    expect(page.locator('.tile[data-state="job"]')).to_have_count(24, timeout=30_000)
+    expect(page.locator('.tile[data-state="ci"]')).to_have_count(24, timeout=30_000)
     for job in big:
         expect(page.locator(f'#queue tr[data-key="{job}"]')).to_be_visible(timeout=30_000)
     # the queue is what GitLab has pending (the 1-GPU job may have been taken meanwhile)

@@ -28,8 +28,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from runnerctl.controller.loop import ControllerView
 from runnerctl.controller.store import StoreError
+from runnerctl.controller.view import ControllerView
 from runnerctl.errors import RunnerctlError
 from runnerctl.logline import one_line
 

@@ -20,11 +20,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from runnerctl.controller import act as acting
 from runnerctl.controller.claims import Claims
-from runnerctl.controller.demand import ApiBudget, DemandTracker, PendingJob
+from runnerctl.controller.demand import ApiBudget, DemandTracker
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi, reopen
 from runnerctl.controller.history import History
 from runnerctl.controller.liveness import Liveness
@@ -34,7 +33,8 @@ from runnerctl.controller.plan import Decision, Observed, Plan, PlanPolicy, Slot
 from runnerctl.controller.stats import ControllerStats
 from runnerctl.controller.store import Event, Store, Toggle
 from runnerctl.controller.toggles import held_slots, toggle_status
-from runnerctl.controller.waiting import Waiting, why_waiting
+from runnerctl.controller.view import ControllerView, GpuView, SlotView
+from runnerctl.controller.waiting import why_waiting
 from runnerctl.errors import GitLabError, GpuError
 from runnerctl.gitlab import GitLabPort
 from runnerctl.gpus import GpuSource
@@ -45,61 +45,6 @@ from runnerctl.standby import Standby
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
-
-
-@dataclasses.dataclass(frozen=True)
-class SlotView:
-    name: str
-    gpus: tuple[int, ...]
-    runner_id: int
-    state: str  # open | paused | draining (a block waiting for its GPUs)
-    paused_in_gitlab: bool | None
-    reason: str
-    running_jobs: tuple[int, ...]
-    online: bool | None = None  # GitLab's `online`: gitlab-runner polled lately; None unknown
-
-
-@dataclasses.dataclass(frozen=True)
-class GpuView:
-    index: int
-    open: bool
-    reason: str
-    unhealthy: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class ControllerView:
-    """Everything the controller knows after one tick; replaced, never mutated."""
-
-    host: str
-    at: float
-    tick: int
-    snapshot: GpuSnapshot | None
-    slots: tuple[SlotView, ...] = ()
-    gpus: tuple[GpuView, ...] = ()
-    demand: tuple[PendingJob, ...] = ()
-    toggles: tuple[tuple[Toggle, str], ...] = ()  # (toggle, paused|draining (n left)|drained)
-    drains: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    gitlab_error: str = ""
-    api_requests: int = 0
-    owners: Mapping[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
-    """Running job id -> (user, link), from the executor's leases."""
-    unused: tuple[int, ...] = ()
-    """Running jobs flagged "requested but unused": GPUs held, idle (controller/history.py)."""
-    standby: str = ""
-    """The stand-by runner: `online`, `none`, `not yet verified` or why it may not be online."""
-    waiting: Mapping[int, Waiting] = dataclasses.field(default_factory=dict)
-    """Pending job id -> why it waits, from this tick's plan (controller/waiting.py)."""
-
-    def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["snapshot"] = None if self.snapshot is None else dataclasses.asdict(self.snapshot)
-        if self.snapshot is not None:
-            topology = self.snapshot.topology.items()
-            data["snapshot"]["topology"] = {f"{a}-{b}": int(v) for (a, b), v in topology}
-        data["toggles"] = [{**dataclasses.asdict(t), "status": s} for t, s in self.toggles]
-        data["waiting"] = {job: why._asdict() for job, why in self.waiting.items()}
-        return data
 
 
 @dataclasses.dataclass

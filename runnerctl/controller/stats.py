@@ -18,18 +18,14 @@ import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from runnerctl.controller.store import Event
+from runnerctl.controller.view import ControllerView
 from runnerctl.model import GpuProcess
-
-if TYPE_CHECKING:
-    from runnerctl.controller.loop import ControllerView
 
 log = logging.getLogger(__name__)
 
-OCCUPANCY = ("idle", "ci", "foreign", "draining", "paused", "unhealthy", "unknown")
-"""Occupancy classes of a GPU, one at a time (see `occupancy`)."""
 WAIT_BUCKETS_S = (10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 43200.0, 86400.0)
 """Job wait buckets (s): from a free GPU picked at the next runner poll to a day-long wait."""
 RECONCILE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -86,30 +82,10 @@ class StatsView:
 
 
 def occupancy(view: ControllerView, gpus: tuple[int, ...]) -> dict[int, str]:
-    """Each GPU's class: unknown (no snapshot), unhealthy, ci (a job runs on a runner over
-    it), foreign (the gate closed it for foreign use, cool-down included), draining (a
-    block waits for it), paused (no runner over it is open: an admin toggle or GitLab
-    trouble), else idle (an open runner could take a job)."""
-    if view.snapshot is None:
-        return {g: "unknown" for g in gpus}
-    gate = {g.index: g for g in view.gpus}
-    found: dict[int, str] = {}
-    for gpu in gpus:
-        over = [s for s in view.slots if gpu in s.gpus]
-        state = gate.get(gpu)
-        if state is not None and state.unhealthy:
-            found[gpu] = "unhealthy"
-        elif any(s.running_jobs for s in over):
-            found[gpu] = "ci"
-        elif state is not None and not state.open:
-            found[gpu] = "foreign"
-        elif any(s.state == "draining" for s in over):
-            found[gpu] = "draining"
-        elif not any(s.state == "open" for s in over):
-            found[gpu] = "paused"
-        else:
-            found[gpu] = "idle"
-    return found
+    """Each GPU's state as the view decided it (controller/view.py), unknown for a GPU
+    it no longer knows of."""
+    found = view.occupancy
+    return {g: found[g].state if g in found else "unknown" for g in gpus}
 
 
 class ControllerStats:

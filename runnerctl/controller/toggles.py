@@ -122,6 +122,13 @@ def held_slots(toggles: Iterable[Toggle], slots: Iterable[Slot]) -> dict[str, st
     return held
 
 
+def toggle_over_gpu(toggles: Iterable[Toggle], gpu: int, slot_keys: Iterable[str]) -> Toggle | None:
+    """The admin toggle shown on a GPU: one on the host, on the GPU itself, or on a slot
+    over it (`slot_keys`: the keys of the slots that contain the GPU)."""
+    targets = {"host", f"gpu:{gpu}", *(f"slot:{key}" for key in slot_keys)}
+    return next((t for t in toggles if t.target in targets), None)
+
+
 def describe(toggle: Toggle) -> str:
     return f"{toggle.action} by {toggle.who}" + (f": {toggle.why}" if toggle.why else "")
 

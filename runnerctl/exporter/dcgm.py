@@ -19,7 +19,7 @@ import logging
 import os
 from pathlib import Path
 
-from runnerctl.controller.loop import ControllerView
+from runnerctl.controller.view import ControllerView
 
 log = logging.getLogger(__name__)
 

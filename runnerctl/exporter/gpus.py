@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
-from runnerctl.controller.stats import OCCUPANCY, StatsView
+from runnerctl.controller.stats import StatsView
+from runnerctl.controller.view import OCCUPANCY
 
 GPU_LABELS = ["gpu", "UUID", "Hostname"]
 

@@ -24,10 +24,10 @@ from prometheus_client.exposition import start_http_server
 
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi
 from runnerctl.controller.liveness import Liveness
-from runnerctl.controller.loop import ControllerView, GpuView, SlotView
 from runnerctl.controller.observe import LeaseJobs, gate_step
 from runnerctl.controller.stats import ControllerStats, StatsView
 from runnerctl.controller.store import Event
+from runnerctl.controller.view import ControllerView, GpuView, SlotView
 from runnerctl.errors import GpuError
 from runnerctl.exporter import build_registry, gpus, reconcile
 from runnerctl.exporter.scrape import Part

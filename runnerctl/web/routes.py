@@ -22,9 +22,9 @@ from fastapi.responses import HTMLResponse
 from pydantic import AfterValidator, BaseModel, Field
 from starlette.middleware.sessions import SessionMiddleware
 
-from runnerctl.controller.loop import ControllerView
 from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import request as toggle_request
+from runnerctl.controller.view import ControllerView
 from runnerctl.logline import one_line
 from runnerctl.settings import WebSettings
 from runnerctl.web import auth, fleet

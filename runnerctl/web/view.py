@@ -3,21 +3,20 @@
 The page and scripts read these pydantic models through the JSON API (so they are the
 OpenAPI schema too). Nothing here calls NVML or GitLab: a GPU's state is derived from
 the last `ControllerView` (gate, slots, running jobs, toggles, drains) and the store's
-events. Secrets never enter these models: only names, numbers and reasons.
+events; a GPU's state and its detail are the view's own (`ControllerView.occupancy`),
+displayed, never decided again here. Secrets never enter these models: only names,
+numbers and reasons.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
 
 from pydantic import BaseModel
 
-from runnerctl.controller.loop import ControllerView, SlotView
 from runnerctl.controller.store import Event, Toggle
+from runnerctl.controller.view import ControllerView, GpuOccupancy, Occupancy, SlotView
 from runnerctl.model import Gpu
-
-GpuState = Literal["idle", "job", "foreign", "draining", "paused", "reserved", "unhealthy", "unknown"]
 
 
 class ProcessOut(BaseModel):
@@ -48,7 +47,7 @@ class ToggleOut(BaseModel):
 class GpuOut(BaseModel):
     index: int
     name: str
-    state: GpuState
+    state: Occupancy
     detail: str
     utilization: float | None
     memory_used_mib: int | None
@@ -155,8 +154,11 @@ def activity(view: ControllerView) -> list[str]:
             continue
         busy = sum(len(s.running_jobs) for s in view.slots
                    if s.name != name and set(s.gpus) & set(slot.gpus))
-        waiting = f"waiting on {busy} job{'s' if busy != 1 else ''}" if busy else "opening"
-        lines.append(f"draining GPUs {_span(slot.gpus)} for job {job}, {waiting}")
+        if busy:
+            lines.append(f"draining GPUs {_span(slot.gpus)} for job {job}, "
+                         f"waiting on {busy} job{'s' if busy != 1 else ''}")
+        else:
+            lines.append(f"reserved GPUs {_span(slot.gpus)} for job {job}, opening")
     closed = [g for g in view.gpus if not g.open]
     lines.extend(f"GPU {g.index} closed: {g.reason}" for g in closed)
     if not lines:
@@ -165,45 +167,24 @@ def activity(view: ControllerView) -> list[str]:
 
 
 def _gpu(gpu: Gpu, view: ControllerView, toggles: list[ToggleOut], jobs: JobMemory) -> GpuOut:
-    gate = next((g for g in view.gpus if g.index == gpu.index), None)
     slots = [s for s in view.slots if gpu.index in s.gpus]
-    running = [JobOut(job_id=j, slot=s.name.rsplit("/", 1)[-1], user=jobs.owner.get(j, (None, None))[0],
+    running = [JobOut(job_id=j, slot=s.key, user=jobs.owner.get(j, (None, None))[0],
                       url=jobs.owner.get(j, (None, None))[1],
                       runtime_s=max(0.0, view.at - jobs.first_seen.get(j, view.at)), unused=j in view.unused)
                for s in slots for j in s.running_jobs]
-    toggle = _toggle_over(gpu.index, slots, toggles)
-    drained_for = [view.drains[s.name] for s in slots if s.name in view.drains]
     procs = [ProcessOut(pid=p.pid, user=p.user, command=p.command,
                         memory_mib=None if p.used_memory_bytes is None else p.used_memory_bytes >> 20)
              for p in gpu.processes]
-    state: GpuState
-    if gpu.healthy is False or (gate is not None and gate.unhealthy):
-        state, detail = "unhealthy", gate.reason if gate else "NVML reports errors"
-    elif toggle is not None:
-        state = "paused" if toggle.action == "pause" else "draining"
-        detail = f"{toggle.action} by {toggle.who}" + (f": {toggle.why}" if toggle.why else "")
-    elif running:
-        state, detail = "job", ", ".join(f"job {j.job_id} on {j.slot}" for j in running)
-    elif gate is not None and not gate.open:
-        state, detail = "foreign", gate.reason
-    elif drained_for:
-        state, detail = "reserved", f"held for job {drained_for[0]}"
-    elif view.snapshot is None:
-        state, detail = "unknown", "no GPU snapshot"
-    else:
-        state, detail = "idle", ""
+    occupancy = view.occupancy.get(gpu.index, GpuOccupancy("unknown", "no GPU snapshot"))
+    state, detail, over = occupancy
+    toggle = next((t for t in toggles if over and (t.target, t.action) == (over.target, over.action)), None)
     return GpuOut(index=gpu.index, name=gpu.name, state=state, detail=detail, utilization=gpu.utilization,
                   memory_used_mib=_mib(gpu.memory_used_bytes), memory_total_mib=_mib(gpu.memory_total_bytes),
                   processes=procs, jobs=running, toggle=toggle)
 
 
-def _toggle_over(index: int, slots: list[SlotView], toggles: list[ToggleOut]) -> ToggleOut | None:
-    keys = {f"slot:{s.name.rsplit('/', 1)[-1]}" for s in slots}
-    return next((t for t in toggles if t.target in ("host", f"gpu:{index}") or t.target in keys), None)
-
-
 def _slot(slot: SlotView) -> SlotOut:
-    return SlotOut(name=slot.name, key=slot.name.rsplit("/", 1)[-1], gpus=list(slot.gpus), state=slot.state,
+    return SlotOut(name=slot.name, key=slot.key, gpus=list(slot.gpus), state=slot.state,
                    open=slot.state == "open", reason=slot.reason, running_jobs=list(slot.running_jobs))
 
 
