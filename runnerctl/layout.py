@@ -25,20 +25,13 @@ while its runners are paused (docs/controller.md, "Stand-by runner").
 from __future__ import annotations
 
 from runnerctl.model import GpuSnapshot, Slot, TopologyLevel
+from runnerctl.tags import runner_tags
 
-PRIORITIES = ("high", "normal", "low")
 _UNKNOWN_DISTANCE = TopologyLevel.SYSTEM + 1
 
 
-def host_tag(host: str) -> str:
-    return f"host:{host}"
-
-
 def slot_tags(slot: Slot) -> list[str]:
-    tags = [f"gpus:{slot.size}", host_tag(slot.host)]
-    if slot.size == 1:
-        tags.insert(0, "gpu")
-    return tags + [f"priority:{p}" for p in PRIORITIES]
+    return runner_tags(gpus=slot.size, host=slot.host)
 
 
 def standby_name(host: str) -> str:

@@ -89,9 +89,16 @@ class GpuSnapshot:
         return self.topology.get((min(a, b), max(a, b)))
 
 
+def slot_key(name: str) -> str:
+    """The key of a slot's full name (`runnerctl/gpu-a/gpu0-3` -> `gpu0-3`); a key stays itself."""
+    return name.rpartition("/")[2]
+
+
 @dataclasses.dataclass(frozen=True)
 class Slot:
-    """A set of GPUs that one GitLab runner serves: a single GPU or an aligned block."""
+    """A set of GPUs that one GitLab runner serves: a single GPU or an aligned block.
+    `name` is its full name (`runnerctl/HOST/KEY`), `key` its name on the host (`gpu0-3`);
+    `slot_key` turns the one into the other."""
 
     host: str
     gpus: tuple[int, ...]

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from runnerctl.controller.demand import ApiBudget, DemandTracker
-from runnerctl.gitlab import PythonGitLab, RunnerScope
+from runnerctl.gitlab import JobInfo, PythonGitLab, RunnerScope
 from runnerctl.sim.gitlab_server import GitLabServer
 from runnerctl.sim.world import VirtualClock as Clock
 from tests.conftest import ADMIN_TOKEN
@@ -135,3 +135,31 @@ def test_group_runners_poll_the_group_and_its_subgroups_projects(gitlab_server: 
     job = gitlab_server.state.enqueue_job(project_id=late.id, tags=["gpus:2"])
     _run(tracker, gl, clock, 1200, step=10.0)
     assert job.id in {j.job_id for j in tracker.jobs}
+
+
+class _Queue:
+    """Only what the tracker asks for a project override: its pending jobs (one page)."""
+
+    def __init__(self, jobs: list[JobInfo]) -> None:
+        self.jobs = jobs
+
+    def pending_jobs(self, project_id: int) -> list[JobInfo]:
+        return list(self.jobs)
+
+
+def test_a_job_of_unknown_age_counts_from_when_it_was_first_seen() -> None:
+    """Issue 15: a missing or unreadable `created_at` was 0 (1970), which put the job ahead
+    of every job that really waited."""
+    clock = Clock(1_000_000.0)
+    old = JobInfo(1, 5, "pending", ("gpus:2",), "1970-01-12T13:30:00Z", None, None)  # 999 000 s
+    odd = JobInfo(2, 5, "pending", ("gpus:2",), None, None, None)
+    bad = JobInfo(3, 5, "pending", ("gpus:2",), "yesterday", None, None)
+    queue = _Queue([odd, old])
+    tracker = _tracker(clock, projects=(5,))
+    tracker.poll(queue)  # type: ignore[arg-type]
+    clock.now += 600.0
+    queue.jobs = [odd, old, bad]
+    tracker.poll(queue)  # type: ignore[arg-type]
+    ages = {j.job_id: j.created_at for j in tracker.jobs}
+    assert ages == {1: 999_000.0, 2: 1_000_000.0, 3: 1_000_600.0}  # odd keeps its first sighting
+    assert [j.job_id for j in tracker.jobs] == [1, 2, 3]

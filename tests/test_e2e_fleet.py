@@ -16,8 +16,8 @@ from pathlib import Path
 
 from runnerctl.controller.claims import drained_for
 from runnerctl.controller.store import Store
-from runnerctl.layout import host_tag
 from runnerctl.postgres import PostgresServer
+from runnerctl.tags import host_tag
 from tests.e2e_fleet import Host, LeaseWatch, SimGitLab, all_final, wait_for
 
 HOSTS = ("gpu-a", "gpu-b", "gpu-c")

@@ -19,13 +19,12 @@ from runnerctl.cli.host import (
     NO_TOKEN_HINT,
     _runner_config,
     _settings,
-    config_option,
     gpu_source_option,
     runner_config_option,
     token_option,
 )
 from runnerctl.cli.monitoring import attach
-from runnerctl.cli.params import Seconds
+from runnerctl.cli.params import Seconds, config_option
 from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import request as toggle_request
 from runnerctl.controller.toggles import target_of

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from runnerctl.cli.params import config_option
 from runnerctl.errors import ConfigError
 from runnerctl.pipelines import components, parse_inputs, render
 from runnerctl.postgres import (
@@ -28,10 +29,6 @@ from runnerctl.postgres import (
     with_host,
 )
 from runnerctl.settings import default_settings_path, load_settings
-
-config_option = click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-    help="runnerctl settings file [default: $RUNNERCTL_CONFIG or /etc/runnerctl/runnerctl.toml]")
 
 
 @click.command("render")

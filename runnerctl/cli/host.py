@@ -14,11 +14,12 @@ from typing import Any
 import click
 
 from runnerctl import access
+from runnerctl.cli.params import config_option
 from runnerctl.errors import ConfigError, ExitCode, RunnerctlError
 from runnerctl.gitlab import REQUIRED_SCOPE, PythonGitLab, RunnerScope
 from runnerctl.gpus import open_gpu_source
 from runnerctl.layout import MIG_HINT, mig_gpus, plan_slots, slot_tags
-from runnerctl.model import GpuSnapshot
+from runnerctl.model import GpuSnapshot, slot_key
 from runnerctl.registration import (
     EXECUTORS,
     RegistrationOptions,
@@ -28,10 +29,8 @@ from runnerctl.registration import (
 )
 from runnerctl.runner_config import RunnerConfigFile, default_runner_config_path
 from runnerctl.settings import Settings, default_settings_path, load_settings
+from runnerctl.tags import without_priorities
 
-config_option = click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-    help="runnerctl settings file [default: $RUNNERCTL_CONFIG or /etc/runnerctl/runnerctl.toml]")
 gpu_source_option = click.option(
     "--gpu-source", help="nvml (real GPUs), sim:N (N simulated GPUs) or sim:PATH (YAML) "
     "[default: from settings, else nvml]")
@@ -158,7 +157,7 @@ def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: i
                          ("retired", result.retired), ("unchanged", result.unchanged),
                          ("orphans", result.orphans)):
         if names:
-            click.echo(f"{label:9} {len(names):3}  " + ", ".join(n.rsplit('/', 1)[-1] for n in names))
+            click.echo(f"{label:9} {len(names):3}  " + ", ".join(slot_key(n) for n in names))
     click.echo(f"wrote {config.path}" if (result.created or result.retired) else
                f"{config.path} already up to date")
 
@@ -226,7 +225,7 @@ def format_status(report: dict[str, Any]) -> str:
     lines += ["", f"{'SLOT':22} {'RUNNER':>7}  TAGS"]
     for slot in report["slots"]:
         runner = str(slot["runner_id"]) if slot["registered"] else "-"
-        tags = ",".join(t for t in slot["tags"] if not t.startswith("priority:"))
+        tags = ",".join(without_priorities(slot["tags"]))
         lines.append(f"{slot['name'].split('/', 2)[-1]:22} {runner:>7}  {tags}")
     return "\n".join(lines)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import click
 
-from runnerctl.cli.host import _settings, config_option, gpu_source_option, host_option
-from runnerctl.cli.params import Seconds
+from runnerctl.cli.host import _settings, gpu_source_option, host_option
+from runnerctl.cli.params import Seconds, config_option
 from runnerctl.controller.loop import Controller
 from runnerctl.settings import Settings
 

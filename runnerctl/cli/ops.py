@@ -11,10 +11,10 @@ from runnerctl.cli.host import (
     NO_TOKEN_HINT,
     _runner_config,
     _settings,
-    config_option,
     runner_config_option,
     token_option,
 )
+from runnerctl.cli.params import config_option
 from runnerctl.errors import ConfigError
 from runnerctl.gitlab import PythonGitLab
 from runnerctl.install import ENV_FILE, SERVICES, InstallOptions, render, write

@@ -1,4 +1,5 @@
-"""Click parameter types the built-in ones lack: durations that must be finite.
+"""Click parameter types the built-in ones lack (durations that must be finite), and the
+options every command shares (`--config`).
 
 `click.FloatRange` lets `nan` through (every comparison with it is false) and `inf` when
 there is no upper bound; a NaN interval makes a loop spin, an infinite one overflows
@@ -8,8 +9,13 @@ there is no upper bound; a NaN interval makes a loop spin, an infinite one overf
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import click
+
+config_option = click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+    help="runnerctl settings file [default: $RUNNERCTL_CONFIG or /etc/runnerctl/runnerctl.toml]")
 
 
 class Seconds(click.ParamType[float]):

@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from runnerctl import report as reports
-from runnerctl.cli.host import _settings, config_option
+from runnerctl.cli.host import _settings
+from runnerctl.cli.params import config_option
 from runnerctl.controller import jobs_store
 from runnerctl.controller.store import Store
 from runnerctl.errors import ConfigError

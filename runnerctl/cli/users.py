@@ -12,7 +12,8 @@ from pathlib import Path
 
 import click
 
-from runnerctl.cli.host import _settings, config_option
+from runnerctl.cli.host import _settings
+from runnerctl.cli.params import config_option
 from runnerctl.controller.store import Store
 from runnerctl.errors import ConfigError
 from runnerctl.web.auth import ROLES, add_user

@@ -41,8 +41,9 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from runnerctl.controller.plan import PRIORITY_RANK, Demand
+from runnerctl.controller.plan import Demand
 from runnerctl.gitlab import GitLabPort, JobInfo
+from runnerctl.tags import NORMAL, PRIORITY_RANK, gpus_of, host_of, priority_of
 
 log = logging.getLogger(__name__)
 FINAL = frozenset({"success", "failed", "canceled"})
@@ -103,22 +104,18 @@ class PendingJob:
     name: str | None = None  # the job's name in .gitlab-ci.yml (job history keeps it)
 
 
-def gpus_of(tags: Iterable[str]) -> int:
-    """N of a `gpus:N` tag; 1 for `gpu`; 0 when the job asks for no GPU."""
-    for tag in tags:
-        if tag.startswith("gpus:") and tag[5:].isdigit():
-            return int(tag[5:])
-    return 1 if "gpu" in tags else 0
-
-
-def pending_job(job: JobInfo, *, project_id: int, priorities: Mapping[str, str]) -> PendingJob | None:
+def pending_job(job: JobInfo, *, project_id: int, priorities: Mapping[str, str],
+                seen_at: float) -> PendingJob | None:
+    """The job as demand, None when it asks for no GPU. A job whose creation time GitLab did
+    not give in a form we read counts from `seen_at`, when runnerctl first saw it pending:
+    it never jumps ahead of jobs that waited, as a time of 0 (1970) would make it."""
     gpus = gpus_of(job.tags)
     if gpus < 1:
         return None
-    priority = next((t[9:] for t in job.tags if t.startswith("priority:") and t[9:] in PRIORITY_RANK),
-                    priorities.get(str(project_id), "normal"))
-    host = next((t[5:] for t in job.tags if t.startswith("host:")), None)
-    return PendingJob(job.id, project_id, gpus, _timestamp(job.created_at), priority, host,
+    priority = priority_of(job.tags) or priorities.get(str(project_id), NORMAL)
+    host = host_of(job.tags)
+    created = _timestamp(job.created_at)
+    return PendingJob(job.id, project_id, gpus, seen_at if created is None else created, priority, host,
                       job.web_url, job.user, job.name)
 
 
@@ -191,9 +188,11 @@ class DemandTracker:
         (job_id,) = job_ids
         found = gitlab.job(project, job_id)
         self.polls += 1
-        pending = None if found is None or found.status != "pending" else pending_job(
-            found, project_id=project, priorities=self.priorities)
         with self._lock:
+            known = self._jobs.get(job_id)
+            pending = None if found is None or found.status != "pending" else pending_job(
+                found, project_id=project, priorities=self.priorities,
+                seen_at=known.created_at if known else now)
             self._jobs.pop(job_id, None)
             if pending is not None:
                 self._jobs[job_id] = pending
@@ -252,10 +251,12 @@ class DemandTracker:
         return best
 
     def _replace(self, project: int, jobs: list[JobInfo], now: float) -> None:
-        for job_id in [j for j, p in self._jobs.items() if p.project_id == project]:
+        seen = {j: p.created_at for j, p in self._jobs.items() if p.project_id == project}
+        for job_id in seen:
             del self._jobs[job_id]
         for job in jobs:
-            pending = pending_job(job, project_id=project, priorities=self.priorities)
+            pending = pending_job(job, project_id=project, priorities=self.priorities,
+                                  seen_at=seen.get(job.id, now))
             if pending is not None:
                 self._jobs[job.id] = pending
         if jobs:
@@ -310,10 +311,11 @@ class DemandTracker:
         return new
 
 
-def _timestamp(value: str | None) -> float:
+def _timestamp(value: str | None) -> float | None:
+    """GitLab's ISO time as seconds since the epoch; None when missing or unreadable."""
     if not value:
-        return 0.0
+        return None
     try:
         return datetime.fromisoformat(value.replace(" UTC", "+00:00").replace("Z", "+00:00")).timestamp()
     except ValueError:
-        return 0.0
+        return None

@@ -32,7 +32,7 @@ from runnerctl.controller.orphans import OrphanAudit
 from runnerctl.controller.plan import Decision, Observed, Plan, PlanPolicy, SlotState
 from runnerctl.controller.stats import ControllerStats
 from runnerctl.controller.store import Event, Store, Toggle
-from runnerctl.controller.toggles import held_slots, toggle_status
+from runnerctl.controller.toggles import Target, held_slots, toggle_status
 from runnerctl.controller.view import ControllerView, GpuView, SlotView
 from runnerctl.controller.waiting import why_waiting
 from runnerctl.errors import GitLabError, GpuError
@@ -175,7 +175,10 @@ class Controller:
     def _toggles(self, snapshot: GpuSnapshot | None, now: float) -> list[Toggle]:
         toggles = self.w.store.toggles(self.host)
         for toggle in [t for t in toggles if t.action == "reopen"]:
-            gpu = int(toggle.target[4:])
+            target = Target.parse(toggle.target)
+            if target is None or target.gpu is None:
+                continue  # stored checked: a reopen names a GPU
+            gpu = target.gpu
             found = next((g for g in snapshot.gpus if g.index == gpu), None) if snapshot else None
             self.gate[gpu] = reopen(self.gate.get(gpu, GateState()), found)
             self.w.store.clear_toggles(self.host, toggle.target)

@@ -33,8 +33,7 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from runnerctl.model import Slot
-
-PRIORITY_RANK = {"high": 0, "normal": 1, "low": 2}
+from runnerctl.tags import PRIORITY_RANK
 
 
 @dataclasses.dataclass(frozen=True)

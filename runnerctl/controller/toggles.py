@@ -19,14 +19,40 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from typing import Literal, NamedTuple
 
 from runnerctl.controller.store import Event, Store, Toggle
 from runnerctl.errors import ConfigError
-from runnerctl.model import Slot
+from runnerctl.model import Slot, slot_key
 
 ACTIONS = ("pause", "drain")
 MAX_REASON = 500
 _TARGET = re.compile(r"host|gpu:(0|[1-9][0-9]{0,3})|slot:gpu(0|[1-9][0-9]{0,3})([-+](0|[1-9][0-9]{0,3}))*")
+
+
+class Target(NamedTuple):
+    """What a toggle covers: the host, one GPU (`name` its index) or one slot (`name` its
+    key). Stored and shown as text: `host`, `gpu:N`, `slot:KEY` (`str(target)`)."""
+
+    kind: Literal["host", "gpu", "slot"]
+    name: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> Target | None:
+        """The target a well-formed text names; None for anything else."""
+        if not _TARGET.fullmatch(text):
+            return None
+        if text == "host":
+            return cls("host")
+        kind, _, name = text.partition(":")
+        return cls("gpu" if kind == "gpu" else "slot", name)
+
+    @property
+    def gpu(self) -> int | None:
+        return int(self.name) if self.kind == "gpu" else None
+
+    def __str__(self) -> str:
+        return self.kind if self.kind == "host" else f"{self.kind}:{self.name}"
 
 
 def target_of(*, gpu: int | None = None, slot: str | None = None, host: bool = False) -> str:
@@ -35,9 +61,9 @@ def target_of(*, gpu: int | None = None, slot: str | None = None, host: bool = F
     if len(given) != 1:
         raise ConfigError("name exactly one of --gpu N, --slot KEY or --host")
     if gpu is not None:
-        return f"gpu:{gpu}"
+        return str(Target("gpu", str(gpu)))
     if slot is not None:
-        return f"slot:{slot.rsplit('/', 1)[-1]}"
+        return str(Target("slot", slot_key(slot)))
     return "host"
 
 
@@ -47,14 +73,15 @@ def check_target(store: Store, host: str, target: str) -> str:
         raise ConfigError(f"toggle target {target!r} is not host, gpu:N or slot:KEY",
                           hint="N a GPU index without leading zeros, KEY a slot key such as gpu0-3")
     known = store.inventory(host)
-    if known is None or target == "host":
+    parsed = Target.parse(target)
+    if known is None or parsed is None or parsed.kind == "host":
         return target
     gpus, slots = known
-    kind, _, name = target.partition(":")
-    if kind == "gpu" and int(name) not in gpus:
-        raise ConfigError(f"{host} has no GPU {name}", hint=f"its GPUs: {_ranges(gpus) or 'none'}")
-    if kind == "slot" and name not in slots:
-        raise ConfigError(f"{host} has no slot {name}", hint=f"its slots: {', '.join(slots) or 'none'}")
+    if parsed.gpu is not None and parsed.gpu not in gpus:
+        raise ConfigError(f"{host} has no GPU {parsed.name}", hint=f"its GPUs: {_ranges(gpus) or 'none'}")
+    if parsed.kind == "slot" and parsed.name not in slots:
+        raise ConfigError(f"{host} has no slot {parsed.name}",
+                          hint=f"its slots: {', '.join(slots) or 'none'}")
     return target
 
 
@@ -146,12 +173,11 @@ def toggle_status(toggle: Toggle, slots: Iterable[Slot],
 
 
 def _covers(target: str, slot: Slot) -> bool:
-    if target == "host":
+    parsed = Target.parse(target)
+    if parsed is None:
+        return False
+    if parsed.kind == "host":
         return True
-    if target.startswith("gpu:"):
-        return target[4:] == str(_index(target[4:])) and _index(target[4:]) in slot.gpus
-    return target == f"slot:{slot.key}"
-
-
-def _index(text: str) -> int:
-    return int(text) if text.isdigit() else -1
+    if parsed.gpu is not None:
+        return parsed.gpu in slot.gpus
+    return parsed.name == slot.key

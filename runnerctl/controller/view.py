@@ -30,7 +30,7 @@ from runnerctl.controller.demand import PendingJob
 from runnerctl.controller.store import Toggle
 from runnerctl.controller.toggles import describe, toggle_over_gpu
 from runnerctl.controller.waiting import Waiting
-from runnerctl.model import GpuSnapshot
+from runnerctl.model import GpuSnapshot, slot_key
 
 Occupancy = Literal["idle", "ci", "foreign", "draining", "paused", "unhealthy", "unknown"]
 OCCUPANCY: tuple[Occupancy, ...] = ("idle", "ci", "foreign", "draining", "paused", "unhealthy", "unknown")
@@ -56,7 +56,7 @@ class SlotView:
     @property
     def key(self) -> str:
         """The slot's name on its host (`gpus0-3`), as toggles and the page name it."""
-        return self.name.rpartition("/")[2]
+        return slot_key(self.name)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from runnerctl.controller.plan import Decision, Demand, Observed, Plan
+from runnerctl.model import slot_key
 
 RANK = {"starting": 0, "draining": 1, "priority": 2, "resources": 3, "foreign": 4, "held": 5}
 """Most telling first: a job one host starts or drains for waits for that host."""
@@ -56,7 +57,7 @@ def _one(demand: Demand, observed: Observed, decisions: Mapping[str, Decision],
     job = demand.job_id
     if job in blocks:
         decision = decisions[blocks[job]]
-        key = blocks[job].rsplit("/", 1)[-1]
+        key = slot_key(blocks[job])
         running = sorted({busy[g] for g in decision.slot.gpus if g in busy})
         if running:  # open or not, its GPUs still run other jobs
             return Waiting("draining", f"runner {key} drains for it, waiting on job "
@@ -65,7 +66,7 @@ def _one(demand: Demand, observed: Observed, decisions: Mapping[str, Decision],
             return Waiting("starting", f"runner {key} is open for it")
         return Waiting("draining", f"runner {key} drains for it: {decision.reason}")
     if job in singles:
-        return Waiting("starting", f"runner {singles[job].rsplit('/', 1)[-1]} is open for it")
+        return Waiting("starting", f"runner {slot_key(singles[job])} is open for it")
     if job in observed.elsewhere:
         return Waiting("draining", "another host drains a block for it", elsewhere=True)
     sized = [s.slot for s in observed.slots if len(s.slot.gpus) == demand.gpus]

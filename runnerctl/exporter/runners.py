@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from runnerctl.controller.stats import StatsView
+from runnerctl.model import slot_key
 
 SLOT_LABELS = ["Hostname", "slot", "gpus"]
 SLOT_STATES = ("open", "paused", "draining")
@@ -82,4 +83,4 @@ def _toggles(stats: StatsView) -> Iterator[Metric]:
 
 
 def _key(name: str) -> str:
-    return name.rsplit("/", 1)[-1]
+    return slot_key(name)

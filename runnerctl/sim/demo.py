@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from runnerctl.controller.store import Event
+from runnerctl.model import slot_key
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim.fleet import RunningJob
 from runnerctl.sim.world import PROJECT, World, build_world
@@ -91,7 +92,7 @@ def _act(world: World, action: str, arg: tuple[int, float], *, echo: Echo) -> No
 
 
 def _event_line(world: World, event: Event) -> str:
-    return f"[{world.clock.elapsed:5.0f}s] {event.kind:7} {event.subject.rsplit('/', 1)[-1]:7} {event.detail}"
+    return f"[{world.clock.elapsed:5.0f}s] {event.kind:7} {slot_key(event.subject):7} {event.detail}"
 
 
 def _job_line(world: World, kind: str, job: RunningJob) -> str:

@@ -30,6 +30,7 @@ from runnerctl.layout import slot_tags, standby_name, standby_tags
 from runnerctl.sim.gitlab_state import STUCK_AFTER_S, GitLabState
 from runnerctl.sim.hosts import SimHost
 from runnerctl.standby import VERIFY_EVERY_S
+from runnerctl.tags import gpus_tag, priority_tag
 
 CRON_S = 3600.0
 """The worker runs on the hour."""
@@ -46,7 +47,7 @@ class _Clock:
 
 def job_tags(gpus: int, priority: str) -> list[str]:
     """The tags a trace job carries in GitLab (templates: `gpus:N` plus its priority)."""
-    return [f"gpus:{gpus}", f"priority:{priority}"]
+    return [gpus_tag(gpus), priority_tag(priority)]
 
 
 def drop_stuck(hosts: Sequence[SimHost], pending: Iterable[tuple[int, float, int, str]], now: float, *,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from runnerctl.controller.plan import PRIORITY_RANK
+from runnerctl.tags import PRIORITY_RANK
 
 RANKS = len(PRIORITY_RANK)
 

@@ -23,8 +23,8 @@ from collections.abc import Collection
 from pathlib import Path
 
 from runnerctl.errors import ConfigError
-from runnerctl.layout import PRIORITIES
 from runnerctl.sim.simulator import ForeignUse, TraceJob
+from runnerctl.tags import PRIORITIES
 
 MAX_SECONDS = 1e9
 """Times and durations beyond ~31 years are typos (and would overflow the metrics)."""

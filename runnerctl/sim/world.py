@@ -30,6 +30,7 @@ from runnerctl.sim.gitlab_cron import CRON_S
 from runnerctl.sim.gitlab_server import GitLabServer
 from runnerctl.sim.gitlab_state import GitLabState
 from runnerctl.standby import Standby, new_system_id
+from runnerctl.tags import job_tags
 
 TOKEN = "glpat-runnerctl-sim"
 PROJECT = 1
@@ -68,9 +69,8 @@ class World:
 
     def submit(self, gpus: int, duration: float, *, user: str = "bob", priority: str = "",
                utilization: float = 0.9, name: str = "job") -> int:
-        tags = ["gpu"] if gpus == 1 else [f"gpus:{gpus}"]
-        job = self.state.enqueue_job(project_id=PROJECT, tags=tags + ([f"priority:{priority}"] if priority
-                                                                       else []), user=user, name=name)
+        job = self.state.enqueue_job(project_id=PROJECT, tags=job_tags(gpus=gpus, priority=priority),
+                                     user=user, name=name)
         self.durations[job.id] = duration
         self.utilizations[job.id] = utilization
         self.submitted[job.id] = (self.clock(), gpus)

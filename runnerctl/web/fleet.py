@@ -19,10 +19,10 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from runnerctl.controller import host_views, jobs_store
-from runnerctl.controller.plan import PRIORITY_RANK
 from runnerctl.controller.store import Store
 from runnerctl.controller.view import ControllerView
 from runnerctl.controller.waiting import RANK
+from runnerctl.tags import PRIORITY_RANK
 from runnerctl.web.view import (
     DemandOut,
     EventOut,
