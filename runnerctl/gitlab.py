@@ -26,12 +26,11 @@ A token without the scope an endpoint accepts gets 403 with the body
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 import logging
 import urllib.parse
 from collections.abc import Callable
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import gitlab
 import gitlab.exceptions
@@ -39,10 +38,22 @@ import requests
 from gitlab.v4.objects import CurrentUserRunnerManager
 
 from runnerctl.errors import PermanentError, TemporaryError
+from runnerctl.gitlab_port import (
+    CreatedRunner,
+    GitLabPort,
+    JobInfo,
+    RunnerInfo,
+    RunnerReach,
+    RunnerScope,
+    RunnerType,
+    TokenUser,
+)
+
+__all__ = ["REQUIRED_SCOPE", "CreatedRunner", "GitLabPort", "InsufficientScope", "JobInfo", "PythonGitLab",
+           "RunnerInfo", "RunnerReach", "RunnerScope", "RunnerType", "TokenUser", "exchange_oauth_code"]
 
 log = logging.getLogger(__name__)
 
-RunnerType = Literal["instance_type", "group_type", "project_type"]
 REQUIRED_SCOPE = "api"
 """The one token scope runnerctl's GitLab token needs (see the module docstring)."""
 DEFAULT_TIMEOUT_S = 10.0
@@ -53,93 +64,6 @@ DEFAULT_RETRY_S = 5.0
 T = TypeVar("T")
 _NO_RETRY: dict[str, Any] = {"obey_rate_limit": False, "max_retries": 0}
 """Per-request options: python-gitlab must not sleep and retry by itself; callers do."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RunnerScope:
-    """Where runners are created: a group, a project, or the instance (admins only)."""
-
-    runner_type: RunnerType = "instance_type"
-    group_id: int | None = None
-    project_id: int | None = None
-
-    def create_fields(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {"runner_type": self.runner_type}
-        if self.group_id is not None:
-            fields["group_id"] = self.group_id
-        if self.project_id is not None:
-            fields["project_id"] = self.project_id
-        return fields
-
-
-@dataclasses.dataclass(frozen=True)
-class RunnerInfo:
-    id: int
-    description: str
-    paused: bool
-    tags: tuple[str, ...]
-    online: bool | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class RunnerReach:
-    """Where a runner takes jobs from (`GET /runners/:id`: `runner_type`, `groups`,
-    `projects`): a group runner serves the projects of its group and its subgroups, a
-    project runner the projects it is assigned to, an instance runner every project."""
-
-    runner_type: str
-    group_ids: tuple[int, ...] = ()
-    project_ids: tuple[int, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenUser:
-    """The token's user (`GET /user`; `is_admin` is only sent to administrators)."""
-
-    id: int
-    username: str
-    is_admin: bool = False
-
-
-@dataclasses.dataclass(frozen=True, repr=False)
-class CreatedRunner:
-    id: int
-    token: str
-    token_expires_at: str | None
-
-    def __repr__(self) -> str:  # never show the token
-        return f"CreatedRunner(id={self.id}, token=<hidden>)"
-
-
-@dataclasses.dataclass(frozen=True)
-class JobInfo:
-    id: int
-    project_id: int | None
-    status: str
-    tags: tuple[str, ...]
-    created_at: str | None
-    user: str | None
-    web_url: str | None
-    runner_id: int | None = None
-    name: str | None = None
-
-
-class GitLabPort(Protocol):
-    """What runnerctl needs from GitLab; the simulator implements it in memory."""
-
-    def create_runner(self, *, description: str, tags: list[str], paused: bool,
-                      scope: RunnerScope) -> CreatedRunner: ...
-    def get_runner(self, runner_id: int) -> RunnerInfo | None: ...
-    def list_runners(self, runner_type: RunnerType) -> list[RunnerInfo]: ...
-    def set_paused(self, runner_id: int, paused: bool) -> None: ...
-    def set_tags(self, runner_id: int, tags: list[str]) -> None: ...
-    def delete_runner(self, runner_id: int) -> None: ...
-    def running_jobs(self, runner_id: int, status: str = "running") -> list[JobInfo]: ...
-    def pending_jobs(self, project_id: int) -> list[JobInfo]: ...
-    def job(self, project_id: int, job_id: int) -> JobInfo | None: ...
-    def runner_reach(self, runner_id: int) -> RunnerReach | None: ...
-    def group_projects(self, group_id: int) -> list[int]: ...
-    def heartbeat_runner(self, token: str, *, system_id: str) -> None: ...
 
 
 class PythonGitLab:

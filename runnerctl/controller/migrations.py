@@ -40,7 +40,7 @@ class StoreError(RunnerctlError):
 
 
 class Cursor(Protocol):
-    """`?` placeholders on both databases (store._Cursor)."""
+    """`?` placeholders on both databases (store_db.Cursor)."""
 
     def execute(self, sql: str, params: Sequence[Any] = ...) -> int: ...
 

@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from runnerctl import private
 from runnerctl.controller.migrations import MIGRATIONS, Migration, StoreError, migrate
+from runnerctl.controller.store_db import Cursor, close_quietly, db_errors, describe_url, first_line
 
 __all__ = ["Event", "Migration", "Store", "StoreError", "Toggle", "WebSession"]
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class Store:
             if "connect_timeout" in conninfo:
                 extra = {}
             return cls(lambda: psycopg.connect(conninfo, autocommit=True, **extra), postgres=True,
-                       where=_describe(url), migrations=migrations)
+                       where=describe_url(url), migrations=migrations)
         if state_dir is None:
             raise ValueError("a store needs a PostgreSQL URL or a state directory")
         try:
@@ -126,33 +126,33 @@ class Store:
                 self._conn = None
 
     @contextmanager
-    def _tx(self) -> Iterator[_Cursor]:
+    def _tx(self) -> Iterator[Cursor]:
         with self._lock:
             cur = self._begin()
             try:
                 yield cur
             except BaseException as exc:
                 self._rollback()
-                if isinstance(exc, _db_errors()):
+                if isinstance(exc, db_errors()):
                     raise self._error(exc) from None
                 raise
             try:
                 cur.execute("COMMIT")
-            except _db_errors() as exc:
+            except db_errors() as exc:
                 self._rollback()
                 raise self._error(exc) from None
 
-    def _begin(self) -> _Cursor:
+    def _begin(self) -> Cursor:
         """A cursor in a new transaction; a connection found broken at BEGIN (nothing done
         yet) is replaced once."""
         for attempt in (1, 2):
             try:
                 if self._conn is None:
                     self._conn = self._connect()
-                cur = _Cursor(self._conn.cursor(), self._pg)
+                cur = Cursor(self._conn.cursor(), self._pg)
                 cur.execute("BEGIN" if self._pg else "BEGIN IMMEDIATE")
                 return cur
-            except _db_errors() as exc:
+            except db_errors() as exc:
                 broken = self._drop_if_broken()
                 if attempt == 2 or not broken:
                     raise self._error(exc) from None
@@ -166,10 +166,10 @@ class Store:
             return
         try:
             conn.execute("ROLLBACK")
-        except _db_errors() as exc:  # the connection is unusable: start over next time
-            log.warning("rolling back on the controller store failed (%s); reconnecting", _first_line(exc))
+        except db_errors() as exc:  # the connection is unusable: start over next time
+            log.warning("rolling back on the controller store failed (%s); reconnecting", first_line(exc))
             self._conn = None
-            _close_quietly(conn)
+            close_quietly(conn)
 
     def _drop_if_broken(self) -> bool:
         """True (and the connection forgotten) when it cannot be used again."""
@@ -178,12 +178,12 @@ class Store:
             return True
         if self._pg and (conn.closed or conn.broken):
             self._conn = None
-            _close_quietly(conn)
+            close_quietly(conn)
             return True
         return False
 
     def _error(self, exc: BaseException) -> StoreError:
-        what = _first_line(exc)
+        what = first_line(exc)
         if "locked" in what or "busy" in what:
             return StoreError(f"the controller store {self.where} is busy: {what}",
                               hint="another process holds its write lock; try again")
@@ -375,54 +375,7 @@ class Store:
 
     # -- for store modules beside this one (controller/jobs_store.py) -------------------
     @contextmanager
-    def transaction(self) -> Iterator[_Cursor]:
+    def transaction(self) -> Iterator[Cursor]:
         """One transaction with `?` placeholders; database failures become StoreError."""
         with self._tx() as cur:
             yield cur
-
-
-class _Cursor:
-    """A cursor that takes `?` placeholders on both databases."""
-
-    def __init__(self, cursor: Any, postgres: bool) -> None:
-        self._cursor = cursor
-        self._pg = postgres
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        self._cursor.execute(sql.replace("?", "%s") if self._pg else sql, tuple(params))
-        return int(self._cursor.rowcount or 0)
-
-    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        self.execute(sql, params)
-        return [tuple(row) for row in self._cursor.fetchall()]
-
-
-def _db_errors() -> tuple[type[BaseException], ...]:
-    errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
-    try:
-        import psycopg
-    except ImportError:  # SQLite-only install
-        return errors
-    return (*errors, psycopg.Error)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
-
-
-def _close_quietly(conn: Any) -> None:
-    try:
-        conn.close()
-    except _db_errors() as exc:
-        log.debug("closing a broken store connection: %s", exc)
-
-
-def _describe(url: str) -> str:
-    """host:port/database of a PostgreSQL URL (never its password)."""
-    parts = urlsplit(url)
-    try:
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        port = ""
-    return f"postgresql://{parts.hostname or 'localhost'}{port}{parts.path}"
