@@ -158,7 +158,7 @@ def test_restart_recovers_drain_and_never_resumes_a_covered_single(world: World)
     assert world.controller.drains
     assert world.controller.protected == {big}  # it came when no other multi-GPU job waited
     # restart: a fresh controller on the same store and GitLab
-    world.controller = Controller(world.controller.w, SETTINGS)
+    world.controller = Controller(world.controller.wiring, SETTINGS)
     assert world.controller.drains
     assert world.controller.protected == {big}  # no later job may delay it after a restart either
     for _ in range(250):
@@ -193,8 +193,8 @@ FAULTS = ["401", "403", "404", "429", "500", "drop", "delay"]
 @pytest.mark.parametrize("kind", FAULTS)
 def test_gitlab_failures_leave_runners_unchanged_or_paused(world: World, kind: str,
                                                            caplog: pytest.LogCaptureFixture) -> None:
-    world.gitlab = world.controller.w.gitlab  # the adapter the controller uses
-    world.controller.w.gitlab._gl.timeout = 0.3  # type: ignore[attr-defined]
+    world.gitlab = world.controller.wiring.gitlab  # the adapter the controller uses
+    world.controller.wiring.gitlab._gl.timeout = 0.3  # type: ignore[attr-defined]
     world.advance(6)
     before = _open(world)
     world.server.faults.append(Fault("*", r"/runners|/projects", kind, count=10_000, delay_s=0.6))

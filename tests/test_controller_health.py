@@ -67,12 +67,12 @@ def test_any_exception_in_a_tick_is_logged_once_backed_off_and_retried(
         running: tuple[World, TestClient], caplog: pytest.LogCaptureFixture) -> None:
     world, client = running
     wait_until("a first good tick", lambda: health(client)[0] == 200 and world.controller.ticks > 0)
-    real = world.controller.w.jobs.running
+    real = world.controller.wiring.jobs.running
     def broken() -> Any:
         raise KeyError("slot gone")
 
     caplog.set_level(logging.DEBUG, logger="runnerctl.controller.liveness")
-    world.controller.w.jobs.running = broken  # type: ignore[method-assign]
+    world.controller.wiring.jobs.running = broken  # type: ignore[method-assign]
     wait_until("healthz reports the stall", lambda: health(client)[0] == 503)
     status, body = health(client)
     assert "no good tick for" in body["problem"] and "KeyError: 'slot gone'" in body["problem"]
@@ -84,7 +84,7 @@ def test_any_exception_in_a_tick_is_logged_once_backed_off_and_retried(
     age = scraped["runnerctl_reconcile_last_success_age_seconds"].samples[0].value
     assert age > 1.0
     assert scraped["runnerctl_reconcile_failures"].samples[0].labels["kind"] == "KeyError"
-    world.controller.w.jobs.running = real  # type: ignore[method-assign]
+    world.controller.wiring.jobs.running = real  # type: ignore[method-assign]
     wait_until("healthz is ok again", lambda: health(client)[0] == 200, timeout_s=BACKOFF_MAX_S + 30)
     assert any("work again" in r.getMessage() for r in caplog.records)
 
@@ -92,7 +92,7 @@ def test_any_exception_in_a_tick_is_logged_once_backed_off_and_retried(
 def test_a_store_locked_longer_than_its_timeout_stalls_then_heals_and_loses_nothing(
         world: World, tmp_path: Path) -> None:
     store = Store.open(state_dir=tmp_path, timeout_s=0.2)
-    world.controller.w.store = store
+    world.controller.wiring.store = store
     set_toggle(store, Toggle("demo", "gpu:3", "pause", "carol", world.clock(), "fan"))
     stop = threading.Event()
     thread = threading.Thread(target=world.controller.run, args=(stop,), daemon=True)

@@ -70,10 +70,10 @@ def test_a_restart_neither_loses_nor_double_counts_a_running_job(world: World) -
     world.advance(700.0)  # flagged unused after 600 s
     assert [r.job_id for r in jobs_store.open_jobs(world.store, "demo")] == [job]
     # the controller process restarts: a new Controller over the same store, twice
-    world.controller = Controller(world.controller.w, world.controller.settings)
+    world.controller = Controller(world.controller.wiring, world.controller.settings)
     world.advance(100.0)
     assert world.controller.view.unused == (job,)  # still flagged, from the stored row
-    world.controller = Controller(world.controller.w, world.controller.settings)
+    world.controller = Controller(world.controller.wiring, world.controller.settings)
     _finish(world)
     records = jobs_store.jobs(world.store)
     assert [r.job_id for r in records] == [job]

@@ -74,7 +74,7 @@ class ControllerMachine(RuleBasedStateMachine):
     def _watch_updates(self) -> None:
         """S1 is checked after every runner change GitLab receives (on the server's thread)."""
         watch(self.world, self.violations)
-        port, machine = self.world.controller.w.gitlab, self
+        port, machine = self.world.controller.wiring.gitlab, self
         original = port.set_paused
 
         def set_paused(runner_id: int, paused: bool) -> None:
@@ -131,7 +131,7 @@ class ControllerMachine(RuleBasedStateMachine):
     @rule()
     def restart(self) -> None:
         self.kill_after = None
-        self.world.controller = Controller(self.world.controller.w, SETTINGS)
+        self.world.controller = Controller(self.world.controller.wiring, SETTINGS)
 
     @invariant()
     def no_double_allocation_or_foreign_collision(self) -> None:

@@ -168,7 +168,7 @@ def test_serve_keeps_the_standby_init_made_online_with_one_manager(
         controller.tick()
         assert controller.view.standby == "online"  # in /api/state
     finally:
-        controller.w.store.close()
+        controller.wiring.store.close()
     assert gitlab_server.state.online(standby) and not standby.paused
     assert [m.system_id for m in gitlab_server.state.managers_of(record.id)] == [record.system_id]
     assert gitlab_server.state.jobs_of_runner(record.id) == []
@@ -178,5 +178,5 @@ def test_serve_keeps_the_standby_init_made_online_with_one_manager(
     standby_path(config).unlink()
     caplog.set_level(logging.WARNING)
     production_controller(settings, gitlab_url=gitlab_server.url, token=ADMIN_TOKEN, gpu_source="sim:8",
-                          runner_config=config, webhook_secret="").w.store.close()
+                          runner_config=config, webhook_secret="").wiring.store.close()
     assert "no stand-by runner" in caplog.text

@@ -102,7 +102,7 @@ def _web(controller: Controller, settings: Settings, listen: str, oauth: GitLabO
     from runnerctl.web.fleet import publisher
     from runnerctl.web.routes import install
 
-    store = controller.w.store
+    store = controller.wiring.store
     if not is_loopback(parse_listen(listen)[0]) and not store.users() and (oauth is None or simulated):
         raise ConfigError(f"--listen {listen} is reachable from other machines, but no sign-in is configured",
                           hint="add an operator first (`runnerctl user add NAME --role operator`) "
@@ -110,9 +110,9 @@ def _web(controller: Controller, settings: Settings, listen: str, oauth: GitLabO
     # the fleet page: this host's GPUs and queue after each good tick (a simulated world
     # ticks at least once per virtual second)
     interval = max(settings.controller.interval_s, 1.0) if simulated else settings.controller.interval_s
-    controller.on_tick.append(publisher(store, interval_s=interval, clock=controller.w.clock))
+    controller.on_tick.append(publisher(store, interval_s=interval, clock=controller.wiring.clock))
     return [lambda app: install(app, view=lambda: controller.view, store=store, settings=settings.web,
-                                state_dir=settings.state_dir, oauth=oauth, clock=controller.w.clock)]
+                                state_dir=settings.state_dir, oauth=oauth, clock=controller.wiring.clock)]
 
 
 def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: str, workload: str) -> None:

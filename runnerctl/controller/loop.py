@@ -68,7 +68,7 @@ class Controller:
     def __init__(self, wiring: Wiring, settings: ControllerSettings | None = None,
                  policy: PlanPolicy | None = None) -> None:
         settings = settings or ControllerSettings()
-        self.w, self.settings, self.policy = wiring, settings, policy or PlanPolicy()
+        self.wiring, self.settings, self.policy = wiring, settings, policy or PlanPolicy()
         self.host = wiring.host
         self.budget = ApiBudget(settings.api_budget_per_min, wiring.clock)
         self.wake = threading.Event()  # a webhook brought multi-GPU demand: tick now
@@ -101,11 +101,11 @@ class Controller:
     # -- one tick ------------------------------------------------------------------
     def tick(self) -> ControllerView:
         started = time.perf_counter()
-        now = self.w.clock()
+        now = self.wiring.clock()
         self.ticks += 1
         snapshot = self._snapshot()
         self._publish_inventory(snapshot)
-        running = self.w.jobs.running()
+        running = self.wiring.jobs.running()
         self.history.remember_pending(self.demand.jobs)
         self.demand.forget(j for jobs in running.values() for j in jobs)
         toggles = self._toggles(snapshot, now)
@@ -117,20 +117,20 @@ class Controller:
         observed = self._observed(snapshot, running, toggles, now)
         result, observed = self.claims.plan(observed, self.policy, now)
         if gitlab_ok:
-            acting.apply(result.decisions, gitlab=self.w.gitlab, cache=self.cache, health=self.health,
+            acting.apply(result.decisions, gitlab=self.wiring.gitlab, cache=self.cache, health=self.health,
                          now=now, on_action=lambda a: self._acted(a, now))
         if gitlab_ready:
-            self.standby.keep_online(self.w.gitlab, now)
+            self.standby.keep_online(self.wiring.gitlab, now)
         self._remember(result, now)
         # a store failure here fails the tick like any other (not a side task): /healthz sees it
-        self.history.tick(self.w.jobs.leased(), snapshot, now, lambda *event: self._event(now, *event),
+        self.history.tick(self.wiring.jobs.leased(), snapshot, now, lambda *event: self._event(now, *event),
                           self.demand.take_outcomes())
         self.view = dataclasses.replace(self._view(snapshot, result, running, toggles, now),
                                         waiting=why_waiting(observed, result))
         self.liveness.good()
         view, took = self.view, time.perf_counter() - started
-        self._aside("stats", lambda: self.stats.observe(view, duration_s=took, is_ci=self.w.is_ci,
-                                                        gitlab=self.w.gitlab))
+        self._aside("stats", lambda: self.stats.observe(view, duration_s=took, is_ci=self.wiring.is_ci,
+                                                        gitlab=self.wiring.gitlab))
         for hook in self.on_tick:
             self._aside(getattr(hook, "__name__", type(hook).__name__), functools.partial(hook, view))
         return self.view
@@ -149,7 +149,7 @@ class Controller:
 
     def _snapshot(self) -> GpuSnapshot | None:
         try:
-            snapshot = self.w.gpus.snapshot()
+            snapshot = self.wiring.gpus.snapshot()
         except GpuError as exc:
             log.warning("cannot read GPUs (every runner stays closed): %s", exc)
             return None
@@ -168,12 +168,12 @@ class Controller:
     def _publish_inventory(self, snapshot: GpuSnapshot | None) -> None:
         """Once per start: the GPUs and slots that toggle targets may name (toggles.py)."""
         if snapshot is not None and not self._published:
-            self.w.store.save_inventory(self.host, [g.index for g in snapshot.gpus],
-                                        [s.key for s in self._slots], self.w.clock())
+            self.wiring.store.save_inventory(self.host, [g.index for g in snapshot.gpus],
+                                        [s.key for s in self._slots], self.wiring.clock())
             self._published = True
 
     def _toggles(self, snapshot: GpuSnapshot | None, now: float) -> list[Toggle]:
-        toggles = self.w.store.toggles(self.host)
+        toggles = self.wiring.store.toggles(self.host)
         for toggle in [t for t in toggles if t.action == "reopen"]:
             target = Target.parse(toggle.target)
             if target is None or target.gpu is None:
@@ -181,7 +181,7 @@ class Controller:
             gpu = target.gpu
             found = next((g for g in snapshot.gpus if g.index == gpu), None) if snapshot else None
             self.gate[gpu] = reopen(self.gate.get(gpu, GateState()), found)
-            self.w.store.clear_toggles(self.host, toggle.target)
+            self.wiring.store.clear_toggles(self.host, toggle.target)
             self._event(now, "reopen", f"gpu{gpu}", f"by {toggle.who}: {toggle.why}")
         return [t for t in toggles if t.action != "reopen"]
 
@@ -190,7 +190,8 @@ class Controller:
         if snapshot is None:
             return
         owned = {g for s in self._slots if running.get(s.name) for g in s.gpus}
-        new = gate_step(snapshot, self.gate, now=now, is_ci=self.w.is_ci, owned=owned, limits=self.limits)
+        new = gate_step(snapshot, self.gate, now=now, is_ci=self.wiring.is_ci, owned=owned,
+                        limits=self.limits)
         for gpu, state in new.items():
             old = self.gate.get(gpu, GateState())
             if state.closed != old.closed:
@@ -202,11 +203,11 @@ class Controller:
         """Read runners and demand; False (logged once, backing off) when GitLab fails."""
         try:
             if not self._synced:
-                self.cache.sync_all(self.w.gitlab)
+                self.cache.sync_all(self.wiring.gitlab)
                 self._synced = True
             if self.ticks % 4:  # three tokens of four go to demand, one to re-reading a runner
-                self.demand.poll(self.w.gitlab)
-            self.cache.refresh_one(self.w.gitlab, self.budget)
+                self.demand.poll(self.wiring.gitlab)
+            self.cache.refresh_one(self.wiring.gitlab, self.budget)
         except GitLabError as exc:
             self.health.failed(exc, now)
             return False
@@ -215,7 +216,7 @@ class Controller:
     def _free_orphans(self, running: Mapping[str, tuple[int, ...]], now: float) -> None:
         """Reap and release leases of jobs long over in GitLab (their cleanup was killed)."""
         try:
-            over = self.orphans.over(running, self.cache.ids, gitlab=self.w.gitlab, budget=self.budget,
+            over = self.orphans.over(running, self.cache.ids, gitlab=self.wiring.gitlab, budget=self.budget,
                                      now=now)
         except GitLabError as exc:  # this look only: pauses and resumes go on
             if "lease audit" not in self._failing:
@@ -229,7 +230,7 @@ class Controller:
         for job, missing_s in over:
 
             def free(job: int = job, missing_s: float = missing_s) -> None:
-                gpus = self.w.jobs.free(job)
+                gpus = self.wiring.jobs.free(job)
                 self.history.freed.add(job)
                 self._event(now, "free", f"job {job}", f"not running in GitLab for {missing_s:.0f} s "
                             f"but still leased (its cleanup was stopped): reaped, GPUs "
@@ -243,7 +244,7 @@ class Controller:
             closed = {g: "GPU snapshot failed" for s in self._slots for g in s.gpus}
         else:
             closed = {gpu: state.reason for gpu, state in self.gate.items() if state.closed}
-        claimed = {job for job, host in self.w.store.claims(now).items() if host != self.host}
+        claimed = {job for job, host in self.wiring.store.claims(now).items() if host != self.host}
         demand = tuple(self.demand.demand(self.host))
         elsewhere = frozenset(d.job_id for d in demand if d.job_id in claimed)
         states = tuple(SlotState(s, self.cache.paused.get(s.name) is not False, running.get(s.name, ()))
@@ -262,15 +263,15 @@ class Controller:
             self._event(now, kind, name, detail)
         self.drains = dict(result.reserved)
         self.protected = result.protected
-        self.w.store.save_drains(self.host, self.drains, now)
-        self.w.store.save_protected(self.host, self.protected)
-        self.w.store.save_gate(self.host, {g: s.to_row() for g, s in self.gate.items()})
+        self.wiring.store.save_drains(self.host, self.drains, now)
+        self.wiring.store.save_protected(self.host, self.protected)
+        self.wiring.store.save_gate(self.host, {g: s.to_row() for g, s in self.gate.items()})
 
     def _event(self, now: float, kind: str, subject: str, detail: str) -> None:
         event = Event(now, self.host, kind, subject, detail)
-        self.w.store.record(event)
+        self.wiring.store.record(event)
         self.stats.event(event)
-        self.w.on_event(event)
+        self.wiring.on_event(event)
 
     def _view(self, snapshot: GpuSnapshot | None, result: Plan, running: Mapping[str, tuple[int, ...]],
               toggles: list[Toggle], now: float) -> ControllerView:
@@ -279,12 +280,12 @@ class Controller:
         return ControllerView(
             self.host, now, self.ticks, snapshot, slots, gpus, tuple(self.demand.jobs),
             tuple((t, toggle_status(t, self._slots, running)) for t in toggles), dict(result.reserved),
-            self.health.last_error, self.budget.spent, self.w.jobs.owners(),
+            self.health.last_error, self.budget.spent, self.wiring.jobs.owners(),
             unused=self.history.unused(), standby=self.standby.status())
 
     # -- running ---------------------------------------------------------------------
-    def run(self, stop: threading.Event, *, sleep: Callable[[float], None] | None = None,
-            step: Callable[[], object] | None = None, every_s: float | None = None) -> None:
+    def run(self, stop: threading.Event, *, step: Callable[[], object] | None = None,
+            every_s: float | None = None) -> None:
         """Tick every `interval_s` until `stop` is set, and at once when a webhook brings
         multi-GPU demand (so a block is reserved before runners hand out smaller jobs on
         it). No failure ends the loop: a failed tick (the store locked or restarting, a
@@ -299,9 +300,6 @@ class Controller:
             except Exception as exc:  # noqa: BLE001 - any kind: logged, counted, retried (liveness.py)
                 self.liveness.failed(exc, self.ticks)
             wait = self.liveness.backoff_s(every_s)
-            if sleep is not None:
-                sleep(wait)
-                continue
             deadline = time.monotonic() + wait
             while not stop.is_set() and time.monotonic() < deadline:
                 slice_s = min(0.2, max(0.0, deadline - time.monotonic()))
