@@ -29,9 +29,10 @@ import psutil
 from docker.types import DeviceRequest
 
 from runnerctl.executors.contract import GRACEFUL_KILL_TIMEOUT_S, USER_SCRIPT_STAGES
-from runnerctl.executors.driver import StageContext, SystemFailure, on_stop
+from runnerctl.executors.driver import StageContext, SystemFailure
 from runnerctl.executors.lease import LEASE_ENV, Lease, LeaseTable, job_processes
 from runnerctl.executors.shell import ShellDriver
+from runnerctl.executors.stop import on_stop
 from runnerctl.settings import Settings
 
 LABEL_JOB, LABEL_LEASE, LABEL_SLOT, LABEL_STATE = (
@@ -90,11 +91,12 @@ class DockerDriver:
         uuids = [ctx.gpu_source().snapshot().gpu(g).uuid for g in ctx.args.gpus]
         env = ctx.gpu_env(uuids) | {"CUDA_VISIBLE_DEVICES": ",".join(uuids)}
         try:
-            exec_id = api.exec_create(ctx.lease.container, ["sh", "-c", LAUNCHER, str(inside)],
-                                      environment=env)["Id"]
-            stream = api.exec_start(exec_id, stream=True, demux=True)
             lease = ctx.lease
-            with on_stop(lambda: _stop_stage(lease)):
+            with on_stop() as stop:  # a SIGTERM from here on is latched, never lost
+                exec_id = api.exec_create(ctx.lease.container, ["sh", "-c", LAUNCHER, str(inside)],
+                                          environment=env)["Id"]
+                stream = api.exec_start(exec_id, stream=True, demux=True)
+                stop.arm(lambda: _stop_stage(lease))
                 for out, err in stream:
                     _write(sys.stdout, out)
                     _write(sys.stderr, err)

@@ -7,12 +7,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
-from runnerctl.executors.lease import LeaseTable, environ_token
+from runnerctl.executors.lease import Lease, LeaseTable, environ_token
 from tests.harness_custom_executor import (
     BUILD_FAILURE,
     SYSTEM_FAILURE,
@@ -127,21 +128,13 @@ def test_foreign_process_leaving_lets_the_job_start(host: Path) -> None:
 
 
 def test_driver_killed_mid_script_then_cleanup_leaves_nothing(host: Path) -> None:
-    harness = _harness(host, (7,))
-    job = FakeJob(id=501)
-    assert harness.stage("prepare", job).code == 0
-    (lease,) = _leases(host).held_by("501")
-    script = harness.script(job, "build_script", "sleep 300")
+    harness, job, lease, script = _prepared_sleeper(host, gpu=7, job_id=501)
     driver = harness.start("run", job, str(script), "build_script")
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not _job_processes(lease.token):
-        time.sleep(0.1)
-    assert _job_processes(lease.token)
+    assert _wait_for(lambda: bool(_job_processes(lease.token)))
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
     assert harness.stage("cleanup", job).code == 0
-    time.sleep(0.2)
-    assert _job_processes(lease.token) == []
+    assert _wait_for(lambda: _job_processes(lease.token) == [])
     assert _leases(host).all() == []
 
 
@@ -157,6 +150,40 @@ def test_timeout_sigterm_stops_the_job_group(host: Path) -> None:
     assert result.code == BUILD_FAILURE  # the script died of SIGTERM
     assert _job_processes(lease.token) == []
     harness.stage("cleanup", job)
+
+
+def test_sigterm_as_the_job_starts_stops_it_and_cleanup_releases_the_lease(host: Path) -> None:
+    """SIGTERM between starting the job's process group and arming the stop: nothing survives."""
+    harness, job, lease, script = _prepared_sleeper(host, gpu=3, job_id=503)
+    driver = harness.start("run", job, str(script), "build_script", stopped_at_start=True)
+    try:  # the driver's own end first: an orphaned job would hold its output pipe open
+        assert driver.wait(timeout=120) == BUILD_FAILURE  # it lived to stop the job (was: -15)
+        assert _wait_for(lambda: _job_processes(lease.token) == [])
+    finally:
+        for pid in _job_processes(lease.token):  # a failed run leaves no sleep behind
+            os.kill(pid, signal.SIGKILL)
+    driver.communicate(timeout=60)
+    assert [held.gpu for held in _leases(host).held_by("503")] == [3]  # until cleanup
+    assert harness.stage("cleanup", job).code == 0
+    assert _leases(host).all() == []
+
+
+def _prepared_sleeper(host: Path, *, gpu: int, job_id: int) -> tuple[Harness, FakeJob, Lease, Path]:
+    """A prepared job on `gpu` and its build_script, which sleeps until it is stopped."""
+    harness = _harness(host, (gpu,))
+    job = FakeJob(id=job_id)
+    assert harness.stage("prepare", job).code == 0
+    (lease,) = _leases(host).held_by(str(job_id))
+    return harness, job, lease, harness.script(job, "build_script", "sleep 300")
+
+
+def _wait_for(condition: Callable[[], bool], deadline_s: float = 60) -> bool:
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def test_stale_lease_of_a_dead_runner_is_reclaimed_by_next_prepare(host: Path) -> None:
