@@ -41,6 +41,8 @@ KEEPALIVE = ["sleep", "2147483647"]
 """The container's main process: it idles while stages are exec'd into it."""
 STOP_GRACE_S = max(GRACEFUL_KILL_TIMEOUT_S - 10, 1)
 """SIGTERM to SIGKILL for a stage's processes: well inside gitlab-runner's graceful_kill_timeout."""
+STOP_POLL_S = 0.2
+"""How often a stop looks for stage processes that appeared since its last look."""
 LAUNCHER = 'if command -v bash >/dev/null 2>&1; then exec bash "$0"; else exec sh "$0"; fi'
 """gitlab-runner's stage scripts are bash scripts: bash where the image has it, else sh."""
 
@@ -130,19 +132,31 @@ def _stop_stage(lease: Lease) -> None:
 
     Runs from a signal handler, so the work goes to a thread. Only processes carrying the
     lease's token inside the lease's container are touched: the ones this stage started.
+    A stop may come as the `docker exec` starts, before its process exists: each process
+    that appears during the grace gets its SIGTERM too, once.
     """
     def stop() -> None:
-        for signum in ("terminate", "kill"):
-            for proc in job_processes(lease):
-                try:
-                    if lease.container and lease.container in Path(f"/proc/{proc.pid}/cgroup").read_text():
-                        getattr(proc, signum)()
-                except (psutil.NoSuchProcess, OSError):
-                    continue
-            if signum == "terminate":
-                time.sleep(STOP_GRACE_S)
+        deadline, warned = time.monotonic() + STOP_GRACE_S, set[int]()
+        while time.monotonic() < deadline:
+            warned.update(_signal_stage(lease, "terminate", skip=warned))
+            time.sleep(STOP_POLL_S)
+        _signal_stage(lease, "kill", skip=set())
 
     threading.Thread(target=stop, daemon=True).start()
+
+
+def _signal_stage(lease: Lease, signum: str, *, skip: set[int]) -> set[int]:
+    """`terminate` or `kill` the stage's processes in the lease's container but `skip`; their pids."""
+    signalled = set[int]()
+    for proc in job_processes(lease):
+        try:
+            if proc.pid not in skip and lease.container and \
+                    lease.container in Path(f"/proc/{proc.pid}/cgroup").read_text():
+                getattr(proc, signum)()
+                signalled.add(proc.pid)
+        except (psutil.NoSuchProcess, OSError):
+            continue
+    return signalled
 
 
 def _write(stream: Any, data: bytes | None) -> None:
