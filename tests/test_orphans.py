@@ -136,3 +136,23 @@ def test_a_job_canceling_in_gitlab_is_never_freed(world: World, tmp_path: Path,
     job.status = "canceled"  # reported, but its cleanup never released the lease
     world.advance(900, step=5.0)
     assert _leased(tmp_path) == set() and after_script.wait(timeout=10) == -9
+
+
+def test_an_unreadable_lease_keeps_its_gpu_closed_and_is_reported(world: World, tmp_path: Path) -> None:
+    """Issue 14: an unreadable lease holds its GPU for the controller too, not only for prepare:
+    its single and every block with it stay paused, the page says why, and it is never
+    planned as idle (nor freed as an orphan: nobody can tell whose it is)."""
+    _lease(world, tmp_path, 77, "gpu2", (2,))
+    (tmp_path / "state" / "leases" / "gpu2.json").write_bytes(b"\x00 not a lease")
+    world.advance(30, step=5.0)
+    view = world.controller.view
+    gpu2 = next(g for g in view.gpus if g.index == 2)
+    assert not gpu2.open and "unreadable lease" in gpu2.reason, gpu2
+    with_2 = [s for s in view.slots if 2 in s.gpus]
+    assert with_2 and all(s.state == "paused" and s.paused_in_gitlab for s in with_2), with_2
+    assert any(s.state == "open" for s in view.slots if s.gpus == (3,))  # the others serve
+    closed = [e for e in world.store.events(world.controller.host) if e.kind == "gate-close"]
+    assert [e.subject for e in closed] == ["gpu2"] and "unreadable lease" in closed[0].detail
+    world.advance(900, step=5.0)  # the orphan audit does not free what it cannot read
+    assert (tmp_path / "state" / "leases" / "gpu2.json").exists()
+    assert not next(g for g in world.controller.view.gpus if g.index == 2).open

@@ -6,7 +6,9 @@ no visible owner (a user in another PID namespace). A closed GPU reopens only af
 `cooldown_s` without such use, and a GPU closed for memory/utilization counts as clean
 only below `reopen_ratio` of the thresholds (hysteresis: no flapping). A GPU with ECC
 or Xid errors, or lost, is unhealthy and stays closed until an admin reopens it; the
-error counts seen then become the baseline. Unknown values are never read as zero.
+error counts seen then become the baseline. A GPU whose lease file cannot be read is
+closed while it cannot (fail closed, as the executors' gate). Unknown values are never
+read as zero.
 
 Pure: `step(state, gpu, ...) -> state`; the loop keeps the states in the store.
 """
@@ -50,14 +52,18 @@ class GateState:
 
 
 def step(state: GateState, gpu: Gpu, *, now: float, is_ci: IsCi, owned: bool,
-         limits: GateThresholds) -> GateState:
-    """The GPU's next state. `owned`: a CI lease holds this GPU (its memory is expected)."""
+         limits: GateThresholds, lease_problem: str = "") -> GateState:
+    """The GPU's next state. `owned`: a CI lease holds this GPU (its memory is expected).
+    `lease_problem`: why its lease file cannot be read; such a lease holds the GPU (the
+    executors' prepare waits on it too) until an admin removes the file."""
     state = _rebase(state, gpu)
     sick = _sickness(gpu, state)
     if sick or state.unhealthy:
         return dataclasses.replace(state, closed=True, unhealthy=True,
                                    reason=sick or state.reason, last_dirty=now)
-    dirty = _foreign_use(gpu, is_ci=is_ci, owned=owned, limits=limits, was_closed=state.closed)
+    dirty = (f"unreadable lease ({lease_problem}): held until an admin removes the file"
+             if lease_problem else
+             _foreign_use(gpu, is_ci=is_ci, owned=owned, limits=limits, was_closed=state.closed))
     if dirty:
         return dataclasses.replace(state, closed=True, reason=dirty, last_dirty=now)
     if state.closed and (state.last_dirty is None or now - state.last_dirty >= limits.cooldown_s):

@@ -221,7 +221,8 @@ class Controller:
         if snapshot is None:
             return
         owned = {g for s in self._slots if running.get(s.name) for g in s.gpus}
-        new = gate_step(snapshot, self.gate, now=now, is_ci=self.w.is_ci, owned=owned, limits=self.limits)
+        new = gate_step(snapshot, self.gate, now=now, is_ci=self.w.is_ci, owned=owned, limits=self.limits,
+                        unreadable=self.w.jobs.unreadable())
         for gpu, state in new.items():
             old = self.gate.get(gpu, GateState())
             if state.closed != old.closed:

@@ -97,6 +97,9 @@ class SimFleet:
         found = {j.job_id: self.gitlab.owner(j.job_id) for j in self.jobs.values()}
         return {job_id: owner for job_id, owner in found.items() if owner}
 
+    def unreadable(self) -> dict[int, str]:
+        return {}  # the stand-ins' jobs are known here, whatever their lease files say
+
     def free(self, job_id: int) -> tuple[int, ...]:
         """The controller reaps a job GitLab says is over: it stops here, unfinished."""
         gpus: tuple[int, ...] = ()
