@@ -41,6 +41,8 @@ from runnerctl.sim.runner_toml import CustomConfig, RunnerEntry
 from runnerctl.sim.runner_trace import LocalTrace, Outcome
 
 BUILD_FAILURE, SYSTEM_FAILURE = BUILD_FAILURE_EXIT_CODE, SYSTEM_FAILURE_EXIT_CODE
+TERM_TRAP = "trap 'echo stopped by TERM; exit 143' TERM"
+"""Script lines that say so when the driver's SIGTERM reaches them (a SIGKILL leaves no word)."""
 RUNNER_URL = "https://gitlab.example"
 
 
