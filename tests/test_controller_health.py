@@ -53,7 +53,7 @@ def running(world: World) -> Iterator[tuple[World, TestClient]]:
     with TestClient(app) as client:
         yield world, client
     stop.set()
-    thread.join(timeout=10)
+    thread.join(timeout=60)
     assert not thread.is_alive()
 
 
@@ -117,7 +117,7 @@ def test_a_store_locked_longer_than_its_timeout_stalls_then_heals_and_loses_noth
             r.paused for r in world.state.runners.values() if r.description.endswith("/gpu5")))
     finally:
         stop.set()
-        thread.join(timeout=10)
+        thread.join(timeout=60)
     assert [t.target for t in store.toggles("demo")] == ["gpu:3", "gpu:5"]
     kinds = [e.kind for e in store.events("demo", limit=1000)]
     assert kinds.count("pause") >= 2  # both toggles' events are kept
@@ -193,4 +193,4 @@ def test_the_standalone_exporter_loop_survives_a_failing_tick(caplog: pytest.Log
                    timeout_s=BACKOFF_MAX_S + 30)
     finally:
         stop.set()
-        thread.join(timeout=10)
+        thread.join(timeout=60)
