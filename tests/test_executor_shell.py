@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -287,3 +288,16 @@ def test_controller_reclaims_a_stale_lease_only_once_the_job_is_gone(host: Path)
         leftover.wait()
     assert [x.job_id for x in reclaim_stale(settings)] == ["603"]
     assert _leases(host).all() == []
+
+
+def test_a_lease_with_a_string_owner_pid_fails_prepare_in_one_line(host: Path) -> None:
+    """Issue 14: a lease file with `"owner_pid": "1234"` once raised a traceback; it holds its GPU."""
+    table = _leases(host)
+    assert table.try_acquire((6,), Lease(gpu=-1, job_id="610", slot="runnerctl/gpu-a/gpu6", driver="shell",
+                                         owner_pid=os.getpid(), owner_started=0.0, created_at=0.0)) == []
+    path = table.dir / "gpu6.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "owner_pid": "1234"}))
+    result = _harness(host, (6,)).stage("prepare", FakeJob(id=611))
+    assert result.code == SYSTEM_FAILURE
+    assert "GPU 6 has an unreadable lease (owner_pid is '1234')" in result.output, result.output
+    assert "Traceback" not in result.output and path.exists()
