@@ -31,6 +31,11 @@ def host(tmp_path: Path) -> Path:
     return make_host(tmp_path)
 
 
+def _patient(host: Path) -> Path:
+    """The host with a prepare that outwaits the other side's cleanup on a loaded machine."""
+    return make_host(host, gate_wait_s=300)
+
+
 def _harness(host: Path, gpus: tuple[int, ...]) -> Harness:
     return harness_for(host, gpus, "shell")
 
@@ -71,6 +76,7 @@ def test_run_without_prepare_is_a_system_failure(host: Path) -> None:
 
 
 def test_overlapping_job_waits_for_cleanup_then_starts(host: Path) -> None:
+    host = _patient(host)
     first, second = _harness(host, (0, 1)), _harness(host, (1,))
     job_a, job_b = FakeJob(id=201), FakeJob(id=202)
     assert first.stage("prepare", job_a).code == 0
@@ -114,6 +120,7 @@ def test_foreign_process_makes_prepare_wait_then_fail_naming_it(host: Path) -> N
 
 
 def test_foreign_process_leaving_lets_the_job_start(host: Path) -> None:
+    host = _patient(host)
     colleague = subprocess.Popen(["sleep", "60"], user="nobody")
     (host / "gpus.yaml").write_text(
         f"host: gpu-a\ngpus: 8\nprocesses:\n  - {{gpu: 6, pid: {colleague.pid}}}\n")
@@ -208,6 +215,7 @@ def _job_processes(token: str) -> list[int]:
 
 
 def test_two_prepares_at_once_exactly_one_gets_the_gpus(host: Path) -> None:
+    host = _patient(host)
     left, right = _harness(host, (0, 1)), _harness(host, (1, 2))
     job_a, job_b = FakeJob(id=211), FakeJob(id=212)
     procs = {job_a.id: left.start("prepare", job_a), job_b.id: right.start("prepare", job_b)}
