@@ -40,10 +40,11 @@ from typing import Any, Protocol
 
 from runnerctl.executors.apptainer import run_line
 from runnerctl.executors.contract import USER_SCRIPT_STAGES
-from runnerctl.executors.driver import StageContext, SystemFailure, on_stop
+from runnerctl.executors.driver import StageContext, SystemFailure
 from runnerctl.executors.lease import Lease, LeaseTable
 from runnerctl.executors.rendezvous import BadNodes, NodeLaunch, nodes_requested, setup_bash
 from runnerctl.executors.shell import GUARD, ShellDriver
+from runnerctl.executors.stop import on_stop
 from runnerctl.settings import Settings
 
 POLL_S = 0.5
@@ -139,32 +140,33 @@ class BatchDriver:
             raise SystemFailure(f"job {ctx.job.id} holds no lease")
         paths = _Paths(Path(ctx.settings.builds_dir).resolve() / ".runnerctl", f"{ctx.job.id}-{stage}")
         paths.copy.write_bytes(script.read_bytes())  # gitlab-runner's TMPDIR is not on the node
-        try:
-            request = self._request(ctx, lease, paths)
-            setup = self.scheduler.gpu_exports(request) + setup_bash(
-                self.scheduler.node_launch, nodefile=paths.nodes, each_node=paths.each_node)
-            paths.wrapper.write_text(wrapper_script(paths, setup, image=ctx.job.image,
-                                                    bind=request.workdir))
-            job_id = self.scheduler.submit(request)
-        except BadNodes as exc:
-            print(f"runnerctl: {exc}", flush=True)
-            return 1
-        except Refused as exc:
-            print(f"runnerctl: {self.scheduler.title} refused the job: {exc}", flush=True)
-            return 1
-        table = LeaseTable(ctx.settings.state_dir)
-        table.update(lease.token, batch_job=f"{self.name}:{job_id}",
-                     **({"slurm_job": job_id} if self.name == "slurm" else {}))
-        print(f"runnerctl: {self.scheduler.title} job {job_id} submitted", flush=True)
         cancelled = False
+        with on_stop() as stop:  # a SIGTERM from here on is latched, never lost
+            try:
+                request = self._request(ctx, lease, paths)
+                setup = self.scheduler.gpu_exports(request) + setup_bash(
+                    self.scheduler.node_launch, nodefile=paths.nodes, each_node=paths.each_node)
+                paths.wrapper.write_text(wrapper_script(paths, setup, image=ctx.job.image,
+                                                        bind=request.workdir))
+                job_id = self.scheduler.submit(request)
+            except BadNodes as exc:
+                print(f"runnerctl: {exc}", flush=True)
+                return 1
+            except Refused as exc:
+                print(f"runnerctl: {self.scheduler.title} refused the job: {exc}", flush=True)
+                return 1
 
-        def cancel() -> None:
-            nonlocal cancelled
-            cancelled = True
-            subprocess.Popen(self.scheduler.cancel_command(job_id), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+            def cancel() -> None:
+                nonlocal cancelled
+                cancelled = True
+                subprocess.Popen(self.scheduler.cancel_command(job_id), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
 
-        with on_stop(cancel):
+            stop.arm(cancel)  # before the slow write below
+            table = LeaseTable(ctx.settings.state_dir)
+            table.update(lease.token, batch_job=f"{self.name}:{job_id}",
+                         **({"slurm_job": job_id} if self.name == "slurm" else {}))
+            print(f"runnerctl: {self.scheduler.title} job {job_id} submitted", flush=True)
             verdict = self._follow(job_id, paths, lambda gpus: table.update(lease.token, batch_gpus=gpus))
         if verdict is not None:
             subprocess.run(self.scheduler.cancel_command(job_id), capture_output=True, check=False,

@@ -29,9 +29,10 @@ import psutil
 from docker.types import DeviceRequest
 
 from runnerctl.executors.contract import GRACEFUL_KILL_TIMEOUT_S, USER_SCRIPT_STAGES
-from runnerctl.executors.driver import StageContext, SystemFailure, on_stop
+from runnerctl.executors.driver import StageContext, SystemFailure
 from runnerctl.executors.lease import LEASE_ENV, Lease, LeaseTable, job_processes
 from runnerctl.executors.shell import ShellDriver
+from runnerctl.executors.stop import on_stop
 from runnerctl.settings import Settings
 
 LABEL_JOB, LABEL_LEASE, LABEL_SLOT, LABEL_STATE = (
@@ -40,6 +41,8 @@ KEEPALIVE = ["sleep", "2147483647"]
 """The container's main process: it idles while stages are exec'd into it."""
 STOP_GRACE_S = max(GRACEFUL_KILL_TIMEOUT_S - 10, 1)
 """SIGTERM to SIGKILL for a stage's processes: well inside gitlab-runner's graceful_kill_timeout."""
+STOP_POLL_S = 0.2
+"""How often a stop looks for stage processes that appeared since its last look."""
 LAUNCHER = 'if command -v bash >/dev/null 2>&1; then exec bash "$0"; else exec sh "$0"; fi'
 """gitlab-runner's stage scripts are bash scripts: bash where the image has it, else sh."""
 
@@ -90,11 +93,12 @@ class DockerDriver:
         uuids = [ctx.gpu_source().snapshot().gpu(g).uuid for g in ctx.args.gpus]
         env = ctx.gpu_env(uuids) | {"CUDA_VISIBLE_DEVICES": ",".join(uuids)}
         try:
-            exec_id = api.exec_create(ctx.lease.container, ["sh", "-c", LAUNCHER, str(inside)],
-                                      environment=env)["Id"]
-            stream = api.exec_start(exec_id, stream=True, demux=True)
             lease = ctx.lease
-            with on_stop(lambda: _stop_stage(lease)):
+            with on_stop() as stop:  # a SIGTERM from here on is latched, never lost
+                exec_id = api.exec_create(ctx.lease.container, ["sh", "-c", LAUNCHER, str(inside)],
+                                          environment=env)["Id"]
+                stream = api.exec_start(exec_id, stream=True, demux=True)
+                stop.arm(lambda: _stop_stage(lease))
                 for out, err in stream:
                     _write(sys.stdout, out)
                     _write(sys.stderr, err)
@@ -128,19 +132,31 @@ def _stop_stage(lease: Lease) -> None:
 
     Runs from a signal handler, so the work goes to a thread. Only processes carrying the
     lease's token inside the lease's container are touched: the ones this stage started.
+    A stop may come as the `docker exec` starts, before its process exists: each process
+    that appears during the grace gets its SIGTERM too, once.
     """
     def stop() -> None:
-        for signum in ("terminate", "kill"):
-            for proc in job_processes(lease):
-                try:
-                    if lease.container and lease.container in Path(f"/proc/{proc.pid}/cgroup").read_text():
-                        getattr(proc, signum)()
-                except (psutil.NoSuchProcess, OSError):
-                    continue
-            if signum == "terminate":
-                time.sleep(STOP_GRACE_S)
+        deadline, warned = time.monotonic() + STOP_GRACE_S, set[int]()
+        while time.monotonic() < deadline:
+            warned.update(_signal_stage(lease, "terminate", skip=warned))
+            time.sleep(STOP_POLL_S)
+        _signal_stage(lease, "kill", skip=set())
 
     threading.Thread(target=stop, daemon=True).start()
+
+
+def _signal_stage(lease: Lease, signum: str, *, skip: set[int]) -> set[int]:
+    """`terminate` or `kill` the stage's processes in the lease's container but `skip`; their pids."""
+    signalled = set[int]()
+    for proc in job_processes(lease):
+        try:
+            if proc.pid not in skip and lease.container and \
+                    lease.container in Path(f"/proc/{proc.pid}/cgroup").read_text():
+                getattr(proc, signum)()
+                signalled.add(proc.pid)
+        except (psutil.NoSuchProcess, OSError):
+            continue
+    return signalled
 
 
 def _write(stream: Any, data: bytes | None) -> None:

@@ -10,11 +10,9 @@ and remove.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import signal
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -128,21 +126,3 @@ def load_registry() -> dict[str, Callable[[], Driver]]:
 
     return {"shell": ShellDriver, "docker": DockerDriver, "slurm": SlurmDriver, "sge": SgeDriver,
             "pbs": PbsDriver, "pjm": PjmDriver}
-
-
-@contextlib.contextmanager
-def on_stop(handler: Callable[[], None]) -> Iterator[None]:
-    """Call `handler` when gitlab-runner stops the stage (SIGTERM on a timeout or cancel).
-
-    The handler runs in a signal handler while the main thread waits on the job, so it
-    must only start things (a signal, a thread), never wait for them.
-    """
-    def call(signum: int, frame: object) -> None:
-        handler()
-
-    previous = {sig: signal.signal(sig, call) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)

@@ -39,8 +39,9 @@ import psutil
 
 from runnerctl import __version__
 from runnerctl.executors.contract import GRACEFUL_KILL_TIMEOUT_S
-from runnerctl.executors.driver import StageContext, SystemFailure, on_stop
+from runnerctl.executors.driver import StageContext, SystemFailure
 from runnerctl.executors.lease import Lease, LeaseTable, token_processes
+from runnerctl.executors.stop import on_stop
 from runnerctl.settings import Settings
 
 _GUARDED = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RUNNERCTL_LEASE")
@@ -92,13 +93,14 @@ class ShellDriver:
                 script = _readable_copy(script, copy_dir, user)
                 env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name,
                            TMPDIR=str(copy_dir))  # gitlab-runner's TMPDIR is root's own
-            proc = subprocess.Popen(
-                ["bash", "--noprofile", "--norc", "-c", _PRELUDE, str(script)], env=env,
-                start_new_session=True, user=user.pw_uid if switch else None,
-                group=user.pw_gid if switch else None,
-                extra_groups=os.getgrouplist(user.pw_name, user.pw_gid) if switch else None)
             token = ctx.lease_token
-            with on_stop(lambda: _stop_group(proc, token, user.pw_uid)):  # before the slow write below
+            with on_stop() as stop:  # a SIGTERM from here on is latched, never lost
+                proc = subprocess.Popen(
+                    ["bash", "--noprofile", "--norc", "-c", _PRELUDE, str(script)], env=env,
+                    start_new_session=True, user=user.pw_uid if switch else None,
+                    group=user.pw_gid if switch else None,
+                    extra_groups=os.getgrouplist(user.pw_name, user.pw_gid) if switch else None)
+                stop.arm(lambda: _stop_group(proc, token, user.pw_uid))  # before the slow write below
                 LeaseTable(ctx.settings.state_dir).update(token, pgid=proc.pid)
                 return proc.wait()
         finally:

@@ -22,6 +22,7 @@ from runnerctl.executors.contract import DRIVERS, ENV_BUILD_EXIT_CODE_FILE, STAG
 from runnerctl.executors.driver import Driver, Job, StageContext, SystemFailure, load_registry
 from runnerctl.executors.gate import wait_until_free
 from runnerctl.executors.lease import Lease, LeaseBusy, LeaseTable, new_nonce, process_started
+from runnerctl.executors.stop import STAGE_STOP
 from runnerctl.settings import Settings, load_settings
 
 
@@ -41,6 +42,8 @@ def parse(argv: list[str]) -> tuple[str, DriverArgs, list[str]]:
 
 def main(argv: list[str]) -> int:
     stage, args, rest = parse(argv)
+    if stage != "run":
+        STAGE_STOP.release()  # nothing of theirs outlives them: SIGTERM ends them as it comes
     env = dict(os.environ)
     failure = int(env.get("SYSTEM_FAILURE_EXIT_CODE", "2"))
     try:

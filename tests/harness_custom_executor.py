@@ -41,6 +41,8 @@ from runnerctl.sim.runner_toml import CustomConfig, RunnerEntry
 from runnerctl.sim.runner_trace import LocalTrace, Outcome
 
 BUILD_FAILURE, SYSTEM_FAILURE = BUILD_FAILURE_EXIT_CODE, SYSTEM_FAILURE_EXIT_CODE
+TERM_TRAP = "trap 'echo stopped by TERM; exit 143' TERM"
+"""Script lines that say so when the driver's SIGTERM reaches them (a SIGKILL leaves no word)."""
 RUNNER_URL = "https://gitlab.example"
 
 
@@ -161,8 +163,12 @@ class Harness:
     def build_exit_code(self, job_id: int) -> str:
         return Path(self._executors[job_id].exit_code_file).read_text().strip()
 
-    def start(self, stage: str, job: FakeJob, *extra: str) -> subprocess.Popen[str]:
+    def start(self, stage: str, job: FakeJob, *extra: str,
+              stopped_at_start: bool = False) -> subprocess.Popen[str]:
+        """The stage running; `stopped_at_start`: SIGTERM lands as the job's process starts."""
         exe, argv = stage_command(stage, self.args)
+        if stopped_at_start:
+            argv = [str(Path(__file__).with_name("stage_stopped_at_start.py")), *argv[2:]]
         executor = self.executor(job)
         return subprocess.Popen([exe, *argv, *extra], env=executor.env(), cwd=executor.temp_dir, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)

@@ -27,7 +27,7 @@ class Serve:
             [sys.executable, "-m", "runnerctl", "serve", "--gitlab", "sim", "--gpu-source", "sim:8",
              "--listen", f"127.0.0.1:{self.port}", "--interval", "1", *args],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, Path(self.log.name).read_text()
             try:

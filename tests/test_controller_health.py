@@ -53,7 +53,7 @@ def running(world: World) -> Iterator[tuple[World, TestClient]]:
     with TestClient(app) as client:
         yield world, client
     stop.set()
-    thread.join(timeout=10)
+    thread.join(timeout=60)
     assert not thread.is_alive()
 
 
@@ -61,6 +61,12 @@ def health(client: TestClient) -> tuple[int, dict[str, Any]]:
     answer = client.get("/healthz")
     body: dict[str, Any] = answer.json()
     return answer.status_code, body
+
+
+def _unhealthy_with(client: TestClient, error: str) -> bool:
+    """503 naming `error`: a loaded machine may show a 503 for a slow tick before the failure."""
+    status, body = health(client)
+    return status == 503 and error in body["problem"]
 
 
 def test_any_exception_in_a_tick_is_logged_once_backed_off_and_retried(
@@ -73,9 +79,9 @@ def test_any_exception_in_a_tick_is_logged_once_backed_off_and_retried(
 
     caplog.set_level(logging.DEBUG, logger="runnerctl.controller.liveness")
     world.controller.wiring.jobs.running = broken  # type: ignore[method-assign]
-    wait_until("healthz reports the stall", lambda: health(client)[0] == 503)
+    wait_until("healthz reports the stall", lambda: _unhealthy_with(client, "KeyError: 'slot gone'"))
     status, body = health(client)
-    assert "no good tick for" in body["problem"] and "KeyError: 'slot gone'" in body["problem"]
+    assert "no good tick for" in body["problem"]
     assert body["reconcile_thread"] == "alive" and body["failed_ticks_in_a_row"] >= 3
     failing = [r for r in caplog.records if r.levelno == logging.ERROR and r.name.endswith("liveness")]
     assert len(failing) == 1 and failing[0].exc_info is not None  # once, with its traceback
@@ -105,10 +111,8 @@ def test_a_store_locked_longer_than_its_timeout_stalls_then_heals_and_loses_noth
             r.paused for r in world.state.runners.values() if r.description.endswith("/gpu3")))
         holder = sqlite3.connect(tmp_path / "controller.sqlite", isolation_level=None)
         holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock, far past 0.2 s
-        # wait for the failed tick itself: on a loaded host the age alone can pass the limit first
-        wait_until("healthz reports the locked store", lambda: health(client)[0] == 503
-                   and "is busy" in health(client)[1]["problem"])
-        assert "is busy: database is locked" in health(client)[1]["problem"]
+        wait_until("healthz reports the locked store",
+                   lambda: _unhealthy_with(client, "is busy: database is locked"))
         stalled_at = world.controller.view.tick  # the last good tick's view
         holder.execute("ROLLBACK")
         holder.close()
@@ -119,7 +123,7 @@ def test_a_store_locked_longer_than_its_timeout_stalls_then_heals_and_loses_noth
             r.paused for r in world.state.runners.values() if r.description.endswith("/gpu5")))
     finally:
         stop.set()
-        thread.join(timeout=10)
+        thread.join(timeout=60)
     assert [t.target for t in store.toggles("demo")] == ["gpu:3", "gpu:5"]
     kinds = [e.kind for e in store.events("demo", limit=1000)]
     assert kinds.count("pause") >= 2  # both toggles' events are kept
@@ -195,4 +199,4 @@ def test_the_standalone_exporter_loop_survives_a_failing_tick(caplog: pytest.Log
                    timeout_s=BACKOFF_MAX_S + 30)
     finally:
         stop.set()
-        thread.join(timeout=10)
+        thread.join(timeout=60)

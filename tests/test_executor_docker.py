@@ -16,11 +16,12 @@ import pytest
 
 from runnerctl.executors.contract import stage_command
 from runnerctl.executors.gate import classify
-from runnerctl.executors.lease import LeaseTable, read_leases
+from runnerctl.executors.lease import LeaseTable, job_processes, read_leases
 from runnerctl.gpus import open_gpu_source
 from tests.harness_custom_executor import (
     BUILD_FAILURE,
     SYSTEM_FAILURE,
+    TERM_TRAP,
     FakeJob,
     Harness,
     harness_for,
@@ -102,8 +103,11 @@ def test_killed_mid_script_leaves_no_container(engine: docker.DockerClient, host
     assert harness.stage("prepare", job).code == 0
     driver = harness.start("run", job, str(harness.script(job, "build_script", "sleep 300")),
                            "build_script")
-    time.sleep(1.5)
-    assert driver.poll() is None
+    (lease,) = LeaseTable(host / "state").held_by("702")
+    deadline = time.monotonic() + 120
+    while not job_processes(lease) and time.monotonic() < deadline:  # the script runs
+        time.sleep(0.1)
+    assert job_processes(lease) and driver.poll() is None
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
     assert len(_containers(engine, host, 702)) == 1
@@ -116,15 +120,28 @@ def test_gitlab_timeout_stops_the_script_and_after_script_still_runs(
     harness = _harness(host, (1,))
     job = FakeJob(id=705, image=IMAGE)
     assert harness.stage("prepare", job).code == 0
-    started = time.monotonic()
-    result = harness.stage("run", job, str(harness.script(job, "build_script", "sleep 300")),
-                           "build_script", timeout=2, graceful=40)
-    assert result.code == BUILD_FAILURE and time.monotonic() - started < 15
+    script = harness.script(job, "build_script", f"{TERM_TRAP}; sleep 300 & wait")
+    result = harness.stage("run", job, str(script), "build_script", timeout=2, graceful=300)
+    assert result.code == BUILD_FAILURE and "stopped by TERM" in result.output  # not gitlab-runner's SIGKILL
     after = harness.stage("run", job, str(harness.script(job, "after_script", "echo tidy")),
                           "after_script")
     assert after.code == 0 and "tidy" in after.output
     harness.stage("cleanup", job)
     assert _containers(engine, host, 705) == []
+
+
+def test_sigterm_as_the_exec_starts_reaches_the_script(engine: docker.DockerClient, host: Path) -> None:
+    """SIGTERM between starting the `docker exec` and arming the stop: the script gets it."""
+    harness = _harness(host, (5,))
+    job = FakeJob(id=710, image=IMAGE)
+    assert harness.stage("prepare", job).code == 0
+    body = f"{TERM_TRAP}; sleep 300 & wait"
+    driver = harness.start("run", job, str(harness.script(job, "build_script", body)),
+                           "build_script", stopped_at_start=True)
+    out, _ = driver.communicate(timeout=120)
+    assert driver.returncode == BUILD_FAILURE and "stopped by TERM" in out, out  # not the SIGKILL
+    assert harness.stage("cleanup", job).code == 0
+    assert _containers(engine, host, 710) == [] and LeaseTable(host / "state").all() == []
 
 
 def test_container_processes_are_ci_for_the_controller(engine: docker.DockerClient,
@@ -136,7 +153,7 @@ def test_container_processes_are_ci_for_the_controller(engine: docker.DockerClie
                            "build_script")
     try:
         (container,) = _containers(engine, host, 707)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(container.top()["Processes"]) < 3:
             time.sleep(0.2)
         pids = [int(p[1]) for p in container.top()["Processes"]]  # host pids: keepalive, sh, sleep

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
-from runnerctl.executors.lease import LeaseTable, environ_token
+from runnerctl.executors.lease import Lease, LeaseTable, environ_token
 from tests.harness_custom_executor import (
     BUILD_FAILURE,
     SYSTEM_FAILURE,
+    TERM_TRAP,
     FakeJob,
     Harness,
     harness_for,
@@ -26,6 +29,11 @@ from tests.harness_custom_executor import (
 @pytest.fixture
 def host(tmp_path: Path) -> Path:
     return make_host(tmp_path)
+
+
+def _patient(host: Path) -> Path:
+    """The host with a prepare that outwaits the other side's cleanup on a loaded machine."""
+    return make_host(host, gate_wait_s=300)
 
 
 def _harness(host: Path, gpus: tuple[int, ...]) -> Harness:
@@ -68,6 +76,7 @@ def test_run_without_prepare_is_a_system_failure(host: Path) -> None:
 
 
 def test_overlapping_job_waits_for_cleanup_then_starts(host: Path) -> None:
+    host = _patient(host)
     first, second = _harness(host, (0, 1)), _harness(host, (1,))
     job_a, job_b = FakeJob(id=201), FakeJob(id=202)
     assert first.stage("prepare", job_a).code == 0
@@ -77,7 +86,7 @@ def test_overlapping_job_waits_for_cleanup_then_starts(host: Path) -> None:
     assert {(lease.job_id, lease.user, lease.url) for lease in _leases(host).all()} == {
         ("201", "alice", "https://gitlab.example/ml/experiments/-/jobs/201")}  # who and where, for the page
     assert first.stage("cleanup", job_a).code == 0
-    out, _ = waiting.communicate(timeout=30)
+    out, _ = waiting.communicate(timeout=120)
     assert waiting.returncode == 0, out
     assert [(lease.gpu, lease.job_id) for lease in _leases(host).all()] == [(1, "202")]
     second.stage("cleanup", job_b)
@@ -93,7 +102,7 @@ def test_overlapping_job_fails_as_system_failure_when_lease_stays(host: Path) ->
 
 
 def test_foreign_process_makes_prepare_wait_then_fail_naming_it(host: Path) -> None:
-    colleague = subprocess.Popen(["sleep", "60"], user="nobody")
+    colleague = subprocess.Popen(["sleep", "600"], user="nobody")
     try:
         (host / "gpus.yaml").write_text(
             f"host: gpu-a\ngpus: 8\nprocesses:\n  - {{gpu: 4, pid: {colleague.pid}, memory: 3GiB}}\n")
@@ -111,6 +120,7 @@ def test_foreign_process_makes_prepare_wait_then_fail_naming_it(host: Path) -> N
 
 
 def test_foreign_process_leaving_lets_the_job_start(host: Path) -> None:
+    host = _patient(host)
     colleague = subprocess.Popen(["sleep", "60"], user="nobody")
     (host / "gpus.yaml").write_text(
         f"host: gpu-a\ngpus: 8\nprocesses:\n  - {{gpu: 6, pid: {colleague.pid}}}\n")
@@ -121,27 +131,19 @@ def test_foreign_process_leaving_lets_the_job_start(host: Path) -> None:
     (host / "gpus.yaml").write_text("host: gpu-a\ngpus: 8\n")  # the colleague is done
     colleague.kill()
     colleague.wait()
-    out, _ = waiting.communicate(timeout=30)
+    out, _ = waiting.communicate(timeout=120)
     assert waiting.returncode == 0, out
     harness.stage("cleanup", FakeJob(id=402))
 
 
 def test_driver_killed_mid_script_then_cleanup_leaves_nothing(host: Path) -> None:
-    harness = _harness(host, (7,))
-    job = FakeJob(id=501)
-    assert harness.stage("prepare", job).code == 0
-    (lease,) = _leases(host).held_by("501")
-    script = harness.script(job, "build_script", "sleep 300")
+    harness, job, lease, script = _prepared_sleeper(host, gpu=7, job_id=501)
     driver = harness.start("run", job, str(script), "build_script")
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not _job_processes(lease.token):
-        time.sleep(0.1)
-    assert _job_processes(lease.token)
+    assert _wait_for(lambda: bool(_job_processes(lease.token)))
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait()
     assert harness.stage("cleanup", job).code == 0
-    time.sleep(0.2)
-    assert _job_processes(lease.token) == []
+    assert _wait_for(lambda: _job_processes(lease.token) == [])
     assert _leases(host).all() == []
 
 
@@ -150,13 +152,46 @@ def test_timeout_sigterm_stops_the_job_group(host: Path) -> None:
     job = FakeJob(id=502)
     assert harness.stage("prepare", job).code == 0
     (lease,) = _leases(host).held_by("502")
-    script = harness.script(job, "build_script", "sleep 300")
-    started = time.monotonic()
-    result = harness.stage("run", job, str(script), "build_script", timeout=2, graceful=30)
-    assert time.monotonic() - started < 20
-    assert result.code == BUILD_FAILURE  # the script died of SIGTERM
+    script = harness.script(job, "build_script", f"{TERM_TRAP}; sleep 300 & wait")
+    result = harness.stage("run", job, str(script), "build_script", timeout=2, graceful=300)
+    assert result.code == BUILD_FAILURE
+    assert "stopped by TERM" in result.output  # the driver's SIGTERM, not gitlab-runner's SIGKILL
     assert _job_processes(lease.token) == []
     harness.stage("cleanup", job)
+
+
+def test_sigterm_as_the_job_starts_stops_it_and_cleanup_releases_the_lease(host: Path) -> None:
+    """SIGTERM between starting the job's process group and arming the stop: nothing survives."""
+    harness, job, lease, script = _prepared_sleeper(host, gpu=3, job_id=505)
+    driver = harness.start("run", job, str(script), "build_script", stopped_at_start=True)
+    try:  # the driver's own end first: an orphaned job would hold its output pipe open
+        assert driver.wait(timeout=120) == BUILD_FAILURE  # it lived to stop the job (was: -15)
+        assert _wait_for(lambda: _job_processes(lease.token) == [])
+    finally:
+        for pid in _job_processes(lease.token):  # a failed run leaves no sleep behind
+            os.kill(pid, signal.SIGKILL)
+    driver.communicate(timeout=60)
+    assert [held.gpu for held in _leases(host).held_by("505")] == [3]  # until cleanup
+    assert harness.stage("cleanup", job).code == 0
+    assert _leases(host).all() == []
+
+
+def _prepared_sleeper(host: Path, *, gpu: int, job_id: int) -> tuple[Harness, FakeJob, Lease, Path]:
+    """A prepared job on `gpu` and its build_script, which sleeps until it is stopped."""
+    harness = _harness(host, (gpu,))
+    job = FakeJob(id=job_id)
+    assert harness.stage("prepare", job).code == 0
+    (lease,) = _leases(host).held_by(str(job_id))
+    return harness, job, lease, harness.script(job, "build_script", "sleep 300")
+
+
+def _wait_for(condition: Callable[[], bool], deadline_s: float = 60) -> bool:
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def test_stale_lease_of_a_dead_runner_is_reclaimed_by_next_prepare(host: Path) -> None:
@@ -180,10 +215,11 @@ def _job_processes(token: str) -> list[int]:
 
 
 def test_two_prepares_at_once_exactly_one_gets_the_gpus(host: Path) -> None:
+    host = _patient(host)
     left, right = _harness(host, (0, 1)), _harness(host, (1, 2))
     job_a, job_b = FakeJob(id=211), FakeJob(id=212)
     procs = {job_a.id: left.start("prepare", job_a), job_b.id: right.start("prepare", job_b)}
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline and all(p.poll() is None for p in procs.values()):
         time.sleep(0.05)
     winner = next(job for job, p in procs.items() if p.poll() is not None)
@@ -193,21 +229,21 @@ def test_two_prepares_at_once_exactly_one_gets_the_gpus(host: Path) -> None:
     holders = {lease.job_id for lease in _leases(host).all()}
     assert holders == {str(winner)}
     (left if winner == job_a.id else right).stage("cleanup", FakeJob(id=winner))
-    out, _ = procs[loser].communicate(timeout=30)
+    out, _ = procs[loser].communicate(timeout=120)
     assert procs[loser].returncode == 0, out
     assert {lease.job_id for lease in _leases(host).all()} == {str(loser)}
     (left if loser == job_a.id else right).stage("cleanup", FakeJob(id=loser))
 
 
 def test_driver_killed_while_prepare_waits_then_cleanup_leaves_no_lease(host: Path) -> None:
-    colleague = subprocess.Popen(["sleep", "60"], user="nobody")
+    colleague = subprocess.Popen(["sleep", "600"], user="nobody")
     try:
         (host / "gpus.yaml").write_text(
             f"host: gpu-a\ngpus: 8\nprocesses:\n  - {{gpu: 3, pid: {colleague.pid}}}\n")
         harness = _harness(host, (3,))
         job = FakeJob(id=503)
         waiting = harness.start("prepare", job)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not _leases(host).all():
             time.sleep(0.05)
         assert [lease.job_id for lease in _leases(host).all()] == ["503"]  # leased, gated
@@ -227,8 +263,8 @@ def test_cleanup_signals_only_processes_it_started(host: Path) -> None:
     job = FakeJob(id=504)
     assert harness.stage("prepare", job).code == 0
     (lease,) = _leases(host).held_by("504")
-    impostor = subprocess.Popen(["sleep", "60"], user="nobody", env={"RUNNERCTL_LEASE": lease.token})
-    bystander = subprocess.Popen(["sleep", "60"], env={"RUNNERCTL_LEASE": lease.token + "x"})
+    impostor = subprocess.Popen(["sleep", "600"], user="nobody", env={"RUNNERCTL_LEASE": lease.token})
+    bystander = subprocess.Popen(["sleep", "600"], env={"RUNNERCTL_LEASE": lease.token + "x"})
     try:
         assert harness.stage("cleanup", job).code == 0
         assert impostor.poll() is None and bystander.poll() is None
@@ -250,7 +286,7 @@ def test_controller_reclaims_a_stale_lease_only_once_the_job_is_gone(host: Path)
     assert subprocess.run([sys.executable, "-c", runner], env=harness.env(FakeJob(id=603)),
                           timeout=60, check=False).returncode == 0
     (lease,) = _leases(host).all()
-    leftover = subprocess.Popen(["sleep", "60"], env={"RUNNERCTL_LEASE": lease.token})
+    leftover = subprocess.Popen(["sleep", "600"], env={"RUNNERCTL_LEASE": lease.token})
     settings = load_settings(host / "runnerctl.toml")
     try:
         assert reclaim_stale(settings) == []  # its gitlab-runner is gone, its process is not
@@ -260,3 +296,16 @@ def test_controller_reclaims_a_stale_lease_only_once_the_job_is_gone(host: Path)
         leftover.wait()
     assert [x.job_id for x in reclaim_stale(settings)] == ["603"]
     assert _leases(host).all() == []
+
+
+def test_a_lease_with_a_string_owner_pid_fails_prepare_in_one_line(host: Path) -> None:
+    """Issue 14: a lease file with `"owner_pid": "1234"` once raised a traceback; it holds its GPU."""
+    table = _leases(host)
+    assert table.try_acquire((6,), Lease(gpu=-1, job_id="610", slot="runnerctl/gpu-a/gpu6", driver="shell",
+                                         owner_pid=os.getpid(), owner_started=0.0, created_at=0.0)) == []
+    path = table.dir / "gpu6.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "owner_pid": "1234"}))
+    result = _harness(host, (6,)).stage("prepare", FakeJob(id=611))
+    assert result.code == SYSTEM_FAILURE
+    assert "GPU 6 has an unreadable lease (owner_pid is '1234')" in result.output, result.output
+    assert "Traceback" not in result.output and path.exists()

@@ -35,7 +35,7 @@ def test_controller_and_prepare_gate_agree_on_ci_and_foreign(
     colleague = subprocess.Popen(["sleep", "60"])
     spawned += [group, carrier, colleague]
     table.update(lease.token, pgid=group.pid)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not psutil.Process(group.pid).children():
         time.sleep(0.05)
     (child,) = psutil.Process(group.pid).children()  # the job's, without the token

@@ -295,7 +295,7 @@ def test_a_failing_stuck_jobs_run_is_logged_once_and_the_timer_goes_on(
     cron = SimHooks(state, threading.RLock(), 0.01)
     cron.start()
     try:
-        end = time.monotonic() + 10
+        end = time.monotonic() + 60
         while cron.drop_errors < 3 and time.monotonic() < end:
             time.sleep(0.01)
         assert cron.drop_errors >= 3 and cron.alive()

@@ -29,7 +29,7 @@ def test_sim_gitlab_prints_its_line_serves_and_stops_on_sigterm() -> None:
         health = httpx.get(info["url"] + "/-/sim/health").json()
         assert health["ok"] and health["drop_timer_alive"]
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
+        assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -161,6 +161,23 @@ def test_private_reads_need_a_session(world: World, tmp_path: Path) -> None:
         assert client.get(path).status_code == 200, path
 
 
+def test_what_stays_open_without_public_read_names_nobody(world: World, tmp_path: Path) -> None:
+    """README/docs/web.md's security model: the page shell, health and metrics answer
+    everyone; they carry no user name (carol runs a job, alice a process) or job link."""
+    client = _client(world, tmp_path, WebSettings(public_read=False))
+    for path in ("/", "/openapi.json", "/healthz", "/metrics"):
+        answer = client.get(path)
+        assert answer.status_code in (200, 503), path  # /healthz: 503 while no loop thread ticks
+        if path in ("/healthz", "/metrics"):
+            assert "carol" not in answer.text and "alice" not in answer.text, path
+            assert "/-/jobs/" not in answer.text, path
+    assert client.get("/api/host").status_code == 401
+    hook = client.post("/webhooks/gitlab", json={"object_kind": "build"}, headers={"X-Gitlab-Token": ""})
+    assert hook.status_code in (401, 403)  # no secret configured: every delivery is refused
+    assert _sign_in(client, "victor")[0] == 200
+    assert "carol" in client.get("/api/host").text  # what the open ones leave out
+
+
 def test_removed_user_loses_the_session(world: World, tmp_path: Path) -> None:
     client = _client(world, tmp_path)
     _, csrf = _sign_in(client, "olga")

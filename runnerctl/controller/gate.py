@@ -8,7 +8,9 @@ only below `reopen_ratio` of the thresholds (hysteresis: no flapping). A GPU wit
 or Xid errors, or lost, is unhealthy and stays closed until an admin reopens it; the
 error counts seen then become the baseline. A GPU in MIG mode stays closed while MIG is
 on (runnerctl leaves MIG GPUs alone, layout.py): this keeps the runners of a GPU that
-was switched to MIG after `init` paused. Unknown values are never read as zero.
+was switched to MIG after `init` paused. A GPU whose lease file cannot be read is
+closed while it cannot (fail closed, as the executors' gate). Unknown values are never
+read as zero.
 
 Pure: `step(state, gpu, ...) -> state`; the loop keeps the states in the store.
 """
@@ -53,8 +55,10 @@ class GateState:
 
 
 def step(state: GateState, gpu: Gpu, *, now: float, is_ci: IsCi, owned: bool,
-         limits: GateThresholds) -> GateState:
-    """The GPU's next state. `owned`: a CI lease holds this GPU (its memory is expected)."""
+         limits: GateThresholds, lease_problem: str = "") -> GateState:
+    """The GPU's next state. `owned`: a CI lease holds this GPU (its memory is expected).
+    `lease_problem`: why its lease file cannot be read; such a lease holds the GPU (the
+    executors' prepare waits on it too) until an admin removes the file."""
     state = _rebase(state, gpu)
     sick = _sickness(gpu, state)
     if sick or state.unhealthy:
@@ -62,7 +66,9 @@ def step(state: GateState, gpu: Gpu, *, now: float, is_ci: IsCi, owned: bool,
                                    reason=sick or state.reason, last_dirty=now)
     if gpu.mig_enabled:
         return dataclasses.replace(state, closed=True, reason=MIG_REASON, last_dirty=now)
-    dirty = _foreign_use(gpu, is_ci=is_ci, owned=owned, limits=limits, was_closed=state.closed)
+    dirty = (f"unreadable lease ({lease_problem}): held until an admin removes the file"
+             if lease_problem else
+             _foreign_use(gpu, is_ci=is_ci, owned=owned, limits=limits, was_closed=state.closed))
     if dirty:
         return dataclasses.replace(state, closed=True, reason=dirty, last_dirty=now)
     if state.closed and (state.last_dirty is None or now - state.last_dirty >= limits.cooldown_s):

@@ -191,7 +191,7 @@ class Controller:
             return
         owned = {g for s in self._slots if running.get(s.name) for g in s.gpus}
         new = gate_step(snapshot, self.gate, now=now, is_ci=self.wiring.is_ci, owned=owned,
-                        limits=self.limits)
+                        limits=self.limits, unreadable=self.wiring.jobs.unreadable())
         for gpu, state in new.items():
             old = self.gate.get(gpu, GateState())
             if state.closed != old.closed:

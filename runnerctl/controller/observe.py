@@ -59,6 +59,11 @@ class JobSource(Protocol):
         """Job id -> its lease, for the jobs of the last `running()`."""
         ...
 
+    def unreadable(self) -> dict[int, str]:
+        """GPU -> why its lease cannot be read, as of the last `running()`: nobody can tell
+        whose it is, so it holds the GPU (the gate keeps it closed)."""
+        ...
+
     def free(self, job_id: int) -> tuple[int, ...]:
         """Remove what the job left on this host and release its leases: GitLab says it
         is long over, and its cleanup never finished (controller/orphans.py). Returns
@@ -76,13 +81,17 @@ class LeaseJobs:
         self.settings = settings or Settings(paths=PathSettings(state_dir=str(state_dir)))
         self._leases: dict[int, Lease] = {}
         self._owners: dict[int, Owner] = {}
+        self._unreadable: dict[int, str] = {}
 
     def running(self) -> dict[str, tuple[int, ...]]:
         found: dict[str, set[int]] = {}
         leases = self.table.all()
         self._leases = {lease.gpu: lease for lease in leases}
         self._owners = {}
+        self._unreadable = {lease.gpu: lease.problem for lease in leases if lease.problem}
         for lease in leases:
+            if lease.problem:
+                continue  # no slot, no job: it holds its GPU through `unreadable`
             job = int(lease.job_id) if lease.job_id.isdigit() else -1
             found.setdefault(lease.slot, set()).add(job)
             if job >= 0:
@@ -103,6 +112,9 @@ class LeaseJobs:
             found[job] = LeasedJob(lease.slot, gpus, lease.user, lease.url, lease.project,
                                    lease.pipeline_id, lease.created_at)
         return found
+
+    def unreadable(self) -> dict[int, str]:
+        return dict(self._unreadable)
 
     def free(self, job_id: int) -> tuple[int, ...]:
         """The executors' own cleanup, as their cleanup stage would have done it: reap
@@ -170,8 +182,10 @@ class RunnerCache:
 
 
 def gate_step(snapshot: GpuSnapshot, gate: Mapping[int, GateState], *, now: float, is_ci: IsCi,
-              owned: Iterable[int], limits: GateThresholds) -> dict[int, GateState]:
-    owned_set = set(owned)
+              owned: Iterable[int], limits: GateThresholds,
+              unreadable: Mapping[int, str] | None = None) -> dict[int, GateState]:
+    owned_set, problems = set(owned), unreadable or {}
     return {gpu.index: step(gate.get(gpu.index, GateState()), gpu, now=now, is_ci=is_ci,
-                            owned=gpu.index in owned_set, limits=limits)
+                            owned=gpu.index in owned_set, limits=limits,
+                            lease_problem=problems.get(gpu.index, ""))
             for gpu in snapshot.gpus}
