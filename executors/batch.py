@@ -194,8 +194,7 @@ class BatchDriver:
         if dropped:
             print(f"runnerctl: ignoring SCHEDULER_PARAMETERS {' '.join(dropped)}: the runner "
                   f"sets GPUs, output and job name", flush=True)
-        snapshot = ctx.gpu_source().snapshot()
-        env = {**ctx.env, **ctx.gpu_env([snapshot.gpu(g).uuid for g in ctx.args.gpus])}
+        env = {**ctx.env, **ctx.gpu_env(ctx.gpu_uuids())}
         env.pop("CUDA_VISIBLE_DEVICES")  # the scheduler's (or gpu_exports') choice, on its node
         env.pop("NVIDIA_VISIBLE_DEVICES")
         return Request(label=label(lease), wrapper=paths.wrapper, log=paths.log,

@@ -33,6 +33,7 @@ from runnerctl.executors.driver import StageContext, SystemFailure
 from runnerctl.executors.lease import LEASE_ENV, Lease, LeaseTable, job_processes
 from runnerctl.executors.shell import ShellDriver
 from runnerctl.executors.stop import on_stop
+from runnerctl.model import slot_key
 from runnerctl.settings import Settings
 
 LABEL_JOB, LABEL_LEASE, LABEL_SLOT, LABEL_STATE = (
@@ -61,7 +62,7 @@ class DockerDriver:
         client = _client()
         image = ctx.job.image or ctx.settings.executor.docker_image
         _ensure_image(client, image)
-        uuids = [ctx.gpu_source().snapshot().gpu(g).uuid for g in ctx.args.gpus]
+        uuids = ctx.gpu_uuids()
         builds = str(Path(ctx.settings.builds_dir).resolve())
         env = ctx.gpu_env(uuids)
         env.pop(LEASE_ENV)  # only exec'd stages carry the token: the idle container is no work
@@ -90,7 +91,7 @@ class DockerDriver:
         inside.parent.mkdir(parents=True, exist_ok=True)
         inside.write_bytes(script.read_bytes())
         api = _client().api
-        uuids = [ctx.gpu_source().snapshot().gpu(g).uuid for g in ctx.args.gpus]
+        uuids = ctx.gpu_uuids()
         env = ctx.gpu_env(uuids) | {"CUDA_VISIBLE_DEVICES": ",".join(uuids)}
         try:
             lease = ctx.lease
@@ -190,4 +191,4 @@ def _ensure_image(client: docker.DockerClient, image: str) -> None:
 
 def _name(ctx: StageContext) -> str:
     nonce = ctx.lease.nonce if ctx.lease else "none"
-    return f"runnerctl-job-{ctx.job.id}-{ctx.args.slot.rsplit('/', 1)[-1]}-{nonce}"
+    return f"runnerctl-job-{ctx.job.id}-{slot_key(ctx.args.slot)}-{nonce}"

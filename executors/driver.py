@@ -92,6 +92,11 @@ class StageContext:
     def gpu_source(self) -> GpuSource:
         return open_gpu_source(self.args.gpu_source, host=self.settings.host.name)
 
+    def gpu_uuids(self) -> list[str]:
+        """The UUIDs of the slot's GPUs, in slot order (one NVML read)."""
+        snapshot = self.gpu_source().snapshot()
+        return [snapshot.gpu(g).uuid for g in self.args.gpus]
+
     def gpu_env(self, uuids: list[str]) -> dict[str, str]:
         """What the job's processes see, whatever the job's own variables say."""
         return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.args.gpus),

@@ -355,12 +355,6 @@ class LeaseTable:
                 self._path(lease.gpu).unlink(missing_ok=True)
             return freed
 
-    def reclaim_stale(self) -> list[Lease]:
-        with self._mutex():
-            stale = [lease for lease in self.all() if is_stale(lease)]
-            for lease in stale:
-                self._path(lease.gpu).unlink(missing_ok=True)
-            return stale
 
 
 _REPORTED: set[tuple[str, str]] = set()

@@ -42,6 +42,7 @@ from runnerctl.executors.contract import GRACEFUL_KILL_TIMEOUT_S
 from runnerctl.executors.driver import StageContext, SystemFailure
 from runnerctl.executors.lease import Lease, LeaseTable, token_processes
 from runnerctl.executors.stop import on_stop
+from runnerctl.model import slot_key
 from runnerctl.settings import Settings
 
 _GUARDED = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "RUNNERCTL_LEASE")
@@ -60,7 +61,7 @@ class ShellDriver:
     name = "shell"
 
     def config(self, ctx: StageContext) -> dict[str, Any]:
-        key = ctx.args.slot.rsplit("/", 1)[-1]
+        key = slot_key(ctx.args.slot)
         return {
             "builds_dir": str(Path(ctx.settings.builds_dir) / key),
             "cache_dir": str(Path(ctx.settings.cache_dir) / key),
@@ -72,7 +73,7 @@ class ShellDriver:
 
     def prepare(self, ctx: StageContext) -> None:
         user = job_user(ctx.settings)
-        key = ctx.args.slot.rsplit("/", 1)[-1]
+        key = slot_key(ctx.args.slot)
         for path in (ctx.settings.builds_dir, ctx.settings.cache_dir):
             Path(path).mkdir(parents=True, exist_ok=True)
             if user.pw_uid != os.geteuid():
@@ -83,8 +84,7 @@ class ShellDriver:
 
     def run(self, ctx: StageContext, script: Path, stage: str) -> int:
         user = job_user(ctx.settings)
-        snapshot = ctx.gpu_source().snapshot()
-        env = {**ctx.env, **ctx.gpu_env([snapshot.gpu(g).uuid for g in ctx.args.gpus])}
+        env = {**ctx.env, **ctx.gpu_env(ctx.gpu_uuids())}
         switch = user.pw_uid != os.geteuid()
         copy_dir = (Path(tempfile.mkdtemp(prefix=".runnerctl-", dir=ctx.settings.builds_dir))
                     if switch else None)

@@ -4,7 +4,6 @@ gitlab-runner starts `python -m runnerctl.executors <stage> <DriverArgs...> [scr
 (executors/contract.py). prepare takes the GPU leases and passes the gate or fails as a
 system failure naming GPU, pid and user; run maps the script's exit code; cleanup
 always reaps and releases, and its own failures never change the job's result.
-`reclaim_stale` is the same reaping for the controller.
 """
 
 from __future__ import annotations
@@ -132,13 +131,6 @@ def reap(leases: list[Lease], settings: Settings) -> None:
             registry[lease.driver]().reap(lease, settings)
         except (SystemFailure, OSError) as exc:  # reported; the lease is still released
             print(f"runnerctl: cleaning up job {lease.job_id}: {exc}", file=sys.stderr)
-
-
-def reclaim_stale(settings: Settings) -> list[Lease]:
-    """For the controller: drop leases whose gitlab-runner and job are gone, reap their rest."""
-    stale = LeaseTable(settings.state_dir).reclaim_stale()
-    reap(stale, settings)
-    return stale
 
 
 def _gpus(ctx: StageContext) -> str:

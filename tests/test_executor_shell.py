@@ -275,10 +275,11 @@ def test_cleanup_signals_only_processes_it_started(host: Path) -> None:
             proc.wait()
 
 
-def test_controller_reclaims_a_stale_lease_only_once_the_job_is_gone(host: Path) -> None:
+def test_a_stale_lease_is_replaced_only_once_its_job_is_gone(host: Path) -> None:
+    """A lease whose gitlab-runner died is stale only when no process of its job is left;
+    the next prepare on its GPU then replaces it (LeaseTable.acquire)."""
     from runnerctl.executors.contract import stage_command
-    from runnerctl.executors.stages import reclaim_stale
-    from runnerctl.settings import load_settings
+    from runnerctl.executors.lease import is_stale
 
     harness = _harness(host, (5,))
     exe, argv = stage_command("prepare", harness.args)
@@ -287,15 +288,15 @@ def test_controller_reclaims_a_stale_lease_only_once_the_job_is_gone(host: Path)
                           timeout=60, check=False).returncode == 0
     (lease,) = _leases(host).all()
     leftover = subprocess.Popen(["sleep", "600"], env={"RUNNERCTL_LEASE": lease.token})
-    settings = load_settings(host / "runnerctl.toml")
     try:
-        assert reclaim_stale(settings) == []  # its gitlab-runner is gone, its process is not
-        assert _leases(host).all() == [lease]
+        assert not is_stale(lease)  # its gitlab-runner is gone, its process is not
     finally:
         leftover.kill()
         leftover.wait()
-    assert [x.job_id for x in reclaim_stale(settings)] == ["603"]
-    assert _leases(host).all() == []
+    assert is_stale(lease)
+    assert subprocess.run([sys.executable, "-c", runner], env=harness.env(FakeJob(id=604)),
+                          timeout=60, check=False).returncode == 0
+    assert [x.job_id for x in _leases(host).all()] == ["604"]
 
 
 def test_a_lease_with_a_string_owner_pid_fails_prepare_in_one_line(host: Path) -> None:

@@ -200,7 +200,7 @@ def test_an_unreadable_lease_holds_its_gpu_and_is_reported(tmp_path: Path, damag
     assert any("gpu2.json is unreadable" in r.getMessage() for r in caplog.records)
     with pytest.raises(LeaseBusy, match="GPU 2 has an unreadable lease"):
         table.acquire((2, 3), _lease(-1, job="11"), wait_s=0)
-    assert table.reclaim_stale() == [] and path.exists()
+    assert path.exists()  # nothing replaced it
     uses = classify(sim_snapshot(tmp_path, {2: [os.getpid()]}), table.all())
     assert [p.pid for p in uses[2].foreign] == [os.getpid()]  # nothing passes for its job
 

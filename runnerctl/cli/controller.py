@@ -117,14 +117,15 @@ def _web(controller: Controller, settings: Settings, listen: str, oauth: GitLabO
 
 def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: str, workload: str) -> None:
     from runnerctl.controller import serve as serving
+    from runnerctl.gpus import sim_count
     from runnerctl.sim.world import build_world
 
     count = 8
     if gpu_source is not None:
-        if not (gpu_source.startswith("sim:") and gpu_source[4:].isascii() and gpu_source[4:].isdigit()
-                and 1 <= int(gpu_source[4:]) <= 64):
+        found = sim_count(gpu_source)
+        if found is None:
             raise ConfigError(f"--gpu-source {gpu_source}: with --gitlab sim it is sim:N, N from 1 to 64")
-        count = int(gpu_source[4:])
+        count = found
     world = build_world(settings.state_dir, gpu_count=count, webhook_secret=secret,
                         settings=dataclasses.replace(settings.controller, projects=(1,)),
                         on_event=lambda e: click.echo(f"{e.kind:10} {e.subject:28} {e.detail}"),

@@ -64,14 +64,22 @@ class SimSource:
         return snapshot if self.watch_xid else sim.unwatched(snapshot)
 
 
+def sim_count(spec: str) -> int | None:
+    """N of a `sim:N` GPU source with 1 to 64 GPUs; None for anything else."""
+    arg = spec.removeprefix("sim:")
+    if arg == spec or not (arg.isascii() and arg.isdigit()) or not 1 <= int(arg) <= 64:
+        return None
+    return int(arg)
+
+
 def open_gpu_source(spec: str, *, host: str | None = None, watch_xid: bool = False) -> GpuSource:
     """Parse a `--gpu-source` value. `watch_xid` for a reader that lives across snapshots."""
     host = host or socket.gethostname()
     if spec == "nvml":
         return NvmlSource(host, watch_xid=watch_xid)
-    if spec.startswith("sim:") and len(spec) > 4:
-        arg = spec[4:]
-        if arg.isdigit() and not 1 <= int(arg) <= 64:
+    arg = spec.removeprefix("sim:")
+    if arg and arg != spec:
+        if arg.isdigit() and sim_count(spec) is None:
             raise ConfigError(f"--gpu-source {spec}: a simulated host has 1 to 64 GPUs")
         return SimSource(spec, host, watch_xid=watch_xid)
     raise ConfigError(

@@ -97,8 +97,8 @@ def _time(row: dict[str, str], column: str, where: str) -> float:
 
 
 def _host(name: str) -> int:
-    letters = name[4:]
-    if not (name.startswith("gpu-") and letters and all("a" <= c <= "z" for c in letters)):
+    letters = name.removeprefix("gpu-")
+    if not (letters != name and letters and all("a" <= c <= "z" for c in letters)):
         raise ValueError(f"host {name!r} is not gpu-a, gpu-b, ..., gpu-z, gpu-aa, ...")
     index = 0
     for c in letters:  # as spreadsheet columns: a..z, aa..az, ba..
