@@ -11,14 +11,15 @@ Runner policies model gitlab-runner's mechanics: runners poll every `check_s` se
 (all on one beat), GitLab hands the oldest pending job to an open, idle runner whose
 tags cover the job's (`gpus:N` -> a slot of N GPUs), and the executor's gate keeps a
 runner from starting on a GPU with a foreign process. Reference policies (`greedy`,
-`fifo`) have no runners, polling or drain latency.
+`fifo`, `easy-oracle`: `reference`) have no runners, polling or drain latency.
 
 Policies: `static-singles` (one runner per GPU), `static-partition` (per host one
 quad, one pair and two singles, always open), `dynamic` (runnerctl: every slot, opened
 by `runnerctl.controller.plan.plan` on the reconcile beat; hosts claim a pending job
 before draining for it, and no other host drains for it, though one with an idle block
-may start it), `greedy` (start any queued job that fits, oldest first) and
-`fifo` (strict arrival order).
+may start it), `greedy` (start any queued job that fits, oldest first),
+`fifo` (strict arrival order) and `easy-oracle` (EASY backfilling knowing every job's
+duration: the limit no real controller reaches).
 
 GitLab's own rule against waiting jobs runs on its hourly cron (`gitlab_cron`): a job
 pending over an hour that no online, unpaused runner covers, and any job pending over
@@ -45,11 +46,11 @@ from runnerctl.sim.hosts import SimHost, SimRunner, host_name
 from runnerctl.sim.inputs import ForeignUse, SimConfig, TraceJob
 from runnerctl.sim.metrics import metrics
 from runnerctl.sim.queue import PendingQueue
+from runnerctl.sim.reference import REFERENCE, schedule
 
 __all__ = ["POLICIES", "REFERENCE", "ForeignUse", "SimConfig", "Simulator", "TraceJob"]
 
-POLICIES = ("dynamic", "static-singles", "static-partition", "greedy", "fifo")
-REFERENCE = ("greedy", "fifo")
+POLICIES = ("dynamic", "static-singles", "static-partition", *REFERENCE)
 
 # event kinds; at one instant they run in this order (state changes, then the
 # controller, then the runners)
@@ -79,7 +80,8 @@ class Simulator:
         self.plans = 0  # host plans computed (the benchmark reports it)
         self._events: list[tuple[float, int, int, int, int]] = []
         self._seq = itertools.count()
-        self._free = [len(h.owner) for h in self.hosts]  # reference policies' free GPUs
+        self.free_counts = [len(h.owner) for h in self.hosts]  # reference policies' free GPUs
+        self._foreign_spans: dict[tuple[int, int], list[tuple[float, float]]] = {}  # easy-oracle
         self._next_poll = -1.0  # scheduled poll, or -1
         self._next_cron = -1.0  # GitLab's next stuck-job cron, or -1
         self._ticks: set[float] = set()  # scheduled controller ticks
@@ -102,6 +104,8 @@ class Simulator:
                 raise ValueError(f"foreign use on {host_name(use.host)} GPU {use.gpu}: no such host "
                                  f"or GPU ({config.hosts} hosts x {config.gpus_per_host} GPUs)")
             self._push(use.start, FOREIGN_ON, use.host, use.gpu)
+            spans = self._foreign_spans.setdefault((use.host, use.gpu), [])
+            spans.append((use.start, use.start + use.duration))
             self._push(use.start + use.duration, FOREIGN_OFF, use.host, use.gpu)
 
     def _push(self, at: float, kind: int, a: int = 0, b: int = 0) -> None:
@@ -128,7 +132,7 @@ class Simulator:
             else:
                 self._handle(now, kind, a, b)
                 if reference:
-                    self._schedule_reference(now)
+                    schedule(self, now)
         if self._queue_since is not None:  # jobs never started: polled until the last event
             self._count_beats(max(self.finished.values(), default=self._queue_since))
         return metrics(self)
@@ -172,7 +176,7 @@ class Simulator:
     def _changed(self, now: float, host_no: int) -> None:
         """Something on this host changed: its free GPUs, its plan, its runners' chances."""
         host = self.hosts[host_no]
-        self._free[host_no] = len(host.free_gpus(now))
+        self.free_counts[host_no] = len(host.free_gpus(now))
         self._dirty.add(host_no)
         self._want_tick(now)
         self._want_poll(now)
@@ -313,7 +317,7 @@ class Simulator:
             self._top = top
             self._common = None
             # 1-GPU demand only counts for a host's idle GPUs (see plan._Reserver)
-            self._dirty.update(h for h in range(len(self.hosts)) if multi_changed or self._free[h])
+            self._dirty.update(h for h in range(len(self.hosts)) if multi_changed or self.free_counts[h])
 
     def _host_demand(self, host_no: int) -> tuple[tuple[Demand, ...], frozenset[int]]:
         """What this host's controller would read: pending jobs, those another host
@@ -379,18 +383,19 @@ class Simulator:
             self._refresh_top()
             self._dirty.update(h for h in range(len(self.hosts)) if h != host_no)  # their `elsewhere`
 
-    # -- reference policies ------------------------------------------------------------
-    def _schedule_reference(self, now: float) -> None:
-        """Greedy: the oldest queued job that fits somewhere, again and again; fifo stops
-        at the first that does not fit. A job goes to the first host with room."""
-        while self.queue:
-            most = max(self._free)
-            job_id = self.queue.oldest_fitting(most if self.config.policy == "greedy" else 10**9)
-            if job_id is None or self.jobs[job_id].gpus > most:
-                return
-            need = self.jobs[job_id].gpus
-            host_no = next(h for h, free in enumerate(self._free) if free >= need)
-            self._start(now, host_no, tuple(self.hosts[host_no].free_gpus(now)[:need]), job_id, None)
+    # -- reference policies (runnerctl.sim.reference) ----------------------------------
+    def start_reference(self, now: float, host_no: int, job_id: int) -> None:
+        """A reference policy starts a job on the first free GPUs of a host."""
+        gpus = tuple(self.hosts[host_no].free_gpus(now)[:self.jobs[job_id].gpus])
+        self._start(now, host_no, gpus, job_id, None)
+
+    def foreign_free_at(self, host_no: int, gpu: int, now: float) -> float:
+        """When a GPU's foreign use and cool-down will be over (what only an oracle knows)."""
+        host = self.hosts[host_no]
+        if not host.foreign[gpu]:
+            return max(now, host.closed_until[gpu])
+        ends = [end for start, end in self._foreign_spans.get((host_no, gpu), ()) if start <= now <= end]
+        return max(ends, default=now) + self.config.cooldown_s
 
 
 def _beat(now: float, period: float, last: float) -> float:

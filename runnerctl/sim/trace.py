@@ -1,6 +1,8 @@
 """Trace files for `runnerctl simulate`, and a synthetic workload generator.
 
-JOBS.csv: `job_id,submit_time,gpus,duration` (seconds), optional `project,priority`.
+JOBS.csv: `job_id,submit_time,gpus,duration` (seconds), optional `project,priority`,
+`user` (who submitted it; the per-user metrics) and `timeout` (the job's GitLab timeout
+in seconds, empty for none: what a controller may know of a duration in advance).
 FOREIGN.csv: `start,duration,host,gpu`, hosts named gpu-a, gpu-b, ... in order (after
 gpu-z: gpu-aa, gpu-ab, ..., as `hosts.host_name` names them).
 """
@@ -20,9 +22,25 @@ def read_jobs(path: Path) -> list[TraceJob]:
     try:
         return [TraceJob(int(r["job_id"]), float(r["submit_time"]), int(r["gpus"]),
                          float(r["duration"]), r.get("project") or "p",
-                         r.get("priority") or "normal") for r in rows]
+                         r.get("priority") or "normal", r.get("user") or "",
+                         _timeout(r.get("timeout"), f"{path}: line {line}"))
+                for line, r in enumerate(rows, start=2)]
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+def _timeout(text: str | None, where: str) -> float | None:
+    """The optional `timeout` column: empty, or seconds above zero (GitLab's minimum is
+    10 minutes, but traces from elsewhere may say less)."""
+    if text is None or not text.strip():
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{where}: timeout {text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"{where}: timeout {text!r} is not a number of seconds above zero")
+    return value
 
 
 def read_foreign(path: Path) -> list[ForeignUse]:
