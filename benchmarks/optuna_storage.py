@@ -1,46 +1,56 @@
-"""Trials per second of an Optuna sweep by storage and worker count, in one run.
+"""Trials per second and CPU per trial of an Optuna sweep by storage and worker count, in one run.
 
-    python benchmarks/optuna_storage.py [--workers 1,4,8,16] [--trials-per-worker 20] [--repeat 2]
+    python benchmarks/optuna_storage.py [--workers 4,16,64] [--trials 320] [--repeat 2]
+                                        [--configs journal-pg,rdb-pg,plain-pg,grpc-pg,journal-file]
                                         [--scratch DIR]
 
 Every worker is a separate process, as in a sweep (one per GitLab job), and its
-objective sleeps 0.2 s, standing in for GPU work, so the figures measure the storage
-path and not the training. What is measured, and what is left out on purpose:
+objective sleeps 0.2 s, standing in for GPU work, so W workers could at best complete
+W / 0.2 trials a second; the figures measure what the storage path costs on top. What
+is measured, and what is left out on purpose:
 
 - left out: process start-up. The worker processes start once, import Optuna, and then
   wait at a start barrier (a file each run touches) before every run. Starting and
-  importing 16 Python processes on a 2-core host takes seconds and says nothing about
+  importing 64 Python processes on a 2-core host takes a minute and says nothing about
   the storage; in a real sweep each worker starts once per job, not once per trial.
   Each run still loads its own study and opens (and at the end closes) its connections.
+- every run completes the same number of trials (`--trials`, default 320, 20 per worker
+  at 16 workers), whatever its worker count: the sampler's CPU per trial grows with the
+  trials it reads, and a run of 64 workers x 20 trials would measure a sampler reading
+  four times as many, not the storage.
 - left out: the first and last tenth of completions. A run's rate is the trials
   completed between the 10th and 90th percentile of completion times over that span;
   the ramp-up and the last stragglers depend on the run's length, not the storage.
 - kept: everything a worker does per trial in a real sweep, the sampler's CPU included
-  (Optuna's default TPE sampler, whose cost grows with the trials it reads), and the
-  database server's CPU (the table shows both per trial). On a host with few cores that
-  CPU, not the 0.2 s objective, is what caps the rate at 8 and 16 workers.
+  (Optuna's default TPE sampler, whose cost grows with the trials it reads), the
+  heartbeat threads, and the CPU of the database server and of the gRPC proxy (the
+  table shows both per trial). On a host with few cores that CPU, not the 0.2 s
+  objective, is what caps the rate at 16 and more workers.
 - the host is shared: every configuration runs `--repeat` times, interleaved, and keeps
   its best rate, since other work only ever slows a run down. The load average at the
   start and the end is printed with the table.
 
-Two ways to run a worker, for comparison, both measured in the same run:
+The configurations (`--configs`), all measured in the same run:
 
-- `runnerctl`: what the optuna-sweep template runs, `runnerctl.optuna.run_worker`, with
-  the template's environment (OPTUNA_STORAGE, OPTUNA_STUDY_NAME, OPTUNA_N_TRIALS):
-  pool_pre_ping, a fixed pool, heartbeats with retries, an exact total, and the
-  `SweepStorage` cache (other workers' trials read at most once a second);
-- `plain`: Optuna as documented, `study.optimize(objective, n_trials=share)` on the URL.
+- `journal-pg`: what the optuna-sweep template runs on `runnerctl postgres url` (its
+  default `--kind journal`), `runnerctl.optuna.run_worker` with the template's
+  environment: Optuna's JournalStorage on a log table in PostgreSQL, heartbeats with
+  retries, an exact total;
+- `rdb-pg`: the same worker on `runnerctl postgres url --kind rdb`: RDBStorage through
+  runnerctl's `SweepStorage` cache (other workers' trials read at most once a second);
+- `plain-pg`: Optuna as documented, `study.optimize(objective, n_trials=total / W)` on the
+  RDB URL (no heartbeats);
+- `grpc-pg`: the same plain loop through Optuna's `GrpcStorageProxy`, one proxy process
+  (`run_grpc_proxy_server`, Optuna's cached RDB storage) in front of the same database;
+  Optuna implements no heartbeats for it;
+- `journal-file`: plain Optuna on its JournalStorage file on the scratch disk (one
+  host only), the cheapest storage there is, as the reference;
+- `sqlite`: plain Optuna on a SQLite file next to it (not in the default set).
 
 PostgreSQL is a server started by runnerctl (`runnerctl.postgres`) in a scratch
 directory (`--scratch DIR` puts it on the disk your workers would use; default: a
-temporary directory), SQLite a file next to it, JournalFile Optuna's journal file
-storage. How SQLite compares depends on that disk: every SQLite commit holds the file's
-write lock across its fsyncs, while PostgreSQL commits many sessions with one WAL
-flush, so the slower the disk's fsync, the further SQLite falls behind at 8 workers.
-The run measures the scratch disk's fsync time first and prints it with the table. Each
-storage's ratios are against its own 1-worker rate measured in the same run; the
-issue's acceptance ratios are printed for both ways. The table goes into
-benchmarks/RESULTS.md between the optuna-storage markers (`--no-write` leaves it).
+temporary directory); the run measures that disk's fsync time first. The table goes
+into benchmarks/RESULTS.md between the optuna-storage markers (`--no-write` leaves it).
 """
 
 from __future__ import annotations
@@ -55,6 +65,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,17 +74,25 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SLEEP_S = 0.2
-STORAGES = ("PostgreSQL", "SQLite", "JournalFile")
+LABELS = {
+    "journal-pg": "runnerctl: journal on PostgreSQL",
+    "rdb-pg": "runnerctl: RDB on PostgreSQL",
+    "plain-pg": "plain Optuna: RDBStorage on PostgreSQL",
+    "grpc-pg": "plain Optuna: GrpcStorageProxy, PostgreSQL",
+    "journal-file": "plain Optuna: JournalStorage file",
+    "sqlite": "plain Optuna: RDBStorage on SQLite",
+}
+DEFAULT_CONFIGS = "journal-pg,rdb-pg,plain-pg,grpc-pg,journal-file"
+RUNNERCTL = {"journal-pg", "rdb-pg"}  # run through runnerctl.optuna.run_worker
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    storage: str
-    mode: str
+    config: str
     workers: int
     rate: float  # trials/s, steady
     cpu_ms: float  # CPU per trial, workers + server
-    server_ms: float = 0.0  # of which the server's
+    server_ms: float = 0.0  # of which the server's (database, proxy)
 
 
 def objective(trial: Any) -> float:
@@ -84,41 +103,55 @@ def objective(trial: Any) -> float:
 
 # -- the worker processes --------------------------------------------------------------
 def worker_loop() -> None:
-    """Serve runs: `url study total share go mode` on stdin, `ready`/`done CPU` on stdout."""
+    """Serve runs: `config url study total share go` on stdin, `ready`/`done CPU` on stdout."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     for line in sys.stdin:
-        url, study_name, total, share, go, mode = line.split()
-        study = _load(url, study_name, int(total), mode)
+        config, url, study_name, total, share, go = line.split()
+        study = _load(config, url, study_name, int(total))
         print("ready", flush=True)
         while not os.path.exists(go):
             time.sleep(0.002)
         cpu = time.process_time()
-        if mode == "runnerctl":
+        if config in RUNNERCTL:
             from runnerctl.optuna import run_worker
 
-            run_worker(objective, study=study, poll_s=0.2)
+            run_worker(objective, study=study)  # as the template: waits poll 1 s
         else:
             study.optimize(objective, n_trials=int(share))
         cpu = time.process_time() - cpu
-        backend = getattr(study._storage, "_backend", study._storage)
-        if hasattr(backend, "engine"):
-            backend.engine.dispose()  # close this run's connections before the next run
+        _close(study._storage)  # this run's connections, before the next run
         print(f"done {cpu:.6f}", flush=True)
 
 
-def _load(url: str, study_name: str, total: int, mode: str) -> Any:
+def _load(config: str, url: str, study_name: str, total: int) -> Any:
     import optuna
 
     from runnerctl.optuna import make_storage, study_from_env
 
-    if mode == "runnerctl":  # the optuna-sweep template's environment
+    if config in RUNNERCTL:  # the optuna-sweep template's environment
         os.environ.update({"OPTUNA_STORAGE": url, "OPTUNA_STUDY_NAME": study_name,
                            "OPTUNA_N_TRIALS": str(total)})
         return study_from_env()
+    if config == "grpc-pg":
+        host, port = url.removeprefix("grpc:").rsplit(":", 1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            proxy = optuna.storages.GrpcStorageProxy(host=host, port=int(port))
+        return optuna.load_study(study_name=study_name, storage=proxy)
     storage = make_storage(url) if url.startswith("journal:") else url
     return optuna.load_study(study_name=study_name, storage=storage)
+
+
+def _close(storage: Any) -> None:
+    backend = getattr(storage, "_backend", storage)
+    if hasattr(backend, "engine"):
+        backend.engine.dispose()
+    elif hasattr(backend, "close"):  # runnerctl's PostgreSQL journal
+        backend.close()
+    elif hasattr(storage, "close"):  # gRPC proxy client
+        storage.close()
 
 
 class Workers:
@@ -159,20 +192,29 @@ class Workers:
 
 
 # -- one measurement ---------------------------------------------------------------------
-def run_one(workers: Workers, url: str, count: int, per_worker: int, mode: str,
-            server_pid: int | None, scratch: Path) -> Run:
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where one configuration's workers go: their URL, the driver's, the server pids."""
+
+    url: str
+    admin_url: str  # the driver creates and reads studies here
+    pids: tuple[int, ...] = ()
+
+
+def run_one(workers: Workers, config: str, target: Target, count: int, total: int,
+            scratch: Path) -> Run:
     import optuna
 
-    name = f"bench_{mode}_{count}_{time.monotonic_ns()}"
-    storage = _own_storage(url)
+    name = f"bench_{config.replace('-', '_')}_{count}_{time.monotonic_ns()}"
+    storage = _own_storage(target.admin_url)
     optuna.create_study(study_name=name, storage=storage)
     go = scratch / f"go-{name}"
-    cpu, server = workers.run(count, f"{url} {name} {count * per_worker} {per_worker} {go} {mode}", go,
-                      lambda: _server_cpu(server_pid))
+    cpu, server = workers.run(count, f"{config} {target.url} {name} {total} {-(-total // count)} {go}",
+                              go, lambda: sum(_server_cpu(pid) for pid in target.pids))
     trials = optuna.load_study(study_name=name, storage=storage).get_trials(
         deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     ends = [t.datetime_complete.timestamp() for t in trials if t.datetime_complete]
-    return Run(_storage_name(url), mode, count, _steady_rate(ends), 1000 * (cpu + server) / len(trials),
+    return Run(config, count, _steady_rate(ends), 1000 * (cpu + server) / len(trials),
                1000 * server / len(trials))
 
 
@@ -186,14 +228,9 @@ def _own_storage(url: str) -> Any:
 
         from runnerctl.optuna import make_storage
 
-        _STORAGES[url] = make_storage(url) if url.startswith("journal:") else optuna.storages.RDBStorage(url)
+        _STORAGES[url] = (optuna.storages.RDBStorage(url) if url.startswith(("postgresql", "sqlite"))
+                          else make_storage(url))
     return _STORAGES[url]
-
-
-def _storage_name(url: str) -> str:
-    if url.startswith("postgresql"):
-        return "PostgreSQL"
-    return "SQLite" if url.startswith("sqlite") else "JournalFile"
 
 
 def _steady_rate(ends: list[float]) -> float:
@@ -203,10 +240,8 @@ def _steady_rate(ends: list[float]) -> float:
     return (hi - lo) / (ends[hi] - ends[lo])
 
 
-def _server_cpu(pid: int | None) -> float:
-    """The postmaster and every backend it has had (exited ones counted by the kernel)."""
-    if pid is None:
-        return 0.0
+def _server_cpu(pid: int) -> float:
+    """A process and every child it has had (exited ones counted by the kernel)."""
     import psutil
 
     root = psutil.Process(pid)
@@ -219,27 +254,52 @@ def _server_cpu(pid: int | None) -> float:
     return float(total)
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @contextmanager
 def postgres(scratch: Path) -> Iterator[tuple[str, int]]:
     """runnerctl's own PostgreSQL server in scratch/pg; yields a study database URL and the pid."""
     from runnerctl.postgres import PostgresConfig, PostgresServer
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
     base = scratch / "pg"
     base.mkdir(mode=0o755)
-    server = PostgresServer(PostgresConfig(base_dir=base, port=port))
+    server = PostgresServer(PostgresConfig(base_dir=base, port=_free_port()))
     server.init()
     server.start()
     try:
         url = server.create_database("bench")
         yield url, int((base / "data" / "postmaster.pid").read_text().split()[0])
     finally:
-        storage = _STORAGES.pop(url, None) if "url" in locals() else None
-        if storage is not None:
-            storage.engine.dispose()
+        for storage in _STORAGES.values():
+            _close(storage)
+        _STORAGES.clear()
         server.stop()
+
+
+@contextmanager
+def grpc_proxy(url: str) -> Iterator[tuple[str, int]]:
+    """Optuna's gRPC proxy in front of `url`, in its own process; yields grpc:HOST:PORT and its pid."""
+    port = _free_port()
+    code = ("import optuna, sys; optuna.logging.set_verbosity(optuna.logging.ERROR); "
+            "optuna.storages.run_grpc_proxy_server(optuna.storages.get_storage(sys.argv[1]), "
+            "host='127.0.0.1', port=int(sys.argv[2]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, url, str(port)])
+    try:
+        import optuna
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            client = optuna.storages.GrpcStorageProxy(host="127.0.0.1", port=port)
+        client.wait_server_ready(timeout=120)
+        client.close()
+        yield f"grpc:127.0.0.1:{port}", proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
 
 
 def fsync_ms(directory: Path, count: int = 50) -> float:
@@ -260,83 +320,62 @@ def fsync_ms(directory: Path, count: int = 50) -> float:
 # -- the table -----------------------------------------------------------------------------
 def best(runs: list[Run]) -> list[Run]:
     """Per configuration, the run with the highest rate."""
-    chosen: dict[tuple[str, str, int], Run] = {}
+    chosen: dict[tuple[str, int], Run] = {}
     for run in runs:
-        key = (run.storage, run.mode, run.workers)
+        key = (run.config, run.workers)
         if key not in chosen or run.rate > chosen[key].rate:
             chosen[key] = run
     return list(chosen.values())
 
 
-def table(runs: list[Run], counts: list[int], args: argparse.Namespace, load: str,
-          fsync: float) -> list[str]:
-    modes = sorted({r.mode for r in runs}, reverse=True)  # runnerctl first
-
-    def find(storage: str, mode: str, workers: int) -> Run:
-        return next(r for r in runs if (r.storage, r.mode, r.workers) == (storage, mode, workers))
-
-    lines = ["## Optuna storage: trials per second by workers", "",
+def table(runs: list[Run], configs: list[str], counts: list[int], args: argparse.Namespace,
+          load: str, fsync: float) -> list[str]:
+    lines = ["## Optuna storage: trials per second and CPU per trial", "",
              f"`python benchmarks/optuna_storage.py` on this machine: {os.cpu_count()} cores, "
              f"shared (load average {load}); scratch disk fsync {fsync:.2f} ms (median of 50); "
-             f"objective sleeps {SLEEP_S} s; "
-             f"{args.trials_per_worker} trials per worker; best of {args.repeat} interleaved runs; "
-             "steady rate (10th to 90th percentile of completions); (x) is the ratio to the same "
-             "storage and mode at 1 worker in the same run; CPU is workers + server per trial, "
-             "(server) the database server's part.", "",
-             "| storage | workers | " + " | ".join(f"{m} trials/s (x) | {m} CPU ms (server)"
-                                                  for m in modes) + " |",
-             "|---|---|" + "---|---|" * len(modes)]
-    for storage in dict.fromkeys(r.storage for r in runs):
+             f"objective sleeps {SLEEP_S} s, so W workers reach at most W / {SLEEP_S} trials/s "
+             f"(the % of ideal); {args.trials} trials per run; best of {args.repeat} "
+             "interleaved runs; steady rate (10th to 90th percentile of completions); CPU is "
+             "workers + server per trial, (server) the database server's and proxy's part.", "",
+             "| storage | " + " | ".join(f"{w} workers trials/s (% ideal) | CPU ms (server)"
+                                       for w in counts) + " |",
+             "|---|" + "---|---|" * len(counts)]
+    for config in configs:
+        cells = []
         for workers in counts:
-            cells = []
-            for mode in modes:
-                run, base = find(storage, mode, workers), find(storage, mode, counts[0])
-                cells.append(f"{run.rate:.1f} ({run.rate / base.rate:.1f}x) | "
-                             f"{run.cpu_ms:.0f} ({run.server_ms:.0f})")
-            lines.append(f"| {storage} | {workers} | " + " | ".join(cells) + " |")
-    return [*lines, "", *checks(runs, fsync)]
+            run = next((r for r in runs if (r.config, r.workers) == (config, workers)), None)
+            cells.append("not measured | -" if run is None else
+                         f"{run.rate:.1f} ({run.rate * SLEEP_S / workers:.0%}) | "
+                         f"{run.cpu_ms:.1f} ({run.server_ms:.1f})")
+        lines.append(f"| {LABELS[config]} | " + " | ".join(cells) + " |")
+    return [*lines, "", *checks(runs)]
 
 
-def checks(runs: list[Run], fsync: float) -> list[str]:
-    """The issue's acceptance ratios, for runnerctl's workers and for plain Optuna's."""
-    def rate(storage: str, mode: str, workers: int) -> float | None:
-        found = [r.rate for r in runs if (r.storage, r.mode, r.workers) == (storage, mode, workers)]
-        return found[0] if found else None
+def checks(runs: list[Run]) -> list[str]:
+    """Issue 19's acceptance points for runnerctl's default storage (journal-pg)."""
+    def find(workers: int) -> Run | None:
+        return next((r for r in runs if (r.config, r.workers) == ("journal-pg", workers)), None)
 
-    def ratio(top: float | None, bottom: float | None, bar: float) -> str:
-        if not top or not bottom:
-            return "not measured"
-        return f"{top / bottom:.2f}x ({'meets' if top / bottom >= bar else 'BELOW'} {bar}x)"
-
-    out = ["Acceptance ratios, from this run:", ""]
-    for mode in ("runnerctl", "plain"):
-        pg1, pg8, pg16 = (rate("PostgreSQL", mode, w) for w in (1, 8, 16))
-        out += [f"- {mode}: PostgreSQL 8 workers / 1 worker {ratio(pg8, pg1, 4.5)}; "
-                f"PostgreSQL / SQLite at 8 workers {ratio(pg8, rate('SQLite', mode, 8), 1.4)}; "
-                f"PostgreSQL 16 workers / 8 workers {ratio(pg16, pg8, 1.0)}"]
-    pg8 = rate("PostgreSQL", "runnerctl", 8)
-    out.append(f"- runnerctl's PostgreSQL / plain Optuna's SQLite at 8 workers: "
-               f"{ratio(pg8, rate('SQLite', 'plain', 8), 1.4)}")
-    sqlite8 = rate("SQLite", "runnerctl", 8)
-    if sqlite8:  # the sleep alone caps any storage at workers / SLEEP_S
-        out += ["", f"No storage can pass {8 / SLEEP_S:.0f} trials/s with 8 workers whose objective "
-                f"sleeps {SLEEP_S} s. SQLite reached {sqlite8:.1f} ({sqlite8 * SLEEP_S / 8:.0%} of that) "
-                f"here, so 1.4x SQLite ({1.4 * sqlite8:.1f}) is "
-                + ("out of reach on this host." if 1.4 * sqlite8 > 8 / SLEEP_S else "within reach."),
-                "", f"SQLite's file lock is held across each commit's fsyncs ({fsync:.2f} ms each on this "
-                "scratch disk), PostgreSQL flushes many sessions' commits at once: on a disk with slow "
-                "fsync (network or spinning disks) SQLite falls behind at 8 workers. Measure the disk "
-                "your workers would use with `--scratch DIR`."]
+    out = ["Acceptance (issue 19), runnerctl's journal on PostgreSQL, from this run:", ""]
+    at16, at64 = find(16), find(64)
+    if at16 is None:
+        return [*out, "- 16 workers not measured"]
+    ideal = 16 / SLEEP_S
+    out.append(f"- 16 workers: {at16.rate:.1f} trials/s = {at16.rate / ideal:.0%} of the ideal "
+               f"{ideal:.0f} ({'meets' if at16.rate >= 0.9 * ideal else 'BELOW'} 90 %); "
+               f"{at16.cpu_ms:.1f} ms CPU per trial ({'meets' if at16.cpu_ms <= 15 else 'ABOVE'} 15 ms)")
+    if at64 is not None:
+        out.append(f"- 64 workers: {at64.rate:.1f} trials/s, {at64.rate / at16.rate:.2f}x its 16-worker "
+                   f"rate ({'meets' if at64.rate >= at16.rate else 'BELOW'} 1.0x)")
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--workers", default="1,4,8,16")
-    parser.add_argument("--trials-per-worker", type=int, default=20)
+    parser.add_argument("--workers", default="4,16,64")
+    parser.add_argument("--trials", type=int, default=320, help="trials per run, at every worker count")
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--modes", default="runnerctl,plain")
-    parser.add_argument("--storages", default=",".join(STORAGES))
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"from {', '.join(LABELS)}")
     parser.add_argument("--scratch", type=Path, default=None,
                         help="directory on the disk to measure (default: a temporary directory)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
@@ -349,6 +388,10 @@ def main() -> int:
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     counts = [int(w) for w in args.workers.split(",")]
+    configs = args.configs.split(",")
+    unknown = [c for c in configs if c not in LABELS]
+    if unknown:
+        parser.error(f"unknown configuration {unknown[0]!r}; choose from {', '.join(LABELS)}")
     scratch = Path(tempfile.mkdtemp(prefix="optuna-bench-", dir=args.scratch))
     os.chmod(scratch, 0o755)  # the server runs as the postgres user when we are root
     runs: list[Run] = []
@@ -357,24 +400,27 @@ def main() -> int:
     print(f"scratch {scratch}: fsync {fsync:.2f} ms (median of 50)", flush=True)
     workers = Workers(max(counts))
     try:
-        with postgres(scratch) as (pg_url, pg_pid):
-            urls = {"PostgreSQL": (pg_url, pg_pid), "SQLite": (f"sqlite:///{scratch}/bench.db", None),
-                    "JournalFile": (f"journal:{scratch}/bench.log", None)}
+        with postgres(scratch) as (pg_url, pg_pid), grpc_proxy(pg_url) as (grpc_url, grpc_pid):
+            journal_pg = pg_url.replace("postgresql+psycopg://", "journal+postgresql://", 1)
+            targets = {"journal-pg": Target(journal_pg, journal_pg, (pg_pid,)),
+                       "rdb-pg": Target(pg_url, pg_url, (pg_pid,)),
+                       "plain-pg": Target(pg_url, pg_url, (pg_pid,)),
+                       "grpc-pg": Target(grpc_url, pg_url, (pg_pid, grpc_pid)),
+                       "journal-file": Target(f"journal:{scratch}/bench.log", f"journal:{scratch}/bench.log"),
+                       "sqlite": Target(f"sqlite:///{scratch}/bench.db", f"sqlite:///{scratch}/bench.db")}
             for round_ in range(1, args.repeat + 1):
-                for storage in args.storages.split(","):
-                    url, pid = urls[storage]
-                    for mode in args.modes.split(","):
-                        for count in counts:
-                            run = run_one(workers, url, count, args.trials_per_worker, mode, pid, scratch)
-                            runs.append(run)
-                            print(f"round {round_}: {storage:11} {mode:9} {count:3} workers "
-                                  f"{run.rate:6.2f} trials/s {run.cpu_ms:6.1f} CPU ms/trial "
-                                  f"(server {run.server_ms:4.1f})", flush=True)
+                for config in configs:
+                    for count in counts:
+                        run = run_one(workers, config, targets[config], count, args.trials, scratch)
+                        runs.append(run)
+                        print(f"round {round_}: {config:12} {count:3} workers {run.rate:6.2f} trials/s "
+                              f"{run.cpu_ms:6.1f} CPU ms/trial (server {run.server_ms:4.1f}) "
+                              f"load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         workers.close()
         shutil.rmtree(scratch, ignore_errors=True)
     load += f" at the start, {os.getloadavg()[0]:.1f} at the end"
-    lines = table(best(runs), counts, args, load, fsync)
+    lines = table(best(runs), configs, counts, args, load, fsync)
     print("\n".join(lines))
     if not args.no_write:
         from results_md import write_section

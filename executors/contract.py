@@ -15,7 +15,7 @@ import dataclasses
 import sys
 
 STAGES = ("config", "prepare", "run", "cleanup")
-DRIVERS = ("shell", "docker", "slurm")
+DRIVERS = ("shell", "docker", "slurm", "sge", "pbs", "pjm")
 
 # Environment that gitlab-runner sets for every stage.
 ENV_BUILD_FAILURE = "BUILD_FAILURE_EXIT_CODE"
@@ -56,7 +56,7 @@ class DriverArgs:
     gpus: tuple[int, ...]
     gpu_source: str  # nvml, sim:N or sim:PATH
     config: str  # runnerctl's own settings file (may not exist: defaults apply)
-    driver: str  # shell, docker or slurm
+    driver: str  # shell, docker, slurm, sge, pbs or pjm
 
     def to_argv(self) -> list[str]:
         return [

@@ -30,7 +30,7 @@ from docker.types import DeviceRequest
 
 from runnerctl.executors.contract import GRACEFUL_KILL_TIMEOUT_S, USER_SCRIPT_STAGES
 from runnerctl.executors.driver import StageContext, SystemFailure, on_stop
-from runnerctl.executors.lease import LEASE_ENV, Lease, LeaseTable, token_processes
+from runnerctl.executors.lease import LEASE_ENV, Lease, LeaseTable, job_processes
 from runnerctl.executors.shell import ShellDriver
 from runnerctl.settings import Settings
 
@@ -131,7 +131,7 @@ def _stop_stage(lease: Lease) -> None:
     """
     def stop() -> None:
         for signum in ("terminate", "kill"):
-            for proc in token_processes(lease.token, same_uid=False):
+            for proc in job_processes(lease):
                 try:
                     if lease.container and lease.container in Path(f"/proc/{proc.pid}/cgroup").read_text():
                         getattr(proc, signum)()

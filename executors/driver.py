@@ -120,10 +120,14 @@ class Driver(Protocol):
 
 def load_registry() -> dict[str, Callable[[], Driver]]:
     from runnerctl.executors.docker import DockerDriver
+    from runnerctl.executors.pbs import PbsDriver
+    from runnerctl.executors.pjm import PjmDriver
+    from runnerctl.executors.sge import SgeDriver
     from runnerctl.executors.shell import ShellDriver
     from runnerctl.executors.slurm import SlurmDriver
 
-    return {"shell": ShellDriver, "docker": DockerDriver, "slurm": SlurmDriver}
+    return {"shell": ShellDriver, "docker": DockerDriver, "slurm": SlurmDriver, "sge": SgeDriver,
+            "pbs": PbsDriver, "pjm": PjmDriver}
 
 
 @contextlib.contextmanager

@@ -1,11 +1,14 @@
 """Which processes on a GPU are CI and which are foreign; the gate in prepare (S3).
 
-A process on GPU g is CI when it belongs to the live lease of g: its environment
-carries that lease's RUNNERCTL_LEASE token (/proc/<pid>/environ; NVML gives host PIDs,
-also for processes inside containers), or it lives in the lease's container cgroup or
-Slurm job cgroup, or it is in (or descends from) the lease's process group and started
-after the lease. Anything else is foreign: a colleague's `python train.py`, a process we
-cannot read, a process another job left behind or started on a GPU it does not hold.
+A process on GPU g is CI when it belongs to the live lease of g: it lives in the lease's
+container cgroup or Slurm job cgroup, or its environment carries that lease's
+RUNNERCTL_LEASE token (/proc/<pid>/environ; NVML gives host PIDs, also for processes
+inside containers) *and* it runs as the job's user (the lease's `uid`; /proc/<pid> owner),
+or it is in (or descends from) the lease's process group and started after the lease.
+Anything else is foreign: a colleague's `python train.py`, also one started with a token
+copied from a job's environment, a process we cannot read, a process another job left
+behind or started on a GPU it does not hold, any process on a GPU whose lease file is
+unreadable.
 
 The controller calls `classify` with `read_leases` to keep runners closed on GPUs in
 foreign use; prepare calls `wait_until_free`. Both only read; nothing here signals (S4).
@@ -17,11 +20,10 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 
 import psutil
 
-from runnerctl.executors.lease import Lease, environ_token
+from runnerctl.executors.lease import Lease, environ_token, in_cgroup_of
 from runnerctl.gpus import GpuSource
 from runnerctl.model import GpuProcess, GpuSnapshot
 
@@ -51,13 +53,6 @@ class Foreign:
                 f"{self.process.user or 'unknown'}{size}")
 
 
-def _cgroup(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cgroup").read_text()
-    except OSError:
-        return ""
-
-
 def lease_token(pid: int) -> str | None:
     """The RUNNERCTL_LEASE a process carries (prefer `belongs_to`, which also knows cgroups)."""
     return environ_token(pid)
@@ -65,17 +60,16 @@ def lease_token(pid: int) -> str | None:
 
 def belongs_to(pid: int, lease: Lease) -> bool:
     """Is this process part of the lease's job? Reads /proc only."""
-    if environ_token(pid) == lease.token:
-        return True
-    cgroup = _cgroup(pid)
-    if lease.container and lease.container in cgroup:
-        return True
-    if lease.slurm_job and f"/job_{lease.slurm_job}/" in cgroup:
-        return True
-    if lease.pgid is None:
+    if lease.problem:
         return False
+    if in_cgroup_of(pid, lease):
+        return True
     try:
         proc = psutil.Process(pid)
+        if environ_token(pid) == lease.token and proc.uids().real == lease.uid:
+            return True
+        if lease.pgid is None:
+            return False
         if proc.create_time() < lease.created_at - CLOCK_SLACK_S:
             return False  # older than the lease: a reused group id, not the job's
         chain = [proc, *proc.parents()]

@@ -12,6 +12,16 @@ Each lease carries a random token, `<job id>@<slot>:<nonce>`, that every process
 job gets as RUNNERCTL_LEASE: a user cannot guess it, so a process outside CI cannot pass
 for one (gate) and cleanup cannot be led to signal it (S4).
 
+A lease counts for a process only when it runs as the job's user (`uid`: the user the
+driver runs the job as), or in the job's container or Slurm cgroup: another user who
+copies the token from a job's environment gains nothing. The lease dir is 0700 and its
+files 0600 (runnerctl.private), written whole (temp + fsync + rename).
+
+Leases fail closed: a file that cannot be read as a lease (truncated, empty, binary, not
+an object, a missing or mistyped field) holds its GPU, is never stale and is reported
+(`problem`, in prepare's failure and the controller's log) until an admin removes it.
+Fields a newer version adds are ignored.
+
 Files: <state_dir>/leases/gpu<N>.json (one JSON record each) and .lock (flock mutex).
 """
 
@@ -21,15 +31,21 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import logging
 import os
 import secrets
 import subprocess
 import time
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+from runnerctl.private import private_dir, state_dir, write_private
+
+log = logging.getLogger(__name__)
 
 LEASE_ENV = "RUNNERCTL_LEASE"
 """Set in every process a job runs to the lease's token; tells CI processes from foreign ones."""
@@ -52,10 +68,59 @@ class Lease:
     pgid: int | None = None  # the process group of the job's latest host stage
     container: str | None = None  # docker driver
     slurm_job: str | None = None  # slurm driver
+    uid: int = dataclasses.field(default_factory=os.getuid)  # the user the job's processes run as
+    problem: str = ""  # set on a file that could not be read: it holds the GPU (fail closed)
+    batch_job: str | None = None  # batch drivers: "<driver>:<scheduler's job id>"
+    batch_gpus: str | None = None  # the GPU set the batch system gave the job (its CUDA_VISIBLE_DEVICES)
 
     @property
     def token(self) -> str:
         return f"{self.job_id}@{self.slot}:{self.nonce}"
+
+    @classmethod
+    def parse(cls, gpu: int, text: str) -> Lease:
+        """The lease in `text`; an unreadable one comes back with `problem` set, holding `gpu`."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            return cls.unreadable(gpu, f"not JSON ({exc})")
+        if not isinstance(data, dict):
+            return cls.unreadable(gpu, f"a JSON {type(data).__name__}, not an object")
+        hints = typing.get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "problem"}
+        missing = [name for name, f in fields.items() if name not in data
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if missing:
+            return cls.unreadable(gpu, f"no {', '.join(missing)}")
+        known = {k: v for k, v in data.items() if k in fields}  # newer versions' keys are ignored
+        for name, value in known.items():
+            if not _fits(value, hints[name]):
+                return cls.unreadable(gpu, f"{name} is {value!r}")
+        if known["gpu"] != gpu:
+            return cls.unreadable(gpu, f"it names GPU {known['gpu']}")
+        return cls(**known)
+
+    @classmethod
+    def unreadable(cls, gpu: int, problem: str) -> Lease:
+        return cls(gpu=gpu, job_id="", slot="", driver="", owner_pid=0, owner_started=0.0,
+                   created_at=0.0, uid=-1, problem=problem)
+
+    def describe(self) -> str:
+        if self.problem:
+            return (f"GPU {self.gpu} has an unreadable lease ({self.problem}): it stays held until an "
+                    "admin removes the file")
+        return f"GPU {self.gpu} held by job {self.job_id} ({self.user or '?'})"
+
+
+def _fits(value: object, kind: object) -> bool:
+    allowed = typing.get_args(kind) or (kind,)
+    if isinstance(value, bool):
+        return False  # JSON true is no pid, gpu or time
+    if value is None:
+        return type(None) in allowed
+    if isinstance(value, int) and float in allowed:
+        return True
+    return any(isinstance(value, t) for t in allowed if isinstance(t, type) and t is not type(None))
 
 
 def new_nonce() -> str:
@@ -64,8 +129,7 @@ def new_nonce() -> str:
 
 class LeaseBusy(Exception):
     def __init__(self, holders: list[Lease]) -> None:
-        super().__init__(", ".join(f"GPU {h.gpu} held by job {h.job_id} ({h.user or '?'})"
-                                   for h in holders))
+        super().__init__(", ".join(h.describe() for h in holders))
         self.holders = holders
 
 
@@ -96,15 +160,42 @@ def environ_token(pid: int) -> str | None:
         return None
 
 
-def token_processes(token: str, *, same_uid: bool = True) -> list[psutil.Process]:
-    """Processes carrying `token`; with same_uid, only those of this process's user (S4)."""
+def token_processes(token: str, *, uid: int | None = None) -> list[psutil.Process]:
+    """Processes carrying `token` and running as `uid` (default: this process's user, S4)."""
     found = []
-    uid = os.getuid()
+    wanted = os.getuid() if uid is None else uid
     for proc in psutil.process_iter():
         if environ_token(proc.pid) != token:
             continue
         try:
-            if not same_uid or proc.uids().real == uid:
+            if proc.uids().real == wanted:
+                found.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def in_cgroup_of(pid: int, lease: Lease) -> bool:
+    """Is the process in the lease's container or Slurm job (its cgroup path says so)?"""
+    if not lease.container and not lease.slurm_job:
+        return False
+    try:
+        cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return False
+    return bool((lease.container and lease.container in cgroup)
+                or (lease.slurm_job and f"/job_{lease.slurm_job}/" in cgroup))
+
+
+def job_processes(lease: Lease) -> list[psutil.Process]:
+    """Processes carrying the lease's token as the job's user or inside its container/Slurm job;
+    a copy of the token in another user's process is not the job."""
+    found = []
+    for proc in psutil.process_iter():
+        if environ_token(proc.pid) != lease.token:
+            continue
+        try:
+            if proc.uids().real == lease.uid or in_cgroup_of(proc.pid, lease):
                 found.append(proc)
         except psutil.NoSuchProcess:
             continue
@@ -130,11 +221,31 @@ def slurm_active(job: str | None) -> bool:
 
 
 def job_running(lease: Lease) -> bool:
-    return (group_alive(lease.pgid) or bool(token_processes(lease.token, same_uid=False))
-            or slurm_active(lease.slurm_job))
+    return (group_alive(lease.pgid) or bool(job_processes(lease))
+            or slurm_active(lease.slurm_job) or batch_active(lease.batch_job))
+
+
+def batch_active(job: str | None) -> bool:
+    """True while a batch driver's job is pending or running (executors/batch.py)."""
+    if not job or job.startswith("slurm:"):
+        return False
+    from runnerctl.executors.driver import SystemFailure, load_registry  # drivers import this module
+
+    name, _, job_id = job.partition(":")
+    driver = load_registry().get(name)
+    scheduler = getattr(driver() if driver else None, "scheduler", None)
+    if scheduler is None:
+        return True  # a driver this host lacks: keep the lease rather than guess
+    try:
+        return bool(scheduler.active(job_id))
+    except SystemFailure as exc:  # the scheduler cannot be asked: keep the lease
+        logging.getLogger(__name__).warning("cannot ask %s about batch job %s: %s", name, job_id, exc)
+        return True
 
 
 def is_stale(lease: Lease) -> bool:
+    if lease.problem:
+        return False  # unreadable: nobody can tell it is over, so it holds the GPU
     owner_alive = process_started(lease.owner_pid) == lease.owner_started
     return not owner_alive and not job_running(lease)
 
@@ -145,8 +256,10 @@ class LeaseTable:
 
     @contextlib.contextmanager
     def _mutex(self) -> Iterator[None]:
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-        with (self.dir / ".lock").open("a") as handle:
+        state_dir(self.dir.parent)
+        private_dir(self.dir)
+        fd = os.open(self.dir / ".lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
                 yield
@@ -157,18 +270,26 @@ class LeaseTable:
         return self.dir / f"gpu{gpu}.json"
 
     def _read(self, gpu: int) -> Lease | None:
+        """The GPU's lease, None when it has none; an unreadable file holds it (fail closed)."""
+        path = self._path(gpu)
         try:
-            data = json.loads(self._path(gpu).read_text())
-            return Lease(**data)
+            raw = path.read_bytes()
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, TypeError):
-            return None  # a torn or foreign file holds nothing; it is rewritten on acquire
+        except OSError as exc:
+            lease = Lease.unreadable(gpu, f"cannot read it: {exc.strerror}")
+        else:
+            try:
+                lease = Lease.parse(gpu, raw.decode())
+            except UnicodeDecodeError:
+                lease = Lease.unreadable(gpu, "not UTF-8 text")
+        if lease.problem:
+            _report(path, lease.problem)
+        return lease
 
     def _write(self, lease: Lease) -> None:
-        tmp = self._path(lease.gpu).with_suffix(".tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(lease)))
-        os.replace(tmp, self._path(lease.gpu))
+        record = {k: v for k, v in dataclasses.asdict(lease).items() if k != "problem"}
+        write_private(self._path(lease.gpu), json.dumps(record))
 
     def all(self) -> list[Lease]:
         if not self.dir.exists():
@@ -240,6 +361,17 @@ class LeaseTable:
             for lease in stale:
                 self._path(lease.gpu).unlink(missing_ok=True)
             return stale
+
+
+_REPORTED: set[tuple[str, str]] = set()
+
+
+def _report(path: Path, problem: str) -> None:
+    """Log an unreadable lease once per file and problem (it is read on every tick)."""
+    if (str(path), problem) not in _REPORTED:
+        _REPORTED.add((str(path), problem))
+        log.error("lease %s is unreadable (%s): its GPU stays held; remove the file once the GPU "
+                  "is free", path, problem)
 
 
 def read_leases(state_dir: Path) -> list[Lease]:

@@ -8,18 +8,29 @@ the docker driver where that matters. What the shell driver does guarantee: the 
 (no second job is prepared on these GPUs) and the gate (no job starts next to a
 foreign process).
 
+Jobs run as `[executor] run_as_user` (gitlab-runner must then run as root, as a service
+install does), else as gitlab-runner's own user; root is refused unless `[executor]
+allow_root = true` says so, because a root job reads every secret on the host and can
+leave anything behind. A job run as another user gets its builds and cache dirs owned
+by that user, a copy of each stage script it can read and a TMPDIR of its own
+(gitlab-runner's sit in directories only root can enter), and its lease records that
+user (`uid`), so only that user's processes with its token count as the job.
+
 Stages run in a new session, so a timeout or cancel is forwarded by the driver:
 SIGTERM to the job's process group, then SIGKILL after the graceful timeout; reap
 (cleanup) kills whatever still carries this job's RUNNERCTL_LEASE token and runs as
-this driver's user, and nothing else (S4). A stored process group id is never signalled
+the job's user, and nothing else (S4). A stored process group id is never signalled
 after the fact: the group may be gone and its id reused.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -28,7 +39,7 @@ import psutil
 
 from runnerctl import __version__
 from runnerctl.executors.contract import GRACEFUL_KILL_TIMEOUT_S
-from runnerctl.executors.driver import StageContext, on_stop
+from runnerctl.executors.driver import StageContext, SystemFailure, on_stop
 from runnerctl.executors.lease import Lease, LeaseTable, token_processes
 from runnerctl.settings import Settings
 
@@ -59,29 +70,82 @@ class ShellDriver:
         }
 
     def prepare(self, ctx: StageContext) -> None:
+        user = job_user(ctx.settings)
+        key = ctx.args.slot.rsplit("/", 1)[-1]
         for path in (ctx.settings.builds_dir, ctx.settings.cache_dir):
             Path(path).mkdir(parents=True, exist_ok=True)
+            if user.pw_uid != os.geteuid():
+                own = Path(path) / key
+                own.mkdir(mode=0o700, exist_ok=True)
+                _chown_tree(own, user)
+        LeaseTable(ctx.settings.state_dir).update(ctx.lease_token, uid=user.pw_uid)
 
     def run(self, ctx: StageContext, script: Path, stage: str) -> int:
+        user = job_user(ctx.settings)
         snapshot = ctx.gpu_source().snapshot()
         env = {**ctx.env, **ctx.gpu_env([snapshot.gpu(g).uuid for g in ctx.args.gpus])}
-        proc = subprocess.Popen(["bash", "--noprofile", "--norc", "-c", _PRELUDE, str(script)],
-                                env=env, start_new_session=True)
-        LeaseTable(ctx.settings.state_dir).update(ctx.lease_token, pgid=proc.pid)
-
-        token = ctx.lease_token
-        with on_stop(lambda: _stop_group(proc, token)):
-            return proc.wait()
+        switch = user.pw_uid != os.geteuid()
+        copy_dir = (Path(tempfile.mkdtemp(prefix=".runnerctl-", dir=ctx.settings.builds_dir))
+                    if switch else None)
+        try:
+            if copy_dir is not None:
+                script = _readable_copy(script, copy_dir, user)
+                env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name,
+                           TMPDIR=str(copy_dir))  # gitlab-runner's TMPDIR is root's own
+            proc = subprocess.Popen(
+                ["bash", "--noprofile", "--norc", "-c", _PRELUDE, str(script)], env=env,
+                start_new_session=True, user=user.pw_uid if switch else None,
+                group=user.pw_gid if switch else None,
+                extra_groups=os.getgrouplist(user.pw_name, user.pw_gid) if switch else None)
+            token = ctx.lease_token
+            with on_stop(lambda: _stop_group(proc, token, user.pw_uid)):  # before the slow write below
+                LeaseTable(ctx.settings.state_dir).update(token, pgid=proc.pid)
+                return proc.wait()
+        finally:
+            if copy_dir is not None:
+                shutil.rmtree(copy_dir, ignore_errors=True)
 
     def reap(self, lease: Lease, settings: Settings) -> None:
-        for proc in token_processes(lease.token):
+        for proc in token_processes(lease.token, uid=lease.uid):
             try:
                 proc.kill()
             except psutil.NoSuchProcess:
                 continue
 
 
-def _stop_group(proc: subprocess.Popen[bytes], token: str) -> None:
+def job_user(settings: Settings) -> pwd.struct_passwd:
+    """The user jobs run as; a SystemFailure naming the fix when it cannot or must not be."""
+    name = settings.executor.run_as_user
+    try:
+        user = pwd.getpwnam(name) if name else pwd.getpwuid(os.geteuid())
+    except KeyError:
+        raise SystemFailure(f"[executor] run_as_user {name!r} is no user on this host") from None
+    if user.pw_uid == 0 and not settings.executor.allow_root:
+        raise SystemFailure("the shell driver does not run jobs as root: set [executor] run_as_user "
+                            "to an unprivileged user (or allow_root = true to run them as root anyway)")
+    if user.pw_uid != os.geteuid() and os.geteuid() != 0:
+        raise SystemFailure(f"running jobs as {user.pw_name} needs gitlab-runner to run as root "
+                            f"(it runs as uid {os.geteuid()}); or leave [executor] run_as_user empty")
+    return user
+
+
+def _chown_tree(path: Path, user: pwd.struct_passwd) -> None:
+    os.chown(path, user.pw_uid, user.pw_gid)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), user.pw_uid, user.pw_gid, follow_symlinks=False)
+
+
+def _readable_copy(script: Path, directory: Path, user: pwd.struct_passwd) -> Path:
+    """The stage script in a 0700 dir of the job's user (gitlab-runner's is root's own)."""
+    copy = directory / "script"
+    copy.write_bytes(script.read_bytes())
+    copy.chmod(0o600)
+    _chown_tree(directory, user)
+    return copy
+
+
+def _stop_group(proc: subprocess.Popen[bytes], token: str, uid: int) -> None:
     """SIGTERM the job's group now and SIGKILL it a little before gitlab-runner gives up.
 
     Runs in a signal handler while the main thread waits on the process (so the group
@@ -90,13 +154,13 @@ def _stop_group(proc: subprocess.Popen[bytes], token: str) -> None:
     """
     _signal_group(proc.pid, signal.SIGTERM)
     timer = threading.Timer(max(GRACEFUL_KILL_TIMEOUT_S - 5, 1), _kill_leftovers,
-                            args=(proc.pid, token))
+                            args=(proc.pid, token, uid))
     timer.daemon = True
     timer.start()
 
 
-def _kill_leftovers(pgid: int, token: str) -> None:
-    for leftover in token_processes(token):
+def _kill_leftovers(pgid: int, token: str, uid: int) -> None:
+    for leftover in token_processes(token, uid=uid):
         try:
             if os.getpgid(leftover.pid) == pgid:
                 _signal_group(pgid, signal.SIGKILL)

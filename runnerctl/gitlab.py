@@ -8,15 +8,26 @@ Tokens are never put in messages or logs.
 
 Sources: docs.gitlab.com/api/runners (create via POST /user/runners, list, get, update
 `paused`, delete, jobs of a runner, verify), docs.gitlab.com/api/jobs (pending jobs of a
-project), docs.gitlab.com/api/users (current user), docs.gitlab.com/api/members
-(`GET /groups/:id/members/all/:user_id`, `access_level`), docs.gitlab.com/api/oauth2
+project, one job), docs.gitlab.com/api/groups (a group's projects), docs.gitlab.com/api/users
+(current user), docs.gitlab.com/api/members (`GET /groups/:id/members/all/:user_id`,
+`access_level`), docs.gitlab.com/api/personal_access_tokens (`GET
+/personal_access_tokens/self`: the token's own scopes), docs.gitlab.com/api/oauth2
 (`POST /oauth/token`: authorization code with PKCE, for the web page's "Sign in with GitLab").
+
+Scopes, as GitLab checks them (gitlabhq): `lib/api/api.rb` lets `api` reach every endpoint
+and `read_api` only GET/HEAD; `lib/api/user_runners.rb` adds `create_runner` for `POST
+/user/runners` alone; `lib/api/ci/runners.rb` adds `manage_runner` only for paths under
+`/runners/:id`. So runnerctl, which also lists runners and reads project jobs, needs `api`.
+A token without the scope an endpoint accepts gets 403 with the body
+`{"error": "insufficient_scope", ..., "scope": "<the scopes it accepts>"}`
+(`lib/api/api_guard.rb`, Rack::OAuth2 Bearer::Forbidden): `InsufficientScope` names them.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import logging
 import urllib.parse
 from collections.abc import Callable
@@ -32,6 +43,8 @@ from runnerctl.errors import PermanentError, TemporaryError
 log = logging.getLogger(__name__)
 
 RunnerType = Literal["instance_type", "group_type", "project_type"]
+REQUIRED_SCOPE = "api"
+"""The one token scope runnerctl's GitLab token needs (see the module docstring)."""
 DEFAULT_TIMEOUT_S = 10.0
 """Per-request timeout: long enough for a busy GitLab, short enough to keep a tick alive."""
 DEFAULT_RETRY_S = 5.0
@@ -68,6 +81,26 @@ class RunnerInfo:
     online: bool | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class RunnerReach:
+    """Where a runner takes jobs from (`GET /runners/:id`: `runner_type`, `groups`,
+    `projects`): a group runner serves the projects of its group and its subgroups, a
+    project runner the projects it is assigned to, an instance runner every project."""
+
+    runner_type: str
+    group_ids: tuple[int, ...] = ()
+    project_ids: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenUser:
+    """The token's user (`GET /user`; `is_admin` is only sent to administrators)."""
+
+    id: int
+    username: str
+    is_admin: bool = False
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class CreatedRunner:
     id: int
@@ -101,9 +134,11 @@ class GitLabPort(Protocol):
     def set_paused(self, runner_id: int, paused: bool) -> None: ...
     def set_tags(self, runner_id: int, tags: list[str]) -> None: ...
     def delete_runner(self, runner_id: int) -> None: ...
-    def running_jobs(self, runner_id: int) -> list[JobInfo]: ...
+    def running_jobs(self, runner_id: int, status: str = "running") -> list[JobInfo]: ...
     def pending_jobs(self, project_id: int) -> list[JobInfo]: ...
-    def verify_runner_token(self, token: str) -> bool: ...
+    def job(self, project_id: int, job_id: int) -> JobInfo | None: ...
+    def runner_reach(self, runner_id: int) -> RunnerReach | None: ...
+    def group_projects(self, group_id: int) -> list[int]: ...
     def heartbeat_runner(self, token: str, *, system_id: str) -> None: ...
 
 
@@ -138,13 +173,19 @@ class PythonGitLab:
         return CreatedRunner(id=int(created.id), token=str(created.token),
                              token_expires_at=getattr(created, "token_expires_at", None))
 
-    def get_runner(self, runner_id: int) -> RunnerInfo | None:
+    def _runner(self, runner_id: int) -> dict[str, Any] | None:
+        """`GET /runners/:id`'s fields; None when the runner is gone."""
         try:
             runner = self._call(f"read runner {runner_id}",
                                 lambda: self._gl.runners.get(runner_id, **_NO_RETRY))
         except _NotFound:
             return None
-        attrs = runner.attributes
+        return dict(runner.attributes)
+
+    def get_runner(self, runner_id: int) -> RunnerInfo | None:
+        attrs = self._runner(runner_id)
+        if attrs is None:
+            return None
         return RunnerInfo(
             id=int(attrs["id"]), description=str(attrs.get("description") or ""),
             paused=bool(attrs.get("paused", not attrs.get("active", True))),
@@ -177,22 +218,66 @@ class PythonGitLab:
         except _NotFound:
             log.info("runner %s was already gone from GitLab", runner_id)
 
-    def running_jobs(self, runner_id: int) -> list[JobInfo]:
+    def running_jobs(self, runner_id: int, status: str = "running") -> list[JobInfo]:
+        """A runner's jobs in one status (`GET /runners/:id/jobs?status=`). `canceling`
+        (app/models/concerns/ci/has_status.rb) is refused with 400 by a GitLab too old to
+        have it; such a GitLab has no job in it: the answer is then empty."""
         runner = self._gl.runners.get(runner_id, lazy=True)
-        jobs = self._call(f"list jobs of runner {runner_id}",
-                          lambda: runner.jobs.list(status="running", get_all=True, **_NO_RETRY))
+        try:
+            jobs = self._call(f"list {status} jobs of runner {runner_id}",
+                              lambda: runner.jobs.list(status=status, get_all=True, **_NO_RETRY))
+        except _BadRequest:
+            if status != "canceling":
+                raise
+            return []
         return [_job(j.attributes, runner_id=runner_id) for j in jobs]
 
     def pending_jobs(self, project_id: int) -> list[JobInfo]:
         project = self._gl.projects.get(project_id, lazy=True)
         jobs = self._call(f"list pending jobs of project {project_id}",
-                          lambda: project.jobs.list(scope=["pending"], get_all=True, **_NO_RETRY))
+                          lambda: project.jobs.list(scope=["pending"], per_page=100, get_all=True,
+                                                    **_NO_RETRY))
         return [_job(j.attributes, project_id=project_id) for j in jobs]
 
-    def verify_runner_token(self, token: str) -> bool:
+    def job(self, project_id: int, job_id: int) -> JobInfo | None:
+        """One job (`GET /projects/:id/jobs/:job_id`), None when it is gone."""
+        project = self._gl.projects.get(project_id, lazy=True)
         try:
-            self._call("verify a runner token",
-                       lambda: self._gl.runners.verify(token, system_id="runnerctl-doctor", **_NO_RETRY))
+            found = self._call(f"read job {job_id} of project {project_id}",
+                               lambda: project.jobs.get(job_id, **_NO_RETRY))
+        except _NotFound:
+            return None
+        return _job(found.attributes, project_id=project_id)
+
+    def runner_reach(self, runner_id: int) -> RunnerReach | None:
+        """The runner's type, groups and projects (`GET /runners/:id`); None when gone."""
+        attrs = self._runner(runner_id)
+        if attrs is None:
+            return None
+        return RunnerReach(str(attrs.get("runner_type") or ""),
+                           tuple(int(g["id"]) for g in attrs.get("groups") or ()),
+                           tuple(int(p["id"]) for p in attrs.get("projects") or ()))
+
+    def group_projects(self, group_id: int) -> list[int]:
+        """Ids of the projects a group runner of this group serves: the group's and its
+        subgroups' (`include_subgroups`), not projects shared into it (`with_shared`
+        false: group runners serve the group's own hierarchy), not archived ones
+        (docs.gitlab.com/api/groups, "List projects"; lib/api/groups.rb)."""
+        group = self._gl.groups.get(group_id, lazy=True)
+        found = self._call(f"list the projects of group {group_id}", lambda: group.projects.list(
+            include_subgroups=True, with_shared=False, archived=False, simple=True, per_page=100,
+            get_all=True, **_NO_RETRY))
+        return [int(p.attributes["id"]) for p in found]
+
+    def verify_runner_token(self, token: str, *, system_id: str) -> bool:
+        """`POST /runners/verify`. GitLab records a contact of the runner manager named by
+        `system_id`, creating it when new (lib/api/ci/runner.rb, lib/api/ci/helpers/
+        runner.rb `current_runner_manager`), so pass the id gitlab-runner itself uses on
+        this host (`runnerctl doctor` reads it from `.runner_system_id` beside config.toml),
+        never an invented one."""
+        try:
+            self._call("verify a runner token", lambda: self._gl.http_post(
+                "/runners/verify", post_data={"token": token, "system_id": system_id}, **_NO_RETRY))
         except PermanentError:
             return False
         return True
@@ -206,19 +291,43 @@ class PythonGitLab:
         self._call("keep the stand-by runner online",
                    lambda: self._gl.http_post("/runners/verify", post_data=body, **_NO_RETRY))
 
+    def token_scopes(self) -> tuple[str, ...] | None:
+        """The token's scopes (`GET /personal_access_tokens/self`, which any scope may
+        call: lib/api/personal_access_tokens/self_information.rb). None when GitLab cannot
+        say: an OAuth token, or a GitLab without the endpoint (400 or 404)."""
+        try:
+            info = self._call("read the token's scopes", lambda: self._gl.http_get(
+                "/personal_access_tokens/self", **_NO_RETRY))
+        except (_NotFound, _BadRequest):
+            return None
+        scopes = info.get("scopes") if isinstance(info, dict) else None
+        return tuple(str(s) for s in scopes) if isinstance(scopes, list) else None
+
     def current_user(self) -> tuple[int, str]:
         """(id, username) of the token's user."""
+        user = self.token_user()
+        return user.id, user.username
+
+    def token_user(self) -> TokenUser:
+        """The token's user (`GET /user`)."""
         user = self._call("read the signed-in user", lambda: self._gl.http_get("/user", **_NO_RETRY))
         if not isinstance(user, dict):
             raise TemporaryError(f"GitLab at {self.url} answered /user with no user", delay=DEFAULT_RETRY_S)
-        return int(user["id"]), str(user["username"])
+        return TokenUser(int(user["id"]), str(user["username"]), bool(user.get("is_admin")))
 
     def group_access_level(self, group: str, user_id: int) -> int:
-        """The user's access level in the group, inherited ones included (40 = Maintainer);
-        0 when not a member."""
-        path = f"/groups/{urllib.parse.quote(group, safe='')}/members/all/{user_id}"
+        """The user's access level in the group, inherited ones included (40 = Maintainer,
+        50 = Owner); 0 when not a member."""
+        return self._access_level("groups", group, user_id)
+
+    def project_access_level(self, project: str, user_id: int) -> int:
+        """The user's access level in the project, inherited ones included; 0 when none."""
+        return self._access_level("projects", project, user_id)
+
+    def _access_level(self, kind: str, where: str, user_id: int) -> int:
+        path = f"/{kind}/{urllib.parse.quote(where, safe='')}/members/all/{user_id}"
         try:
-            member = self._call(f"read the membership in group {group}",
+            member = self._call(f"read the membership in {kind[:-1]} {where}",
                                 lambda: self._gl.http_get(path, **_NO_RETRY))
         except _NotFound:
             return 0
@@ -230,8 +339,8 @@ class PythonGitLab:
         except gitlab.exceptions.GitlabAuthenticationError:
             raise PermanentError(
                 f"GitLab at {self.url} rejected the token (401) while trying to {what}",
-                hint="check --token: a personal, group or project access token with the "
-                "create_runner and manage_runner scopes",
+                hint="check the token ($RUNNERCTL_GITLAB_TOKEN or --token-file): a personal, group or "
+                f"project access token with the {REQUIRED_SCOPE} scope",
             ) from None
         except gitlab.exceptions.GitlabError as exc:
             raise self._http_error(what, exc) from None
@@ -252,9 +361,15 @@ class PythonGitLab:
         detail = f"GitLab answered {code} ({exc.error_message}) to a request to {what}"
         if code == 404:
             return _NotFound(detail)
+        if code == 400:
+            return _BadRequest(detail)
         if code == 403:
-            return PermanentError(detail, hint="the token's user lacks permission: it needs "
-                                  "Maintainer or Owner on the group or project")
+            accepted = _insufficient_scope(exc.response_body)
+            if accepted is not None:
+                return InsufficientScope(self.url, what, accepted)
+            return PermanentError(detail, hint="the token's user lacks permission: it needs Owner "
+                                  "on the group (group runners), Maintainer on the project "
+                                  "(project runners) or to be an administrator (instance runners)")
         if code == 429:
             return TemporaryError(detail, delay=self._retry_after or DEFAULT_RETRY_S)
         if code is None or code >= 500:
@@ -264,6 +379,36 @@ class PythonGitLab:
 
 class _NotFound(PermanentError):
     """404: the runner or project does not exist (or is not visible to the token)."""
+
+
+class _BadRequest(PermanentError):
+    """400: GitLab refused a parameter (e.g. a status value it does not know)."""
+
+
+class InsufficientScope(PermanentError):
+    """403 `insufficient_scope`: the token lacks every scope the endpoint accepts."""
+
+    def __init__(self, url: str, what: str, accepted: tuple[str, ...]) -> None:
+        missing = REQUIRED_SCOPE if REQUIRED_SCOPE in accepted or not accepted else accepted[0]
+        super().__init__(f"the GitLab token is missing the `{missing}` scope: GitLab at {url} "
+                         f"refused to {what} (403 insufficient_scope)",
+                         hint=f"make a token with the {REQUIRED_SCOPE} scope")
+        self.missing = missing
+        self.accepted = accepted
+
+
+def _insufficient_scope(body: bytes | str | None) -> tuple[str, ...] | None:
+    """The scopes a 403 `insufficient_scope` body says the endpoint accepts; None when
+    the 403 is about something else (a role, a locked runner)."""
+    try:
+        data = json.loads(body or b"")
+    except (ValueError, TypeError):
+        return None
+    if not isinstance(data, dict) or data.get("error") != "insufficient_scope":
+        return None
+    scope = data.get("scope")
+    names = scope.split() if isinstance(scope, str) else scope if isinstance(scope, list) else []
+    return tuple(str(n) for n in names)
 
 
 def _job(attrs: dict[str, Any], *, runner_id: int | None = None,

@@ -28,7 +28,6 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -38,6 +37,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import Trial, TrialState
 
 from runnerctl.errors import ConfigError
+from runnerctl.optuna_journal import PostgresJournalBackend, SweepJournalStorage, is_journal_url
 
 ENV_STORAGE = "OPTUNA_STORAGE"
 ENV_STUDY = "OPTUNA_STUDY_NAME"
@@ -77,6 +77,12 @@ def make_storage(url: str, *, heartbeat_interval: int | None = None,
         return JournalStorage(JournalFileBackend(url.removeprefix(JOURNAL_PREFIX)))
     interval = heartbeat_interval or _positive(env, "RUNNERCTL_OPTUNA_HEARTBEAT_S", HEARTBEAT_INTERVAL_S)
     grace = grace_period or _positive(env, "RUNNERCTL_OPTUNA_GRACE_S", GRACE_PERIOD_S)
+    if is_journal_url(url):
+        with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna, and needed here
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            callback = _retry_callback()[1]
+        return SweepJournalStorage(PostgresJournalBackend(url), heartbeat_interval=interval,
+                                   grace_period=grace, stale_trial_callback=callback)
     engine: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite"):
         engine["connect_args"] = {"timeout": 60}  # wait for the file lock, do not fail
@@ -84,8 +90,9 @@ def make_storage(url: str, *, heartbeat_interval: int | None = None,
         engine.update(pool_size=POOL_SIZE, max_overflow=0)
     with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna, and needed here
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        keyword, callback = _retry_callback()
         return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=interval,
-                          grace_period=grace, **_retry_callback())
+                          grace_period=grace, **{keyword: callback})
 
 
 class SweepStorage(_CachedStorage):
@@ -128,15 +135,15 @@ class SweepStorage(_CachedStorage):
         return super()._get_stale_trial_ids(study_id)
 
 
-def _retry_callback() -> dict[str, Any]:
-    """Optuna 4.9 renamed the callback and its argument; older releases know the old names."""
+def _retry_callback() -> tuple[str, Any]:
+    """RDBStorage's argument name and the callback: Optuna 4.9 renamed both."""
     try:
         from optuna.storages import RetryHeartbeatStaleTrialCallback
     except ImportError:  # Optuna < 4.9
         from optuna.storages import RetryFailedTrialCallback
 
-        return {"failed_trial_callback": RetryFailedTrialCallback(max_retry=MAX_RETRY)}
-    return {"heartbeat_stale_trial_callback": RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)}
+        return "failed_trial_callback", RetryFailedTrialCallback(max_retry=MAX_RETRY)
+    return "heartbeat_stale_trial_callback", RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)
 
 
 def _positive(env: Mapping[str, str], name: str, default: int) -> int:
@@ -176,6 +183,8 @@ def study_from_env(env: Mapping[str, str] | None = None, *,
     storage = make_storage(env[ENV_STORAGE], env=env)
     if isinstance(storage, RDBStorage):
         storage = SweepStorage(storage, refresh_s=_refresh_s(env))
+    elif isinstance(storage, SweepJournalStorage):
+        storage.refresh_s = _refresh_s(env)
     return optuna.load_study(study_name=env[ENV_STUDY], storage=storage, sampler=sampler)
 
 
@@ -190,7 +199,7 @@ def run_worker(objective: Objective, *, study: optuna.Study | None = None,
     try:
         return _run_until_budget(objective, study, budget, poll_s)
     finally:
-        if isinstance(study._storage, SweepStorage):
+        if isinstance(study._storage, SweepStorage | SweepJournalStorage):
             study._storage.expire()  # the caller's next look at the study is a fresh one
 
 
@@ -230,10 +239,11 @@ class TrialCounter:
 
     def __init__(self, study: optuna.Study) -> None:
         self.study = study
-        backend = getattr(study, "_storage", None)
-        backend = getattr(backend, "_backend", backend)  # under Optuna's _CachedStorage
+        storage = getattr(study, "_storage", None)
+        backend = getattr(storage, "_backend", storage)  # under Optuna's _CachedStorage
         self._rdb = backend if isinstance(backend, RDBStorage) else None
-        self.failover = self._rdb is not None and self._rdb.heartbeat_interval is not None
+        self.failover = ((self._rdb is not None and self._rdb.heartbeat_interval is not None)
+                         or isinstance(storage, SweepJournalStorage))
 
     def counts(self, *, exclude_number: int = -1) -> tuple[int, int]:
         """(COMPLETE, RUNNING) trials, leaving out trial number `exclude_number`."""
@@ -265,7 +275,8 @@ class _Admission:
 
     A trial is RUNNING from its creation, before this check. It is admitted when the
     COMPLETE trials plus the other RUNNING ones are fewer than the budget; when it takes
-    the last place, the worker stops asking after it (no surplus trial at the end). No lock is
+    the last place, or when the others took the rest while it ran, the worker stops asking
+    after it (few surplus trials at the end: the worker loop waits instead). No lock is
     needed: of any two trials, the one checked later sees the other (RUNNING or
     COMPLETE), so the last admitted trial always sees every other one that completes.
     A RUNNING trial of a killed worker is counted until the heartbeat failover marks it
@@ -285,54 +296,16 @@ class _Admission:
             trial.study.stop()  # the last one with room: create no surplus trial after it
         value = self.objective(trial)
         self.ran += 1
+        if sum(self.counter.counts(exclude_number=trial.number)) + 1 >= self.budget:
+            trial.study.stop()  # the others took the rest meanwhile: no trial to prune unrun
         return value
 
 
-def report(study: optuna.Study, out_dir: Path) -> Path:
-    """Write best_trial.json, trials.json and two plots (HTML, no network needed) to out_dir."""
-    import json
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if not complete:
-        raise ConfigError(f"study {study.study_name!r} has no complete trial to report")
-    best = study.best_trial
-    (out_dir / "best_trial.json").write_text(json.dumps(
-        {"study": study.study_name, "number": best.number, "value": best.value,
-         "params": best.params, "complete_trials": len(complete)}, indent=2) + "\n")
-    (out_dir / "trials.json").write_text(json.dumps(
-        [{"number": t.number, "state": t.state.name, "value": t.value, "params": t.params}
-         for t in study.get_trials(deepcopy=False)], indent=1) + "\n")
-    from optuna import visualization
-
-    visualization.plot_optimization_history(study).write_html(
-        out_dir / "optimization_history.html", include_plotlyjs=True)
-    if len(complete) > 1 and best.params:
-        # PED-ANOVA, Optuna 5's default, named so that 4.x (default fANOVA) needs no scikit-learn
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            evaluator = optuna.importance.PedAnovaImportanceEvaluator()
-        visualization.plot_param_importances(study, evaluator=evaluator).write_html(
-            out_dir / "param_importances.html", include_plotlyjs=True)
-    return out_dir / "best_trial.json"
-
-
 def main(argv: list[str] | None = None) -> int:
-    """`python -m runnerctl.optuna report --out DIR`: the sweep's report job."""
-    import argparse
+    """`python -m runnerctl.optuna report|create-study|dashboard`: the sweep's own jobs."""
+    from runnerctl.optuna_tools import main as tools_main
 
-    parser = argparse.ArgumentParser(prog="python -m runnerctl.optuna")
-    parser.add_argument("command", choices=["report"])
-    parser.add_argument("--out", type=Path, default=Path("optuna-report"))
-    args = parser.parse_args(argv)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        best = report(study_from_env(), args.out)
-    except ConfigError as exc:
-        print(f"runnerctl.optuna: error: {exc}")
-        return int(exc.exit_code)
-    print(best.read_text(), end="")
-    return 0
+    return tools_main(argv)
 
 
 if __name__ == "__main__":

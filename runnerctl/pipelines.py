@@ -32,6 +32,8 @@ LIMITS: dict[str, tuple[int, int]] = {
     "n_trials": (1, 1_000_000),
 }
 """Whole-number inputs and their bounds, beyond what a component spec can say."""
+GPU_COUNTS = ("gpus", "gpus_per_worker")
+"""Inputs that become a job's `gpus:N` tag: N must be a size runnerctl's runners have."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +169,9 @@ def _check(name: str, value: Any, spec: dict[str, Any]) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
             raise ConfigError(f"input {name!r} must be a whole number from {low} to {high}, "
                               f"not {value!r}")
+    if name in GPU_COUNTS and isinstance(value, int) and value & (value - 1):
+        raise ConfigError(f"input {name!r} is {value}, but runner blocks hold 1, 2, 4, 8, ... GPUs: "
+                          f"no runner would take the job", hint="ask for a power of two")
     if spec.get("type") == "array" and not all(isinstance(i, str) and i for i in value):
         raise ConfigError(f"input {name!r} must be an array of non-empty strings")
     if isinstance(value, str) and "\x00" in value:

@@ -25,7 +25,6 @@ import glob
 import os
 import pwd
 import re
-import secrets
 import shutil
 import socket
 import stat
@@ -35,6 +34,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from runnerctl.errors import ConfigError, RunnerctlError
+from runnerctl.private import key_file, private_dir
 
 ADMIN_ROLE = "runnerctl_admin"
 SERVER_USER = "postgres"
@@ -42,7 +42,8 @@ SERVER_USER = "postgres"
 DEFAULT_DATABASE = "optuna"
 """The project database `runnerctl postgres url` hands out when no name is given."""
 MAX_CONNECTIONS = 200
-"""runnerctl.optuna uses at most 2 connections per worker: about 95 workers."""
+"""runnerctl.optuna's journal uses 1 connection per worker (about 190 workers), its RDB
+path at most 2 (about 95)."""
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 _RESERVED = {"postgres", "template0", "template1", "public", ADMIN_ROLE}
 _WILDCARDS = {"*", "0.0.0.0", "::"}
@@ -108,19 +109,14 @@ class Secrets:
         self.directory = directory
 
     def get(self, role: str) -> str | None:
+        """The role's password; None when it has none. An empty or short file is an error."""
         path = self.directory / f"{role}.password"
-        return path.read_text().strip() if path.exists() else None
+        return key_file(path) if path.exists() else None
 
     def get_or_create(self, role: str) -> str:
-        existing = self.get(role)
-        if existing is not None:
-            return existing
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        password = secrets.token_urlsafe(24)  # URL-safe: goes into storage URLs as it is
-        fd = os.open(self.directory / f"{role}.password", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(password + "\n")
-        return password
+        """URL-safe (it goes into storage URLs as it is), written whole: runnerctl.private."""
+        private_dir(self.directory)
+        return key_file(self.directory / f"{role}.password")
 
 
 class PostgresServer:
@@ -334,10 +330,25 @@ def with_host(url: str, host: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{userinfo}{bracketed}{port}"))
 
 
+KINDS = ("journal", "rdb")
+"""How Optuna keeps a study in a database: runnerctl's journal (a log table; workers read
+only what is new: the default) or Optuna's RDB tables (what plain Optuna URLs open)."""
+JOURNAL_SCHEME = "journal+postgresql"
+
+
+def storage_url(url: str, kind: str) -> str:
+    """The Optuna storage URL of one database for `kind`: journal+postgresql:// or
+    postgresql+psycopg:// (SQLAlchemy's form, which Optuna's RDBStorage takes)."""
+    if kind not in KINDS:
+        raise ConfigError(f"storage kind {kind!r} is not one of {', '.join(KINDS)}")
+    rest = libpq_url(url).partition("://")[2]
+    return f"{JOURNAL_SCHEME if kind == 'journal' else 'postgresql+psycopg'}://{rest}"
+
+
 def libpq_url(url: str) -> str:
-    """psycopg wants postgresql://; SQLAlchemy URLs name the driver."""
+    """psycopg wants postgresql://; SQLAlchemy URLs name the driver, journal URLs the kind."""
     scheme, sep, rest = url.partition("://")
-    if not sep or not scheme.startswith(("postgresql", "postgres")):
+    if not sep or not scheme.removeprefix("journal+").startswith(("postgresql", "postgres")):
         raise ConfigError(f"not a PostgreSQL URL: {scheme or url!r}")
     return "postgresql://" + rest
 

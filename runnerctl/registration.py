@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -134,7 +135,18 @@ def render_dry_run(plan: RegistrationPlan, snapshot: GpuSnapshot, options: Regis
         entries[slot.name] = values
     _ensure_globals(doc, len(plan.slots))
     replace_owned_entries(doc, entries, retire={name for name, _ in plan.retire})
-    return tomlkit.dumps(doc)
+    return mask_tokens(tomlkit.dumps(doc))
+
+
+_TOKEN_VALUE = re.compile(r'^(\s*token\s*=\s*)(["\'])(?!<)[^"\']*\2', re.MULTILINE)
+_GITLAB_TOKEN = re.compile(r"\b(gl[a-z]{1,6}-)[0-9A-Za-z_.\-]{8,}")
+
+
+def mask_tokens(text: str) -> str:
+    """config.toml text fit to print: every runner `token` value and anything shaped like a
+    GitLab token (`glrt-...`, `glpat-...`) masked, so a dry run shows no secret."""
+    text = _TOKEN_VALUE.sub(r"\1\2<masked>\2", text)
+    return _GITLAB_TOKEN.sub(r"\1<masked>", text)
 
 
 @dataclasses.dataclass

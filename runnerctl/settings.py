@@ -3,12 +3,13 @@
 Looked up at `--config`, else `$RUNNERCTL_CONFIG`, else /etc/runnerctl/runnerctl.toml
 (root) or ~/.config/runnerctl/runnerctl.toml. A missing file means all defaults; an
 unknown key or a wrong type is an error that names the key. Secrets (GitLab token)
-are not kept here: they come from `--token` or `$RUNNERCTL_GITLAB_TOKEN`.
+are not kept here: they come from `$RUNNERCTL_GITLAB_TOKEN` or `--token-file`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 import tomllib
@@ -49,11 +50,19 @@ class PathSettings:
 @dataclasses.dataclass(frozen=True)
 class ExecutorSettings:
     driver: str = "docker"
-    """Driver behind the custom executor: docker (isolates GPUs), shell or slurm."""
+    """Driver behind the custom executor: docker (isolates GPUs), shell, or batch jobs:
+    slurm, sge, pbs, pjm (docs/hpc.md)."""
     gate_wait_s: float = 600.0
     """How long prepare waits for foreign processes to leave its GPUs before failing."""
     docker_image: str = "ubuntu:24.04"
     """Image for jobs that name none (docker executor and driver)."""
+    # -- who jobs run as (shell driver) --
+    run_as_user: str = ""
+    """The shell driver runs jobs as this unprivileged user (needs gitlab-runner to run as
+    root); empty: as gitlab-runner's own user."""
+    allow_root: bool = False
+    """Let the shell driver run jobs as root (refused by default: a job could then read
+    every secret on the host)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +85,15 @@ class ControllerSettings:
     """GitLab requests per minute at steady state, per host (demand polls and runner
     refreshes; pauses and resumes come on top only when something changes)."""
     projects: tuple[int, ...] = ()
-    """GitLab project ids whose pending jobs are demand (polled only while active)."""
+    """GitLab project ids whose pending jobs are demand. Optional: empty (the default)
+    polls the projects this host's runners serve, read from GitLab (a group runner's
+    group and subgroups, a project runner's projects; controller/demand.py). Set it to
+    override that, e.g. for instance runners, which serve every project."""
     project_priorities: dict[str, str] = dataclasses.field(default_factory=dict)
     """Project id -> high|normal|low; a job's `priority:` tag overrides it."""
     active_window_s: float = 3600.0
-    """A project is polled while it had a job event or a pending job this recently (s)."""
+    """A project that had a job event or a pending job this recently (s) is polled more
+    often than quiet ones (every project is polled, within the API budget)."""
     webhook_fresh_s: float = 300.0
     """While webhooks arrived this recently (s), polling is only a slow safety net."""
     foreign_memory_mib: int = 1024
@@ -132,9 +145,19 @@ class WebSettings:
     signin_attempts: int = 5
     """Failed sign-ins per user name and client address per minute before 429."""
     gitlab_oauth_client_id: str = ""
-    """Application id of a GitLab OAuth application (scope read_user); empty: no GitLab sign-in."""
+    """Application id of a GitLab OAuth application (scope read_api); empty: no GitLab sign-in."""
     gitlab_oauth_group: str = ""
     """Full path of the group whose Maintainers (access level >= 40) may toggle."""
+    # -- limits and trust (runnerctl.web.auth, runnerctl.controller.app) --
+    trusted_proxies: tuple[str, ...] = ()
+    """Addresses (or CIDR ranges) of reverse proxies whose X-Forwarded-For/-Proto are
+    believed; empty: the headers are ignored and the peer address is the client."""
+    max_concurrent_signins: int = 2
+    """Password checks at once (Argon2id takes 64 MiB each); more get 503 at once."""
+    max_body_bytes: int = 1024 * 1024
+    """Largest request body (bytes) any route takes; larger ones get 413 unread."""
+    gitlab_role_check_s: float = 300.0
+    """A "Sign in with GitLab" session's role is read again from GitLab this often (s)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +230,9 @@ def _build(cls: type[Any], data: dict[str, Any], *, where: str) -> Any:
             value = float(value)
         if not isinstance(value, expected):
             raise ConfigError(f"{where}: {key} must be {kind.__name__}, not {value!r}")
+        if isinstance(value, int | float) and not isinstance(value, bool) and not (
+                math.isfinite(value) and value >= 0):  # TOML has nan and inf; no setting is negative
+            raise ConfigError(f"{where}: {key} must be a finite number, not negative: {value!r}")
         values[key] = value
     return cls(**values)
 

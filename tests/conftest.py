@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,14 @@ ADMIN_TOKEN = "glpat-runnerctl-test"
 def gitlab_server() -> Iterator[GitLabServer]:
     with GitLabServer(tokens={ADMIN_TOKEN: "admin"}) as server:
         yield server
+
+
+def token_file(directory: Path, token: str = ADMIN_TOKEN) -> str:
+    """`token` in a 0600 file for `--token-file` (tokens never go on the command line)."""
+    path = directory / "gitlab-token"
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return str(path)
 
 
 @pytest.fixture(scope="session")

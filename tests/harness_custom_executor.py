@@ -1,29 +1,47 @@
-"""Drive a custom executor exactly as gitlab-runner does (docs/executors/custom.md).
+"""Drive a custom executor as gitlab-runner does, with `runnerctl sim runner`'s own driver.
 
-Stages are separate processes: config_exec (stdout JSON), prepare_exec once, run_exec
-`<args> <script path> <stage name>` for each stage, cleanup_exec always. Job variables
-arrive as CUSTOM_ENV_<NAME>; JOB_RESPONSE_FILE holds the job JSON; exit codes come from
-BUILD_FAILURE_EXIT_CODE / SYSTEM_FAILURE_EXIT_CODE, and the real build exit code is
-written to BUILD_EXIT_CODE_FILE. Like gitlab-runner's bash scripts, each stage script
-starts with `set -eo pipefail` and exports the job's variables. Each stage runs in its
-own process group; one past its timeout gets SIGTERM to that group, then SIGKILL to it
-after the graceful timeout (gitlab-runner helpers/process/killer_unix.go signals -pid;
-`graceful_kill_timeout`, `force_kill_timeout` in docs/executors/custom.md).
+`run_job` is one whole job through runnerctl/sim/runner_build.py, the stage driver of
+the gitlab-runner stand-in (so there is one implementation of gitlab-runner's rules):
+config_exec, prepare_exec (a system failure retried 3 times 3 s apart, each try with
+its cleanup_exec), prepare_script, get_sources, restore_cache, the job's steps
+(`build_script`), after_script, archive_cache / archive_cache_on_failure,
+upload_artifacts_on_success / _on_failure, cleanup_file_variables and cleanup_exec;
+each stage script generated and wrapped as shells/bash.go does, each job with its own
+TMPDIR and working directory, SIGTERM then SIGKILL to a stage's process group on a
+timeout or cancel (gitlab-org/gitlab-runner common/build.go, shells/bash.go,
+executors/custom/custom.go, executors/custom/command/command.go,
+helpers/process/killer_unix.go).
+
+`stage`, `start` and `script` drive one stage by hand (for the tests of what happens
+between stages); they use the same environment, script wrapping and kill rules.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shlex
-import signal
 import subprocess
+import threading
 from pathlib import Path
+from typing import Any
 
+from runnerctl.executors import contract
 from runnerctl.executors.contract import DriverArgs, stage_command
+from runnerctl.sim.runner_build import Build
+from runnerctl.sim.runner_exec import (
+    BUILD_FAILURE_EXIT_CODE,
+    SYSTEM_FAILURE_EXIT_CODE,
+    Ctx,
+    CustomExecutor,
+    run_command,
+)
+from runnerctl.sim.runner_script import finish
+from runnerctl.sim.runner_toml import CustomConfig, RunnerEntry
+from runnerctl.sim.runner_trace import LocalTrace, Outcome
 
-BUILD_FAILURE, SYSTEM_FAILURE = 1, 2
+BUILD_FAILURE, SYSTEM_FAILURE = BUILD_FAILURE_EXIT_CODE, SYSTEM_FAILURE_EXIT_CODE
+RUNNER_URL = "https://gitlab.example"
 
 
 @dataclasses.dataclass
@@ -34,6 +52,43 @@ class FakeJob:
     project: str = "ml/experiments"
     pipeline_id: int = 500
     image: str | None = None
+    after_script: list[str] = dataclasses.field(default_factory=lambda: ["echo after_script ran"])
+    cache_paths: list[str] = dataclasses.field(default_factory=list)  # ["cache/"]: the cache stages run
+    artifact_paths: list[str] = dataclasses.field(default_factory=list)  # ["out/"]: the upload stages run
+
+    def ci_variables(self) -> dict[str, str]:
+        variables = {"CI_JOB_ID": str(self.id), "CI_PIPELINE_ID": str(self.pipeline_id),
+                     "GITLAB_USER_LOGIN": self.user, "CI_PROJECT_PATH": self.project,
+                     "CI_JOB_URL": f"{RUNNER_URL}/{self.project}/-/jobs/{self.id}", **self.variables}
+        if self.image:
+            variables["CI_JOB_IMAGE"] = self.image
+        return variables
+
+    def json(self, body: str, *, timeout: float) -> dict[str, Any]:
+        """The job as POST /jobs/request answers it (lib/api/entities/ci/job_request/response.rb)."""
+        steps: list[dict[str, Any]] = [{"name": "script", "script": [body], "timeout": int(timeout),
+                                        "when": "on_success", "allow_failure": False}]
+        if self.after_script:
+            steps.append({"name": "after_script", "script": self.after_script, "timeout": int(timeout),
+                          "when": "always", "allow_failure": True})
+        return {
+            "id": self.id, "token": f"glcbt-job{self.id}",
+            "job_info": {"id": self.id, "name": "test", "stage": "test", "project_id": 7,
+                         "project_name": self.project.rsplit("/", 1)[-1]},
+            "git_info": {"repo_url": f"{RUNNER_URL}/{self.project}.git", "ref": "main", "sha": "0" * 40},
+            "runner_info": {"timeout": int(timeout)},
+            "variables": [{"key": k, "value": v, "public": True, "masked": False}
+                          for k, v in self.ci_variables().items()],
+            "steps": steps,
+            "image": {"name": self.image} if self.image else None,
+            "services": [],
+            "cache": [{"key": "default", "paths": self.cache_paths, "policy": "pull-push",
+                       "when": "always"}] if self.cache_paths else [],
+            "artifacts": [{"name": "out", "paths": self.artifact_paths, "when": "always",
+                           "artifact_type": "archive"}] if self.artifact_paths else [],
+            "features": {"failure_reasons": ["script_failure", "runner_system_failure",
+                                             "job_execution_timeout", "unknown_failure"]},
+        }
 
 
 @dataclasses.dataclass
@@ -47,73 +102,148 @@ class Harness:
         self.args = args
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
+        self.runner = runner_entry(args)
+        self.outcomes: dict[int, Outcome] = {}
+        self.traces: dict[int, str] = {}
+        self.commands: dict[int, list[tuple[str, int | None]]] = {}
+        self._executors: dict[int, CustomExecutor] = {}
+
+    # -- one whole job ---------------------------------------------------------------------------
+    def run_job(self, job: FakeJob, body: str, *, timeout: float = 60,
+                cancel: threading.Event | None = None) -> dict[str, StageResult]:
+        """The job through gitlab-runner's stages; results by stage (the last try of each).
+
+        `cancel`, when set while the job runs, is GitLab answering `Job-Status: canceling`."""
+        results: dict[str, StageResult] = {}
+        commands = self.commands.setdefault(job.id, [])
+        trace = LocalTrace()
+
+        def record(name: str, code: int | None, out: str) -> None:
+            results[name] = StageResult(-1 if code is None else code, out)
+            commands.append((name, code))
+
+        build = Build(job.json(body, timeout=timeout), self.runner, trace=trace, on_command=record)
+        if cancel is not None:
+            done = threading.Event()
+
+            def watch() -> None:
+                while not done.is_set():
+                    if cancel.wait(0.05):
+                        trace.cancel()
+                        return
+
+            threading.Thread(target=watch, daemon=True).start()
+        try:
+            self.outcomes[job.id] = build.run()
+        finally:
+            if cancel is not None:
+                done.set()
+        self.traces[job.id] = trace.text()
+        return results
+
+    # -- one stage by hand -----------------------------------------------------------------------
+    def executor(self, job: FakeJob) -> CustomExecutor:
+        """The job's executor state: its own TMPDIR, response.json and exit code file."""
+        if job.id not in self._executors:
+            variables = job.ci_variables()
+            executor = CustomExecutor(self.runner.custom, job=job.json("true", timeout=3600),
+                                      variables=lambda: list(variables.items()), log=lambda _: None)
+            executor.temp_dir = str(self.workdir / f"custom-executor-{job.id}")
+            Path(executor.temp_dir).mkdir(parents=True, exist_ok=True)
+            Path(executor.temp_dir, "response.json").write_text(
+                json.dumps(job.json("true", timeout=3600)))
+            self._executors[job.id] = executor
+        return self._executors[job.id]
 
     def env(self, job: FakeJob) -> dict[str, str]:
-        job_file = self.workdir / f"job-{job.id}.json"
-        variables = {"CI_JOB_ID": str(job.id), "CI_PIPELINE_ID": str(job.pipeline_id),
-                     "GITLAB_USER_LOGIN": job.user, "CI_PROJECT_PATH": job.project,
-                     "CI_JOB_URL": f"https://gitlab.example/{job.project}/-/jobs/{job.id}", **job.variables}
-        if job.image:
-            variables["CI_JOB_IMAGE"] = job.image
-        job_file.write_text(json.dumps({"id": job.id, "image": {"name": job.image} if job.image else None,
-                                        "variables": [{"key": k, "value": v, "public": True}
-                                                      for k, v in variables.items()]}))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CUSTOM_ENV_")}
-        env.update({f"CUSTOM_ENV_{k}": v for k, v in variables.items()})
-        env.update({"JOB_RESPONSE_FILE": str(job_file),
-                    "BUILD_FAILURE_EXIT_CODE": str(BUILD_FAILURE),
-                    "SYSTEM_FAILURE_EXIT_CODE": str(SYSTEM_FAILURE),
-                    "BUILD_EXIT_CODE_FILE": str(self.workdir / f"exit-{job.id}"),
-                    "TMPDIR": str(self.workdir)})
-        return env
+        return self.executor(job).env()
+
+    def build_exit_code(self, job_id: int) -> str:
+        return Path(self._executors[job_id].exit_code_file).read_text().strip()
 
     def start(self, stage: str, job: FakeJob, *extra: str) -> subprocess.Popen[str]:
         exe, argv = stage_command(stage, self.args)
-        return subprocess.Popen([exe, *argv, *extra], env=self.env(job), text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        executor = self.executor(job)
+        return subprocess.Popen([exe, *argv, *extra], env=executor.env(), cwd=executor.temp_dir, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)
 
     def stage(self, stage: str, job: FakeJob, *extra: str, timeout: float = 60,
               graceful: float = 5) -> StageResult:
-        proc = self.start(stage, job, *extra)
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                out, _ = proc.communicate(timeout=graceful)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                out, _ = proc.communicate()
-        return StageResult(proc.returncode, out)
+        exe, argv = stage_command(stage, self.args)
+        executor = self.executor(job)
+        out: list[str] = []
+        codes: list[int | None] = []
+        run_command(Ctx(timeout_s=timeout), [exe, *argv, *extra], env=executor.env(), cwd=executor.temp_dir,
+                    graceful_s=graceful, force_s=10, stdout=out.append, stderr=out.append,
+                    exit_code_file=executor.exit_code_file, on_exit=codes.append)
+        return StageResult(-1 if codes[0] is None else codes[0], "".join(out))
 
     def script(self, job: FakeJob, stage: str, body: str) -> Path:
         path = self.workdir / f"script-{job.id}-{stage}"
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in job.variables.items())
-        path.write_text(f"#!/usr/bin/env bash\nset -eo pipefail\n{exports}{body}\n")
+        path.write_text(finish(exports + body + "\n"))
         return path
 
-    def run_job(self, job: FakeJob, body: str, *, timeout: float = 60) -> dict[str, StageResult]:
-        results = {"config": self.stage("config", job)}
-        results["prepare"] = self.stage("prepare", job)
-        if results["prepare"].code == 0:
-            for stage, text in (("prepare_script", "true"), ("get_sources", "true"),
-                                ("build_script", body)):
-                results[stage] = self.stage("run", job, str(self.script(job, stage, text)), stage,
-                                            timeout=timeout)
-                if results[stage].code != 0:
-                    break
-        results["cleanup"] = self.stage("cleanup", job)
-        return results
+
+def runner_entry(args: DriverArgs) -> RunnerEntry:
+    """The `[[runners]]` entry `runnerctl init` writes for a slot (executors/contract.py)."""
+    section = contract.custom_section(args)
+
+    def argv(stage: str) -> tuple[str, ...]:
+        return tuple(str(a) for a in section[f"{stage}_args"])  # type: ignore[attr-defined]
+
+    custom = CustomConfig(
+        config_exec=str(section["config_exec"]), config_args=argv("config"),
+        config_exec_timeout_s=contract.CONFIG_EXEC_TIMEOUT_S,
+        prepare_exec=str(section["prepare_exec"]), prepare_args=argv("prepare"),
+        prepare_exec_timeout_s=contract.PREPARE_EXEC_TIMEOUT_S,
+        run_exec=str(section["run_exec"]), run_args=argv("run"),
+        cleanup_exec=str(section["cleanup_exec"]), cleanup_args=argv("cleanup"),
+        cleanup_exec_timeout_s=contract.CLEANUP_EXEC_TIMEOUT_S,
+        graceful_kill_timeout_s=contract.GRACEFUL_KILL_TIMEOUT_S,
+        force_kill_timeout_s=contract.FORCE_KILL_TIMEOUT_S)
+    return RunnerEntry(name=args.slot, url=RUNNER_URL, token="glrt-harnesstoken", executor="custom",
+                       custom=custom)
 
 
-def make_host(root: Path, *, gate_wait_s: float = 3, docker_image: str | None = None) -> Path:
-    """A simulated 8-GPU host `gpu-a`: gpus.yaml (edit it to add processes) and settings."""
+def write_runner_config(tmp: Path, url: str, runners: list[dict[str, Any]], *,
+                        concurrent: int = 4) -> Path:
+    """config.toml as `runnerctl init --executor custom` writes it (executors/contract.py).
+
+    One runner per entry of `runners` ({token, executor?, other keys as TOML values}), runner
+    i on GPU i of a simulated 8-GPU host in `tmp/host`, shell driver."""
+    host = tmp / "host"
+    if not host.exists():
+        host.mkdir()
+        make_host(host, gate_wait_s=1)
+    lines = [f"concurrent = {concurrent}", "check_interval = 1", ""]
+    for i, entry in enumerate(runners):
+        args = DriverArgs(f"runnerctl/gpu-a/gpu{i}", (i,), f"sim:{host / 'gpus.yaml'}",
+                          str(host / "runnerctl.toml"), "shell")
+        lines += ["[[runners]]", f'name = "runnerctl/gpu-a/gpu{i}"', f'url = "{url}"',
+                  f'token = "{entry["token"]}"', f'executor = "{entry.get("executor", "custom")}"']
+        lines += [f"{key} = {value}" for key, value in entry.items() if key not in ("token", "executor")]
+        lines.append("[runners.custom]")
+        for key, value in contract.custom_section(args).items():
+            lines.append(f"{key} = {json.dumps(value)}")
+        lines.append("")
+    path = tmp / "config.toml"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def make_host(root: Path, *, gate_wait_s: float = 3, docker_image: str | None = None,
+              shell_user: str | None = "root") -> Path:
+    """A simulated 8-GPU host `gpu-a`: gpus.yaml (edit it to add processes) and settings.
+    The shell driver runs jobs as `shell_user`: root (CI's own user) is allowed explicitly,
+    None leaves both settings at their defaults."""
     (root / "gpus.yaml").write_text("host: gpu-a\ngpus: 8\n")
     image = f'docker_image = "{docker_image}"\n' if docker_image else ""
+    user = ("" if shell_user is None else "allow_root = true\n" if shell_user == "root"
+            else f'run_as_user = "{shell_user}"\n')
     (root / "runnerctl.toml").write_text(
         f'[host]\nname = "gpu-a"\n[paths]\nstate_dir = "{root / "state"}"\n'
-        f"[executor]\ngate_wait_s = {gate_wait_s}\n{image}")
+        f"[executor]\ngate_wait_s = {gate_wait_s}\n{image}{user}")
     return root
 
 

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import tomlkit
 
+from tests.conftest import token_file
+
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = json.loads((ROOT / "tests" / "data" / "gitlab_runner_config_keys.json").read_text())
 
@@ -26,7 +28,7 @@ def runnerctl(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
 
 def _dry_run(tmp_path: Path, executor: str) -> tomlkit.TOMLDocument:
     result = runnerctl("init", "--gpu-source", "sim:8", "--dry-run", "--gitlab-url",
-                       "https://gitlab.example.com", "--token", "x", "--executor", executor,
+                       "https://gitlab.example.com", "--executor", executor,
                        "--runner-config", str(tmp_path / "config.toml"), "--host", "gpu-a")
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "config.toml").exists()  # a dry run writes nothing
@@ -97,7 +99,7 @@ def test_unreachable_gitlab_is_one_line_and_config_untouched(tmp_path: Path) -> 
     config.write_text("# mine\nconcurrent = 2\n")
     before = config.read_bytes()
     result = runnerctl("init", "--gpu-source", "sim:2", "--gitlab-url",
-                       f"http://127.0.0.1:{_closed_port()}", "--token", "glpat-x",
+                       f"http://127.0.0.1:{_closed_port()}", "--token-file", token_file(tmp_path, "glpat-x"),
                        "--runner-config", str(config))
     _assert_one_line_error(result, "cannot reach GitLab")
     assert config.read_bytes() == before
@@ -108,7 +110,7 @@ def test_malformed_config_is_refused_untouched(tmp_path: Path) -> None:
     config.write_text("concurrent = 4\n[[runners]\n")
     before = config.read_bytes()
     result = runnerctl("init", "--gpu-source", "sim:2", "--gitlab-url", "http://127.0.0.1:1",
-                       "--token", "x", "--runner-config", str(config))
+                       "--token-file", token_file(tmp_path, "x"), "--runner-config", str(config))
     _assert_one_line_error(result, "not valid TOML")
     assert result.returncode == 3
     assert config.read_bytes() == before
@@ -119,7 +121,7 @@ def test_nvml_without_driver_is_one_clear_line(tmp_path: Path) -> None:
     config.write_text("concurrent = 4\n")
     before = config.read_bytes()
     result = runnerctl("init", "--gpu-source", "nvml", "--gitlab-url", "http://127.0.0.1:1",
-                       "--token", "x", "--runner-config", str(config),
+                       "--token-file", token_file(tmp_path, "x"), "--runner-config", str(config),
                        env={"LD_LIBRARY_PATH": str(tmp_path)})
     _assert_one_line_error(result, "NVML")
     assert result.returncode == 5

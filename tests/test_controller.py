@@ -118,7 +118,7 @@ def test_admin_toggles_pause_drain_resume(world: World, tmp_path: Path,
     slot = next(n for n, j in world.fleet.jobs.items() if j.job_id == job).rsplit("/", 1)[-1]
     args = ["--host-name", "demo", "--state-dir", str(tmp_path)]
     assert main(["drain", "--slot", slot, "--why", "maintenance", "--who", "carol", *args]) == 0
-    assert main(["pause", "--gpu", "7", *args]) == 0
+    assert main(["pause", "--gpu", "7", "--why", "fan", *args]) == 0
     world.advance(6)
     assert slot not in _open(world) and "gpu7" not in _open(world)
     statuses = {t.target: s for t, s in world.controller.view.toggles}
@@ -203,14 +203,22 @@ def test_api_state_and_webhook(world: World) -> None:
     state = client.get("/api/state").json()
     assert state["host"] == "demo" and len(state["slots"]) == 15
     assert state["snapshot"]["gpus"][0]["index"] == 0
-    payload = {"object_kind": "build", "build_id": 77, "build_status": "pending", "project_id": PROJECT,
-               "build_tags": ["gpus:2"], "build_created_at": "2023-11-14 22:13:20 UTC"}
+    job = world.state.enqueue_job(project_id=PROJECT, tags=["gpus:2"])
+    payload = {"object_kind": "build", "build_id": job.id, "build_status": "pending", "project_id": PROJECT,
+               "build_created_at": "2023-11-14 22:13:20 UTC", "runner": None}  # GitLab's fields: no tags
     assert client.post("/webhooks/gitlab", json=payload).status_code == 401
     wrong = client.post("/webhooks/gitlab", json=payload, headers={"X-Gitlab-Token": "nope"})
     assert wrong.status_code == 401
+    world.controller.wake.clear()
     ok = client.post("/webhooks/gitlab", json=payload, headers={"X-Gitlab-Token": "s3cret"})
-    assert ok.status_code == 200
-    assert [j.job_id for j in world.controller.demand.jobs] == [77]
+    assert ok.status_code == 200 and world.controller.wake.is_set()  # the loop ticks now...
+    start = len(world.server.requests)
+    for _ in range(3):  # ...and asks GitLab about that job before polling anything else
+        world.clock.now += 5.0  # (runners stand still: the job stays pending)
+        world.controller.tick()
+    asked = [r.path for r in world.server.requests[start:] if r.path.startswith("/projects")]
+    assert asked[0] == f"/projects/{PROJECT}/jobs/{job.id}"
+    assert [(j.job_id, j.gpus) for j in world.controller.demand.jobs] == [(job.id, 2)]
 
 
 def test_polling_stays_within_the_api_budget(world: World) -> None:

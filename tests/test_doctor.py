@@ -13,7 +13,7 @@ import pytest
 
 from runnerctl.cli import main
 from runnerctl.sim.gitlab_server import GitLabServer
-from tests.conftest import ADMIN_TOKEN
+from tests.conftest import token_file
 
 
 def _doctor(tmp_path: Path, config: Path, *extra: str) -> int:
@@ -31,27 +31,45 @@ def test_healthy_host_passes(gitlab_server: GitLabServer, tmp_path: Path,
     fake_runner.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     config = tmp_path / "config.toml"
-    assert main(["init", "--gitlab-url", gitlab_server.url, "--token", ADMIN_TOKEN,
+    assert main(["init", "--gitlab-url", gitlab_server.url, "--token-file", token_file(tmp_path),
                  "--gpu-source", "sim:2", "--host", "gpu-a", "--runner-config", str(config),
                  "--config", str(tmp_path / "absent.toml")]) == 0
     capsys.readouterr()
-    assert _doctor(tmp_path, config, "--token", ADMIN_TOKEN) == 0
+    (tmp_path / ".runner_system_id").write_text("s_0a1b2c3d4e5f\n")  # gitlab-runner's, beside config.toml
+    assert _doctor(tmp_path, config, "--token-file", token_file(tmp_path)) == 0
     out = capsys.readouterr().out
     assert "FAIL" not in out
-    assert "3/3 runners known" in out and "runner tokens valid (3/3)" in out
+    assert "3/3 runners known" in out
+    assert "runner tokens valid (3/3), verified as gitlab-runner's own manager s_0a1b2c3d4e5f" in out
+
+
+def test_without_gitlab_runners_system_id_tokens_are_not_verified(gitlab_server: GitLabServer, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """POST /runners/verify records a runner manager under the system_id it is given
+    (gitlabhq lib/api/ci/helpers/runner.rb): doctor never invents one."""
+    config = tmp_path / "config.toml"
+    assert main(["init", "--gitlab-url", gitlab_server.url, "--token-file", token_file(tmp_path),
+                 "--gpu-source", "sim:2", "--host", "gpu-a", "--runner-config", str(config),
+                 "--config", str(tmp_path / "absent.toml")]) == 0
+    (tmp_path / ".runner_system_id").write_text("runnerctl-doctor")  # malformed: gitlab-runner ignores it
+    capsys.readouterr()
+    _doctor(tmp_path, config, "--token-file", token_file(tmp_path))
+    out = capsys.readouterr().out
+    assert "[skip] runner tokens not verified: gitlab-runner's .runner_system_id" in out
+    assert not [r for r in gitlab_server.requests if r.path == "/runners/verify"]
 
 
 def test_problems_are_named_with_a_fix(gitlab_server: GitLabServer, tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "config.toml"
-    main(["init", "--gitlab-url", gitlab_server.url, "--token", ADMIN_TOKEN, "--gpu-source",
+    main(["init", "--gitlab-url", gitlab_server.url, "--token-file", token_file(tmp_path), "--gpu-source",
           "sim:2", "--host", "gpu-a", "--runner-config", str(config),
           "--config", str(tmp_path / "absent.toml")])
     config.chmod(0o644)
     deleted = next(iter(gitlab_server.state.runners))
     gitlab_server.state.delete_runner(deleted)
     capsys.readouterr()
-    code = _doctor(tmp_path, config, "--token", ADMIN_TOKEN)
+    code = _doctor(tmp_path, config, "--token-file", token_file(tmp_path))
     out = capsys.readouterr().out
     assert code == 1
     assert "[FAIL] config.toml mode 644" in out and "chmod 600" in out

@@ -78,7 +78,7 @@ def test_container_gets_exactly_the_slot_gpus_and_is_removed(engine: docker.Dock
     assert f"NVIDIA_VISIBLE_DEVICES={expected}" in result.output  # what the device hook saw
     failing = harness.stage("run", job, str(harness.script(job, "after_script", "exit 4")),
                             "after_script")
-    assert failing.code == BUILD_FAILURE and (harness.workdir / "exit-701").read_text().strip() == "4"
+    assert failing.code == BUILD_FAILURE and harness.build_exit_code(701) == "4"
     assert harness.stage("cleanup", job).code == 0
     assert _containers(engine, host, 701) == [] and LeaseTable(host / "state").all() == []
 

@@ -54,7 +54,8 @@ def test_failing_script_is_a_build_failure_with_its_code(host: Path) -> None:
     harness = _harness(host, (0,))
     results = harness.run_job(FakeJob(id=102), "exit 7")
     assert results["build_script"].code == BUILD_FAILURE
-    assert (harness.workdir / "exit-102").read_text().strip() == "7"
+    outcome = harness.outcomes[102]
+    assert (outcome.state, outcome.failure_reason, outcome.exit_code) == ("failed", "script_failure", 7)
     assert _leases(host).all() == []
 
 

@@ -93,7 +93,7 @@ def test_failing_script_fails_the_job_with_its_code(host: Path) -> None:
     results = harness.run_job(FakeJob(id=802), "echo before; exit 5")
     assert results["build_script"].code == BUILD_FAILURE
     assert "before" in results["build_script"].output
-    assert (harness.workdir / "exit-802").read_text().strip() == "5"
+    assert harness.outcomes[802].exit_code == 5
 
 
 def test_cancel_from_gitlab_cancels_the_slurm_job(host: Path) -> None:
@@ -135,3 +135,4 @@ def test_driver_killed_then_cleanup_leaves_no_slurm_job(host: Path) -> None:
 def _squeue_name(name: str) -> list[str]:
     return subprocess.run(["squeue", "-h", "-n", name, "-o", "%T"], capture_output=True, text=True,
                           check=False).stdout.split()
+

@@ -50,8 +50,30 @@ def test_running_and_pending_jobs(gitlab_server: GitLabServer) -> None:
 def test_verify_runner_token(gitlab_server: GitLabServer) -> None:
     gl = _client(gitlab_server)
     runner = gitlab_server.state.create_runner(description="r", tags=[])
-    assert gl.verify_runner_token(runner.token) is True
-    assert gl.verify_runner_token("glrt-forged") is False
+    assert gl.verify_runner_token(runner.token, system_id="s_0123456789ab") is True
+    assert gl.verify_runner_token("glrt-forged", system_id="s_0123456789ab") is False
+
+
+def test_canceling_jobs_of_a_runner(gitlab_server: GitLabServer) -> None:
+    gl = _client(gitlab_server)
+    state = gitlab_server.state
+    runner = state.create_runner(description="r", tags=["gpu"])
+    job = state.enqueue_job(project_id=5, tags=["gpu"])
+    state.request_job(runner.id)
+    job.status = "canceling"
+    assert gl.running_jobs(runner.id) == []
+    assert [j.id for j in gl.running_jobs(runner.id, status="canceling")] == [job.id]
+
+
+def test_an_old_gitlab_without_canceling_has_no_canceling_job(gitlab_server: GitLabServer) -> None:
+    """GitLab before `canceling` refuses the status value with 400 (Grape `values:`)."""
+    gl = _client(gitlab_server)
+    runner = gitlab_server.state.create_runner(description="r", tags=["gpu"])
+    gitlab_server.faults.append(Fault("GET", r"/runners/\d+/jobs", "400", count=1))
+    assert gl.running_jobs(runner.id, status="canceling") == []
+    gitlab_server.faults.append(Fault("GET", r"/runners/\d+/jobs", "400", count=1))
+    with pytest.raises(PermanentError):
+        gl.running_jobs(runner.id)
 
 
 @pytest.mark.parametrize(
@@ -95,3 +117,17 @@ def test_counts_requests_by_status(gitlab_server: GitLabServer) -> None:
     gitlab_server.state.create_runner(description="r", tags=[])
     gl.get_runner(1)
     assert gl.requests_by_status == {"404": 1, "200": 1}
+
+
+def test_insufficient_scope_body_names_the_scope() -> None:
+    """GitLab's 403 for a token without the endpoint's scope (lib/api/api_guard.rb via
+    Rack::OAuth2 Bearer::Forbidden): `error`, `error_description`, `scope`."""
+    from runnerctl.gitlab import InsufficientScope, _insufficient_scope
+
+    body = (b'{"error":"insufficient_scope","error_description":"The request requires higher '
+            b'privileges than provided by the access token.","scope":"api read_api"}')
+    assert _insufficient_scope(body) == ("api", "read_api")
+    assert _insufficient_scope(b'{"message":"403 Forbidden"}') is None
+    assert _insufficient_scope(b"<html>") is None
+    error = InsufficientScope("http://gl", "list runners", ("api", "read_api"))
+    assert error.missing == "api" and "missing the `api` scope" in str(error)

@@ -13,12 +13,12 @@ import tomlkit
 from runnerctl.cli import main
 from runnerctl.sim.gitlab_server import Fault, GitLabServer
 from runnerctl.sim.gitlab_state import SimRunner
-from tests.conftest import ADMIN_TOKEN
+from tests.conftest import token_file
 
 
 def _init(server: GitLabServer, config: Path, gpus: str = "sim:8", *extra: str) -> int:
-    return main(["init", "--gitlab-url", server.url, "--token", ADMIN_TOKEN, "--group", "7",
-                 "--gpu-source", gpus, "--host", "gpu-a", "--runner-config", str(config),
+    return main(["init", "--gitlab-url", server.url, "--token-file", token_file(config.parent),
+                 "--group", "7", "--gpu-source", gpus, "--host", "gpu-a", "--runner-config", str(config),
                  "--config", str(config.parent / "absent-runnerctl.toml"), *extra])
 
 
@@ -134,8 +134,8 @@ def test_wrong_token_one_line_config_untouched(gitlab_server: GitLabServer, tmp_
     config.write_text("# mine\nconcurrent = 2\n")
     before = config.read_bytes()
     result = subprocess.run(
-        [sys.executable, "-m", "runnerctl", "init", "--gitlab-url", gitlab_server.url, "--token",
-         "glpat-wrong", "--gpu-source", "sim:2", "--runner-config", str(config),
+        [sys.executable, "-m", "runnerctl", "init", "--gitlab-url", gitlab_server.url, "--token-file",
+         token_file(tmp_path, "glpat-wrong"), "--gpu-source", "sim:2", "--runner-config", str(config),
          "--config", str(tmp_path / "absent.toml")],
         capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 4

@@ -62,7 +62,7 @@ ALERTS = MONITORING / "prometheus" / "alerts.yml"
 GRAFANA_VARS = {"$Hostname": "demo", "$__rate_interval": "20s", "$__range": "10m"}
 NOT_IN_A_HEALTHY_RUN = {"RunnerctlRunnerOffline", "RunnerctlRunnerUnknown", "RunnerctlControllerDown",
                         "RunnerctlGitLabUnreachable", "RunnerctlExporterCollectorFailed",
-                        "RunnerctlMultiGpuJobWaiting"}
+                        "RunnerctlMultiGpuJobWaiting", "RunnerctlReconcileStalled"}
 STEP_S, PACE_S = 5.0, 0.1  # virtual seconds per step, wall seconds between steps (about 50x)
 
 
@@ -174,7 +174,8 @@ class AilingHost(HostThread):
     thread, like `Workload`): its gitlab-runner never polls (every runner offline in
     GitLab), runner gpu0 was deleted in GitLab (state unknown), an 8-GPU job has been
     pending for three hours, then GitLab answers 500 to every request; its /metrics has one
-    collector that raises, as a bug would."""
+    collector that raises, as a bug would; after a few ticks with GitLab failing its loop
+    hangs (no tick finishes any more, as when a tick waits on a locked store)."""
 
     HOST = "gpu-sick"
 
@@ -191,17 +192,18 @@ class AilingHost(HostThread):
         def broken(stats: object) -> list[object]:
             raise KeyError("a bug in a collector")
 
-        registry = build_registry(lambda: world.controller.stats.view, {**ALL_PARTS, "broken": broken})
+        registry = build_registry(lambda: world.controller.stats.view, {**ALL_PARTS, "broken": broken},
+                                  liveness=world.controller.liveness)
         server = serve_in_background(world.controller, f"127.0.0.1:{self.port}",
                                      lambda: (generate_latest(registry), CONTENT_TYPE))
         assert server is not None, "the metrics port was taken"
         try:
             world.advance(30.0)  # runners read (offline, one gone), the old job seen pending
             world.server.faults.append(Fault("*", ".*", "500", count=10**9))
+            world.advance(30.0)  # ticks with GitLab failing
+            assert world.controller.view.gitlab_error
             self.ready.set()
-            while not self.stop.is_set():
-                world.advance(STEP_S)
-                time.sleep(5 * PACE_S)
+            self.stop.wait()  # the loop hangs: its last good tick ages
         finally:
             server.should_exit = True
             world.close()

@@ -117,3 +117,22 @@ def test_the_wait_outlasts_every_cleanup_gitlab_runner_allows() -> None:
 
     assert ControllerSettings().orphan_after_s > (CLEANUP_EXEC_TIMEOUT_S + GRACEFUL_KILL_TIMEOUT_S
                                                   + FORCE_KILL_TIMEOUT_S)
+
+
+def test_a_job_canceling_in_gitlab_is_never_freed(world: World, tmp_path: Path,
+                                                  spawned: list[subprocess.Popen[bytes]]) -> None:
+    """After a cancel, gitlab-runner still runs after_script, uploads and cleanup while
+    GitLab shows the job `canceling` (gitlabhq has_status.rb EXECUTING_STATUSES): live."""
+    job = world.state.enqueue_job(project_id=PROJECT, tags=["gpu"])
+    assert world.state.request_job(world.controller.cache.ids[_slot(world, "/gpu1")]) is job
+    lease = _lease(world, tmp_path, job.id, "/gpu1", (1,))
+    after_script = _job_process(lease, spawned)
+    job.status = "canceling"  # cancelled; gitlab-runner's after_script is still at work
+    world.advance(1500, step=5.0)
+    assert job.id not in world.controller.orphans.suspects
+    assert _leased(tmp_path) == {str(job.id)} and after_script.poll() is None
+    asked = {r.query.get("status", [""])[0] for r in world.server.requests if r.path.endswith("/jobs")}
+    assert asked >= {"running", "canceling"}
+    job.status = "canceled"  # reported, but its cleanup never released the lease
+    world.advance(900, step=5.0)
+    assert _leased(tmp_path) == set() and after_script.wait(timeout=10) == -9

@@ -59,17 +59,17 @@ def test_fresh_machine_init_start_url_and_a_study_survives_stop_start(
         assert "already running" in _out(capsys)
         assert main([*args, "status"]) == 0
         capsys.readouterr()
-        assert main([*args, "url"]) == 0  # the project database, made on first use
+        assert main([*args, "url", "--kind", "rdb"]) == 0  # the project database, made on first use
         project_url = _out(capsys)
         assert project_url.startswith("postgresql+psycopg://optuna:") and project_url.endswith("/optuna")
         optuna.create_study(study_name="from_url", storage=project_url)  # Optuna can use it
 
-        assert main([*args, "create-study", "cli_study", "--direction", "maximize"]) == 0
+        assert main([*args, "create-study", "cli_study", "--direction", "maximize", "--kind", "rdb"]) == 0
         url = _out(capsys)
         assert url.startswith("postgresql+psycopg://cli_study:") and "@127.0.0.1:" in url
         study = optuna.load_study(study_name="cli_study", storage=url)
         study.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=0.5))
-        assert main([*args, "create-study", "cli_study"]) == 0  # idempotent, same URL
+        assert main([*args, "create-study", "cli_study", "--kind", "rdb"]) == 0  # idempotent, same URL
         assert _out(capsys) == url
         assert main([*args, "stop"]) == 0
         assert main([*args, "stop"]) == 0
@@ -79,7 +79,7 @@ def test_fresh_machine_init_start_url_and_a_study_survives_stop_start(
         assert [t.value for t in again.trials] == [0.5]
         assert again.direction == optuna.study.StudyDirection.MAXIMIZE
         capsys.readouterr()
-        assert main([*args, "url", "cli_study"]) == 0
+        assert main([*args, "url", "cli_study", "--kind", "rdb"]) == 0
         assert _out(capsys) == url
         assert main([*args, "url", "--admin"]) == 0
         assert _out(capsys).startswith(f"postgresql+psycopg://{ADMIN_ROLE}:")
@@ -144,7 +144,7 @@ def test_an_external_server_works_the_same_way(pg_server: PostgresServer, base_d
     settings.write_text(f'[postgres]\ndir = "{base_dir / "local"}"\nurl = "{pg_server.admin_url()}"\n')
     args = ["postgres", "--config", str(settings)]
     assert main([*args, "status"]) == 0 and "reachable" in _out(capsys)
-    assert main([*args, "create-study", "ext_study", "--host", "127.0.0.1"]) == 0
+    assert main([*args, "create-study", "ext_study", "--host", "127.0.0.1", "--kind", "rdb"]) == 0
     url = _out(capsys)
     assert url.startswith("postgresql+psycopg://ext_study:") and f"127.0.0.1:{pg_server.config.port}" in url
     assert optuna.load_study(study_name="ext_study", storage=url).trials == []

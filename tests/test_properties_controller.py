@@ -27,6 +27,7 @@ from runnerctl.settings import ControllerSettings
 from runnerctl.sim.fleet import SimFleet
 from runnerctl.sim.gitlab_server import Fault
 from runnerctl.sim.world import PROJECT, TOKEN, World, build_world
+from tests.conftest import token_file
 
 SETTINGS = ControllerSettings(projects=(PROJECT,), cooldown_s=20.0, backoff_max_s=20.0)
 EXAMPLES = int(os.environ.get("CONTROLLER_EXAMPLES", "8"))
@@ -180,7 +181,8 @@ def test_sigkill_of_serve_at_random_points_keeps_invariants(tmp_path: Path) -> N
     violations: list[object] = []
     watch(world, violations)
     settings_path, config = _config(tmp_path, world.fleet.runner_ids)
-    command = [sys.executable, "-m", "runnerctl", "serve", "--gitlab", world.server.url, "--token", TOKEN,
+    command = [sys.executable, "-m", "runnerctl", "serve", "--gitlab", world.server.url,
+               "--token-file", token_file(tmp_path, TOKEN),
                "--config", str(settings_path), "--runner-config", str(config), "--gpu-source", "sim:8",
                "--state-dir", str(tmp_path), "--interval", "0.2", "--listen", "127.0.0.1:0"]
     rng = random.Random(3)

@@ -23,13 +23,14 @@ from runnerctl.sim.gitlab_server import GitLabServer
 from runnerctl.sim.gitlab_state import STUCK_REASON
 from runnerctl.sim.world import PROJECT, World, build_world
 from runnerctl.standby import VERIFY_EVERY_S, load, standby_path
-from tests.conftest import ADMIN_TOKEN
+from tests.conftest import ADMIN_TOKEN, token_file
 
 HOUR = 3600.0
 
 
 def _init(server: GitLabServer, config: Path, gpus: str = "sim:8") -> int:
-    return main(["init", "--gitlab-url", server.url, "--token", ADMIN_TOKEN, "--group", "7",
+    return main(["init", "--gitlab-url", server.url, "--token-file", token_file(config.parent),
+                 "--group", "7",
                  "--gpu-source", gpus, "--host", "gpu-a", "--runner-config", str(config),
                  "--config", str(config.parent / "absent-runnerctl.toml")])
 

@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import psycopg
 import pytest
 from optuna.trial import TrialState
 
 from runnerctl.pipelines import render
-from runnerctl.postgres import PostgresServer
+from runnerctl.postgres import PostgresServer, libpq_url
 from tests import ci_jobs
 from tests.harness_custom_executor import FakeJob, StageResult, harness_for, make_host
 
@@ -37,7 +38,7 @@ class Pipeline:
     """A rendered pipeline, its project checkout and the simulated host it runs on."""
 
     def __init__(self, tmp_path: Path, *, study: str, url: str, trials: int, workers: int,
-                 extra_env: dict[str, str]) -> None:
+                 extra_env: dict[str, str], script: str = "search.py") -> None:
         self.project = tmp_path / "project"
         self.project.mkdir()
         example = ROOT / "examples" / "optuna-sweep" / "search.py"
@@ -46,7 +47,7 @@ class Pipeline:
         self.host = make_host(tmp_path / "host")
         self.jobs = ci_jobs.load(render("optuna-sweep", {
             "study_name": study, "storage": url, "n_trials": str(trials), "workers": str(workers),
-            "command": 'echo $$ > "worker-$CI_NODE_INDEX.pid"\npython search.py'}))
+            "command": f'echo $$ > "worker-$CI_NODE_INDEX.pid"\npython {script}'}))
         self.env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
                     "PYTHONPATH": str(ROOT), "CI": "true", "GITLAB_CI": "true",
                     "CI_PROJECT_DIR": str(self.project), **extra_env}
@@ -111,27 +112,70 @@ def test_four_workers_complete_exactly_100_trials(pg_server: PostgresServer, tmp
     assert (sweep.project / "optuna-report" / "param_importances.html").exists()
 
 
-def _wait_for_four_sleeping_trials(url: str) -> None:
-    """Until four trials run at once, each with all three parameters sampled (so in its sleep)."""
-    study = optuna.load_study(study_name="sweep_kill", storage=url)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        if len(running) >= 4 and all(len(t.params) == 3 for t in running):
-            return
+HANG_FIRST = '''"""search.py, except that worker 1 stops in its first trial (after sampling, so in its
+"training"), writes that trial's number to worker-1.trial and stays there until killed;
+the other workers start only once it is there, so it always has a trial to die in."""
+import os
+import time
+from pathlib import Path
+
+import search
+from runnerctl.optuna import run_worker
+
+MARK = Path("worker-1.trial")
+current = []
+
+
+class Hang:
+    @staticmethod
+    def sleep(seconds):
+        Path("worker-1.tmp").write_text(str(current[-1]))
+        os.replace("worker-1.tmp", MARK)
+        while True:
+            time.sleep(60)
+
+
+def objective(trial):
+    current.append(trial.number)
+    return search.objective(trial)
+
+
+if os.environ["CI_NODE_INDEX"] == "1":
+    search.time = Hang
+else:
+    while not MARK.exists():
         time.sleep(0.05)
-    pytest.fail("four workers never ran trials at once")
+run_worker(objective)
+'''
+
+
+def _wait_for_trial_with_heartbeat(mark: Path, url: str) -> int:
+    """Until worker 1 sits in a trial that is RUNNING in the database with a heartbeat
+    recorded (what a stale-trial check needs); its number."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        text = mark.read_text().strip() if mark.exists() else ""
+        if text.isdigit():
+            with psycopg.connect(libpq_url(url)) as conn:
+                row = conn.execute("SELECT t.state FROM trials t JOIN trial_heartbeats h USING (trial_id) "
+                                   "WHERE t.number = %s", (int(text),)).fetchone()
+            if row is not None and row[0] == "RUNNING":
+                return int(text)
+        time.sleep(0.05)
+    pytest.fail("worker 1 never sat in a running trial with a heartbeat")
 
 
 def test_killed_worker_trial_fails_and_is_retried(pg_server: PostgresServer, tmp_path: Path) -> None:
     url = pg_server.create_database("sweep_kill")
-    sweep = Pipeline(tmp_path, study="sweep_kill", url=url, trials=16, workers=4, extra_env={
-        "SEARCH_SLEEP_S": "1.0", "RUNNERCTL_OPTUNA_HEARTBEAT_S": "1", "RUNNERCTL_OPTUNA_GRACE_S": "3"})
+    sweep = Pipeline(tmp_path, study="sweep_kill", url=url, trials=16, workers=4, script="hang_first.py",
+                     extra_env={"SEARCH_SLEEP_S": "1.0", "RUNNERCTL_OPTUNA_HEARTBEAT_S": "1",
+                                "RUNNERCTL_OPTUNA_GRACE_S": "3"})
+    (sweep.project / "hang_first.py").write_text(HANG_FIRST)
     _ok(sweep.run("optuna-create-study"))
     results: list[dict[str, StageResult]] = []
     runner = threading.Thread(target=lambda: results.extend(sweep.run_workers()))
     runner.start()
-    _wait_for_four_sleeping_trials(url)
+    killed = _wait_for_trial_with_heartbeat(sweep.project / "worker-1.trial", url)
     pid = int((sweep.project / "worker-1.pid").read_text())
     os.killpg(os.getpgid(pid), signal.SIGKILL)  # worker 1's job, mid-trial (OOM killer, node loss)
     runner.join(timeout=180)
@@ -143,6 +187,7 @@ def test_killed_worker_trial_fails_and_is_retried(pg_server: PostgresServer, tmp
     states = Counter(t.state for t in trials)
     assert states[TrialState.COMPLETE] == 16 and states[TrialState.RUNNING] == 0
     (failed,) = [t for t in trials if t.state == TrialState.FAIL]
+    assert failed.number == killed
     retried: list[Any] = [t for t in trials if t.system_attrs.get("failed_trial") == failed.number]
     assert len(retried) == 1 and retried[0].state == TrialState.COMPLETE
     assert retried[0].params == failed.params  # the same point, run again

@@ -5,10 +5,8 @@ Chromium is missing."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,37 +14,15 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from tests.serve_proc import Serve
+
 CHROMIUM = "/usr/bin/chromium"
 PASSWORD = "correct horse battery"
 
 
-class Serve:
-    """One `runnerctl serve` subprocess on a free loopback port over a state dir."""
-
-    def __init__(self, state_dir: Path) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(state_dir.parent / f"serve-{self.port}.log", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runnerctl", "serve", "--gitlab", "sim", "--gpu-source", "sim:8",
-             "--listen", f"127.0.0.1:{self.port}", "--state-dir", str(state_dir), "--interval", "1",
-             "--sim-workload", "busy"], stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, Path(self.log.name).read_text()
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        raise AssertionError("serve did not answer /healthz within 60 s")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-        self.log.close()
+def _serve(state_dir: Path) -> Serve:
+    """serve over `state_dir` with the busy simulated workload."""
+    return Serve(state_dir.parent, "--state-dir", str(state_dir), "--sim-workload", "busy")
 
 
 def _runnerctl(*args: str, stdin: str = "") -> None:
@@ -94,7 +70,7 @@ def _busy_page(page: Page) -> None:
 
 
 def test_anonymous_and_viewer_see_the_host_but_cannot_toggle(state_dir: Path, browser: Browser) -> None:
-    serve = Serve(state_dir)
+    serve = _serve(state_dir)
     try:
         page = browser.new_page()
         page.goto(serve.url)
@@ -116,7 +92,7 @@ def test_anonymous_and_viewer_see_the_host_but_cannot_toggle(state_dir: Path, br
 
 
 def test_operator_drains_a_gpu_and_it_survives_a_restart(state_dir: Path, browser: Browser) -> None:
-    serve = Serve(state_dir)
+    serve = _serve(state_dir)
     try:
         page = browser.new_page()
         page.goto(serve.url)
@@ -140,7 +116,7 @@ def test_operator_drains_a_gpu_and_it_survives_a_restart(state_dir: Path, browse
         assert slot["state"] == "paused" and "drain by olga" in slot["reason"]
     finally:
         serve.stop()
-    again = Serve(state_dir)
+    again = _serve(state_dir)
     try:
         page = browser.new_page()
         page.goto(again.url)
@@ -153,7 +129,7 @@ def test_operator_drains_a_gpu_and_it_survives_a_restart(state_dir: Path, browse
 
 
 def test_sign_in_with_gitlab_makes_a_maintainer_an_operator(state_dir: Path, browser: Browser) -> None:
-    serve = Serve(state_dir)
+    serve = _serve(state_dir)
     try:
         page = browser.new_page()
         page.goto(serve.url)

@@ -51,6 +51,7 @@ def _approve(client: TestClient, login: str) -> httpx.Response:
     location = start.headers["location"]
     params = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(location).query))
     assert params["response_type"] == "code" and params["code_challenge_method"] == "S256"
+    assert params["scope"] == "read_api"  # read_user cannot read group members
     assert "Authorize as mia" in httpx.get(location).text
     back = httpx.post(location.split("?")[0], data={**params, "login": login})
     assert back.status_code == 302
@@ -58,10 +59,6 @@ def _approve(client: TestClient, login: str) -> httpx.Response:
     return client.get(f"{callback.path}?{callback.query}")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13: runnerctl asks GitLab for scope read_user, but "
-                   "GET /groups/:id/members/all/:user_id needs read_api (gitlabhq lib/api/api.rb); the "
-                   "simulated GitLab now refuses it with 403 insufficient_scope, so sign-in ends in 502 "
-                   "until runnerctl.web.oauth asks for read_api (then remove this mark)")
 @pytest.mark.parametrize(("login", "role"), [("mia", "operator"), ("dev", "viewer"), ("out", "viewer")])
 def test_group_maintainers_become_operators(world: World, tmp_path: Path, login: str, role: str,
                                             caplog: pytest.LogCaptureFixture) -> None:

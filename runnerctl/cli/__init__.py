@@ -1,12 +1,14 @@
 """The `runnerctl` command: `main(argv) -> exit code`.
 
 Commands live in one module per area and are registered in `COMMANDS`. Every
-`RunnerctlError` becomes one line on stderr and its exit code; no traceback for
-anything a user can fix.
+`RunnerctlError` becomes one line on stderr and its exit code; so do usage errors and
+a file the system refuses (`OSError`: permissions, an immutable file, a full disk); no
+traceback for anything a user can fix.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 from collections.abc import Sequence
@@ -14,8 +16,9 @@ from collections.abc import Sequence
 import click
 
 from runnerctl import __version__
-from runnerctl.cli import controller, experiments, host, monitoring, sim, users
+from runnerctl.cli import controller, experiments, host, monitoring, ops, sim, users
 from runnerctl.errors import ExitCode, RunnerctlError
+from runnerctl.logline import configure
 
 COMMANDS: list[click.Command] = [
     host.init,
@@ -32,6 +35,7 @@ COMMANDS: list[click.Command] = [
     monitoring.exporter,
     users.user,
     sim.sim,
+    ops.install,
 ]
 
 
@@ -41,7 +45,7 @@ COMMANDS: list[click.Command] = [
 def cli(verbose: int) -> None:
     """Turn shared multi-GPU servers and a GitLab instance into a fair, safe GPU cluster."""
     level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="runnerctl: %(levelname)s %(name)s: %(message)s")
+    configure(level, "runnerctl: %(levelname)s %(name)s: %(message)s")  # control chars escaped
 
 
 for _command in COMMANDS:
@@ -53,20 +57,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = cli.main(args=list(argv) if argv is not None else None, prog_name="runnerctl",
                           standalone_mode=False)
     except RunnerctlError as exc:
-        click.echo(f"runnerctl: error: {exc}", err=True)
+        error(str(exc))
         return int(exc.exit_code)
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except click.Abort:
         click.echo("runnerctl: aborted", err=True)
         return int(ExitCode.ERROR)
-    except click.ClickException as exc:
-        exc.show()
+    except click.UsageError as exc:  # one line, naming where to read the usage
+        see = f" (see `{exc.ctx.command_path} -h`)" if exc.ctx is not None else ""
+        error(f"{exc.format_message()}{see}")
         return int(ExitCode.USAGE)
+    except click.ClickException as exc:
+        error(exc.format_message())
+        return int(ExitCode.USAGE)
+    except OSError as exc:  # a file or directory refused us (permissions, immutable, full disk)
+        error(os_error(exc))
+        return int(ExitCode.ERROR)
     except KeyboardInterrupt:
         return 130
     # click returns a command's exit code (from ctx.exit / Exit) when not standalone
     return result if isinstance(result, int) else int(ExitCode.OK)
+
+
+def error(message: str) -> None:
+    """One line on stderr, whatever the message holds (input echoed in it may carry a
+    newline or other control characters: they are shown escaped)."""
+    shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in message)
+    click.echo(f"runnerctl: error: {shown}", err=True)
+
+
+def os_error(exc: OSError) -> str:
+    """`PATH: reason (what to check)` for a failed file operation."""
+    where = ": ".join(str(p) for p in (exc.filename, exc.filename2) if p is not None)
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    text = f"{where}: {reason}" if where else reason
+    if exc.errno in (errno.EPERM, errno.EACCES, errno.EROFS):
+        text += " (check its owner, mode and attributes: ls -l, lsattr)"
+    return text
 
 
 def entry() -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from runnerctl.cli.host import (
+    NO_TOKEN_HINT,
     _runner_config,
     _settings,
     config_option,
@@ -24,6 +25,7 @@ from runnerctl.cli.host import (
     token_option,
 )
 from runnerctl.cli.monitoring import attach
+from runnerctl.cli.params import Seconds
 from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import request as toggle_request
 from runnerctl.controller.toggles import target_of
@@ -54,7 +56,7 @@ listen_option = click.option("--listen", default="127.0.0.1:8080", show_default=
               help="Store and leases [default: from settings].")
 @click.option("--webhook-secret", envvar="RUNNERCTL_WEBHOOK_SECRET", show_envvar=True, default="",
               help="Secret GitLab sends in X-Gitlab-Token (webhooks are refused without one).")
-@click.option("--interval", type=click.FloatRange(0.05), help="Reconcile interval in seconds [default: 5].")
+@click.option("--interval", type=Seconds(0.05, 3600), help="Reconcile interval in seconds [default: 5].")
 @click.option("--sim-workload", type=click.Choice(["none", "busy"]), default="none", show_default=True,
               help="With --gitlab sim: `busy` starts a 4-GPU job, 1-GPU jobs and a colleague's process.")
 def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | None,
@@ -70,12 +72,12 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
     if interval is not None:
         settings = dataclasses.replace(settings, controller=dataclasses.replace(settings.controller,
                                                                                 interval_s=interval))
-    serving.parse_listen(listen)  # a bad --listen fails before anything starts
+    serving.check_listen(listen)  # a bad or taken --listen fails before anything starts
     if gitlab_url == "sim":
         _serve_sim(settings, listen, gpu_source, webhook_secret, sim_workload)
         return
     if not token:
-        raise ConfigError("no GitLab token", hint="pass --token or set RUNNERCTL_GITLAB_TOKEN")
+        raise ConfigError("no GitLab token", hint=NO_TOKEN_HINT)
     controller = serving.production_controller(
         settings, gitlab_url=gitlab_url, token=token, gpu_source=gpu_source or settings.host.gpu_source,
         runner_config=_runner_config(settings, runner_config).path, webhook_secret=webhook_secret)
@@ -85,12 +87,12 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
 
         oauth = GitLabOAuth(gitlab_url.rstrip("/"), settings.web.gitlab_oauth_client_id,
                             os.environ.get("RUNNERCTL_GITLAB_OAUTH_SECRET", ""),
-                            settings.web.gitlab_oauth_group)
+                            settings.web.gitlab_oauth_group, api_token=token)
         if not oauth.secret or not oauth.group:
             raise ConfigError("[web] gitlab_oauth_client_id is set, but the secret or the group is missing",
                               hint="set $RUNNERCTL_GITLAB_OAUTH_SECRET and [web] gitlab_oauth_group")
     serving.serve(controller, listen, metrics=attach(controller, settings),
-                  extend=_web(controller, settings, listen, oauth))
+                  extend=_web(controller, settings, listen, oauth), web=settings.web)
 
 
 def _web(controller: Controller, settings: Settings, listen: str, oauth: GitLabOAuth | None = None, *,
@@ -113,23 +115,31 @@ def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: 
     from runnerctl.controller import serve as serving
     from runnerctl.sim.world import build_world
 
-    count = int(gpu_source[4:]) if gpu_source and gpu_source[4:].isdigit() else 8
+    count = 8
+    if gpu_source is not None:
+        if not (gpu_source.startswith("sim:") and gpu_source[4:].isascii() and gpu_source[4:].isdigit()
+                and 1 <= int(gpu_source[4:]) <= 64):
+            raise ConfigError(f"--gpu-source {gpu_source}: with --gitlab sim it is sim:N, N from 1 to 64")
+        count = int(gpu_source[4:])
     world = build_world(settings.state_dir, gpu_count=count, webhook_secret=secret,
                         settings=dataclasses.replace(settings.controller, projects=(1,)),
-                        on_event=lambda e: click.echo(f"{e.kind:10} {e.subject:28} {e.detail}"))
+                        on_event=lambda e: click.echo(f"{e.kind:10} {e.subject:28} {e.detail}"),
+                        store_url=settings.controller.store_url)
     click.echo(f"simulated GitLab at {world.server.url} (project 1)")
     oauth = _sim_oauth(world, listen)
 
-    def loop(stop: threading.Event) -> None:
-        while not stop.is_set():
-            if workload == "busy":
-                _busy(world)
-            world.advance(1.0)
-            stop.wait(min(1.0, settings.controller.interval_s))
+    def step() -> None:
+        if workload == "busy":
+            _busy(world)
+        world.advance(1.0)
+
+    def loop(stop: threading.Event) -> None:  # the controller's own loop: failures retried, watched
+        world.controller.run(stop, step=step, every_s=min(1.0, settings.controller.interval_s))
 
     try:
         serving.serve(world.controller, listen, loop=loop, metrics=attach(world.controller, settings),
-                      extend=_web(world.controller, settings, listen, oauth, simulated=True))
+                      extend=_web(world.controller, settings, listen, oauth, simulated=True),
+                      web=settings.web)
     finally:
         world.close()
 
@@ -140,6 +150,7 @@ def _sim_oauth(world: World, listen: str) -> GitLabOAuth:
     import secrets
 
     from runnerctl.sim.gitlab_oauth import OAuthApp
+    from runnerctl.sim.world import TOKEN
     from runnerctl.web.oauth import GitLabOAuth
 
     provider = world.server.oauth
@@ -147,7 +158,7 @@ def _sim_oauth(world: World, listen: str) -> GitLabOAuth:
     provider.apps[app.client_id] = app
     provider.users.update({"mia": 11, "dev": 12})
     provider.groups["ml"] = {"mia": 40, "dev": 30}
-    return GitLabOAuth(world.server.url, app.client_id, app.secret, "ml")
+    return GitLabOAuth(world.server.url, app.client_id, app.secret, "ml", api_token=TOKEN)
 
 
 def _busy(world: World) -> None:
@@ -162,7 +173,7 @@ def _busy(world: World) -> None:
 
 
 @click.command()
-@click.option("--duration", type=click.FloatRange(0), default=60.0, show_default=True,
+@click.option("--duration", type=Seconds(0, 86400), default=60.0, show_default=True,
               help="Wall-clock seconds the scripted 15 minutes take.")
 @click.option("--listen", default="127.0.0.1:8080", show_default=True,
               help="HOST:PORT for /api/state while the demo runs ('' for none).")
@@ -188,10 +199,11 @@ def demo(ctx: click.Context, duration: float, listen: str) -> None:
 
 def _toggle_options(func: click.decorators.FC) -> click.decorators.FC:
     for option in reversed([
-        click.option("--gpu", type=int, help="One GPU: every runner over it."),
+        click.option("--gpu", type=click.IntRange(0), help="One GPU (its index): every runner over it."),
         click.option("--slot", help="One runner, by slot key (gpu0-3) or runner name."),
         click.option("--host", "whole_host", is_flag=True, help="Every runner of this host."),
-        click.option("--why", default="", help="Reason, stored and shown with the toggle."),
+        click.option("--why", default="", help="Reason, stored and shown with the toggle (one line; "
+                     "pause and drain need one)."),
         click.option("--who", default=getpass.getuser, help="Who asks [default: $USER]."),
         click.option("--host-name", help="Host whose runners to toggle [default: from settings]."),
         click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path)),
@@ -244,7 +256,7 @@ def resume(**kwargs: object) -> None:
               help="JOBS.csv: job_id,submit_time,gpus,duration[,project,priority,user,timeout].")
 @click.option("--foreign", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="FOREIGN.csv: start,duration,host,gpu (hosts gpu-a, gpu-b, ..., gpu-z, gpu-aa, ...).")
-@click.option("--hosts", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--hosts", type=click.IntRange(1, 1000), default=1, show_default=True)
 @click.option("--gpus-per-host", type=click.IntRange(1, 64), default=8, show_default=True)
 @click.option("--policy", type=click.Choice(POLICIES), default="dynamic", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -258,8 +270,12 @@ def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, 
     backfilling that knows every job's duration: a limit, not a policy to deploy.
     `users` gives per user (column `user`, else `project`) GPU-hours, waits and mean
     slowdown; `jain_slowdown` is Jain's fairness index over those slowdowns."""
-    jobs = read_jobs(trace)
-    uses = read_foreign(foreign) if foreign else []
+    from runnerctl.gpus.sim import count_snapshot
+    from runnerctl.layout import plan_slots
+
+    sizes = {slot.size for slot in plan_slots(count_snapshot("gpu-a", gpus_per_host))}
+    jobs = read_jobs(trace, sizes=sizes)
+    uses = read_foreign(foreign, hosts=hosts, gpus_per_host=gpus_per_host) if foreign else []
     try:
         simulator = Simulator(jobs, SimConfig(hosts=hosts, gpus_per_host=gpus_per_host, policy=policy), uses)
     except ValueError as exc:

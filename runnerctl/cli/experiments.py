@@ -17,12 +17,14 @@ from runnerctl.errors import ConfigError
 from runnerctl.pipelines import components, parse_inputs, render
 from runnerctl.postgres import (
     DEFAULT_DATABASE,
+    KINDS,
     PostgresConfig,
     PostgresServer,
     Secrets,
     check_name,
     create_database,
     ping,
+    storage_url,
     with_host,
 )
 from runnerctl.settings import default_settings_path, load_settings
@@ -47,7 +49,10 @@ def render_command(component: str, inputs: tuple[str, ...], output: Path | None)
     if output is None:
         click.echo(text, nl=False)
     else:
-        output.write_text(text)
+        try:
+            output.write_text(text)
+        except OSError as exc:
+            raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
         click.echo(f"wrote {output}")
 
 
@@ -146,23 +151,31 @@ def pg_status(target: _Target) -> None:
 
 host_option = click.option("--host", help="Host name in the URL [default: the listen address, or "
                            "this host's name when listening on all].")
+kind_option = click.option(
+    "--kind", type=click.Choice(KINDS), default="journal", show_default=True,
+    help="journal: runnerctl's journal on PostgreSQL (journal+postgresql://; workers read only "
+         "what is new, a few ms CPU per trial); rdb: Optuna's RDB tables (postgresql+psycopg://, "
+         "what plain Optuna and its command line open).")
 
 
 @postgres.command("url")
 @click.argument("database", default=DEFAULT_DATABASE)
 @click.option("--admin", is_flag=True, help="The superuser's URL instead (local socket only).")
+@kind_option
 @host_option
 @click.pass_obj
-def pg_url(target: _Target, database: str, admin: bool, host: str | None) -> None:
+def pg_url(target: _Target, database: str, admin: bool, kind: str, host: str | None) -> None:
     """Print the storage URL of DATABASE (default: optuna), creating it and its role if needed.
 
     The URL holds a password: treat it as a secret. `runnerctl init --optuna-storage URL`
     puts it into the runners' environment, where the optuna-sweep template finds it.
+    Both kinds live in the same database: `--kind rdb` gives the URL of studies made by
+    plain Optuna (or by runnerctl before the journal), `migrate-study` moves one over.
     """
     if admin:
         click.echo(target.admin_url())
         return
-    click.echo(target.database(check_name(database, "database"), host))
+    click.echo(storage_url(target.database(check_name(database, "database"), host), kind))
 
 
 @postgres.command("create-study")
@@ -170,20 +183,41 @@ def pg_url(target: _Target, database: str, admin: bool, host: str | None) -> Non
 @click.option("--database", help="Put the study into this (project) database [default: its own, NAME].")
 @click.option("--direction", type=click.Choice(["minimize", "maximize"]), default="minimize",
               show_default=True)
+@kind_option
 @host_option
 @click.pass_obj
-def pg_create_study(target: _Target, name: str, database: str | None, direction: str,
+def pg_create_study(target: _Target, name: str, database: str | None, direction: str, kind: str,
                     host: str | None) -> None:
     """Create the Optuna study NAME (idempotent) and print its storage URL.
 
     Its database and role come first when missing. Creating the study here, before any
-    worker starts, also creates Optuna's tables once: workers racing to do it fail.
+    worker starts, also creates the storage's tables once: workers racing to do it fail.
     """
-    import optuna
+    from runnerctl.optuna_tools import create_study
+
+    check_name(name, "study")
+    url = storage_url(target.database(check_name(database or name, "database"), host), kind)
+    create_study(target.local(url), name, direction=direction)
+    click.echo(url)
+
+
+@postgres.command("migrate-study")
+@click.argument("name")
+@click.option("--database", help="The study's database [default: its own, NAME].")
+@host_option
+@click.pass_obj
+def pg_migrate_study(target: _Target, name: str, database: str | None, host: str | None) -> None:
+    """Copy study NAME from Optuna's RDB tables into the journal of the same database.
+
+    Prints the journal URL for the workers. The RDB study stays as it was (plain Optuna
+    and `--kind rdb` URLs still open it); run it between sweeps, not while workers run:
+    trials added to the RDB study afterwards are not copied.
+    """
+    from runnerctl.optuna_tools import copy_to_journal
 
     check_name(name, "study")
     url = target.database(check_name(database or name, "database"), host)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    optuna.create_study(study_name=name, storage=target.local(url), load_if_exists=True,
-                        direction=optuna.study.StudyDirection[direction.upper()])
-    click.echo(url)
+    trials = copy_to_journal(storage_url(target.local(url), "rdb"),
+                             storage_url(target.local(url), "journal"), name)
+    click.echo(f"copied study {name} ({trials} trials) into the journal", err=True)
+    click.echo(storage_url(url, "journal"))

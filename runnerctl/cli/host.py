@@ -4,14 +4,18 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
+from runnerctl import access
 from runnerctl.errors import ConfigError, ExitCode, RunnerctlError
-from runnerctl.gitlab import PythonGitLab, RunnerScope
+from runnerctl.gitlab import REQUIRED_SCOPE, PythonGitLab, RunnerScope
 from runnerctl.gpus import open_gpu_source
 from runnerctl.layout import plan_slots, slot_tags
 from runnerctl.model import GpuSnapshot
@@ -35,9 +39,45 @@ host_option = click.option("--host", "host_name", help="Host name for runner nam
 runner_config_option = click.option(
     "--runner-config", type=click.Path(dir_okay=False, path_type=Path),
     help="gitlab-runner's config.toml [default: gitlab-runner's own location]")
-token_option = click.option(
-    "--token", envvar="RUNNERCTL_GITLAB_TOKEN", show_envvar=True,
-    help="GitLab access token with create_runner/manage_runner scope (never printed).")
+TOKEN_ENV = "RUNNERCTL_GITLAB_TOKEN"
+NO_TOKEN_HINT = f"set ${TOKEN_ENV} or pass --token-file PATH"
+
+
+def _read_token_file(ctx: click.Context, param: click.Parameter, value: Path | None) -> None:
+    if value is None:
+        return
+    try:
+        if value.stat().st_mode & 0o004:
+            raise click.BadParameter(f"{value} is readable by every user: chmod 600 it", ctx, param)
+        token = value.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"cannot read {value}: {getattr(exc, 'strerror', None) or exc}", ctx,
+                                 param) from None
+    if not token or "\n" in token:
+        raise click.BadParameter(f"{value} must hold the token on one line", ctx, param)
+    ctx.meta["runnerctl.token"] = token
+
+
+def _token(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """The token from --token-file, else the environment; never from the command line."""
+    if value is not None:
+        raise click.BadParameter(f"a token on the command line is visible to every user of this host "
+                                 f"(ps, /proc); {NO_TOKEN_HINT}", ctx, param)
+    return ctx.meta.get("runnerctl.token") or os.environ.get(TOKEN_ENV) or None
+
+
+def token_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The GitLab token: `$RUNNERCTL_GITLAB_TOKEN` or `--token-file PATH` (a hidden `--token`
+    only says to use those: argv is readable by every user of the host)."""
+    func = click.option("--token", callback=_token, hidden=True,
+                        help="Refused: use the file or the variable.")(func)
+    return click.option(
+        "--token-file", type=click.Path(dir_okay=False, path_type=Path), is_eager=True, expose_value=False,
+        callback=_read_token_file,
+        help=f"File holding the GitLab access token (0600; scope `{REQUIRED_SCOPE}`, a user who is Owner "
+             f"of the "
+             f"group, Maintainer of the project or an administrator) "
+             f"[default: ${TOKEN_ENV}]; the token is never printed.")(func)
 
 
 def _settings(config_path: Path | None) -> tuple[Settings, Path]:
@@ -63,8 +103,8 @@ def _runner_config(settings: Settings, path: Path | None) -> RunnerConfigFile:
 @click.option("--project", "project_id", type=int, help="Register project runners in this project.")
 @click.option("--executor", type=click.Choice(EXECUTORS), default="custom", show_default=True,
               help="custom: runnerctl's drivers (GPU leases, NVML gate; [executor] driver "
-              "docker, shell or slurm); docker/shell: gitlab-runner's own executors with "
-              "the GPU set in config.toml (no lease, no gate).")
+              "docker, shell, or slurm/sge/pbs/pjm batch jobs); docker/shell: gitlab-runner's "
+              "own executors with the GPU set in config.toml (no lease, no gate).")
 @runner_config_option
 @gpu_source_option
 @host_option
@@ -85,7 +125,8 @@ def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: i
     config.toml, token in runnerctl-standby.json beside it) is kept online by `serve`, so
     GitLab does not fail jobs that wait over an hour for a drain. Running init again
     changes nothing; after a GPU is added or removed it adds or retires exactly those
-    slots.
+    slots. The token's scope and role are checked first: a token lacking them changes
+    nothing and the message names what is missing.
     """
     if group_id is not None and project_id is not None:
         raise click.UsageError("give --group or --project, not both")
@@ -106,8 +147,9 @@ def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: i
         click.echo(render_dry_run(plan, snapshot, options, config))
         return
     if not token:
-        raise ConfigError("no GitLab token", hint="pass --token or set RUNNERCTL_GITLAB_TOKEN")
+        raise ConfigError("no GitLab token", hint=NO_TOKEN_HINT)
     gitlab = PythonGitLab(options.gitlab_url, token)
+    access.require(gitlab, scope)  # before anything is created or deleted
     result = apply_registration(plan, snapshot, options, gitlab, config)
     for label, names in (("created", result.created), ("retagged", result.retagged),
                          ("retired", result.retired), ("unchanged", result.unchanged),
@@ -188,13 +230,23 @@ def _mem(used: int | None, total: int | None) -> str:
 @token_option
 def doctor(gpu_source: str | None, host_name: str | None, config_path: Path | None,
            runner_config: Path | None, gitlab_url: str | None, token: str | None) -> None:
-    """Check NVML, gitlab-runner, config.toml and GitLab, and say what to fix."""
+    """Check NVML, gitlab-runner, config.toml and GitLab, and say what to fix.
+
+    GitLab: the token's scopes and role (it needs the `api` scope and Owner of the group,
+    Maintainer of the project, or administrator), the runners, and their tokens. Tokens
+    are verified under gitlab-runner's own system id (`.runner_system_id` beside
+    config.toml), so no runner manager is added to GitLab; without that file the check
+    is skipped and says so.
+    """
     problems = 0
 
     def report(ok: bool, what: str, fix: str = "") -> None:
         nonlocal problems
         problems += 0 if ok else 1
         click.echo(f"[{'ok' if ok else 'FAIL'}] {what}" + ("" if ok or not fix else f"\n       fix: {fix}"))
+
+    def note(what: str) -> None:
+        click.echo(f"[skip] {what}")
 
     settings, settings_path = _settings(config_path)
     report(True, f"settings: {settings_path}" + ("" if settings_path.exists() else " (absent: defaults)"))
@@ -226,21 +278,57 @@ def doctor(gpu_source: str | None, host_name: str | None, config_path: Path | No
                "run `runnerctl init` again")
     url = gitlab_url or next((str(e["url"]) for e in entries.values() if e.get("url")), None)
     if url and token:
-        _check_gitlab(PythonGitLab(url, token), entries, report)
+        _check_gitlab(PythonGitLab(url, token), entries, report, note,
+                      gitlab_runner_system_id(config.path))
     elif url:
-        report(False, f"GitLab {url}: not checked (no token)", "pass --token or set RUNNERCTL_GITLAB_TOKEN")
+        report(False, f"GitLab {url}: not checked (no token)", NO_TOKEN_HINT)
     if problems:
         raise click.exceptions.Exit(int(ExitCode.ERROR))
 
 
-def _check_gitlab(gitlab: PythonGitLab, entries: dict[str, dict[str, Any]], report: Any) -> None:
+SYSTEM_ID = re.compile(r"[sr]_[0-9a-zA-Z]{12}")
+"""gitlab-runner's system id: `s_` + 12 hex of a machine-id HMAC, or `r_` + 12 random
+characters (gitlab-org/gitlab-runner common/system_id_state.go)."""
+
+
+def gitlab_runner_system_id(runner_config: Path) -> str | None:
+    """The system id gitlab-runner uses on this host: it keeps it in `.runner_system_id`
+    beside config.toml (gitlab-org/gitlab-runner commands/config.go, common/
+    system_id_state.go, which ignores a malformed file). None when absent or unreadable."""
     try:
+        text = (runner_config.parent / ".runner_system_id").read_text().strip()
+    except OSError:
+        return None
+    return text if SYSTEM_ID.fullmatch(text) else None
+
+
+def _check_gitlab(gitlab: PythonGitLab, entries: dict[str, dict[str, Any]], report: Any,
+                  note: Any, system_id: str | None) -> None:
+    try:
+        reach = next((gitlab.runner_reach(int(e["id"])) for e in entries.values() if e.get("id")), None)
+        scope = (RunnerScope("group_type", group_id=reach.group_ids[0]) if reach and reach.group_ids
+                 else RunnerScope("project_type", project_id=reach.project_ids[0])
+                 if reach and reach.project_ids else RunnerScope("instance_type"))
+        found = access.read_access(gitlab, scope)
+        lacking = access.missing(found, scope)
+        report(not lacking, f"GitLab {gitlab.url}: {found.describe()}"
+               + ("" if not lacking else "; missing " + " and ".join(lacking)),
+               f"use a token with the {REQUIRED_SCOPE} scope of a user who is {access.needed_role(scope)[1]}")
+        if found.scopes is None:
+            note(f"token scopes not checked: GitLab does not list them for this token (it needs "
+                 f"{REQUIRED_SCOPE})")
         known = sum(gitlab.get_runner(int(e["id"])) is not None for e in entries.values() if e.get("id"))
         report(known == len(entries), f"GitLab {gitlab.url}: {known}/{len(entries)} runners known",
                "run `runnerctl init` again to re-register the missing ones")
-        bad = [name for name, entry in entries.items()
-               if entry.get("token") and not gitlab.verify_runner_token(str(entry["token"]))]
-        report(not bad, f"runner tokens valid ({len(entries) - len(bad)}/{len(entries)})",
+        if system_id is None:
+            note("runner tokens not verified: gitlab-runner's .runner_system_id is not beside "
+                 "config.toml yet (it appears when gitlab-runner first starts); verifying under "
+                 "another id would add a runner manager to GitLab")
+            return
+        bad = [name for name, entry in entries.items() if entry.get("token")
+               and not gitlab.verify_runner_token(str(entry["token"]), system_id=system_id)]
+        report(not bad, f"runner tokens valid ({len(entries) - len(bad)}/{len(entries)}), verified as "
+               f"gitlab-runner's own manager {system_id}",
                "re-register: remove those entries from config.toml and run `runnerctl init`")
     except RunnerctlError as exc:
         report(False, f"GitLab {gitlab.url}: {exc.message}", exc.hint or "")

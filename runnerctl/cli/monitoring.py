@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from runnerctl.cli.host import _settings, config_option, gpu_source_option, host_option
+from runnerctl.cli.params import Seconds
 from runnerctl.controller.loop import Controller
 from runnerctl.settings import Settings
 
@@ -22,7 +23,7 @@ def attach(controller: Controller, settings: Settings) -> Callable[[], tuple[byt
 
     if settings.monitoring.dcgm_job_mapping_dir:
         controller.on_tick.append(JobMappingWriter(Path(settings.monitoring.dcgm_job_mapping_dir)))
-    return endpoint(lambda: controller.stats.view)
+    return endpoint(lambda: controller.stats.view, liveness=controller.liveness)
 
 
 @click.command()
@@ -33,7 +34,7 @@ def attach(controller: Controller, settings: Settings) -> Callable[[], tuple[byt
 @config_option
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the executor's leases are [default: from settings].")
-@click.option("--interval", type=click.FloatRange(0.05), help="Seconds between GPU reads [default: 5].")
+@click.option("--interval", type=Seconds(0.05, 3600), help="Seconds between GPU reads [default: 5].")
 def exporter(listen: str | None, gpu_source: str | None, host_name: str | None, config_path: Path | None,
              state_dir: Path | None, interval: float | None) -> None:
     """Serve GPU occupancy metrics without a controller (observe-only: GPUs, leases, gate)."""

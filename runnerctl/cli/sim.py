@@ -12,6 +12,8 @@ import threading
 
 import click
 
+from runnerctl.cli.sim_runner import runner
+
 
 @click.group()
 def sim() -> None:
@@ -60,3 +62,6 @@ def gitlab(listen: str, drop_interval_s: float, legacy_failure_reasons: bool,
         pass
     finally:
         server.stop()
+
+
+sim.add_command(runner)  # `runnerctl sim runner`: gitlab-runner's stand-in (runnerctl/sim/runner.py)

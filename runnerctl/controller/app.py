@@ -2,23 +2,36 @@
 
 Requests never reach NVML or GitLab: `GET /api/state` returns the last
 `ControllerView` (replaced once per tick), and `POST /webhooks/gitlab` hands a job
-event to the demand tracker after checking `X-Gitlab-Token`. `GET /metrics` answers
+event to the demand tracker after checking `X-Gitlab-Token` (the body is parsed only
+after the token passed: `_JsonBody`). `GET /healthz` is 200 only
+while `health()` (the loop's `Liveness.report`) says ticks succeed and the reconcile
+thread lives, 503 otherwise, so a stalled controller is seen by whatever probes it. `GET /metrics` answers
 with whatever `metrics()` renders (the exporter's scrape of the same view) when given.
-The web page (runnerctl.web) hangs on this app through `extend`: callables the caller
+A `RunnerctlError` a route raises becomes 422 (bad input) or 503 (the store is
+unavailable), one line. The web page (runnerctl.web) hangs on this app through `extend`: callables the caller
 passes in, so the controller layer imports neither the page nor the exporter.
+
+Bad input is a 4xx, never a 500: bodies over `max_body_bytes` get 413 before they are
+read (`BodyLimit`), and a 422 names the fields that failed but never echoes their input
+(it may hold a password, or a lone surrogate that cannot be encoded as UTF-8).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Header, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runnerctl.controller.loop import ControllerView
+from runnerctl.controller.store import StoreError
+from runnerctl.errors import RunnerctlError
+from runnerctl.logline import one_line
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +39,19 @@ log = logging.getLogger(__name__)
 def create_app(view: Callable[[], ControllerView],
                webhook: Callable[[str | None, Mapping[str, Any]], bool],
                metrics: Callable[[], tuple[bytes, str]] | None = None, *,
-               extend: Sequence[Callable[[FastAPI], None]] = ()) -> FastAPI:
+               extend: Sequence[Callable[[FastAPI], None]] = (),
+               health: Callable[[], tuple[bool, dict[str, Any]]] | None = None,
+               max_body_bytes: int = 1024 * 1024) -> FastAPI:
     app = FastAPI(title="runnerctl", docs_url=None, redoc_url=None)
+    app.add_exception_handler(RequestValidationError, _invalid)
+
+    @app.exception_handler(RunnerctlError)
+    def refused(request: Request, exc: RunnerctlError) -> JSONResponse:
+        """A request runnerctl refuses (a toggle naming no such GPU: 422) or cannot serve
+        now (the store is unreachable or busy: 503), in one line, never a 500."""
+        unavailable = isinstance(exc, StoreError)
+        log.warning("%s %s: %s", request.method, request.url.path, one_line(str(exc)))
+        return JSONResponse({"detail": str(exc)}, status_code=503 if unavailable else 422)
     if metrics is not None:
         render = metrics
 
@@ -40,10 +64,12 @@ def create_app(view: Callable[[], ControllerView],
     def state() -> JSONResponse:
         return JSONResponse(view().to_json())
 
-    @app.get("/healthz")
-    def healthz() -> dict[str, Any]:
+    @app.get("/healthz", responses={503: {"description": "no good tick lately, or the loop's thread died"}})
+    def healthz() -> JSONResponse:
         current = view()
-        return {"ok": True, "tick": current.tick, "host": current.host}
+        ok, detail = health() if health is not None else (True, {})
+        return JSONResponse({"ok": ok, "tick": current.tick, "host": current.host, **detail},
+                            status_code=200 if ok else 503)
 
     @app.post("/webhooks/gitlab", responses={400: {"description": "body is not a JSON object"},
                                              401: {"description": "missing or wrong X-Gitlab-Token"}},
@@ -52,16 +78,103 @@ def create_app(view: Callable[[], ControllerView],
     async def gitlab_webhook(request: Request,
                              x_gitlab_token: str | None = Header(default=None)) -> Response:
         try:
-            payload = json.loads(await request.body())
-        except ValueError:
-            return JSONResponse({"error": "body is not JSON"}, status_code=400)
-        if not isinstance(payload, dict):
-            return JSONResponse({"error": "body is not a JSON object"}, status_code=400)
-        if not webhook(x_gitlab_token, payload):
+            accepted = webhook(x_gitlab_token, _JsonBody(await request.body()))
+        except _BadBody as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        if not accepted:
             log.warning("webhook refused: missing or wrong X-Gitlab-Token")
             return JSONResponse({"error": "invalid X-Gitlab-Token"}, status_code=401)
         return JSONResponse({"ok": True})
 
     for hook in extend:
         hook(app)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # added last: runs first
     return app
+
+
+class _BadBody(ValueError):
+    pass
+
+
+class _JsonBody(Mapping[str, Any]):
+    """A webhook body parsed on first use, so the tracker checks the token before any
+    parsing happens (a 100k-deep nesting from anyone costs nothing)."""
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw = raw
+        self._data: dict[str, Any] | None = None
+
+    def _parsed(self) -> dict[str, Any]:
+        if self._data is None:
+            try:
+                data = json.loads(self._raw)
+            except (ValueError, RecursionError):
+                raise _BadBody("body is not JSON (or nested too deeply)") from None
+            if not isinstance(data, dict):
+                raise _BadBody("body is not a JSON object")
+            try:  # a lone surrogate (\ud800) would break every JSON answer that shows it
+                json.dumps(data, ensure_ascii=False).encode()
+            except UnicodeEncodeError:
+                raise _BadBody("body is not valid Unicode text") from None
+            self._data = data
+        return self._data
+
+    def __getitem__(self, key: str) -> Any:
+        return self._parsed()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parsed())
+
+    def __len__(self) -> int:
+        return len(self._parsed())
+
+
+async def _invalid(request: Request, exc: Exception) -> Response:
+    """422 with where and what, without the input (see the module docstring)."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+              for e in errors]
+    return JSONResponse({"detail": json.loads(json.dumps(detail, ensure_ascii=True))}, status_code=422)
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for a body over `max_bytes`, by its Content-Length before reading,
+    or once that many bytes of a chunked body arrived (nothing more is read: the app sees
+    the body end there, and whatever it answers is replaced by the 413)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.max_bytes:
+            await self._refuse(send)
+            return
+        seen, over = 0, False
+
+        async def limited() -> Message:
+            nonlocal seen, over
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:  # stop reading; the app's answer is replaced by 413
+                over = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            return message
+
+        async def answer(message: Message) -> None:
+            if not over:
+                await send(message)
+            elif message["type"] == "http.response.start":
+                await self._refuse(send)
+
+        await self.app(scope, limited, answer)
+
+    async def _refuse(self, send: Send) -> None:
+        body = json.dumps({"detail": f"request body over {self.max_bytes} bytes"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})

@@ -1,17 +1,32 @@
-"""Pending GPU demand: from polling within an API budget, and from webhooks.
+"""Pending GPU demand: found by polling the projects this host's runners serve, within
+an API budget; webhooks only make it sooner.
 
-Polling: `GET /projects/:id/jobs?scope[]=pending` for the watched projects that had
-activity recently (a webhook, a pending job), round robin, never faster than a token
-bucket of `api_budget_per_min` requests per minute allows (the bucket is shared with
-the runner refreshes of the loop). While webhooks arrive, each project is polled only
-as a slow safety net. Errors go to the loop, which logs them once and backs off.
+Which projects. GitLab has no group- or instance-wide list of pending jobs (gitlab
+issues 323316, 554251), only `GET /projects/:id/jobs?scope[]=pending` per project
+(docs.gitlab.com/api/jobs). So the tracker learns what the runners serve from GitLab
+itself, rarely (every `discover_s`): `GET /runners/:id` of one of this host's runners
+gives its type, groups and projects; a group runner serves its group's projects and
+those of its subgroups (`GET /groups/:id/projects?include_subgroups=true`), a project
+runner the projects it is assigned to. An instance runner serves every project, which
+GitLab cannot list as such: then only `[controller] projects` and the projects webhooks
+name are polled (warned once). `[controller] projects`, when set, replaces discovery.
+
+Polling: one request per `poll`, never faster than a token bucket of
+`api_budget_per_min` requests per minute allows (shared with the runner refreshes of
+the loop). The project polled is the one longest unpolled, a project with recent
+activity (a pending job or a job event within `active_window_s`) counting as
+`ACTIVE_WEIGHT` times as overdue, so quiet projects are still polled, only less often.
+While webhooks arrive, each project is polled at most once per `webhook_fresh_s`, a
+slow safety net. Errors go to the loop, which logs them once and backs off.
 
 Webhooks (GitLab "Job Hook", `object_kind: build`): the `X-Gitlab-Token` header must
-equal the configured secret (constant-time compare). A pending job with tags is demand
-at once (new multi-GPU demand also wakes the loop for an early tick, so its block is
-reserved before runners hand out smaller jobs on it); a job that left pending is
-dropped; a job event without tags (older GitLab versions send none) only marks its
-project for the next poll.
+equal the configured secret (constant-time compare). A job event carries no job tags in
+any GitLab version (gitlabhq lib/gitlab/data_builder/build.rb: only `runner.tags`,
+null while pending), so it is never read as demand: a pending job's event queues a look
+at GitLab itself before any other poll (one job: `GET /projects/:id/jobs/:job_id`;
+several of one project: one poll of that project) and wakes the loop for an early tick,
+so a multi-GPU job's block is reserved before runners hand out smaller jobs on it. An
+event of a job that left pending drops it from the demand at once.
 """
 
 from __future__ import annotations
@@ -29,6 +44,13 @@ from runnerctl.gitlab import GitLabPort, JobInfo
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
+DISCOVER_S = 900.0
+"""How often (s) the projects the runners serve are read again: a project added to the
+group is polled within this (at once when a webhook names it)."""
+DISCOVER_RETRY_S = 60.0
+"""After a failed discovery, the next try comes this much later (s)."""
+ACTIVE_WEIGHT = 4.0
+"""A project with recent activity counts as this many times as overdue for its poll."""
 
 
 class ApiBudget:
@@ -43,14 +65,25 @@ class ApiBudget:
         self.spent = 0
 
     def try_take(self, count: float = 1.0) -> bool:
-        now = self._clock()
-        self._tokens = min(self.capacity, self._tokens + (now - self._at) * self.rate)
-        self._at = now
+        self._refill()
         if self._tokens < count:
             return False
         self._tokens -= count
         self.spent += int(count)
         return True
+
+    def charge(self, count: float = 1.0) -> None:
+        """Take `count` even when the bucket is empty: a follow-up request that cannot
+        wait (the bucket goes into debt, and later requests repay it, so the rate over a
+        minute still holds)."""
+        self._refill()
+        self._tokens -= count
+        self.spent += int(count)
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens = min(self.capacity, self._tokens + (now - self._at) * self.rate)
+        self._at = now
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,21 +119,30 @@ def pending_job(job: JobInfo, *, project_id: int, priorities: Mapping[str, str])
 
 class DemandTracker:
     def __init__(self, *, projects: Iterable[int], priorities: Mapping[str, str], budget: ApiBudget,
-                 clock: Clock, active_window_s: float = 3600.0, webhook_fresh_s: float = 300.0,
-                 secret: str = "", on_demand: Callable[[], None] = lambda: None) -> None:
-        self.projects = list(projects)
+                 clock: Clock, runner_ids: Iterable[int] = (), active_window_s: float = 3600.0,
+                 webhook_fresh_s: float = 300.0, discover_s: float = DISCOVER_S, secret: str = "",
+                 on_demand: Callable[[], None] = lambda: None) -> None:
+        """`projects`: the `[controller] projects` override (empty: discover them from the
+        runners `runner_ids`, see the module docstring)."""
+        self.override = tuple(projects)
+        self.projects = list(self.override)
         self.priorities = dict(priorities)
         self.budget = budget
         self.secret = secret
         self.on_demand = on_demand
         self._clock = clock
+        self._runner_ids = list(runner_ids)
         self._active_window = active_window_s
         self._webhook_fresh = webhook_fresh_s
+        self._discover_s = discover_s
+        self._discover_at = float("inf") if self.override or not self._runner_ids else clock()
+        self._named: set[int] = set()  # projects webhooks told of (kept across discoveries)
         self._jobs: dict[int, PendingJob] = {}
-        self._active: dict[int, float] = {p: clock() for p in self.projects}  # project -> last activity
+        self._active: dict[int, float] = {}  # project -> last activity
         self._polled: dict[int, float] = {}
+        self._lookups: dict[int, set[int]] = {}  # project -> pending jobs webhooks told of
         self._last_webhook: float | None = None
-        self._next = 0
+        self._warned_instance = False
         self.polls = 0
         self._lock = threading.Lock()  # webhooks arrive on the web server's thread
 
@@ -115,27 +157,93 @@ class DemandTracker:
                      if j.host in (None, host))
 
     def poll(self, gitlab: GitLabPort) -> None:
-        """At most one project per call, when the budget and any back-off allow."""
+        """At most one look per call (a discovery may take a second request), when the
+        budget allows: jobs webhooks told of first, then discovery when due, then the
+        most overdue project. A GitLabError propagates: the loop logs it once and backs off."""
         now = self._clock()
+        if self._lookups:
+            if not self.budget.try_take():
+                return
+            with self._lock:
+                first = next(iter(self._lookups))
+                job_ids = self._lookups.pop(first)
+            self._look(gitlab, first, job_ids, now)
+            return
+        if now >= self._discover_at:
+            if self.budget.try_take():
+                self._discover(gitlab, now)
+            return
         project = self._due_project(now)
         if project is None or not self.budget.try_take():
             return
+        self._poll_project(gitlab, project, now)
+
+    def _look(self, gitlab: GitLabPort, project: int, job_ids: set[int], now: float) -> None:
+        if len(job_ids) > 1:  # one poll answers for all of them
+            self._poll_project(gitlab, project, now)
+            return
+        (job_id,) = job_ids
+        found = gitlab.job(project, job_id)
+        self.polls += 1
+        pending = None if found is None or found.status != "pending" else pending_job(
+            found, project_id=project, priorities=self.priorities)
+        with self._lock:
+            self._jobs.pop(job_id, None)
+            if pending is not None:
+                self._jobs[job_id] = pending
+
+    def _poll_project(self, gitlab: GitLabPort, project: int, now: float) -> None:
         self._polled[project] = now
-        jobs = gitlab.pending_jobs(project)  # GitLabError: the loop logs it once and backs off
+        jobs = gitlab.pending_jobs(project)
         self.polls += 1
         with self._lock:
             self._replace(project, jobs, now)
 
+    def _discover(self, gitlab: GitLabPort, now: float) -> None:
+        """Read which projects the runners serve (the first call's request is taken)."""
+        self._discover_at = now + DISCOVER_RETRY_S  # until it succeeds
+        reach = None
+        for n, runner_id in enumerate(self._runner_ids):
+            if n:
+                self.budget.charge()
+            reach = gitlab.runner_reach(runner_id)
+            if reach is not None:
+                break
+        if reach is None:
+            log.warning("none of this host's runners is in GitLab; demand is polled only in the "
+                        "projects webhooks name (run `runnerctl init`)")
+            return
+        served: list[int] = list(reach.project_ids)
+        if reach.runner_type == "group_type":
+            served = []
+            for group in reach.group_ids:
+                self.budget.charge()
+                served += gitlab.group_projects(group)
+        elif reach.runner_type == "instance_type" and not self._warned_instance:
+            self._warned_instance = True
+            log.warning("instance runners serve every project, and GitLab has no instance-wide "
+                        "list of pending jobs: set [controller] projects, or send job events "
+                        "(webhook) from the projects that use GPUs")
+        self._discover_at = now + self._discover_s
+        with self._lock:
+            self.projects = list(dict.fromkeys([*served, *sorted(self._named)]))
+        log.info("watching %d projects for pending GPU jobs (%s runners)", len(self.projects),
+                 reach.runner_type)
+
     def _due_project(self, now: float) -> int | None:
-        active = [p for p in self.projects if now - self._active.get(p, -1e18) <= self._active_window]
+        """The most overdue project (recently active ones count ACTIVE_WEIGHT times)."""
         fresh = self._last_webhook is not None and now - self._last_webhook < self._webhook_fresh
         min_gap = self._webhook_fresh if fresh else 0.0
-        for offset in range(len(active)):
-            project = active[(self._next + offset) % len(active)]
-            if now - self._polled.get(project, -1e18) >= min_gap:
-                self._next = (self._next + offset + 1) % len(active)
-                return project
-        return None
+        best, best_score = None, -1.0
+        for project in list(self.projects):
+            age = now - self._polled.get(project, float("-inf"))
+            if age < min_gap:
+                continue
+            active = now - self._active.get(project, float("-inf")) <= self._active_window
+            score = age * (ACTIVE_WEIGHT if active else 1.0)
+            if score > best_score:
+                best, best_score = project, score
+        return best
 
     def _replace(self, project: int, jobs: list[JobInfo], now: float) -> None:
         for job_id in [j for j, p in self._jobs.items() if p.project_id == project]:
@@ -158,36 +266,33 @@ class DemandTracker:
         if not self.secret or not hmac.compare_digest((token or "").encode(), self.secret.encode()):
             return False
         with self._lock:
-            new = self._event(payload)
-        if new is not None and new.gpus > 1:
+            wake = self._event(payload)
+        if wake:
             self.on_demand()
         return True
 
-    def _event(self, payload: Mapping[str, Any]) -> PendingJob | None:
-        """Apply the event; the job when it is new pending demand."""
+    def _event(self, payload: Mapping[str, Any]) -> bool:
+        """Apply the event; True when it queued a new look (the loop should tick now)."""
         now = self._clock()
         self._last_webhook = now
-        if payload.get("object_kind") != "build" or not isinstance(payload.get("project_id"), int):
-            return None
-        project = int(payload["project_id"])
+        project, job_id = payload.get("project_id"), payload.get("build_id")
+        if payload.get("object_kind") != "build" or not isinstance(project, int):
+            return False
+        if not isinstance(job_id, int):
+            return False
         self._active[project] = now
+        self._named.add(project)
         if project not in self.projects:
             self.projects.append(project)
-        job_id = int(payload.get("build_id") or 0)
-        tags = payload.get("build_tags") or payload.get("tag_list") or payload.get("tags")
         if payload.get("build_status") != "pending":
             self._jobs.pop(job_id, None)
-        elif isinstance(tags, list):
-            info = JobInfo(job_id, project, "pending", tuple(str(t) for t in tags),
-                           payload.get("build_created_at"), None, None)
-            found = pending_job(info, project_id=project, priorities=self.priorities)
-            if found is not None:
-                new = job_id not in self._jobs
-                self._jobs[job_id] = found
-                return found if new else None
-        else:
-            self._polled.pop(project, None)  # no tags in this GitLab's payload: poll it next
-        return None
+            self._lookups.get(project, set()).discard(job_id)
+            if not self._lookups.get(project, True):
+                del self._lookups[project]
+            return False
+        new = project not in self._lookups
+        self._lookups.setdefault(project, set()).add(job_id)
+        return new
 
 
 def _timestamp(value: str | None) -> float:

@@ -25,6 +25,7 @@ from typing import Any
 from runnerctl.controller import act as acting
 from runnerctl.controller.demand import ApiBudget, DemandTracker, PendingJob
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi, reopen
+from runnerctl.controller.liveness import Liveness
 from runnerctl.controller.observe import JobSource, RunnerCache, gate_step, nothing_is_ci
 from runnerctl.controller.orphans import OrphanAudit
 from runnerctl.controller.plan import Decision, Observed, Plan, PlanPolicy, SlotState, plan
@@ -120,9 +121,9 @@ class Controller:
         self.wake = threading.Event()  # a webhook brought multi-GPU demand: tick now
         self.demand = DemandTracker(
             projects=settings.projects, priorities=settings.project_priorities, budget=self.budget,
-            clock=wiring.clock, active_window_s=settings.active_window_s,
-            webhook_fresh_s=settings.webhook_fresh_s, secret=wiring.webhook_secret,
-            on_demand=self.wake.set)
+            clock=wiring.clock, runner_ids=wiring.runner_ids.values(),
+            active_window_s=settings.active_window_s, webhook_fresh_s=settings.webhook_fresh_s,
+            secret=wiring.webhook_secret, on_demand=self.wake.set)
         self.cache = RunnerCache(wiring.runner_ids)
         self.orphans = OrphanAudit(check_s=settings.lease_check_s, orphan_after_s=settings.orphan_after_s)
         self.health = acting.GitLabHealth(backoff_max_s=settings.backoff_max_s)
@@ -136,9 +137,11 @@ class Controller:
         self.ticks = 0
         self._slots: tuple[Slot, ...] = ()
         self._synced = False
+        self._published = False  # the inventory toggles are checked against (store.save_inventory)
         self.stats = ControllerStats()  # counters for the exporter, fed once per tick
         self.on_tick: list[Callable[[ControllerView], None]] = []  # e.g. dcgm job mapping files
         self._failing: set[str] = set()  # side tasks failing now (logged once)
+        self.liveness = Liveness(host=self.host, interval_s=settings.interval_s)  # for /healthz, /metrics
 
     # -- one tick ------------------------------------------------------------------
     def tick(self) -> ControllerView:
@@ -146,6 +149,7 @@ class Controller:
         now = self.w.clock()
         self.ticks += 1
         snapshot = self._snapshot()
+        self._publish_inventory(snapshot)
         running = self.w.jobs.running()
         self.demand.forget(j for jobs in running.values() for j in jobs)
         toggles = self._toggles(snapshot, now)
@@ -163,6 +167,7 @@ class Controller:
             self.standby.keep_online(self.w.gitlab, now)
         self._remember(result, now)
         self.view = self._view(snapshot, result, running, toggles, now)
+        self.liveness.good()
         view, took = self.view, time.perf_counter() - started
         self._aside("stats", lambda: self.stats.observe(view, duration_s=took, is_ci=self.w.is_ci,
                                                         gitlab=self.w.gitlab))
@@ -193,6 +198,13 @@ class Controller:
                                                              for g in snapshot.gpus))
             self._slots = tuple(s for s in plan_slots(whole) if s.name in self.cache.ids)
         return snapshot
+
+    def _publish_inventory(self, snapshot: GpuSnapshot | None) -> None:
+        """Once per start: the GPUs and slots that toggle targets may name (toggles.py)."""
+        if snapshot is not None and not self._published:
+            self.w.store.save_inventory(self.host, [g.index for g in snapshot.gpus],
+                                        [s.key for s in self._slots], self.w.clock())
+            self._published = True
 
     def _toggles(self, snapshot: GpuSnapshot | None, now: float) -> list[Toggle]:
         toggles = self.w.store.toggles(self.host)
@@ -314,22 +326,32 @@ class Controller:
             self.health.last_error, self.budget.spent, self.w.jobs.owners(), self.standby.status())
 
     # -- running ---------------------------------------------------------------------
-    def run(self, stop: threading.Event, *, sleep: Callable[[float], None] | None = None) -> None:
+    def run(self, stop: threading.Event, *, sleep: Callable[[float], None] | None = None,
+            step: Callable[[], object] | None = None, every_s: float | None = None) -> None:
         """Tick every `interval_s` until `stop` is set, and at once when a webhook brings
         multi-GPU demand (so a block is reserved before runners hand out smaller jobs on
-        it); one failed tick never ends the loop."""
+        it). No failure ends the loop: a failed tick (the store locked or restarting, a
+        bug) is logged once per kind while it lasts, and ticks are retried with a growing
+        pause (`Liveness.backoff_s`); `/healthz` fails meanwhile. `step` replaces the tick
+        and `every_s` the interval (the simulated host advances its world instead)."""
+        step = step or self.tick
         while not stop.is_set():
             self.wake.clear()
             try:
-                self.tick()
-            except (OSError, RuntimeError, ValueError) as exc:
-                log.error("tick %d failed, trying again next interval: %s", self.ticks, exc)
+                step()
+            except Exception as exc:  # noqa: BLE001 - any kind: logged, counted, retried (liveness.py)
+                self.liveness.failed(exc, self.ticks)
+            wait = self.liveness.backoff_s(every_s)
             if sleep is not None:
-                sleep(self.settings.interval_s)
+                sleep(wait)
                 continue
-            deadline = time.monotonic() + self.settings.interval_s
-            while not stop.is_set() and not self.wake.is_set() and time.monotonic() < deadline:
-                self.wake.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+            deadline = time.monotonic() + wait
+            while not stop.is_set() and time.monotonic() < deadline:
+                slice_s = min(0.2, max(0.0, deadline - time.monotonic()))
+                if self.liveness.streak:  # failing: a webhook does not cut the pause short
+                    stop.wait(slice_s)
+                elif self.wake.wait(slice_s):
+                    break
 
 
 def _slot_view(decision: Decision, cache: RunnerCache, running: Mapping[str, tuple[int, ...]],

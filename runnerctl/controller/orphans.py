@@ -7,10 +7,16 @@ gitlab-runner runs on. The lease then holds its GPUs, and every job sent there w
 at the gate and fails, until gitlab-runner restarts. Only GitLab knows that such a job
 is over, so the controller asks.
 
-At most one request per `check_s`, taken from the API budget: the running jobs of one
-runner that holds leases (`GET /runners/:id/jobs?status=running`). A suspect that is
-due for its second look comes first, else runners take turns. A leased job missing from
-that list is a suspect. If it is still missing at a look `orphan_after_s` or more after
+At most one look per `check_s`, taken from the API budget: the running jobs of one
+runner that holds leases (`GET /runners/:id/jobs?status=running`), and only when a
+leased job is missing there a second request for its `canceling` jobs (charged to the
+budget as a debt the next requests repay). A job being
+cancelled is still at work: gitlab-runner runs after_script (up to 5 min), uploads and
+cleanup before it reports, and GitLab keeps it `canceling` meanwhile
+(gitlabhq app/models/concerns/ci/has_status.rb `EXECUTING_STATUSES = running,
+canceling`). So a job listed as running or canceling is live, and is never freed. A
+suspect that is due for its second look comes first, else runners take turns. A leased
+job missing from both lists is a suspect. If it is still missing at a look `orphan_after_s` or more after
 the first, it is over for good: gitlab-runner lets no cleanup run that long. The
 controller then frees it (`JobSource.free`): the executors' own reaping (processes
 carrying the lease's token, containers by label, Slurm jobs), then release. A job
@@ -37,8 +43,8 @@ class OrphanAudit:
 
     def over(self, running: Mapping[str, tuple[int, ...]], runner_ids: Mapping[str, int], *,
              gitlab: GitLabPort, budget: ApiBudget, now: float) -> list[tuple[int, float]] | None:
-        """(job, seconds GitLab has not listed it) for each leased job to free now, no
-        longer a suspect; None when it did not ask GitLab this time. A GitLabError
+        """(job, seconds GitLab has not listed it as running or canceling) for each leased
+        job to free now, no longer a suspect; None when it did not ask GitLab this time. A GitLabError
         propagates, and nothing is freed."""
         leased = {slot: [job for job in jobs if job >= 0] for slot, jobs in running.items()
                   if slot in runner_ids}
@@ -49,7 +55,11 @@ class OrphanAudit:
             return None
         self._next_at = now + self.check_s
         slot = self._pick(leased, now)
-        listed = {job.id for job in gitlab.running_jobs(runner_ids[slot])}
+        runner = runner_ids[slot]
+        listed = {job.id for job in gitlab.running_jobs(runner)}
+        if not set(leased[slot]) <= listed:  # missing: it may be finishing as canceling
+            budget.charge()  # part of this look (rare: a lease outliving its job's end)
+            listed |= {job.id for job in gitlab.running_jobs(runner, status="canceling")}
         over = []
         for job in leased[slot]:
             if job in listed:

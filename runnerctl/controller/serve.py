@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +27,7 @@ from runnerctl.errors import ConfigError
 from runnerctl.gitlab import PythonGitLab
 from runnerctl.gpus import open_gpu_source
 from runnerctl.runner_config import RunnerConfigFile
-from runnerctl.settings import Settings
+from runnerctl.settings import Settings, WebSettings
 from runnerctl.standby import load as load_standby
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,10 @@ def production_controller(settings: Settings, *, gitlab_url: str, token: str, gp
 
 def parse_listen(listen: str) -> tuple[str, int]:
     host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not port.isascii() or not port.isdigit():
         raise ConfigError(f"--listen {listen!r} is not HOST:PORT")
+    if int(port) > 65535:  # 0: any free port (tests)
+        raise ConfigError(f"--listen {listen!r}: port {int(port)} is not from 0 to 65535")
     return host, int(port)
 
 
@@ -70,33 +73,67 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def http_config(app: FastAPI, host: str, port: int, web: WebSettings, log_level: str) -> uvicorn.Config:
+    """uvicorn believes X-Forwarded-For/-Proto only from `[web] trusted_proxies` (its own
+    default trusts them from 127.0.0.1, so anyone on the host could pick their address)."""
+    trusted = list(web.trusted_proxies)
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, proxy_headers=bool(trusted),
+                          forwarded_allow_ips=trusted or None, server_header=False)
+
+
 def serve(controller: Controller, listen: str, *,
           loop: Callable[[threading.Event], None] | None = None, metrics: Metrics | None = None,
-          extend: Sequence[Callable[[FastAPI], None]] = ()) -> None:
+          extend: Sequence[Callable[[FastAPI], None]] = (), web: WebSettings | None = None) -> None:
     """Run until SIGINT/SIGTERM: `loop(stop)` (default: the controller's own) in a thread."""
     host, port = parse_listen(listen)
-    app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend)
+    web = web or WebSettings()
+    app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend,
+                     health=controller.liveness.report, max_body_bytes=web.max_body_bytes)
     stop = threading.Event()
     worker = threading.Thread(target=loop or controller.run, args=(stop,), name="reconcile", daemon=True)
+    controller.liveness.watch(worker)  # /healthz fails if it ever ends
     worker.start()
     log.warning("runnerctl serve: http://%s:%d/ (page), /api/state, /metrics, webhooks at /webhooks/gitlab",
                 host, port)
     try:
-        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
+        uvicorn.Server(http_config(app, host, port, web, "warning")).run()
     finally:
         stop.set()
         worker.join(timeout=10)
 
 
 def serve_in_background(controller: Controller, listen: str, metrics: Metrics | None = None, *,
-                        extend: Sequence[Callable[[FastAPI], None]] = ()) -> uvicorn.Server | None:
+                        extend: Sequence[Callable[[FastAPI], None]] = (),
+                        web: WebSettings | None = None) -> uvicorn.Server | None:
     """The app on a daemon thread (the demo); None when the address is taken."""
     host, port = parse_listen(listen)
-    app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="error"))
+    web = web or WebSettings()
+    app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend,
+                     health=controller.liveness.report, max_body_bytes=web.max_body_bytes)
+    server = uvicorn.Server(http_config(app, host, port, web, "error"))
     thread = threading.Thread(target=server.run, name="web", daemon=True)
     thread.start()
     deadline = time.monotonic() + 5
     while not server.started and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     return server if server.started else None
+
+
+def check_listen(listen: str) -> None:
+    """ConfigError (one line) unless HOST:PORT can be listened on now (not in use, an
+    address of this machine, allowed): checked before `serve` starts anything."""
+    host, port = parse_listen(listen)
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except (OSError, UnicodeError) as exc:
+        raise ConfigError(f"--listen {host}:{port}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen()
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    finally:
+        sock.close()

@@ -8,37 +8,29 @@ on restart the loop reads drains, toggles, claims and the gate back from here.
 A claim is a row `(job_id, host, expires_at)`: a host may take it when it is free,
 expired or already its own (one atomic upsert), and renews it every tick while it
 drains for that job.
+
+The schema is versioned (controller/migrations.py): every opener brings it to the newest
+version under a lock, so any number of hosts may start together.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
+from urllib.parse import urlsplit
 
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS events (id {serial}, at DOUBLE PRECISION NOT NULL,
-        host TEXT NOT NULL, kind TEXT NOT NULL, subject TEXT NOT NULL, detail TEXT NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS toggles (host TEXT NOT NULL, target TEXT NOT NULL,
-        action TEXT NOT NULL, who TEXT NOT NULL, at DOUBLE PRECISION NOT NULL, why TEXT NOT NULL,
-        PRIMARY KEY (host, target))""",
-    """CREATE TABLE IF NOT EXISTS drains (host TEXT NOT NULL, slot TEXT NOT NULL,
-        job_id BIGINT NOT NULL, since DOUBLE PRECISION NOT NULL, PRIMARY KEY (host, slot))""",
-    """CREATE TABLE IF NOT EXISTS protected (host TEXT NOT NULL, job_id BIGINT NOT NULL,
-        PRIMARY KEY (host, job_id))""",
-    """CREATE TABLE IF NOT EXISTS claims (job_id BIGINT PRIMARY KEY, host TEXT NOT NULL,
-        expires_at DOUBLE PRECISION NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS gate (host TEXT NOT NULL, gpu INTEGER NOT NULL,
-        state TEXT NOT NULL, PRIMARY KEY (host, gpu))""",
-    """CREATE TABLE IF NOT EXISTS users (name TEXT PRIMARY KEY, password_hash TEXT NOT NULL,
-        role TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL)""",
-)
+from runnerctl import private
+from runnerctl.controller.migrations import MIGRATIONS, Migration, StoreError, migrate
 
+__all__ = ["Event", "Migration", "Store", "StoreError", "Toggle", "WebSession"]
+log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class Toggle:
@@ -53,6 +45,21 @@ class Toggle:
 
 
 @dataclasses.dataclass(frozen=True)
+class WebSession:
+    """A signed-in browser: `key` is the SHA-256 of the id in its cookie (a copy of the
+    store does not sign anyone in); `checked_at`: when a GitLab role was last read."""
+
+    key: str
+    name: str
+    via: str  # local | gitlab
+    role: str
+    gitlab_id: int | None
+    created_at: float
+    checked_at: float
+    expires_at: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Event:
     at: float
     host: str
@@ -61,54 +68,126 @@ class Event:
     detail: str
 
 
-class _Conn(Protocol):
-    def execute(self, sql: str, params: Sequence[Any] = ...) -> Any: ...
-
-
 class Store:
-    """One store API over SQLite or PostgreSQL; only the placeholders differ."""
+    """One store API over SQLite or PostgreSQL; only the placeholders differ.
 
-    def __init__(self, conn: Any, *, postgres: bool) -> None:
-        self._conn = conn
+    `connect()` opens the connection; a PostgreSQL connection that broke (the server
+    restarted: `AdminShutdown`) is dropped and opened again by the next transaction, so a
+    long-running `serve` heals once the server is back. Database failures surface as
+    `StoreError` (one line for the CLI; the loop logs it and retries the tick)."""
+
+    def __init__(self, connect: Callable[[], Any], *, postgres: bool, where: str,
+                 migrations: Sequence[Migration] = MIGRATIONS) -> None:
+        self._connect = connect
         self._pg = postgres
+        self.where = where  # for messages: the SQLite path or PostgreSQL host/db, never a password
         self._lock = threading.Lock()  # the web thread and the loop share one connection
-        serial = "BIGSERIAL PRIMARY KEY" if postgres else "INTEGER PRIMARY KEY AUTOINCREMENT"
+        self._conn: Any = None
         with self._tx() as cur:
-            for statement in SCHEMA:
-                cur.execute(statement.format(serial=serial))
+            self.version = migrate(cur, postgres=postgres, migrations=migrations)
 
     @classmethod
-    def open(cls, *, url: str = "", state_dir: Path | None = None) -> Store:
+    def open(cls, *, url: str = "", state_dir: Path | None = None, timeout_s: float = 30.0,
+             migrations: Sequence[Migration] = MIGRATIONS) -> Store:
         """PostgreSQL when `url` is set (libpq's form, or SQLAlchemy's as `runnerctl
-        postgres url` prints it), else SQLite at <state_dir>/controller.sqlite."""
+        postgres url` prints it), else SQLite at <state_dir>/controller.sqlite. `timeout_s`
+        bounds waiting for a lock (SQLite) or a connection (PostgreSQL)."""
         if url:
             import psycopg
 
             from runnerctl.postgres import libpq_url
 
-            return cls(psycopg.connect(libpq_url(url), autocommit=True), postgres=True)
+            conninfo = libpq_url(url)
+            extra: dict[str, Any] = {"connect_timeout": max(1, int(timeout_s))}
+            if "connect_timeout" in conninfo:
+                extra = {}
+            return cls(lambda: psycopg.connect(conninfo, autocommit=True, **extra), postgres=True,
+                       where=_describe(url), migrations=migrations)
         if state_dir is None:
             raise ValueError("a store needs a PostgreSQL URL or a state directory")
-        state_dir.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(state_dir / "controller.sqlite", timeout=30.0,
-                               isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        return cls(conn, postgres=False)
+        try:
+            private.state_dir(state_dir)
+            private.create_private_file(state_dir / "controller.sqlite")  # its -wal/-shm take its mode
+        except OSError as exc:
+            raise StoreError(f"cannot create the state directory {state_dir}: {exc.strerror}") from None
+        path = state_dir / "controller.sqlite"
+
+        def connect() -> sqlite3.Connection:
+            conn = sqlite3.connect(path, timeout=timeout_s, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            return conn
+
+        return cls(connect, postgres=False, where=str(path), migrations=migrations)
 
     def close(self) -> None:
-        self._conn.close()
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     @contextmanager
     def _tx(self) -> Iterator[_Cursor]:
         with self._lock:
-            cur = _Cursor(self._conn.cursor(), self._pg)
-            cur.execute("BEGIN" if self._pg else "BEGIN IMMEDIATE")
+            cur = self._begin()
             try:
                 yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
+            except BaseException as exc:
+                self._rollback()
+                if isinstance(exc, _db_errors()):
+                    raise self._error(exc) from None
                 raise
-            cur.execute("COMMIT")
+            try:
+                cur.execute("COMMIT")
+            except _db_errors() as exc:
+                self._rollback()
+                raise self._error(exc) from None
+
+    def _begin(self) -> _Cursor:
+        """A cursor in a new transaction; a connection found broken at BEGIN (nothing done
+        yet) is replaced once."""
+        for attempt in (1, 2):
+            try:
+                if self._conn is None:
+                    self._conn = self._connect()
+                cur = _Cursor(self._conn.cursor(), self._pg)
+                cur.execute("BEGIN" if self._pg else "BEGIN IMMEDIATE")
+                return cur
+            except _db_errors() as exc:
+                broken = self._drop_if_broken()
+                if attempt == 2 or not broken:
+                    raise self._error(exc) from None
+        raise AssertionError("unreachable")
+
+    def _rollback(self) -> None:
+        conn = self._conn
+        if conn is None or self._drop_if_broken():
+            return
+        if not self._pg and not conn.in_transaction:
+            return
+        try:
+            conn.execute("ROLLBACK")
+        except _db_errors() as exc:  # the connection is unusable: start over next time
+            log.warning("rolling back on the controller store failed (%s); reconnecting", _first_line(exc))
+            self._conn = None
+            _close_quietly(conn)
+
+    def _drop_if_broken(self) -> bool:
+        """True (and the connection forgotten) when it cannot be used again."""
+        conn = self._conn
+        if conn is None:
+            return True
+        if self._pg and (conn.closed or conn.broken):
+            self._conn = None
+            _close_quietly(conn)
+            return True
+        return False
+
+    def _error(self, exc: BaseException) -> StoreError:
+        what = _first_line(exc)
+        if "locked" in what or "busy" in what:
+            return StoreError(f"the controller store {self.where} is busy: {what}",
+                              hint="another process holds its write lock; try again")
+        return StoreError(f"the controller store {self.where} failed: {what}")
 
     # -- events --------------------------------------------------------------------
     def record(self, event: Event) -> None:
@@ -211,6 +290,23 @@ class Store:
                 "SELECT gpu, state FROM gate WHERE host = ?", (host,))}
 
 
+    # -- inventory (what toggle targets may name) ----------------------------------------
+    def save_inventory(self, host: str, gpus: Sequence[int], slots: Sequence[str], now: float) -> None:
+        """The GPU indices and slot keys the host's controller drives (kept when unchanged)."""
+        row = (json.dumps(sorted(gpus)), json.dumps(sorted(slots)))
+        with self._tx() as cur:
+            if cur.query("SELECT gpus, slots FROM inventory WHERE host = ?", (host,)) == [row]:
+                return
+            cur.execute("DELETE FROM inventory WHERE host = ?", (host,))
+            cur.execute("INSERT INTO inventory (host, gpus, slots, at) VALUES (?, ?, ?, ?)",
+                        (host, *row, now))
+
+    def inventory(self, host: str) -> tuple[list[int], list[str]] | None:
+        """(GPU indices, slot keys) of a host, None before its controller first ran."""
+        with self._tx() as cur:
+            rows = cur.query("SELECT gpus, slots FROM inventory WHERE host = ?", (host,))
+        return (json.loads(rows[0][0]), json.loads(rows[0][1])) if rows else None
+
     def hosts(self) -> list[str]:
         """Every host that wrote to this store (the fleet, when hosts share PostgreSQL)."""
         with self._tx() as cur:
@@ -219,7 +315,9 @@ class Store:
 
     # -- web users (local accounts; the hash comes from runnerctl.web.auth) -----------
     def save_user(self, name: str, password_hash: str, role: str, now: float) -> None:
+        """Add or replace an account; a replaced one's sessions end (new password or role)."""
         with self._tx() as cur:
+            cur.execute("DELETE FROM web_sessions WHERE name = ? AND via = 'local'", (name,))
             cur.execute("DELETE FROM users WHERE name = ?", (name,))
             cur.execute("INSERT INTO users (name, password_hash, role, created_at) VALUES (?, ?, ?, ?)",
                         (name, password_hash, role, now))
@@ -238,7 +336,42 @@ class Store:
 
     def remove_user(self, name: str) -> bool:
         with self._tx() as cur:
+            cur.execute("DELETE FROM web_sessions WHERE name = ? AND via = 'local'", (name,))
             return cur.execute("DELETE FROM users WHERE name = ?", (name,)) > 0
+
+    # -- web sessions (the cookie holds a random id; the store only its SHA-256, `key`) ----
+    def save_session(self, session: WebSession) -> None:
+        """Store a new session, and forget the expired ones."""
+        with self._tx() as cur:
+            cur.execute("DELETE FROM web_sessions WHERE expires_at < ?", (session.created_at,))
+            cur.execute("INSERT INTO web_sessions (key, name, via, role, gitlab_id, created_at, checked_at, "
+                        "expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", dataclasses.astuple(session))
+
+    def web_session(self, key: str, now: float) -> WebSession | None:
+        """The live session with this key; None when it ended or expired."""
+        with self._tx() as cur:
+            rows = cur.query("SELECT key, name, via, role, gitlab_id, created_at, checked_at, expires_at "
+                             "FROM web_sessions WHERE key = ? AND expires_at >= ?", (key, now))
+        if not rows:
+            return None
+        r = rows[0]
+        return WebSession(r[0], r[1], r[2], r[3], None if r[4] is None else int(r[4]), float(r[5]),
+                          float(r[6]), float(r[7]))
+
+    def end_session(self, key: str) -> None:
+        with self._tx() as cur:
+            cur.execute("DELETE FROM web_sessions WHERE key = ?", (key,))
+
+    def end_sessions(self, name: str, via: str) -> int:
+        """End every session of one user (signed in locally or with GitLab); returns how many."""
+        with self._tx() as cur:
+            return cur.execute("DELETE FROM web_sessions WHERE name = ? AND via = ?", (name, via))
+
+    def recheck_sessions(self, gitlab_id: int, role: str, now: float) -> int:
+        """The role GitLab gives this user now, for all their sessions."""
+        with self._tx() as cur:
+            return cur.execute("UPDATE web_sessions SET role = ?, checked_at = ? WHERE via = 'gitlab' "
+                               "AND gitlab_id = ?", (role, now, gitlab_id))
 
 
 class _Cursor:
@@ -255,3 +388,34 @@ class _Cursor:
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         self.execute(sql, params)
         return [tuple(row) for row in self._cursor.fetchall()]
+
+
+def _db_errors() -> tuple[type[BaseException], ...]:
+    errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+    try:
+        import psycopg
+    except ImportError:  # SQLite-only install
+        return errors
+    return (*errors, psycopg.Error)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _close_quietly(conn: Any) -> None:
+    try:
+        conn.close()
+    except _db_errors() as exc:
+        log.debug("closing a broken store connection: %s", exc)
+
+
+def _describe(url: str) -> str:
+    """host:port/database of a PostgreSQL URL (never its password)."""
+    parts = urlsplit(url)
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    return f"postgresql://{parts.hostname or 'localhost'}{port}{parts.path}"

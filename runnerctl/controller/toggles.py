@@ -8,11 +8,16 @@ free for maintenance" and shows draining -> drained, `pause` is an open-ended ho
 with who, when and why, so a restart or another admin sees it.
 
 Targets: `host`, `gpu:N` (every runner over GPU N), `slot:KEY` (one runner, e.g.
-`slot:gpu0-3`).
+`slot:gpu0-3`). A target is checked before it is stored: written the one way the
+loop matches it (`gpu:6`, not `gpu:006`), and naming a GPU or slot the host has, as its
+controller recorded them in the store (`Store.inventory`); a host whose controller never
+ran is checked for the form only. A pause or drain needs a reason (one line): whoever
+finds the runners closed must learn why.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from runnerctl.controller.store import Event, Store, Toggle
@@ -20,6 +25,8 @@ from runnerctl.errors import ConfigError
 from runnerctl.model import Slot
 
 ACTIONS = ("pause", "drain")
+MAX_REASON = 500
+_TARGET = re.compile(r"host|gpu:(0|[1-9][0-9]{0,3})|slot:gpu(0|[1-9][0-9]{0,3})([-+](0|[1-9][0-9]{0,3}))*")
 
 
 def target_of(*, gpu: int | None = None, slot: str | None = None, host: bool = False) -> str:
@@ -32,6 +39,42 @@ def target_of(*, gpu: int | None = None, slot: str | None = None, host: bool = F
     if slot is not None:
         return f"slot:{slot.rsplit('/', 1)[-1]}"
     return "host"
+
+
+def check_target(store: Store, host: str, target: str) -> str:
+    """`target` when the host has it; ConfigError (one line) otherwise."""
+    if not _TARGET.fullmatch(target):
+        raise ConfigError(f"toggle target {target!r} is not host, gpu:N or slot:KEY",
+                          hint="N a GPU index without leading zeros, KEY a slot key such as gpu0-3")
+    known = store.inventory(host)
+    if known is None or target == "host":
+        return target
+    gpus, slots = known
+    kind, _, name = target.partition(":")
+    if kind == "gpu" and int(name) not in gpus:
+        raise ConfigError(f"{host} has no GPU {name}", hint=f"its GPUs: {_ranges(gpus) or 'none'}")
+    if kind == "slot" and name not in slots:
+        raise ConfigError(f"{host} has no slot {name}", hint=f"its slots: {', '.join(slots) or 'none'}")
+    return target
+
+
+def check_reason(action: str, why: str) -> str:
+    """One line of at most MAX_REASON characters; not blank for pause and drain."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in why):
+        raise ConfigError("the reason must be one line without control characters")
+    if len(why) > MAX_REASON:
+        raise ConfigError(f"the reason is longer than {MAX_REASON} characters")
+    if action in ACTIONS and not why.strip():
+        raise ConfigError(f"a {action} needs a reason",
+                          hint="--why TEXT: whoever finds the runners closed learns why")
+    return why.strip()
+
+
+def _ranges(numbers: Iterable[int]) -> str:
+    ordered = sorted(numbers)
+    if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"{ordered[0]}-{ordered[-1]}"
+    return ", ".join(map(str, ordered))
 
 
 def set_toggle(store: Store, toggle: Toggle) -> None:
@@ -52,7 +95,12 @@ def resume(store: Store, *, host: str, target: str, who: str, why: str, now: flo
 def request(store: Store, *, action: str, host: str, target: str, who: str, why: str,
             now: float) -> str:
     """One admin request (CLI or web page): pause/drain sets a toggle, resume removes it
-    and, for a GPU, also acknowledges it as healthy again. Returns a one-line outcome."""
+    and, for a GPU, also acknowledges it as healthy again. Returns a one-line outcome.
+    The target and reason are checked first (`check_target`, `check_reason`)."""
+    if action not in (*ACTIONS, "resume"):
+        raise ConfigError(f"unknown toggle {action!r}; one of {', '.join((*ACTIONS, 'resume'))}")
+    why = check_reason(action, why)
+    target = check_target(store, host, target)
     if action == "resume":
         removed = resume(store, host=host, target=target, who=who, why=why, now=now)
         if target.startswith("gpu:"):
@@ -81,9 +129,11 @@ def describe(toggle: Toggle) -> str:
 def toggle_status(toggle: Toggle, slots: Iterable[Slot],
                   running: Mapping[str, tuple[int, ...]]) -> str:
     """paused | draining (N jobs left) | drained, for the view and the CLI."""
+    covered = [s for s in slots if _covers(toggle.target, s)]
+    if not covered:
+        return "no such GPU or slot on this host"
     if toggle.action == "pause":
         return "paused"
-    covered = [s for s in slots if _covers(toggle.target, s)]
     left = sum(len(running.get(s.name, ())) for s in covered)
     return f"draining ({left} job{'s' if left != 1 else ''} left)" if left else "drained"
 
@@ -92,5 +142,9 @@ def _covers(target: str, slot: Slot) -> bool:
     if target == "host":
         return True
     if target.startswith("gpu:"):
-        return int(target[4:]) in slot.gpus
+        return target[4:] == str(_index(target[4:])) and _index(target[4:]) in slot.gpus
     return target == f"slot:{slot.key}"
+
+
+def _index(text: str) -> int:
+    return int(text) if text.isdigit() else -1

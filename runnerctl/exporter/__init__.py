@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 
+from runnerctl.controller.liveness import Liveness
 from runnerctl.exporter.scrape import ALL_PARTS, Part, RunnerctlCollector, Source
 
 __all__ = ["CONTENT_TYPE", "build_registry", "endpoint", "metrics_text"]
@@ -23,9 +24,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The classic text exposition format, which every Prometheus 2.x parses."""
 
 
-def build_registry(source: Source, parts: Mapping[str, Part] | None = None) -> CollectorRegistry:
+def build_registry(source: Source, parts: Mapping[str, Part] | None = None, *,
+                   liveness: Liveness | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunnerctlCollector(source, ALL_PARTS if parts is None else parts))
+    registry.register(RunnerctlCollector(source, ALL_PARTS if parts is None else parts, liveness))
     return registry
 
 
@@ -34,7 +36,7 @@ def metrics_text(source: Source) -> bytes:
     return generate_latest(build_registry(source))
 
 
-def endpoint(source: Source) -> Callable[[], tuple[bytes, str]]:
+def endpoint(source: Source, *, liveness: Liveness | None = None) -> Callable[[], tuple[bytes, str]]:
     """What `/metrics` of `runnerctl serve` calls per request: (body, content type)."""
-    registry = build_registry(source)
+    registry = build_registry(source, liveness=liveness)
     return lambda: (generate_latest(registry), CONTENT_TYPE)

@@ -1,4 +1,5 @@
-"""Controller metrics: identity, ticks and their duration, GitLab requests, gate decisions.
+"""Controller metrics: identity, ticks and their duration, GitLab requests, gate decisions,
+and (`liveness`) the age of the last good tick and failed ticks.
 
 `runnerctl_occupancy_since_timestamp_seconds` and `runnerctl_last_reconcile_timestamp_seconds`
 are on the controller's clock, so `sum(runnerctl_gpu_occupancy_seconds_total)` equals the
@@ -18,6 +19,7 @@ from prometheus_client.core import (
 )
 
 from runnerctl import __version__
+from runnerctl.controller.liveness import Liveness
 from runnerctl.controller.stats import StatsView
 from runnerctl.exporter.demand import bucket_samples
 
@@ -60,6 +62,21 @@ def collect(stats: StatsView) -> Iterator[Metric]:
     for status, count in sorted((stats.gitlab_requests or {}).items()):
         requests.add_metric([view.host, status], count)
     yield requests
+
+
+def liveness(live: Liveness) -> Iterator[Metric]:
+    """The loop's own health, at scrape time (also before the first tick)."""
+    host = [live.host]
+    yield _gauge("runnerctl_reconcile_last_success_age_seconds", "Seconds since the last reconcile tick "
+                 "that finished (since start before the first one); grows while ticks fail or stop.",
+                 host, live.age_s())
+    yield _gauge("runnerctl_reconcile_stale_after_seconds", "Age of the last good tick at which "
+                 "/healthz fails (a few reconcile intervals).", host, live.stale_after_s)
+    failures = CounterMetricFamily("runnerctl_reconcile_failures", "Reconcile ticks that failed, by "
+                                   "exception type.", labels=["Hostname", "kind"])
+    for kind, count in sorted(live.failures.items()):
+        failures.add_metric([live.host, kind], count)
+    yield failures
 
 
 def _counter(name: str, doc: str, host: list[str], value: float) -> Metric:

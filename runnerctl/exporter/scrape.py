@@ -4,7 +4,9 @@ Each part (`gpus`, `runners`, `demand`, `reconcile`) gets the same view, so a sc
 never mixes two ticks. A part that fails is logged and reported as
 `runnerctl_exporter_scrape_success{collector="..."} 0`; the other parts still answer
 (node_exporter's `node_scrape_collector_success` pattern). Before the first tick only
-the success metrics are served.
+the success metrics are served, and, under `serve`, the loop's liveness (the age of
+its last good tick, measured at scrape time, so a stalled loop shows as a growing age
+though its last `StatsView` stays as it was).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from runnerctl.controller.liveness import Liveness
 from runnerctl.controller.stats import StatsView
 from runnerctl.exporter import demand, gpus, reconcile, runners
 
@@ -32,9 +35,10 @@ ALL_PARTS: dict[str, Part] = {
 
 
 class RunnerctlCollector(Collector):
-    def __init__(self, source: Source, parts: Mapping[str, Part]) -> None:
+    def __init__(self, source: Source, parts: Mapping[str, Part], liveness: Liveness | None = None) -> None:
         self.source = source
         self.parts = dict(parts)
+        self.liveness = liveness
 
     def collect(self) -> Iterator[Metric]:
         stats = self.source()
@@ -58,3 +62,5 @@ class RunnerctlCollector(Collector):
             duration.add_metric([name], time.perf_counter() - started)
         yield success
         yield duration
+        if self.liveness is not None:
+            yield from reconcile.liveness(self.liveness)

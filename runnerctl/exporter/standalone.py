@@ -8,6 +8,9 @@ demand and GitLab metrics are absent; use `runnerctl serve`'s `/metrics` for tho
 Run it where runners are plain per-GPU gitlab-runner runners with runnerctl's executor
 (leases exist), or beside a controller for a second opinion. It also writes
 dcgm-exporter's job mapping files when `[monitoring] dcgm_job_mapping_dir` is set.
+No failure ends its loop: a failing tick is logged once per kind and retried with a
+back-off, and the age of its last good tick is exported as under `serve`
+(`runnerctl_reconcile_last_success_age_seconds`, alert `RunnerctlReconcileStalled`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Callable, Mapping
 from prometheus_client.exposition import start_http_server
 
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi
+from runnerctl.controller.liveness import Liveness
 from runnerctl.controller.loop import ControllerView, GpuView, SlotView
 from runnerctl.controller.observe import LeaseJobs, gate_step
 from runnerctl.controller.stats import ControllerStats, StatsView
@@ -54,6 +58,7 @@ class Observer:
         self.stats = ControllerStats()
         self.gate: dict[int, GateState] = {}
         self.ticks = 0
+        self.liveness = Liveness(host=host, interval_s=5.0)  # serve_exporter sets its interval
 
     def tick(self) -> StatsView:
         started = time.perf_counter()
@@ -80,22 +85,26 @@ class Observer:
         stats = self.stats.observe(view, duration_s=time.perf_counter() - started, is_ci=self.is_ci)
         for hook in self.on_tick:
             hook(view)
+        self.liveness.good()
         return stats
 
     def run(self, stop: threading.Event, interval_s: float) -> None:
+        """Tick until `stop`; no failure ends it (logged once per kind, backed off, and
+        shown as the age of the last good tick)."""
         while not stop.is_set():
             try:
                 self.tick()
-            except (OSError, RuntimeError, ValueError) as exc:
-                log.error("tick %d failed, trying again next interval: %s", self.ticks, exc)
-            stop.wait(interval_s)
+            except Exception as exc:  # noqa: BLE001 - any kind: logged, counted, retried (liveness.py)
+                self.liveness.failed(exc, self.ticks)
+            stop.wait(self.liveness.backoff_s(interval_s))
 
 
 def serve_exporter(observer: Observer, *, host: str, port: int, interval_s: float,
                    stop: threading.Event) -> None:
     """Serve /metrics on HOST:PORT and tick every `interval_s` until `stop` is set."""
     parts: dict[str, Part] = {"gpus": gpus.collect, "reconcile": reconcile.collect}
-    registry = build_registry(lambda: observer.stats.view, parts)
+    observer.liveness = Liveness(host=observer.host, interval_s=interval_s)
+    registry = build_registry(lambda: observer.stats.view, parts, liveness=observer.liveness)
     server, thread = start_http_server(port, addr=host, registry=registry)
     log.warning("runnerctl exporter: http://%s:%d/metrics (observe-only)", host, server.server_port)
     try:

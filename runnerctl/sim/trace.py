@@ -5,51 +5,113 @@ JOBS.csv: `job_id,submit_time,gpus,duration` (seconds), optional `project,priori
 in seconds, empty for none: what a controller may know of a duration in advance).
 FOREIGN.csv: `start,duration,host,gpu`, hosts named gpu-a, gpu-b, ... in order (after
 gpu-z: gpu-aa, gpu-ab, ..., as `hosts.host_name` names them).
+
+Both are UTF-8 CSV with a header line. Every row is checked before the simulation
+starts, and the first bad one is reported with its line number: a row with fewer or
+more fields than the header, a number that is not one (NaN and infinity included), a
+negative time or duration, a timeout that is not above zero, a job asking for a GPU
+count no runner of the simulated hosts has (0, 3, -2, more than a host), a foreign use
+on a host or GPU that does not exist, a job id given twice.
 """
 
 from __future__ import annotations
 
 import csv
+import io
+import math
 import random
+import re
+from collections.abc import Collection
 from pathlib import Path
 
 from runnerctl.errors import ConfigError
+from runnerctl.layout import PRIORITIES
 from runnerctl.sim.simulator import ForeignUse, TraceJob
 
+MAX_SECONDS = 1e9
+"""Times and durations beyond ~31 years are typos (and would overflow the metrics)."""
+MAX_INT = 2**63 - 1
+_EXTRA = "\x00extra"  # DictReader's key for fields beyond the header
 
-def read_jobs(path: Path) -> list[TraceJob]:
-    rows = _rows(path, ("job_id", "submit_time", "gpus", "duration"))
+
+def read_jobs(path: Path, *, sizes: Collection[int] | None = None) -> list[TraceJob]:
+    """Jobs of JOBS.csv; any bad row is a ConfigError naming its line. With `sizes` (the
+    GPU counts the host's runners have), a job asking for another count is refused: no
+    runner would ever take it."""
+    jobs: list[TraceJob] = []
+    seen: set[int] = set()
+    for line, row in _rows(path, ("job_id", "submit_time", "gpus", "duration")):
+        where = f"{path}: line {line}"
+        job = TraceJob(_int(row, "job_id", where, low=0), _time(row, "submit_time", where),
+                       _int(row, "gpus", where, low=1), _time(row, "duration", where),
+                       row.get("project") or "p", row.get("priority") or "normal",
+                       row.get("user") or "", _timeout(row.get("timeout"), where))
+        if job.priority not in PRIORITIES:
+            raise ConfigError(f"{where}: priority {job.priority!r} is not one of {', '.join(PRIORITIES)}")
+        if sizes is not None and job.gpus not in sizes:
+            raise ConfigError(f"{where}: job {job.job_id} asks for {job.gpus} GPUs, which no runner has",
+                              hint=f"runners hold {', '.join(map(str, sorted(sizes)))} GPUs")
+        if job.job_id in seen:
+            raise ConfigError(f"{where}: job id {job.job_id} appears twice")
+        seen.add(job.job_id)
+        jobs.append(job)
+    return jobs
+
+
+def read_foreign(path: Path, *, hosts: int | None = None,
+                 gpus_per_host: int | None = None) -> list[ForeignUse]:
+    """Foreign uses of FOREIGN.csv, checked against the simulated hosts when given."""
+    uses: list[ForeignUse] = []
+    for line, row in _rows(path, ("start", "duration", "host", "gpu")):
+        where = f"{path}: line {line}"
+        try:
+            host = _host(row["host"])
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if hosts is not None and host >= hosts:
+            raise ConfigError(f"{where}: host {row['host']} is beyond --hosts {hosts}")
+        use = ForeignUse(_time(row, "start", where), _time(row, "duration", where), host,
+                         _int(row, "gpu", where, low=0))
+        if gpus_per_host is not None and use.gpu >= gpus_per_host:
+            raise ConfigError(f"{where}: GPU {use.gpu} is beyond --gpus-per-host {gpus_per_host}")
+        uses.append(use)
+    return uses
+
+
+def _int(row: dict[str, str], column: str, where: str, *, low: int) -> int:
+    text = row[column].strip()
+    if not re.fullmatch(r"-?[0-9]+", text):
+        raise ConfigError(f"{where}: {column} {row[column]!r} is not a whole number")
+    value = int(text)
+    if not low <= value <= MAX_INT:
+        raise ConfigError(f"{where}: {column} {value} is not from {low} to {MAX_INT}")
+    return value
+
+
+def _time(row: dict[str, str], column: str, where: str) -> float:
+    """Seconds: a finite number from 0 to MAX_SECONDS."""
     try:
-        return [TraceJob(int(r["job_id"]), float(r["submit_time"]), int(r["gpus"]),
-                         float(r["duration"]), r.get("project") or "p",
-                         r.get("priority") or "normal", r.get("user") or "",
-                         _timeout(r.get("timeout"), f"{path}: line {line}"))
-                for line, r in enumerate(rows, start=2)]
-    except ValueError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        value = float(row[column])
+    except ValueError:
+        raise ConfigError(f"{where}: {column} {row[column]!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
+        raise ConfigError(f"{where}: {column} {row[column]!r} is not from 0 to {MAX_SECONDS:.0e} s")
+    return value
 
 
 def _timeout(text: str | None, where: str) -> float | None:
-    """The optional `timeout` column: empty, or seconds above zero (GitLab's minimum is
-    10 minutes, but traces from elsewhere may say less)."""
+    """The optional `timeout` column: empty, or seconds above zero up to MAX_SECONDS
+    (GitLab's minimum is 10 minutes, but traces from elsewhere may say less)."""
     if text is None or not text.strip():
         return None
     try:
         value = float(text)
     except ValueError:
         raise ConfigError(f"{where}: timeout {text!r} is not a number of seconds") from None
-    if not 0 < value < float("inf"):
-        raise ConfigError(f"{where}: timeout {text!r} is not a number of seconds above zero")
+    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        raise ConfigError(f"{where}: timeout {text!r} is not a number of seconds above 0 "
+                          f"and at most {MAX_SECONDS:.0e}")
     return value
-
-
-def read_foreign(path: Path) -> list[ForeignUse]:
-    rows = _rows(path, ("start", "duration", "host", "gpu"))
-    try:
-        return [ForeignUse(float(r["start"]), float(r["duration"]), _host(r["host"]), int(r["gpu"]))
-                for r in rows]
-    except ValueError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _host(name: str) -> int:
@@ -62,16 +124,38 @@ def _host(name: str) -> int:
     return index - 1
 
 
-def _rows(path: Path, needed: tuple[str, ...]) -> list[dict[str, str]]:
+def _rows(path: Path, needed: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
+    """(line number, row) of a UTF-8 CSV file with a header naming `needed` columns;
+    a row with fewer or more fields than the header is refused."""
     try:
-        with path.open(newline="") as handle:
-            reader = csv.DictReader(handle)
-            missing = [c for c in needed if c not in (reader.fieldnames or [])]
-            if missing:
-                raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}")
-            return list(reader)
+        text = path.read_bytes().decode("utf-8-sig")
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: line {line}: not UTF-8 text") from None
+    if "\x00" in text:
+        line = text[:text.index("\x00")].count("\n") + 1
+        raise ConfigError(f"{path}: line {line}: holds a NUL byte")
+    reader = csv.DictReader(io.StringIO(text, newline=""), restkey=_EXTRA, strict=True)
+    last = 1  # the line the last good record ended on (the header's at first)
+    try:
+        missing = [c for c in needed if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}",
+                              hint=f"the first line names the columns: {','.join(needed)}")
+        rows = []
+        for row in reader:
+            header = len(reader.fieldnames or [])
+            fields = header - sum(v is None for v in row.values()) + len(row.get(_EXTRA) or [])
+            if fields != header:
+                raise ConfigError(f"{path}: line {reader.line_num}: {fields} field(s), "
+                                  f"the header has {header}")
+            rows.append((reader.line_num, row))
+            last = reader.line_num
+    except csv.Error as exc:
+        raise ConfigError(f"{path}: line {last + 1}: {exc}") from None
+    return rows
 
 
 def synthetic(n: int, *, hosts: int = 1, gpus: int = 8, load: float = 1.3, seed: int = 0,

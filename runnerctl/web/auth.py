@@ -1,12 +1,13 @@
 """Who may read and who may toggle: local accounts, sessions, CSRF and sign-in limits.
 
 Passwords are hashed with Argon2id (argon2-cffi, its default parameters); the hash sits
-in the store's `users` table and never leaves the server. A session is Starlette's
-signed cookie (HttpOnly, SameSite=Lax, optionally Secure) holding the user name, role
-and a random CSRF token; the signing key is a random file in the state dir (0600) so
-sessions survive a restart of `serve`. Every state-changing request must echo the
-token in `X-CSRF-Token` (the double-submit is checked against the signed session, so a
-cross-site form cannot forge it).
+in the store's `users` table and never leaves the server. The cookie is Starlette's
+signed cookie (HttpOnly, SameSite=Lax, optionally Secure) holding a session id (the
+session itself lives in the store: runnerctl.web.sessions) and a random CSRF token; the
+signing key is a random file in the state dir (0600, runnerctl.private) so sessions
+survive a restart of `serve`. Every state-changing request must echo the token in
+`X-CSRF-Token` (the double-submit is checked against the signed cookie, so a cross-site
+form cannot forge it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hmac
-import os
 import secrets
 import threading
 import time
@@ -25,8 +25,10 @@ from typing import Any
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from runnerctl import private
 from runnerctl.controller.store import Store
 from runnerctl.errors import ConfigError
+from runnerctl.private import key_file
 
 ROLES = ("viewer", "operator")
 """viewer: reads (also when the page is not public); operator: pause, drain, resume."""
@@ -69,14 +71,9 @@ def check_password(store: Store, name: str, password: str) -> Principal | None:
 
 
 def session_key(state_dir: Path) -> str:
-    """The cookie signing key: <state_dir>/web-session.key, created (0600) on first use."""
-    path = state_dir / "web-session.key"
-    if not path.exists():
-        state_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(secrets.token_urlsafe(48))
-    return path.read_text().strip()
+    """The cookie signing key: <state_dir>/web-session.key, made (0600, atomically) on first
+    use; an empty or short one is refused (runnerctl.private.key_file)."""
+    return key_file(private.state_dir(state_dir) / "web-session.key")
 
 
 def csrf_token(session: MutableMapping[str, Any]) -> str:
@@ -87,42 +84,50 @@ def csrf_token(session: MutableMapping[str, Any]) -> str:
 
 def csrf_ok(session: MutableMapping[str, Any], sent: str | None) -> bool:
     expected = session.get("csrf")
-    return isinstance(expected, str) and sent is not None and hmac.compare_digest(expected, sent)
-
-
-def sign_in(session: MutableMapping[str, Any], who: Principal) -> None:
-    """A fresh session (new CSRF token) for the signed-in user, against session fixation."""
-    session.clear()
-    session.update(user=who.name, role=who.role, via=who.via, csrf=secrets.token_urlsafe(32))
-
-
-def principal(session: MutableMapping[str, Any], store: Store) -> Principal | None:
-    """The signed-in user; a local account removed or re-roled since counts as it is now."""
-    name, via = session.get("user"), session.get("via")
-    if not isinstance(name, str) or not isinstance(via, str):
-        return None
-    if via == "local":
-        found = store.user(name)
-        return Principal(name, found[1], via) if found else None
-    role = session.get("role")
-    return Principal(name, role if role in ROLES else "viewer", via)
+    return (isinstance(expected, str) and sent is not None  # bytes: a non-ASCII header is no TypeError
+            and hmac.compare_digest(expected.encode(), sent.encode("utf-8", "surrogateescape")))
 
 
 class SignInLimiter:
-    """At most `attempts` failed sign-ins per (client, name) in a sliding minute."""
+    """At most `attempts` sign-ins evaluated per (client, name) in a sliding minute, only
+    failures counting in the end, and at most `hashing` password checks at once.
 
-    def __init__(self, attempts: int, clock: Callable[[], float] = time.monotonic) -> None:
+    An attempt takes its place in the minute *before* the password is checked (`begin`)
+    and gives it back when it succeeds (`succeeded`), so forty attempts at the same moment
+    evaluate no more than `attempts` of them. The client is the peer address (uvicorn
+    replaces it from X-Forwarded-For only for `[web] trusted_proxies`).
+    """
+
+    KEYS = 4096
+    """(client, name) pairs kept before the expired ones are dropped."""
+
+    def __init__(self, attempts: int, clock: Callable[[], float] = time.monotonic, *,
+                 hashing: int = 2) -> None:
         self.attempts, self.clock = attempts, clock
         self._failures: dict[tuple[str, str], collections.deque[float]] = {}
+        self._kept = 0
         self._lock = threading.Lock()
+        self.hashing = threading.BoundedSemaphore(max(1, hashing))
 
-    def blocked(self, client: str, name: str) -> bool:
+    def begin(self, client: str, name: str) -> bool:
+        """Take a place for one attempt; False (nothing taken) when the minute is full."""
         with self._lock:
-            return len(self._recent((client, name))) >= self.attempts
+            if len(self._failures) > max(self.KEYS, 2 * self._kept):  # a name per attempt: bounded
+                cutoff = self.clock() - 60.0
+                self._failures = {k: w for k, w in self._failures.items() if w and w[-1] >= cutoff}
+                self._kept = len(self._failures)
+            window = self._recent((client, name))
+            if len(window) >= self.attempts:
+                return False
+            window.append(self.clock())
+            return True
 
-    def failed(self, client: str, name: str) -> None:
+    def succeeded(self, client: str, name: str) -> None:
+        """The attempt was right (or never evaluated): it does not count."""
         with self._lock:
-            self._recent((client, name)).append(self.clock())
+            window = self._recent((client, name))
+            if window:
+                window.pop()
 
     def _recent(self, key: tuple[str, str]) -> collections.deque[float]:
         window = self._failures.setdefault(key, collections.deque())

@@ -18,16 +18,18 @@ from typing import Annotated, Literal
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 from starlette.middleware.sessions import SessionMiddleware
 
 from runnerctl.controller.loop import ControllerView
 from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import request as toggle_request
+from runnerctl.logline import one_line
 from runnerctl.settings import WebSettings
 from runnerctl.web import auth
-from runnerctl.web.oauth import GitLabOAuth
+from runnerctl.web.oauth import GitLabOAuth, RoleCheck
 from runnerctl.web.oauth import install as install_oauth
+from runnerctl.web.sessions import Sessions
 from runnerctl.web.view import EventOut, FleetHostOut, HostOut, JobMemory, event_out, host_page, toggle_out
 
 log = logging.getLogger(__name__)
@@ -55,16 +57,28 @@ class SessionOut(BaseModel):
     gitlab_signin: bool
 
 
+def _utf8(value: str) -> str:
+    """JSON may carry a lone surrogate (\\ud800): no password hash, database or log takes it."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise ValueError("not valid Unicode text (a lone surrogate)") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+
+
 class SignIn(BaseModel):
-    name: str = Field(min_length=1, max_length=100)
-    password: str = Field(min_length=1, max_length=1000)
+    name: Text = Field(min_length=1, max_length=100)
+    password: Text = Field(min_length=1, max_length=1000)
 
 
 class ToggleIn(BaseModel):
     action: Literal["pause", "drain", "resume"]
-    target: str = Field(pattern=r"^(host|gpu:[0-9]{1,3}|slot:gpu[0-9]{1,3}([-+][0-9]{1,3})*)$",
-                        description="host, gpu:N or slot:KEY (e.g. slot:gpu0-3)")
-    reason: str = Field(min_length=1, max_length=500, description="Why; stored and shown in the log.")
+    target: Text = Field(pattern=r"^(host|gpu:[0-9]{1,3}|slot:gpu[0-9]{1,3}([-+][0-9]{1,3})*)$",
+                         description="host, gpu:N or slot:KEY (e.g. slot:gpu0-3)")
+    reason: Text = Field(min_length=1, max_length=500, description="Why; stored and shown in the log.")
 
 
 class ToggleResult(BaseModel):
@@ -74,11 +88,14 @@ class ToggleResult(BaseModel):
 def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, settings: WebSettings,
             state_dir: Path, oauth: GitLabOAuth | None = None,
             clock: Callable[[], float] = time.time) -> None:
-    limiter = auth.SignInLimiter(settings.signin_attempts)
+    limiter = auth.SignInLimiter(settings.signin_attempts, hashing=settings.max_concurrent_signins)
+    recheck = RoleCheck(oauth, store, clock) if oauth is not None and oauth.api_token else None
+    sessions = Sessions(store, max_age_s=settings.session_max_age_s, recheck_s=settings.gitlab_role_check_s,
+                        clock=clock, recheck=recheck)
     jobs = JobMemory()
 
     def reader(request: Request) -> auth.Principal | None:
-        who = auth.principal(request.session, store)
+        who = sessions.principal(request.session)
         if who is None and not settings.public_read:
             raise HTTPException(401, "sign in to see this page")
         return who
@@ -86,13 +103,13 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
     def operator(request: Request, x_csrf_token: Annotated[str | None, Header()] = None) -> auth.Principal:
         if not auth.csrf_ok(request.session, x_csrf_token):
             raise HTTPException(403, "missing or wrong X-CSRF-Token")
-        who = auth.principal(request.session, store)
+        who = sessions.principal(request.session)
         if who is None or not who.can_toggle:
             raise HTTPException(403, "toggles need a signed-in operator")
         return who
 
     def session_out(request: Request) -> SessionOut:
-        who = auth.principal(request.session, store)
+        who = sessions.principal(request.session)
         return SessionOut(user=who.name if who else None, role=who.role if who else None,
                           can_toggle=bool(who and who.can_toggle), csrf=auth.csrf_token(request.session),
                           public_read=settings.public_read, gitlab_signin=oauth is not None)
@@ -115,31 +132,39 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
     @app.post("/api/session", response_model=SessionOut, tags=["session"],
               responses={401: {"description": "wrong name or password"},
                          403: {"description": "no CSRF token"},
-                         429: {"description": "too many failed sign-ins"}})
+                         429: {"description": "too many failed sign-ins"},
+                         503: {"description": "too many sign-ins at once; retry in a second"}})
     def post_session(body: SignIn, request: Request,
                      x_csrf_token: Annotated[str | None, Header()] = None) -> SessionOut:
         """Sign in with a local account (`runnerctl user add`)."""
         if not auth.csrf_ok(request.session, x_csrf_token):
             raise HTTPException(403, "missing or wrong X-CSRF-Token")
         client = request.client.host if request.client else "?"
-        if limiter.blocked(client, body.name):
+        if not limiter.begin(client, body.name):
             raise HTTPException(429, "too many failed sign-ins; wait a minute")
-        who = auth.check_password(store, body.name, body.password)
+        if not limiter.hashing.acquire(blocking=False):  # Argon2id: 64 MiB each
+            limiter.succeeded(client, body.name)  # not evaluated: does not count
+            raise HTTPException(503, "too many sign-ins at once; retry in a second",
+                                headers={"Retry-After": "1"})
+        try:
+            who = auth.check_password(store, body.name, body.password)
+        finally:
+            limiter.hashing.release()
         if who is None:
-            limiter.failed(client, body.name)
             log.warning("failed sign-in for %r from %s", body.name, client)
             raise HTTPException(401, "wrong name or password")
-        auth.sign_in(request.session, who)
+        limiter.succeeded(client, body.name)
+        sessions.sign_in(request.session, who)
         log.warning("%s signed in from %s", who.name, client)
         return session_out(request)
 
     @app.post("/api/session/end", response_model=SessionOut, tags=["session"],
               responses={403: {"description": "no CSRF token"}})
     def end_session(request: Request, x_csrf_token: Annotated[str | None, Header()] = None) -> SessionOut:
-        """Sign out."""
+        """Sign out: the session ends on the server too (every copy of the cookie)."""
         if not auth.csrf_ok(request.session, x_csrf_token):
             raise HTTPException(403, "missing or wrong X-CSRF-Token")
-        request.session.clear()
+        sessions.sign_out(request.session)
         return session_out(request)
 
     @app.get("/api/host", response_model=HostOut, tags=["host"], responses={401: {"description": "sign in"}})
@@ -172,17 +197,17 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
         """Pause, drain or resume a GPU, a slot or the whole host, with a reason."""
         message = toggle_request(store, action=body.action, host=view().host, target=body.target,
                                  who=who.name, why=body.reason.strip() or "-", now=clock())
-        log.warning("web toggle: %s", message)
+        log.warning("web toggle: %s", one_line(message))
         return ToggleResult(message=message)
 
     if oauth is not None:
-        install_oauth(app, oauth)
+        install_oauth(app, oauth, sessions)
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         if (not settings.public_read and request.url.path.startswith("/api/")
                 and not request.url.path.startswith(OPEN_PATHS)
-                and auth.principal(request.session, store) is None):
+                and sessions.principal(request.session) is None):
             response: Response = Response('{"detail":"sign in to see this page"}', status_code=401,
                                           media_type="application/json")
         else:

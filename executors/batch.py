@@ -1,0 +1,364 @@
+"""The batch-driver contract every scheduler driver shares (slurm, sge, pbs, pjm).
+
+HPC sites hand GPUs out through a batch system, so a CI job's script stages become one
+batch job each, the way Jacamar CI does it, plus what Jacamar leaves to its users:
+
+- submit: the stage script is copied into the builds dir (shared with the compute
+  nodes) and submitted through a wrapper that sends its output to a file there, records
+  the GPU set the job got and the script's exit code. The job's `SCHEDULER_PARAMETERS`
+  are filtered by the scheduler (its GPU, output and naming options dropped, each drop
+  logged); the job's `CI_JOB_TIMEOUT` becomes the batch job's time limit;
+- refuse at once what can never run (more GPUs than any node has): the scheduler's
+  refusal (or its "can never run" verdict) ends the stage now as a build failure with the
+  scheduler's message, instead of a job pending until GitLab's timeout;
+- wait and stream: the output file is tailed into the job log while the job runs;
+- the outcome comes from the scheduler's accounting, not from the wrapper alone: the
+  script's exit code is a build failure; a job the scheduler ended (deleted by an
+  administrator, node failure, preemption) is a system failure naming the batch job;
+- cancel: SIGTERM from gitlab-runner (a cancel or timeout in GitLab) cancels the batch
+  job at once;
+- reap by label: every batch job carries a name unique to the prepare (`runnerctl-<job>-
+  <nonce>`), so cleanup, a later prepare and the controller cancel what a killed driver
+  left, and nothing of anyone else's;
+- the GPU set the scheduler assigned is written to the lease (`batch_gpus`), so the lease
+  names the GPUs the job really got, not only the slot's.
+
+A `Scheduler` says how one batch system does each of these; `BatchDriver` is the rest.
+git, cache and artifact stages run on the host like the shell driver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from runnerctl.executors.apptainer import run_line
+from runnerctl.executors.contract import USER_SCRIPT_STAGES
+from runnerctl.executors.driver import StageContext, SystemFailure, on_stop
+from runnerctl.executors.lease import Lease, LeaseTable
+from runnerctl.executors.rendezvous import BadNodes, NodeLaunch, nodes_requested, setup_bash
+from runnerctl.executors.shell import GUARD, ShellDriver
+from runnerctl.settings import Settings
+
+POLL_S = 0.5
+"""How often the job's state and output are read: logs stay live, the scheduler stays idle."""
+ACCOUNTING_WAIT_S = 30.0
+"""How long a finished job's accounting record may take to appear."""
+CANCELLED_EXIT = 143
+"""What a stage cancelled from GitLab returns (128 + SIGTERM), as gitlab-runner expects."""
+COMMAND_TIMEOUT_S = 60
+
+
+class Refused(Exception):
+    """The scheduler will never run this request (e.g. more GPUs than any node has)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One batch job, as the driver asks for it."""
+
+    label: str  # job name, unique per prepare
+    wrapper: Path  # the script submitted
+    log: Path  # the scheduler's own output file (the script's output goes to `output`)
+    workdir: Path
+    gpus: int  # per node
+    nodes: int
+    time_limit_s: int | None
+    options: list[str]  # the job's SCHEDULER_PARAMETERS, filtered
+    env: dict[str, str]
+    gpu_ids: tuple[int, ...]  # the slot's GPUs, for schedulers that hand out no ids
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How a batch job ended, from the scheduler's accounting."""
+
+    code: int | None  # the script's exit code; None when the scheduler ended it
+    failure: str | None = None  # why the scheduler ended it: a system failure
+
+
+class Scheduler(Protocol):
+    name: str  # driver name: slurm, sge, pbs, pjm
+    title: str  # for messages: "Slurm", "Grid Engine"
+    node_launch: NodeLaunch  # node names and the per-node launcher (executors/rendezvous.py)
+
+    def check(self) -> None:
+        """Raise SystemFailure when the batch system cannot be reached."""
+
+    def filter(self, text: str) -> tuple[list[str], list[str]]:
+        """(options kept, options dropped) from the job's SCHEDULER_PARAMETERS."""
+
+    def gpu_exports(self, request: Request) -> str:
+        """Bash that sets CUDA_VISIBLE_DEVICES in the job, where the scheduler does not."""
+
+    def submit(self, request: Request) -> str:
+        """Submit; return the job id. Refused for impossible requests, SystemFailure else."""
+
+    def active(self, job_id: str) -> bool:
+        """True while the job is pending or running (unknown counts as active)."""
+
+    def never_runs(self, job_id: str) -> str | None:
+        """The scheduler's reason when a pending job can never run, else None."""
+
+    def outcome(self, job_id: str) -> Outcome:
+        """The ended job's result from accounting."""
+
+    def cancel_command(self, job_id: str) -> list[str]:
+        """The command that cancels the job (run without waiting: from a signal handler)."""
+
+    def reap(self, label: str, job_id: str | None) -> None:
+        """Cancel this job and every job of this user named `label`."""
+
+
+class BatchDriver:
+    """A Driver for any Scheduler: user script stages become batch jobs."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.name = scheduler.name
+        self._host = ShellDriver()
+
+    def config(self, ctx: StageContext) -> dict[str, Any]:
+        return {**self._host.config(ctx), "driver": {"name": f"runnerctl {self.name}", "version": "1"}}
+
+    def prepare(self, ctx: StageContext) -> None:
+        self._host.prepare(ctx)
+        self.scheduler.check()
+
+    def run(self, ctx: StageContext, script: Path, stage: str) -> int:
+        if stage not in USER_SCRIPT_STAGES and not stage.startswith("step_"):
+            return self._host.run(ctx, script, stage)
+        lease = ctx.lease
+        if lease is None:
+            raise SystemFailure(f"job {ctx.job.id} holds no lease")
+        paths = _Paths(Path(ctx.settings.builds_dir).resolve() / ".runnerctl", f"{ctx.job.id}-{stage}")
+        paths.copy.write_bytes(script.read_bytes())  # gitlab-runner's TMPDIR is not on the node
+        try:
+            request = self._request(ctx, lease, paths)
+            setup = self.scheduler.gpu_exports(request) + setup_bash(
+                self.scheduler.node_launch, nodefile=paths.nodes, each_node=paths.each_node)
+            paths.wrapper.write_text(wrapper_script(paths, setup, image=ctx.job.image,
+                                                    bind=request.workdir))
+            job_id = self.scheduler.submit(request)
+        except BadNodes as exc:
+            print(f"runnerctl: {exc}", flush=True)
+            return 1
+        except Refused as exc:
+            print(f"runnerctl: {self.scheduler.title} refused the job: {exc}", flush=True)
+            return 1
+        table = LeaseTable(ctx.settings.state_dir)
+        table.update(lease.token, batch_job=f"{self.name}:{job_id}",
+                     **({"slurm_job": job_id} if self.name == "slurm" else {}))
+        print(f"runnerctl: {self.scheduler.title} job {job_id} submitted", flush=True)
+        cancelled = False
+
+        def cancel() -> None:
+            nonlocal cancelled
+            cancelled = True
+            subprocess.Popen(self.scheduler.cancel_command(job_id), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+
+        with on_stop(cancel):
+            verdict = self._follow(job_id, paths, lambda gpus: table.update(lease.token, batch_gpus=gpus))
+        if verdict is not None:
+            subprocess.run(self.scheduler.cancel_command(job_id), capture_output=True, check=False,
+                           timeout=COMMAND_TIMEOUT_S)
+            print(f"runnerctl: {self.scheduler.title} job {job_id} can never run: {verdict}",
+                  flush=True)
+            return 1
+        _stream(paths.log, 0)
+        if cancelled:
+            return CANCELLED_EXIT
+        outcome = self.scheduler.outcome(job_id)
+        if outcome.failure is not None:
+            raise SystemFailure(f"{self.scheduler.title} job {job_id} {outcome.failure}")
+        return 1 if outcome.code is None else outcome.code
+
+    def reap(self, lease: Lease, settings: Settings) -> None:
+        try:
+            job = (lease.batch_job or "").partition(":")[2] or lease.slurm_job
+            self.scheduler.reap(label(lease), job)
+        finally:
+            self._host.reap(lease, settings)
+
+    def _request(self, ctx: StageContext, lease: Lease, paths: _Paths) -> Request:
+        kept, dropped = self.scheduler.filter(ctx.env.get("CUSTOM_ENV_SCHEDULER_PARAMETERS", ""))
+        if dropped:
+            print(f"runnerctl: ignoring SCHEDULER_PARAMETERS {' '.join(dropped)}: the runner "
+                  f"sets GPUs, output and job name", flush=True)
+        snapshot = ctx.gpu_source().snapshot()
+        env = {**ctx.env, **ctx.gpu_env([snapshot.gpu(g).uuid for g in ctx.args.gpus])}
+        env.pop("CUDA_VISIBLE_DEVICES")  # the scheduler's (or gpu_exports') choice, on its node
+        env.pop("NVIDIA_VISIBLE_DEVICES")
+        return Request(label=label(lease), wrapper=paths.wrapper, log=paths.log,
+                       workdir=Path(ctx.settings.builds_dir).resolve(), gpus=len(ctx.args.gpus),
+                       nodes=nodes_requested(ctx.env), time_limit_s=time_limit(ctx.env), options=kept,
+                       env=env,
+                       gpu_ids=ctx.args.gpus)
+
+    def _follow(self, job_id: str, paths: _Paths, record_gpus: Any) -> str | None:
+        """Stream the output until the job ends; the scheduler's reason if it can never run."""
+        offset = 0
+        gpus_seen = False
+        while True:
+            active = self.scheduler.active(job_id)
+            offset = _stream(paths.output, offset)
+            if not gpus_seen and paths.gpus.exists():
+                gpus_seen = True
+                record_gpus(paths.gpus.read_text().strip())
+            if not active:
+                time.sleep(POLL_S)  # the output file may trail the state by a moment
+                _stream(paths.output, offset)
+                if not gpus_seen and paths.gpus.exists():
+                    record_gpus(paths.gpus.read_text().strip())
+                return None
+            if offset == 0 and not gpus_seen:
+                reason = self.scheduler.never_runs(job_id)
+                if reason:
+                    return reason
+            time.sleep(POLL_S)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Paths:
+    work: Path
+    base: str
+
+    def __post_init__(self) -> None:
+        self.work.mkdir(parents=True, exist_ok=True)
+        for stale in (self.rc, self.output, self.log, self.gpus):
+            stale.unlink(missing_ok=True)
+
+    def _p(self, suffix: str) -> Path:
+        return self.work / f"{self.base}{suffix}"
+
+    copy = property(lambda self: self._p(".sh"))
+    wrapper = property(lambda self: self._p(".batch"))
+    output = property(lambda self: self._p(".out"))
+    log = property(lambda self: self._p(".log"))
+    rc = property(lambda self: self._p(".rc"))
+    gpus = property(lambda self: self._p(".gpus"))
+    nodes = property(lambda self: self._p(".nodes"))
+    each_node = property(lambda self: self._p(".each-node"))
+
+
+def wrapper_script(paths: _Paths, setup: str, *, image: str | None, bind: Path) -> str:
+    """The batch script: output to the shared file, GPU set recorded, the stage run."""
+    q = shlex.quote
+    return ("#!/bin/bash\n"
+            f"exec >>{q(str(paths.output))} 2>&1\n"
+            f"{setup}"
+            f"echo \"${{CUDA_VISIBLE_DEVICES-}}\" > {q(str(paths.gpus))}\n"
+            + run_line(image=image, script=paths.copy, bind=bind, guard=GUARD)
+            + f"echo $rc > {q(str(paths.rc))}\nexit $rc\n")
+
+
+def label(lease: Lease) -> str:
+    """Unique per prepare, so a cancel by name never reaches another runner's job."""
+    return f"runnerctl-{lease.job_id}-{lease.nonce}"
+
+
+def time_limit(env: dict[str, str] | Any) -> int | None:
+    """The job's GitLab timeout (CI_JOB_TIMEOUT, seconds) as the batch job's time limit."""
+    raw = str(env.get("CUSTOM_ENV_CI_JOB_TIMEOUT", "")).strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
+def hms(seconds: int) -> str:
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def split_options(text: str, *, drop_long: Sequence[str], drop_short: Sequence[str],
+                  drop_flags: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+    """(kept, dropped) words of SCHEDULER_PARAMETERS.
+
+    drop_long: `--name` or `--name=value` or `--name value`; drop_short: `-x value` or
+    `-xvalue`; drop_flags: words dropped alone.
+    """
+    kept: list[str] = []
+    dropped: list[str] = []
+    words = shlex.split(text)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        name = word.split("=", 1)[0]
+        nxt = words[i + 1] if i + 1 < len(words) else None
+        if word in drop_flags:
+            dropped.append(word)
+        elif name in drop_long and name.startswith("--"):
+            takes = "=" not in word and nxt is not None
+            dropped.extend(words[i:i + 1 + takes])
+            i += takes
+        elif word[:2] in drop_short:
+            takes = len(word) == 2 and nxt is not None
+            dropped.extend(words[i:i + 1 + takes])
+            i += takes
+        else:
+            kept.append(word)
+        i += 1
+    return kept, dropped
+
+
+def drop_single_dash(text: str, *, flags: Sequence[str], valued: Sequence[str], resource_option: str,
+                     resources: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(kept, dropped) for qsub/pjsub-style options: single-dash words taking one value each.
+
+    flags are dropped alone, `valued` options with their value, and `resource_option`
+    (`-l`, `-L`) with its value when that names one of `resources` (`gpu=2`,
+    `select=2:ngpus=4`, `node=4,gpu=8`).
+    """
+    kept: list[str] = []
+    dropped: list[str] = []
+    words = shlex.split(text)
+    i = 0
+    while i < len(words):
+        word, value = words[i], words[i + 1] if i + 1 < len(words) else None
+        if word in flags:
+            dropped.append(word)
+        elif value is not None and (word in valued or (word == resource_option and any(
+                part.split("=", 1)[0].strip() in resources
+                for part in value.replace(",", ":").split(":")))):
+            dropped.extend((word, value))
+            i += 1
+        else:
+            kept.append(word)
+        i += 1
+    return kept, dropped
+
+
+def run_command(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Run a scheduler command; one that cannot start or hangs is the cluster's failure."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, check=False,
+                              timeout=COMMAND_TIMEOUT_S, **kwargs)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SystemFailure(f"{command[0]} failed: {exc}") from None
+
+
+def wait_for_record(read: Any, deadline_s: float = ACCOUNTING_WAIT_S) -> Any:
+    """Poll `read()` until it returns something (accounting lags the job's end)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        found = read()
+        if found is not None or time.monotonic() >= deadline:
+            return found
+        time.sleep(POLL_S)
+
+
+def _stream(path: Path, offset: int) -> int:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except FileNotFoundError:
+        return offset
+    if data:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    return offset + len(data)

@@ -1,0 +1,123 @@
+"""The pjm driver: the user's script stages run as Fujitsu PJM batch jobs (executors/batch.py).
+
+Fujitsu Technical Computing Suite's job manager (Fugaku, FX1000/FX700 sites), per its
+End-user's Guide (pjsub, pjstat, pjdel):
+- submit with `pjsub -X -N <label> -j -o <log> -L node=<nodes> -L gpu=<N>` (`-L
+  elapse=H:MM:SS` from CI_JOB_TIMEOUT; `-X` so the job inherits the driver's
+  environment); success prints `[INFO] PJM 0000 pjsub Job <id> submitted.`;
+- pjsub itself rejects a request beyond its resource group's limits (`[ERR.] PJM ...`):
+  the stage fails at once with that line, a build failure;
+- `pjstat` lists the unfinished jobs (ST ACC/QUE/RNA/RUN/RNO); an ended job's record is
+  `pjstat -H -s <id>`: JOB STATE EXT with its EXIT CODE is the script's result; CCL that
+  runnerctl did not ask for (pjdel by an administrator), ERR, RJT, or a non-zero PJM
+  CODE are the system's doing: a system failure naming the job;
+- `pjdel <id>` cancels; what a killed driver left is found by name in `pjstat`.
+SCHEDULER_PARAMETERS: `-L rscgrp=`, `-L elapse=`, `--mpi ...`, `-g` and the like pass;
+`-L node=`/`gpu=`, `-N`, `-o`, `-e`, `-j`, `-X` and `--step` are dropped with a note.
+"""
+
+from __future__ import annotations
+
+import re
+
+from runnerctl.executors.batch import (
+    BatchDriver,
+    Outcome,
+    Refused,
+    Request,
+    drop_single_dash,
+    hms,
+    run_command,
+    wait_for_record,
+)
+from runnerctl.executors.driver import SystemFailure
+from runnerctl.executors.rendezvous import mpirun_launch
+
+_DROPPED_VALUE = ("-N", "--name", "-o", "-e")
+_FLAGS = ("-j", "-X", "--step")
+_GPU_RESOURCES = ("node", "gpu", "vnode", "vnode-core")
+_SUBMITTED = re.compile(r"\[INFO\] PJM 0000 pjsub Job (\d+) submitted")
+
+
+def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
+    """(options passed on, options dropped) from the job's SCHEDULER_PARAMETERS."""
+    return drop_single_dash(text, flags=_FLAGS, valued=_DROPPED_VALUE, resource_option="-L",
+                            resources=_GPU_RESOURCES)
+
+
+class Pjm:
+    name = "pjm"
+    title = "PJM"
+    node_launch = mpirun_launch(names='awk \'!seen[$0]++\' "$PJM_O_NODEINF"', job_id="PJM_JOBID")
+
+    def check(self) -> None:
+        result = run_command(["pjstat"])
+        if result.returncode != 0:
+            raise SystemFailure(f"PJM is not reachable (pjstat failed: {result.stderr.strip()})")
+
+    def filter(self, text: str) -> tuple[list[str], list[str]]:
+        return scheduler_parameters(text)
+
+    def gpu_exports(self, request: Request) -> str:
+        return ""  # PJM sets CUDA_VISIBLE_DEVICES for the job's GPUs
+
+    def submit(self, request: Request) -> str:
+        limit = ["-L", f"elapse={hms(request.time_limit_s)}"] if request.time_limit_s else []
+        command = ["pjsub", "-X", "-N", request.label, "-j", "-o", str(request.log),
+                   "-L", f"node={request.nodes}", "-L", f"gpu={request.gpus}", *limit,
+                   *request.options, str(request.wrapper)]
+        result = run_command(command, env=request.env, cwd=request.workdir)
+        found = _SUBMITTED.search(result.stdout)
+        if result.returncode == 0 and found:
+            return found.group(1)
+        message = (result.stderr.strip() or result.stdout.strip())
+        if "[ERR.]" in message:
+            raise Refused(message)
+        raise SystemFailure(f"pjsub did not submit the job: {message or f'exit {result.returncode}'}")
+
+    def active(self, job_id: str) -> bool:
+        result = run_command(["pjstat", job_id])
+        if result.returncode != 0:
+            return True  # unknown counts as active
+        return any(row.split()[:1] == [job_id] for row in result.stdout.splitlines()[1:])
+
+    def never_runs(self, job_id: str) -> str | None:
+        return None  # pjsub rejected it already
+
+    def outcome(self, job_id: str) -> Outcome:
+        record = wait_for_record(lambda: _history(job_id))
+        if record is None:
+            raise SystemFailure(f"PJM has no record of job {job_id} (pjstat -H -s)")
+        state = record.get("JOB STATE", "")
+        pjm_code = record.get("PJM CODE", "0")
+        if state == "CCL":
+            return Outcome(None, "was cancelled (pjdel by an administrator?)")
+        if state != "EXT" or pjm_code not in ("0", "-"):
+            return Outcome(None, f"ended {state or 'unknown'} (PJM CODE {pjm_code})")
+        code = record.get("EXIT CODE", "")
+        return Outcome(int(code) if code.isdigit() else 1)
+
+    def cancel_command(self, job_id: str) -> list[str]:
+        return ["pjdel", job_id]
+
+    def reap(self, label: str, job_id: str | None) -> None:
+        rows = run_command(["pjstat"]).stdout.splitlines()[1:]
+        found = {row.split()[0] for row in rows if row.split()[1:2] == [label]}
+        for job in found | ({job_id} if job_id else set()):
+            run_command(["pjdel", job])
+
+
+def _history(job_id: str) -> dict[str, str] | None:
+    result = run_command(["pjstat", "-H", "-s", job_id])
+    if result.returncode != 0:
+        return None
+    record = {}
+    for line in result.stdout.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            record[key.strip()] = value.strip()
+    return record or None
+
+
+def PjmDriver() -> BatchDriver:  # noqa: N802 (the registry's constructor name)
+    return BatchDriver(Pjm())

@@ -1,0 +1,126 @@
+"""The sge driver: the user's script stages run as Grid Engine batch jobs (executors/batch.py).
+
+Grid Engine (Son of Grid Engine / Debian's gridengine 8.1.9, `qsub(1)`, `qacct(1)`):
+- submit with `qsub -terse -w e -N <label> -l gpu=N`: `-w e` makes qsub refuse at once
+  ("no suitable queues") a request no queue can ever meet, such as more GPUs than the
+  `gpu` consumable of any host; `-terse` prints the bare job id; `-V` passes the
+  driver's environment; `-l h_rt=<CI_JOB_TIMEOUT>` is the hard time limit;
+- Grid Engine counts the `gpu` consumable but hands out no device ids, so the driver
+  picks them: the slot's GPUs, which its lease holds, become CUDA_VISIBLE_DEVICES (the
+  site's runner slots describe the execution host's GPUs);
+- while a job is pending or running `qstat -j <id>` answers 0; after, it does not;
+- the truth about an ended job is `qacct -j <id>` (the accounting file, written moments
+  after the end): `failed 0` and `exit_status` is the script's code; a job deleted with
+  qdel shows `failed 100 : assumedly after job` (exit_status 137). `qsub -sync y` is not
+  used: it returns 0 for a deleted job;
+- `qdel <id>` cancels; `qdel <name>` deletes this user's jobs of that name (reaping).
+SCHEDULER_PARAMETERS: `-pe`, `-q`, `-l h_rt=...` and the like pass; `-l gpu=...`, output,
+name, working-dir and submission-mode options are dropped with a note.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from runnerctl.executors.batch import (
+    BatchDriver,
+    Outcome,
+    Refused,
+    Request,
+    drop_single_dash,
+    run_command,
+    wait_for_record,
+)
+from runnerctl.executors.driver import SystemFailure
+from runnerctl.executors.rendezvous import mpirun_launch
+
+_DROPPED_VALUE = ("-o", "-e", "-N", "-wd", "-sync", "-b", "-S", "-j", "-now")
+_FLAGS = ("-terse", "-cwd", "-V")
+
+
+def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
+    """(options passed on, options dropped) from the job's SCHEDULER_PARAMETERS."""
+    return drop_single_dash(text, flags=_FLAGS, valued=_DROPPED_VALUE, resource_option="-l",
+                            resources=("gpu",))
+
+
+class GridEngine:
+    name = "sge"
+    title = "Grid Engine"
+    node_launch = mpirun_launch(names='if [ -n "${PE_HOSTFILE-}" ]; then awk \'{print $1}\' "$PE_HOSTFILE"; '
+                                      "else hostname; fi", job_id="JOB_ID")
+
+    def check(self) -> None:
+        result = run_command(["qstat"])
+        if result.returncode != 0:
+            raise SystemFailure(f"Grid Engine is not reachable (qstat failed: {result.stderr.strip()}): "
+                                "start sge_qmaster/sge_execd")
+
+    def filter(self, text: str) -> tuple[list[str], list[str]]:
+        return scheduler_parameters(text)
+
+    def gpu_exports(self, request: Request) -> str:
+        ids = ",".join(str(g) for g in request.gpu_ids)
+        return f"export CUDA_VISIBLE_DEVICES={shlex.quote(ids)}\n"
+
+    def submit(self, request: Request) -> str:
+        if request.nodes > 1:
+            raise Refused("on Grid Engine, ask for several hosts with a parallel environment in "
+                          "SCHEDULER_PARAMETERS (e.g. -pe mpi 2), not RUNNERCTL_NODES")
+        limit = ["-l", f"h_rt={request.time_limit_s}"] if request.time_limit_s else []
+        command = ["qsub", "-terse", "-w", "e", "-V", "-S", "/bin/bash", "-N", request.label,
+                   "-o", str(request.log), "-j", "y", "-wd", str(request.workdir),
+                   "-l", f"gpu={request.gpus}", *limit, *request.options, str(request.wrapper)]
+        result = run_command(command, env=request.env)
+        if result.returncode != 0:
+            message = " ".join(result.stdout.split() + result.stderr.split())
+            if "no suitable queues" in message:
+                raise Refused(f"{message} (no queue offers -l gpu={request.gpus} "
+                              f"{' '.join(request.options)})".replace(" )", ")"))
+            raise SystemFailure(f"qsub refused the job: {message}")
+        return result.stdout.strip().split(".")[0]
+
+    def active(self, job_id: str) -> bool:
+        result = run_command(["qstat", "-j", job_id])
+        if result.returncode == 0:
+            return True
+        return "do not exist" not in result.stdout + result.stderr  # unknown counts as active
+
+    def never_runs(self, job_id: str) -> str | None:
+        return None  # qsub -w e refused it already
+
+    def outcome(self, job_id: str) -> Outcome:
+        record = wait_for_record(lambda: _qacct(job_id))
+        if record is None:
+            raise SystemFailure(f"Grid Engine has no accounting record of job {job_id} (qacct -j)")
+        failed = record.get("failed", "0")
+        status = record.get("exit_status", "1").split()[0]
+        code = int(status) if status.isdigit() else 1
+        if failed.split()[0] != "0":
+            return Outcome(None, f"was deleted or killed by Grid Engine (qdel by an administrator?): "
+                                 f"qacct failed {failed}, exit_status {code}")
+        return Outcome(code)
+
+    def cancel_command(self, job_id: str) -> list[str]:
+        return ["qdel", job_id]
+
+    def reap(self, label: str, job_id: str | None) -> None:
+        if job_id:
+            run_command(["qdel", job_id])
+        run_command(["qdel", label])  # submitted just before the driver was killed
+
+
+def _qacct(job_id: str) -> dict[str, str] | None:
+    result = run_command(["qacct", "-j", job_id])
+    if result.returncode != 0:
+        return None
+    record: dict[str, str] = {}
+    for line in result.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key and value.strip():
+            record[key] = value.strip()
+    return record if "exit_status" in record else None
+
+
+def SgeDriver() -> BatchDriver:  # noqa: N802 (the registry's constructor name)
+    return BatchDriver(GridEngine())

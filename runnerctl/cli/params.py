@@ -1,0 +1,30 @@
+"""Click parameter types the built-in ones lack: durations that must be finite.
+
+`click.FloatRange` lets `nan` through (every comparison with it is false) and `inf` when
+there is no upper bound; a NaN interval makes a loop spin, an infinite one overflows
+`time.sleep`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import click
+
+
+class Seconds(click.ParamType[float]):
+    """A finite number of seconds from `low` to `high`."""
+
+    name = "seconds"
+
+    def __init__(self, low: float, high: float) -> None:
+        self.low, self.high = low, high
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not (math.isfinite(number) and self.low <= number <= self.high):
+            self.fail(f"{value!r} is not from {self.low:g} to {self.high:g} seconds", param, ctx)
+        return number

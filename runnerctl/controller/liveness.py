@@ -1,0 +1,100 @@
+"""Whether the reconcile loop is really working: the age of its last good tick.
+
+A controller whose ticks fail (a store locked or restarting, a bug) or whose thread
+died still answers HTTP, so "the process is up" says nothing. The loop reports each
+finished tick and each failed one here; `/healthz` answers 503 while the last good
+tick is older than `stale_after_s` (a few intervals) or the thread is gone, and the
+exporter shows the age (`runnerctl_reconcile_last_success_age_seconds`) for the alert
+`RunnerctlReconcileStalled`. Failures are logged once per kind while they last, and
+the loop backs off between failed ticks (`backoff_s`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+STALE_INTERVALS = 3
+"""A tick this many intervals overdue makes the controller unhealthy."""
+STALE_MIN_S = 10.0
+"""... and never sooner than this (a tick with GitLab calls, on a busy host, takes a while)."""
+BACKOFF_MAX_S = 30.0
+"""Longest wait between failed ticks: a store back after a restart is used this soon."""
+BACKOFF_INTERVALS = 10
+"""... and never longer than this many intervals (short intervals recover quickly)."""
+
+
+class Liveness:
+    """Last good tick, failures by kind, and the thread that ticks (`watch`)."""
+
+    def __init__(self, *, host: str, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.host = host
+        self.interval_s = interval_s
+        self.stale_after_s = max(STALE_INTERVALS * interval_s, STALE_MIN_S)
+        self._clock = clock
+        self.started = clock()
+        self.last_good: float | None = None
+        self.failures: Counter[str] = Counter()  # kind -> failed ticks, since start
+        self.streak = 0  # failed ticks since the last good one
+        self.last_error = ""
+        self._logged: set[str] = set()
+        self.thread: threading.Thread | None = None
+
+    def watch(self, thread: threading.Thread) -> None:
+        self.thread = thread
+
+    def good(self) -> None:
+        if self.streak:
+            log.warning("reconcile ticks work again after %d failed (%s)", self.streak, self.last_error)
+        self.last_good = self._clock()
+        self.streak = 0
+        self.last_error = ""
+        self._logged.clear()
+
+    def failed(self, exc: BaseException, tick: int) -> None:
+        """Count a failed tick; log it with its traceback the first time its kind fails in
+        this streak, at debug level after that."""
+        kind = type(exc).__name__
+        self.failures[kind] += 1
+        self.streak += 1
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        self.last_error = f"{kind}: {first_line}" if first_line else kind
+        if kind in self._logged:
+            log.debug("tick %d failed again: %s", tick, self.last_error)
+            return
+        self._logged.add(kind)
+        log.error("tick %d failed, retrying in %.1f s (logged once until a tick works): %s", tick,
+                  self.backoff_s(), self.last_error, exc_info=exc)
+
+    def backoff_s(self, every_s: float | None = None) -> float:
+        """Wait before the next tick: the interval (or `every_s`), doubled per failed tick
+        in a row, at most `BACKOFF_MAX_S` or `BACKOFF_INTERVALS` intervals."""
+        base = self.interval_s if every_s is None else every_s
+        if not self.streak:
+            return base
+        doubled: float = base * 2.0 ** (self.streak - 1)
+        return min(doubled, max(base, min(BACKOFF_MAX_S, BACKOFF_INTERVALS * base)))
+
+    def age_s(self) -> float:
+        """Seconds since the last good tick (since start before the first one)."""
+        return self._clock() - (self.started if self.last_good is None else self.last_good)
+
+    def report(self) -> tuple[bool, dict[str, Any]]:
+        """(healthy, what /healthz shows)."""
+        age = self.age_s()
+        thread = "unwatched" if self.thread is None else "alive" if self.thread.is_alive() else "dead"
+        problems = []
+        if thread == "dead":
+            problems.append("the reconcile thread has stopped")
+        if age > self.stale_after_s:
+            problems.append(f"no good tick for {age:.1f} s (limit {self.stale_after_s:.1f} s)")
+        if problems and self.last_error:
+            problems.append(f"last error: {self.last_error}")
+        return not problems, {"last_good_tick_age_s": round(age, 3), "stale_after_s": self.stale_after_s,
+                              "failed_ticks_in_a_row": self.streak, "reconcile_thread": thread,
+                              "problem": "; ".join(problems)}

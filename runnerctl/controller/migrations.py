@@ -1,0 +1,123 @@
+"""The controller store's schema, as numbered migrations applied once under a lock.
+
+Several hosts (and the CLI beside `serve`) open one PostgreSQL store at the same time,
+so creating tables is not something each of them may simply try: two concurrent
+`CREATE TABLE IF NOT EXISTS` race in PostgreSQL's catalog (`UniqueViolation`). Instead
+every opener runs `migrate` in one transaction that first takes a lock, the
+transaction-scoped advisory lock `LOCK_KEY` on PostgreSQL (SQLite's `BEGIN IMMEDIATE`
+already holds the database's only write lock), then reads the highest version in
+`schema_migrations`, applies the newer migrations in order, and records each. Both
+databases run DDL inside transactions, so a killed opener leaves either the old or the
+new version, never half of one.
+
+Version 1 is the schema runnerctl wrote before versions existed (`IF NOT EXISTS`
+throughout), so an unversioned store upgrades by recording version 1 over its tables.
+
+Adding a migration: append `Migration(N + 1, "what it does", ("SQL", ...))` to
+`MIGRATIONS` (never edit or renumber one that has shipped). `{serial}` in a statement
+becomes the database's auto-increment primary key; statements use SQL both databases
+accept. A migration that must move data passes `run`, called with the transaction's
+cursor after its statements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from runnerctl.errors import ExitCode, RunnerctlError
+
+LOCK_KEY = 0x72756E6E  # "runn": PostgreSQL advisory lock key of schema changes
+
+
+class StoreError(RunnerctlError):
+    """The controller store cannot be reached, is busy, or has a schema this runnerctl
+    does not know."""
+
+    exit_code = ExitCode.UNAVAILABLE
+
+
+class Cursor(Protocol):
+    """`?` placeholders on both databases (store._Cursor)."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ...) -> int: ...
+
+    def query(self, sql: str, params: Sequence[Any] = ...) -> list[tuple[Any, ...]]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    statements: tuple[str, ...]
+    run: Callable[[Cursor], None] | None = None
+    """Data changes after the statements, in the same transaction."""
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "controller tables (the schema before versions)", (
+        """CREATE TABLE IF NOT EXISTS events (id {serial}, at DOUBLE PRECISION NOT NULL,
+            host TEXT NOT NULL, kind TEXT NOT NULL, subject TEXT NOT NULL, detail TEXT NOT NULL)""",
+        """CREATE TABLE IF NOT EXISTS toggles (host TEXT NOT NULL, target TEXT NOT NULL,
+            action TEXT NOT NULL, who TEXT NOT NULL, at DOUBLE PRECISION NOT NULL, why TEXT NOT NULL,
+            PRIMARY KEY (host, target))""",
+        """CREATE TABLE IF NOT EXISTS drains (host TEXT NOT NULL, slot TEXT NOT NULL,
+            job_id BIGINT NOT NULL, since DOUBLE PRECISION NOT NULL, PRIMARY KEY (host, slot))""",
+        """CREATE TABLE IF NOT EXISTS protected (host TEXT NOT NULL, job_id BIGINT NOT NULL,
+            PRIMARY KEY (host, job_id))""",
+        """CREATE TABLE IF NOT EXISTS claims (job_id BIGINT PRIMARY KEY, host TEXT NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL)""",
+        """CREATE TABLE IF NOT EXISTS gate (host TEXT NOT NULL, gpu INTEGER NOT NULL,
+            state TEXT NOT NULL, PRIMARY KEY (host, gpu))""",
+        """CREATE TABLE IF NOT EXISTS users (name TEXT PRIMARY KEY, password_hash TEXT NOT NULL,
+            role TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL)""",
+    )),
+    Migration(2, "host inventory: the GPUs and slots each controller drives (toggle targets are checked "
+                 "against it)", (
+        """CREATE TABLE inventory (host TEXT PRIMARY KEY, gpus TEXT NOT NULL, slots TEXT NOT NULL,
+            at DOUBLE PRECISION NOT NULL)""",
+    )),
+    Migration(3, "web sessions on the server, so that they can be ended (runnerctl.web.sessions)", (
+        """CREATE TABLE web_sessions (key TEXT PRIMARY KEY, name TEXT NOT NULL, via TEXT NOT NULL,
+            role TEXT NOT NULL, gitlab_id BIGINT, created_at DOUBLE PRECISION NOT NULL,
+            checked_at DOUBLE PRECISION NOT NULL, expires_at DOUBLE PRECISION NOT NULL)""",
+        "CREATE INDEX web_sessions_name ON web_sessions (name, via)",
+    )),
+)
+
+_VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,
+    name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"""
+
+
+def migrate(cur: Cursor, *, postgres: bool, migrations: Sequence[Migration] = MIGRATIONS) -> int:
+    """Bring the store to the newest version inside the caller's transaction; returns it.
+    Refuses a store newer than `migrations` (a newer runnerctl wrote it)."""
+    check(migrations)
+    if postgres:
+        cur.query(f"SELECT pg_advisory_xact_lock({LOCK_KEY})")
+    cur.execute(_VERSIONS)
+    current = int(cur.query("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")[0][0])
+    newest = migrations[-1].version if migrations else 0
+    if current > newest:
+        raise StoreError(f"the controller store has schema version {current}, this runnerctl knows "
+                         f"up to {newest}", hint="upgrade runnerctl on this host")
+    serial = "BIGSERIAL PRIMARY KEY" if postgres else "INTEGER PRIMARY KEY AUTOINCREMENT"
+    for migration in migrations:
+        if migration.version <= current:
+            continue
+        for statement in migration.statements:
+            cur.execute(statement.format(serial=serial))
+        if migration.run is not None:
+            migration.run(cur)
+        cur.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                    (migration.version, migration.name, time.time()))
+    return max(current, newest)
+
+
+def check(migrations: Sequence[Migration]) -> None:
+    """Versions are 1, 2, 3, ... with no gap (a programming error otherwise)."""
+    versions = [m.version for m in migrations]
+    if versions != list(range(1, len(versions) + 1)):
+        raise ValueError(f"migration versions must be 1..{len(versions)} in order, not {versions}")

@@ -1,0 +1,184 @@
+"""systemd units for a GPU host: `runnerctl serve`, `postgres` and `exporter` as services.
+
+A lab's hosts reboot (kernel and driver updates); the controller, the team's PostgreSQL
+and the observe-only exporter must come back without anyone logging in. This module
+renders one unit per service (pure: settings in, text out) and writes them under a root
+directory, so `--dry-run` and a test's temporary root see exactly what a host gets.
+
+Who runs what, and why:
+- `serve` runs as root: it edits gitlab-runner's config.toml (root's, 0600, in a service
+  install), reads /proc/<pid>/environ of other users' processes for the gate, and shares
+  the state directory with the executor's stages, which gitlab-runner runs as root.
+  Hardening keeps the rest of the system read-only (ProtectSystem=strict with the state
+  directory and gitlab-runner's directory writable, NoNewPrivileges, PrivateTmp).
+- `postgres` runs `runnerctl postgres start/stop` as root, which hands the server to the
+  `postgres` user (runuser) exactly as by hand; systemd follows the postmaster's pid file.
+- `exporter` only reads (NVML, leases): the state directory is read-only for it.
+The GitLab token reaches `serve` from an EnvironmentFile (0600), never from its command
+line (which `ps` shows to every user).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from runnerctl.settings import Settings
+
+UNIT_DIR = Path("/etc/systemd/system")
+ENV_FILE = Path("/etc/runnerctl/serve.env")
+SERVICES = ("serve", "postgres", "exporter")
+
+
+@dataclasses.dataclass(frozen=True)
+class InstallOptions:
+    settings: Settings
+    settings_path: Path
+    gitlab_url: str
+    python: str = sys.executable
+    services: tuple[str, ...] = SERVICES
+    listen: str = "127.0.0.1:8080"
+
+
+@dataclasses.dataclass(frozen=True)
+class UnitFile:
+    path: Path  # absolute, as on the host
+    text: str
+    mode: int = 0o644
+
+
+def render(options: InstallOptions) -> list[UnitFile]:
+    """Every file `runnerctl install` writes, in order."""
+    files: list[UnitFile] = []
+    for service in options.services:
+        files.append(UnitFile(UNIT_DIR / f"runnerctl-{service}.service", _UNITS[service](options)))
+    if "serve" in options.services:
+        files.append(UnitFile(ENV_FILE, _env_file(), mode=0o600))
+    return files
+
+
+def write(files: list[UnitFile], root: Path, *, state_dir: Path) -> list[Path]:
+    """Write `files` below `root` ("/" on a host); an existing env file is kept (it holds
+    the token an admin filled in). The state directory is made too (0711: other users may
+    pass, not list), since ProtectSystem=strict lets serve write only where it exists.
+    Returns the paths written."""
+    state = root / state_dir.relative_to("/")
+    state.mkdir(parents=True, exist_ok=True, mode=0o711)
+    written = []
+    for unit in files:
+        target = root / unit.path.relative_to("/")
+        if unit.path == ENV_FILE and target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = target.with_name(f".{target.name}.tmp")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, unit.mode)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(unit.text)
+        os.chmod(temp, unit.mode)
+        os.replace(temp, target)
+        written.append(target)
+    return written
+
+
+_STRICT = """NoNewPrivileges=yes
+PrivateTmp=yes
+ProtectSystem=strict
+ProtectHome=read-only
+ProtectKernelTunables=yes
+ProtectControlGroups=yes
+"""
+"""Hardening of the long-running services: the whole file system read-only but for the
+paths each unit names, no privilege gained through exec, no other user's /home."""
+
+
+def _command(options: InstallOptions, *args: str) -> str:
+    return shlex.join([options.python, "-m", "runnerctl", *args])
+
+
+def _env_lines(options: InstallOptions) -> str:
+    return f"Environment=RUNNERCTL_CONFIG={options.settings_path}\nEnvironment=PYTHONUNBUFFERED=1\n"
+
+
+def _serve(options: InstallOptions) -> str:
+    state = options.settings.state_dir
+    runner_dir = Path(options.settings.paths.runner_config or "/etc/gitlab-runner/config.toml").parent
+    return f"""[Unit]
+Description=runnerctl controller: GPU runners on demand, gate, web page
+After=network-online.target runnerctl-postgres.service
+Wants=network-online.target
+
+[Service]
+Type=simple
+User=root
+{_env_lines(options)}EnvironmentFile={ENV_FILE}
+ExecStart={_command(options, "serve", "--gitlab", options.gitlab_url, "--listen", options.listen)}
+Restart=always
+RestartSec=5
+TimeoutStopSec=30
+{_STRICT}ReadWritePaths={state} -{runner_dir}
+UMask=0077
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def _postgres(options: InstallOptions) -> str:
+    pg = options.settings.postgres
+    base = Path(pg.dir or options.settings.state_dir / "postgres")
+    return f"""[Unit]
+Description=runnerctl's PostgreSQL for the team's Optuna studies
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=forking
+User=root
+{_env_lines(options)}PIDFile={base / "data" / "postmaster.pid"}
+ExecStart={_command(options, "postgres", "start")}
+ExecStop={_command(options, "postgres", "stop")}
+Restart=on-failure
+RestartSec=10
+TimeoutStartSec=90
+TimeoutStopSec=150
+NoNewPrivileges=yes
+PrivateTmp=yes
+ProtectSystem=full
+ProtectHome=read-only
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def _exporter(options: InstallOptions) -> str:
+    return f"""[Unit]
+Description=runnerctl exporter: observe-only GPU, lease and gate metrics
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=simple
+User=root
+{_env_lines(options)}ExecStart={_command(options, "exporter")}
+Restart=always
+RestartSec=5
+{_STRICT}ReadOnlyPaths={options.settings.state_dir}
+UMask=0077
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def _env_file() -> str:
+    return ("# runnerctl serve's secrets (0600, root). Fill in the GitLab token (scope api):\n"
+            "RUNNERCTL_GITLAB_TOKEN=\n"
+            "# RUNNERCTL_WEBHOOK_SECRET=\n"
+            "# RUNNERCTL_GITLAB_OAUTH_SECRET=\n")
+
+
+_UNITS = {"serve": _serve, "postgres": _postgres, "exporter": _exporter}

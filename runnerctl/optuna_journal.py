@@ -1,0 +1,310 @@
+"""Optuna's journal storage on PostgreSQL: a study shared across hosts at the cost of a local file.
+
+Optuna's `RDBStorage` keeps every trial as rows of a dozen tables and re-reads the
+unfinished ones through SQLAlchemy's ORM several times per trial; at 16 workers on a
+small host that CPU, not the database, caps the trial rate (benchmarks/RESULTS.md).
+Optuna's `JournalStorage` instead keeps the whole study in memory and appends each
+change to a log; a worker reads only the log entries that are new since its last read.
+Its only backends are a file (one host: every worker must see the same file system
+with working locks) and Redis. `PostgresJournalBackend` puts the log into one table of
+the study's PostgreSQL database, so workers on any host share it:
+
+- an entry's number comes from a sequence; one append is one statement, one round
+  trip, that inserts the entry and returns every entry new to this worker (the journal
+  reads right after each write). No lock is held across a commit, so concurrent
+  appends share their WAL flushes (group commit);
+- a reader takes entries up to the first missing number only (see `_read`): every
+  worker replays the same entries in the same order, and after its own append it has
+  seen every entry numbered before it, which the exact trial total relies on;
+- a read is one indexed range query (`id >= n`), mostly empty.
+
+Heartbeats, which Optuna implements only for RDBStorage, are rows of a second table
+(trial id, last beat by the server's clock, so hosts' clocks do not matter; see
+`record_heartbeat` for the first beat):
+`SweepJournalStorage` records them and finds stale trials among the RUNNING ones of
+its in-memory study; Optuna's `fail_stale_trials` then fails them in the journal (of two
+workers failing the same trial, the journal's order keeps the first) and the retry
+callback queues a copy. One connection per worker, shared by its heartbeat thread.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+from collections.abc import Callable, Container
+from typing import Any
+
+from optuna.storages import JournalStorage
+from optuna.storages._heartbeat import BaseHeartbeat
+from optuna.storages.journal import BaseJournalBackend
+from optuna.trial import FrozenTrial, TrialState
+
+from runnerctl.errors import ConfigError
+from runnerctl.postgres import JOURNAL_SCHEME as SCHEME
+from runnerctl.postgres import libpq_url
+
+# SCHEME: `journal+postgresql://ROLE:PASSWORD@HOST:PORT/DATABASE` is this storage, in the
+# database that the same URL with `postgresql+psycopg://` names (Optuna's RDB tables may
+# live beside it).
+LOG_TABLE = "runnerctl_optuna_journal"
+BEAT_TABLE = "runnerctl_optuna_heartbeats"
+CONNECT_TIMEOUT_S = 10
+
+SEQUENCE = "runnerctl_optuna_journal_ids"
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {LOG_TABLE} (id bigint PRIMARY KEY, log text NOT NULL);
+CREATE SEQUENCE IF NOT EXISTS {SEQUENCE} MINVALUE 0 START WITH 0;
+CREATE TABLE IF NOT EXISTS {BEAT_TABLE} (trial_id bigint PRIMARY KEY, beat timestamptz NOT NULL);
+"""
+_INSERT = f"INSERT INTO {LOG_TABLE} (id, log) VALUES (nextval('{SEQUENCE}'), %s) RETURNING id"
+_APPEND = (f"WITH mine AS ({_INSERT}) SELECT id, NULL FROM mine "
+           f"UNION ALL SELECT id, log FROM {LOG_TABLE} WHERE id >= %s ORDER BY 1")
+_READ = f"SELECT id, log FROM {LOG_TABLE} WHERE id >= %s ORDER BY id"
+_FILL = f"INSERT INTO {LOG_TABLE} (id, log) VALUES (%s, %s) ON CONFLICT (id) DO NOTHING"
+FILLER = {"op_code": 3, "worker_id": "runnerctl-gap", "study_id": -1, "system_attr": {}}
+"""What fills the number of an append that never committed: an entry Optuna's replay skips
+(an attribute of a study that does not exist, from no worker)."""
+MAX_TRIES = 20
+_FILLER_TEXT = json.dumps(FILLER, separators=(",", ":"))
+_BEAT = (f"INSERT INTO {BEAT_TABLE} (trial_id, beat) VALUES (%s, now()) "
+         "ON CONFLICT (trial_id) DO UPDATE SET beat = EXCLUDED.beat")
+_STALE = (f"WITH seen AS (INSERT INTO {BEAT_TABLE} (trial_id, beat) SELECT unnest(%s::bigint[]), now() "
+          "ON CONFLICT (trial_id) DO NOTHING) "
+          f"SELECT trial_id FROM {BEAT_TABLE} WHERE trial_id = ANY(%s) "
+          "AND beat < now() - make_interval(secs => %s)")
+
+
+def is_journal_url(url: str) -> bool:
+    return url.startswith(SCHEME + "://")
+
+
+class PostgresJournalBackend(BaseJournalBackend):
+    """Optuna's journal as an append-only table of a PostgreSQL database.
+
+    Thread-safe (one connection behind a lock): JournalStorage calls it under its own
+    lock, the heartbeat thread beside that. A connection the server dropped is replaced
+    before the next call, and a read that failed on it is tried once more; an append
+    that failed raises, since it may or may not have been committed.
+    """
+
+    def __init__(self, url: str, *, connect: Callable[[str], Any] | None = None) -> None:
+        if not is_journal_url(url):
+            raise ConfigError(f"not a {SCHEME}:// URL: {url.split('://', 1)[0]!r}")
+        self._url = libpq_url(url)
+        self._connect = connect or _connect
+        self._lock = threading.Lock()
+        self._conn: Any = None
+        self._prefetched: tuple[int, list[dict[str, Any]]] | None = None
+        self._beating: set[int] = set()
+        self.next_read: int | None = None
+        """The log number the journal reads from next (SweepJournalStorage keeps it up to
+        date after each read); None: do not read ahead on append."""
+        with self._lock:
+            self._ensure_schema()
+
+    # -- BaseJournalBackend ---------------------------------------------------------------
+    def read_logs(self, log_number_from: int) -> list[dict[str, Any]]:
+        with self._lock:
+            prefetched, self._prefetched = self._prefetched, None
+            if prefetched is not None and prefetched[0] == log_number_from:
+                return prefetched[1]  # read with this worker's last append, one round trip ago
+            logs: list[dict[str, Any]] = self._retrying(lambda conn: self._read(conn, log_number_from, None))
+            return logs
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        """Append in order, then read everything new since this worker's last read."""
+        import psycopg
+
+        with self._lock:
+            conn = self._connection()
+            for n, log in enumerate(logs):
+                text = json.dumps(log, separators=(",", ":"))
+                read_from = self.next_read if n == len(logs) - 1 else None
+                for _ in range(MAX_TRIES):
+                    try:
+                        if read_from is None:
+                            conn.execute(_INSERT, (text,))
+                        else:
+                            rows = conn.execute(_APPEND, (text, read_from)).fetchall()
+                            rows = [(i, text if entry is None else entry) for i, entry in rows]
+                            self._prefetched = (read_from, self._read(conn, read_from, rows))
+                        break
+                    except psycopg.errors.UniqueViolation:
+                        continue  # a reader filled our number as we took it: take another
+                else:
+                    raise RuntimeError(f"no free log number after {MAX_TRIES} tries")
+
+    def _read(self, conn: Any, start: int, rows: list[tuple[int, str]] | None) -> list[dict[str, Any]]:
+        """The entries from `start` on that every worker reads alike: up to the first gap.
+
+        Numbers are taken in order but committed in any order, so number N may be missing
+        while N+1 is there: its append is still committing, or it failed. Inserting a
+        filler at N waits for that append's end and does nothing when it committed; when
+        it failed, the filler takes N, and every worker reads the same entries in the
+        same order either way. The entries after the last gap come at the next read.
+        """
+        out: list[dict[str, Any]] = []
+        if rows is None:
+            rows = conn.execute(_READ, (start,)).fetchall()
+        for _ in range(MAX_TRIES):
+            expect, beyond = start + len(out), False
+            for number, text in rows:
+                if number < expect:
+                    continue
+                if number > expect:
+                    beyond = True
+                    break
+                out.append(json.loads(text))
+                expect += 1
+            if not beyond:
+                return out
+            conn.execute(_FILL, (expect, _FILLER_TEXT))
+            rows = conn.execute(_READ, (expect,)).fetchall()
+        return out
+
+    # -- heartbeats -----------------------------------------------------------------------
+    def record_heartbeat(self, trial_id: int) -> None:
+        """A beat of a RUNNING trial; the first one (as its trial starts) is not written.
+
+        A trial shorter than one heartbeat interval then costs no heartbeat write (a
+        durable commit: most of the server's CPU per statement). A trial without a row
+        is given one, beating "now", by the first worker that looks for stale trials and
+        sees it RUNNING: one that never beats is stale a grace period after that.
+        """
+        with self._lock:
+            if trial_id not in self._beating:
+                self._beating.add(trial_id)
+                return
+            self._retrying(lambda conn: conn.execute(_BEAT, (trial_id,)))
+
+    def stale_trial_ids(self, trial_ids: list[int], grace_period_s: int) -> list[int]:
+        """Those of `trial_ids` whose last heartbeat is older than the grace period."""
+        if not trial_ids:
+            return []
+        with self._lock:
+            rows = self._retrying(lambda conn: conn.execute(
+                _STALE, (trial_ids, trial_ids, grace_period_s)).fetchall())
+        return [int(row[0]) for row in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    # -- the connection -------------------------------------------------------------------
+    def _connection(self) -> Any:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = self._connect(self._url)
+        return self._conn
+
+    def _retrying(self, call: Callable[[Any], Any]) -> Any:
+        import psycopg
+
+        try:
+            return call(self._connection())
+        except psycopg.OperationalError:
+            if self._conn is not None and not self._conn.broken:
+                raise  # a failed statement on a good connection, not a lost one
+            return call(self._connection())  # the server dropped it (restart): once more
+
+    def _ensure_schema(self) -> None:
+        conn = self._connection()
+        found = conn.execute("SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)",
+                             (LOG_TABLE, BEAT_TABLE, SEQUENCE)).fetchone()
+        if found is not None and None not in found:
+            return
+        with conn.transaction():  # workers starting together: one creates, the others wait
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (LOG_TABLE,))
+            conn.execute(_SCHEMA)
+
+
+def _connect(url: str) -> Any:
+    import psycopg
+
+    try:
+        return psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+    except psycopg.OperationalError as exc:
+        message = str(exc).strip().splitlines()
+        raise ConfigError(f"cannot reach the study's PostgreSQL: {message[0] if message else exc}",
+                          hint="check the storage URL and that the server runs "
+                               "(`runnerctl postgres status`)") from None
+
+
+class SweepJournalStorage(JournalStorage, BaseHeartbeat):
+    """JournalStorage with heartbeats kept beside the log in PostgreSQL, reading less often.
+
+    Optuna's JournalStorage reads the log before every call, about ten times per trial
+    (the sampler alone asks for the study's trials three times). Here the trial reads
+    (`get_all_trials`, `get_trial`) read the log at most once per `refresh_s`, like the
+    RDB path's `SweepStorage`: the sampler sees other workers' trials up to that much
+    later. Every write still reads everything new in the same round trip, so after
+    creating a trial a worker sees every trial created before it (which the exact
+    total relies on), and a trial's state is decided by the log's order, as before.
+    Stale trials are looked for at most once per heartbeat interval (a trial is stale
+    only after a grace period of several intervals anyway).
+    """
+
+    def __init__(self, backend: PostgresJournalBackend, *, heartbeat_interval: int, grace_period: int,
+                 stale_trial_callback: Callable[..., None] | None, refresh_s: float = 1.0) -> None:
+        self.heartbeat_interval, self.grace_period = heartbeat_interval, grace_period
+        self.refresh_s = refresh_s
+        self._stale_callback = stale_trial_callback
+        self._stale_checked_at: dict[int, float] = {}
+        self._synced_at = -1e9
+        self._journal = backend
+        super().__init__(backend)
+
+    def _sync_with_backend(self) -> None:
+        super()._sync_with_backend()
+        self._journal.next_read = self._replay_result.log_number_read
+        self._synced_at = time.monotonic()
+
+    def _sync_if_old(self) -> None:
+        if time.monotonic() - self._synced_at >= self.refresh_s:
+            self._sync_with_backend()
+
+    def expire(self) -> None:
+        """Make the next trial read go to the database (a worker's last look at the study)."""
+        self._synced_at = -1e9
+
+    def get_all_trials(self, study_id: int, deepcopy: bool = True,
+                       states: Container[TrialState] | None = None) -> list[FrozenTrial]:
+        with self._thread_lock:
+            self._sync_if_old()
+            trials = self._replay_result.get_all_trials(study_id, states)
+            return copy.deepcopy(trials) if deepcopy else trials
+
+    def get_trial(self, trial_id: int) -> FrozenTrial:
+        with self._thread_lock:
+            self._sync_if_old()
+            if trial_id not in self._replay_result._trials:
+                self._sync_with_backend()  # created elsewhere since: read now, not later
+            return self._replay_result.get_trial(trial_id)
+
+    # -- BaseHeartbeat --------------------------------------------------------------------
+    def record_heartbeat(self, trial_id: int) -> None:
+        self._journal.record_heartbeat(trial_id)
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        now = time.monotonic()
+        if now - self._stale_checked_at.get(study_id, -1e9) < self.heartbeat_interval:
+            return []
+        self._stale_checked_at[study_id] = now
+        with self._thread_lock:
+            self._sync_with_backend()  # trials just finished are not taken for stale
+            running = self._replay_result.get_all_trials(study_id, (TrialState.RUNNING,))
+        return self._journal.stale_trial_ids([t._trial_id for t in running], self.grace_period)
+
+    def get_heartbeat_interval(self) -> int | None:
+        return self.heartbeat_interval
+
+    def get_heartbeat_stale_trial_callback(self) -> Callable[..., None] | None:
+        return self._stale_callback
+
+    def get_failed_trial_callback(self) -> Callable[..., None] | None:
+        """The name Optuna before 4.9 asks for."""
+        return self._stale_callback
+

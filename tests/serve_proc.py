@@ -1,0 +1,52 @@
+"""A real `runnerctl serve --gitlab sim` subprocess on a free loopback port, and a burst
+of concurrent calls: for the tests that need uvicorn itself (browser, sign-in limits)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+
+class Serve:
+    """`runnerctl serve --gitlab sim --gpu-source sim:8 --interval 1 ARGS...`, up once /healthz answers."""
+
+    def __init__(self, log_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log_dir / f"serve-{self.port}.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "runnerctl", "serve", "--gitlab", "sim", "--gpu-source", "sim:8",
+             "--listen", f"127.0.0.1:{self.port}", "--interval", "1", *args],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, Path(self.log.name).read_text()
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise AssertionError("serve did not answer /healthz within 60 s")
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+def concurrently(call: Callable[[int], int], count: int) -> list[int]:
+    """`call(0..count-1)`, each on its own thread, all started at once; their results."""
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        return list(pool.map(call, range(count), timeout=120))

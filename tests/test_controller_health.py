@@ -1,0 +1,196 @@
+"""The reconcile loop survives any failing tick, heals when its store comes back, and says
+so honestly: /healthz (503 while no tick succeeds or the thread is gone) and the
+age-of-last-good-tick metric."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from runnerctl.controller.app import create_app
+from runnerctl.controller.liveness import BACKOFF_MAX_S, Liveness
+from runnerctl.controller.store import Store, Toggle
+from runnerctl.controller.toggles import set_toggle
+from runnerctl.exporter.scrape import RunnerctlCollector
+from runnerctl.settings import ControllerSettings
+from runnerctl.sim.world import PROJECT, World, build_world
+
+INTERVAL_S = 0.1
+
+
+def wait_until(what: str, check: Callable[[], object], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    w = build_world(tmp_path, settings=ControllerSettings(projects=(PROJECT,), interval_s=INTERVAL_S))
+    w.controller.liveness.stale_after_s = 1.0  # a few intervals, without waiting 10 s in a test
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def running(world: World) -> Iterator[tuple[World, TestClient]]:
+    """The controller's own loop on its thread, as `serve` runs it, and its app."""
+    stop = threading.Event()
+    thread = threading.Thread(target=world.controller.run, args=(stop,), name="reconcile", daemon=True)
+    world.controller.liveness.watch(thread)
+    thread.start()
+    app = create_app(lambda: world.controller.view, world.controller.demand.webhook,
+                     health=world.controller.liveness.report)
+    with TestClient(app) as client:
+        yield world, client
+    stop.set()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+def health(client: TestClient) -> tuple[int, dict[str, Any]]:
+    answer = client.get("/healthz")
+    body: dict[str, Any] = answer.json()
+    return answer.status_code, body
+
+
+def test_any_exception_in_a_tick_is_logged_once_backed_off_and_retried(
+        running: tuple[World, TestClient], caplog: pytest.LogCaptureFixture) -> None:
+    world, client = running
+    wait_until("a first good tick", lambda: health(client)[0] == 200 and world.controller.ticks > 0)
+    real = world.controller.w.jobs.running
+    def broken() -> Any:
+        raise KeyError("slot gone")
+
+    caplog.set_level(logging.DEBUG, logger="runnerctl.controller.liveness")
+    world.controller.w.jobs.running = broken  # type: ignore[method-assign]
+    wait_until("healthz reports the stall", lambda: health(client)[0] == 503)
+    status, body = health(client)
+    assert "no good tick for" in body["problem"] and "KeyError: 'slot gone'" in body["problem"]
+    assert body["reconcile_thread"] == "alive" and body["failed_ticks_in_a_row"] >= 3
+    failing = [r for r in caplog.records if r.levelno == logging.ERROR and r.name.endswith("liveness")]
+    assert len(failing) == 1 and failing[0].exc_info is not None  # once, with its traceback
+    collector = RunnerctlCollector(lambda: world.controller.stats.view, {}, world.controller.liveness)
+    scraped = {m.name: m for m in collector.collect()}
+    age = scraped["runnerctl_reconcile_last_success_age_seconds"].samples[0].value
+    assert age > 1.0
+    assert scraped["runnerctl_reconcile_failures"].samples[0].labels["kind"] == "KeyError"
+    world.controller.w.jobs.running = real  # type: ignore[method-assign]
+    wait_until("healthz is ok again", lambda: health(client)[0] == 200, timeout_s=BACKOFF_MAX_S + 30)
+    assert any("work again" in r.getMessage() for r in caplog.records)
+
+
+def test_a_store_locked_longer_than_its_timeout_stalls_then_heals_and_loses_nothing(
+        world: World, tmp_path: Path) -> None:
+    store = Store.open(state_dir=tmp_path, timeout_s=0.2)
+    world.controller.w.store = store
+    set_toggle(store, Toggle("demo", "gpu:3", "pause", "carol", world.clock(), "fan"))
+    stop = threading.Event()
+    thread = threading.Thread(target=world.controller.run, args=(stop,), daemon=True)
+    world.controller.liveness.watch(thread)
+    client = TestClient(create_app(lambda: world.controller.view, world.controller.demand.webhook,
+                                   health=world.controller.liveness.report))
+    thread.start()
+    try:
+        wait_until("gpu3 paused by the toggle", lambda: health(client)[0] == 200 and any(
+            r.paused for r in world.state.runners.values() if r.description.endswith("/gpu3")))
+        holder = sqlite3.connect(tmp_path / "controller.sqlite", isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock, far past 0.2 s
+        wait_until("healthz reports the locked store", lambda: health(client)[0] == 503)
+        assert "is busy: database is locked" in health(client)[1]["problem"]
+        stalled_at = world.controller.view.tick  # the last good tick's view
+        holder.execute("ROLLBACK")
+        holder.close()
+        wait_until("ticks resume", lambda: health(client)[0] == 200, timeout_s=BACKOFF_MAX_S + 30)
+        assert world.controller.view.tick > stalled_at
+        set_toggle(store, Toggle("demo", "gpu:5", "pause", "dave", world.clock(), "after the lock"))
+        wait_until("a toggle made after the stall is applied", lambda: any(
+            r.paused for r in world.state.runners.values() if r.description.endswith("/gpu5")))
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert [t.target for t in store.toggles("demo")] == ["gpu:3", "gpu:5"]
+    kinds = [e.kind for e in store.events("demo", limit=1000)]
+    assert kinds.count("pause") >= 2  # both toggles' events are kept
+
+
+def test_healthz_fails_when_the_reconcile_thread_is_gone() -> None:
+    live = Liveness(host="h", interval_s=5.0)
+    live.good()
+    dead = threading.Thread(target=lambda: None)
+    dead.start()
+    dead.join()
+    live.watch(dead)
+
+    class View:
+        tick, host = 7, "h"
+
+    client = TestClient(create_app(lambda: View(), lambda token, body: False,  # type: ignore[arg-type,return-value]
+                                   health=live.report))
+    status, body = health(client)
+    assert status == 503 and body["problem"] == "the reconcile thread has stopped"
+
+
+def test_failed_ticks_back_off_doubling_up_to_ten_intervals_or_30_s() -> None:
+    live = Liveness(host="h", interval_s=0.1)
+    waits = []
+    for _ in range(6):
+        live.failed(KeyError("x"), 1)
+        waits.append(live.backoff_s())
+    assert waits == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0, 1.0])
+    slow = Liveness(host="h", interval_s=5.0)
+    for _ in range(8):
+        slow.failed(OSError("x"), 1)
+    assert slow.backoff_s() == BACKOFF_MAX_S and slow.backoff_s(every_s=1.0) == 10.0
+    slow.good()
+    assert slow.backoff_s() == 5.0 and slow.streak == 0
+
+
+def test_healthz_counts_from_start_before_the_first_tick() -> None:
+    now = [100.0]
+    live = Liveness(host="h", interval_s=5.0, clock=lambda: now[0])
+    assert live.stale_after_s == 15.0 and live.report()[0]
+    now[0] += 15.5
+    ok, detail = live.report()
+    assert not ok and detail["problem"] == "no good tick for 15.5 s (limit 15.0 s)"
+    live.good()
+    assert live.report()[0] and live.age_s() == 0.0
+
+
+def test_the_standalone_exporter_loop_survives_a_failing_tick(caplog: pytest.LogCaptureFixture) -> None:
+    from runnerctl.controller.gate import GateThresholds
+    from runnerctl.exporter.standalone import Observer
+    from runnerctl.gpus import open_gpu_source
+
+    broken = [True]
+
+    def held() -> dict[int, tuple[int, ...]]:
+        if broken[0]:
+            raise KeyError("lease 7")
+        return {}
+
+    observer = Observer(host="gpu-c", gpus=open_gpu_source("sim:2", host="gpu-c"), held=held,
+                        is_ci=lambda gpu, process: False, limits=GateThresholds(1024, 0.1, 0.5, 60.0))
+    observer.liveness = Liveness(host="gpu-c", interval_s=INTERVAL_S)
+    stop = threading.Event()
+    thread = threading.Thread(target=observer.run, args=(stop, INTERVAL_S), daemon=True)
+    thread.start()
+    try:
+        wait_until("three failed ticks", lambda: observer.liveness.failures["KeyError"] >= 3)
+        assert thread.is_alive() and observer.liveness.last_good is None
+        assert len([r for r in caplog.records if r.name.endswith("liveness")]) == 1
+        broken[0] = False
+        wait_until("a good tick", lambda: observer.liveness.streak == 0 and observer.stats.view is not None,
+                   timeout_s=BACKOFF_MAX_S + 30)
+    finally:
+        stop.set()
+        thread.join(timeout=10)

@@ -1,0 +1,137 @@
+"""Demand with no hand-written project list: the projects the runners serve are read
+from GitLab, every one of them is polled within the API budget, and a job event is a
+reason to look, never a source of tags. Against the HTTP GitLab through python-gitlab."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from runnerctl.controller.demand import ApiBudget, DemandTracker
+from runnerctl.gitlab import PythonGitLab, RunnerScope
+from runnerctl.sim.gitlab_server import GitLabServer
+from runnerctl.sim.world import VirtualClock as Clock
+from tests.conftest import ADMIN_TOKEN
+
+
+@pytest.fixture
+def gl(gitlab_server: GitLabServer) -> Iterator[PythonGitLab]:
+    yield PythonGitLab(gitlab_server.url, ADMIN_TOKEN)
+
+
+def _tracker(clock: Clock, *, runner_ids: tuple[int, ...] = (), projects: tuple[int, ...] = (),
+             per_min: int = 12, wakes: list[int] | None = None, active_window_s: float = 3600.0,
+             ) -> DemandTracker:
+    return DemandTracker(projects=projects, priorities={}, budget=ApiBudget(per_min, clock), clock=clock,
+                         runner_ids=runner_ids, secret="s3cret", active_window_s=active_window_s,
+                         on_demand=lambda: wakes.append(1) if wakes is not None else None)
+
+
+def _run(tracker: DemandTracker, gl: PythonGitLab, clock: Clock, seconds: float, step: float = 5.0) -> None:
+    end = clock.now + seconds
+    while clock.now < end:
+        tracker.poll(gl)
+        clock.now += step
+
+
+def test_project_runners_projects_are_polled_without_a_project_list(gitlab_server: GitLabServer,
+                                                                    gl: PythonGitLab) -> None:
+    clock = Clock()
+    runner = gl.create_runner(description="r", tags=["gpus:8"], paused=True,
+                              scope=RunnerScope("project_type", project_id=5))
+    job = gitlab_server.state.enqueue_job(project_id=5, tags=["gpus:8", "priority:high"])
+    gitlab_server.state.enqueue_job(project_id=5, tags=["cpu"])  # asks for no GPU: no demand
+    tracker = _tracker(clock, runner_ids=(runner.id,))
+    _run(tracker, gl, clock, 30)
+    assert tracker.projects == [5]
+    assert [(j.job_id, j.gpus, j.priority) for j in tracker.jobs] == [(job.id, 8, "high")]
+
+
+def test_instance_runners_warn_once_and_poll_what_webhooks_name(gitlab_server: GitLabServer, gl: PythonGitLab,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    runner = gl.create_runner(description="r", tags=["gpus:2"], paused=True, scope=RunnerScope())
+    tracker = _tracker(clock, runner_ids=(runner.id,))
+    with caplog.at_level("WARNING"):
+        _run(tracker, gl, clock, 2000, step=30.0)
+    assert tracker.projects == []
+    assert sum("no instance-wide list" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_quiet_projects_are_still_polled_within_the_budget(gitlab_server: GitLabServer,
+                                                           gl: PythonGitLab) -> None:
+    """A project with no activity for hours is polled less often, never dropped: the
+    first gpus:8 job pushed there after a quiet afternoon is seen."""
+    clock = Clock()
+    busy = [gitlab_server.state.enqueue_job(project_id=5, tags=["gpus:1"]) for _ in range(3)]
+    tracker = _tracker(clock, projects=(5, 6, 7), active_window_s=300.0, per_min=6)
+    _run(tracker, gl, clock, 900)
+    start = len(gitlab_server.requests)
+    late = gitlab_server.state.enqueue_job(project_id=7, tags=["gpus:8"])
+    _run(tracker, gl, clock, 600)
+    assert late.id in {j.job_id for j in tracker.jobs} and busy[0].id in {j.job_id for j in tracker.jobs}
+    polled = [r.path for r in gitlab_server.requests[start:]]
+    assert polled.count("/projects/5/jobs") > polled.count("/projects/6/jobs") >= 1  # busy first
+    assert len(polled) <= 6 * 10 + 1  # 6 a minute, plus the bucket's burst
+
+
+def test_a_job_event_is_a_reason_to_look_never_a_source_of_tags(gitlab_server: GitLabServer,
+                                                                 gl: PythonGitLab) -> None:
+    """GitLab's job event has no job tags (lib/gitlab/data_builder/build.rb): a pending
+    job's event wakes the loop and the job is read from GitLab; a field claiming tags is
+    not believed."""
+    clock, wakes = Clock(), []
+    tracker = _tracker(clock, projects=(5,), wakes=wakes)
+    _run(tracker, gl, clock, 60)  # the first polls: nothing pending
+    job = gitlab_server.state.enqueue_job(project_id=5, tags=["gpus:2"])
+    event = {"object_kind": "build", "build_id": job.id, "build_status": "pending", "project_id": 5,
+             "build_name": "train", "build_stage": "test", "runner": None,
+             "build_tags": ["gpus:8"]}  # no GitLab sends this: ignored
+    assert not tracker.webhook("wrong", event) and not wakes
+    assert tracker.webhook("s3cret", event) and wakes == [1]
+    assert tracker.jobs == []  # nothing is believed before GitLab is asked
+    start = len(gitlab_server.requests)
+    tracker.poll(gl)
+    assert [r.path for r in gitlab_server.requests[start:]] == [f"/projects/5/jobs/{job.id}"]
+    assert [(j.job_id, j.gpus) for j in tracker.jobs] == [(job.id, 2)]
+    running = dict(event, build_status="running")
+    assert tracker.webhook("s3cret", running) and tracker.jobs == [] and wakes == [1]
+
+
+def test_a_burst_of_events_in_one_project_is_one_poll(gitlab_server: GitLabServer, gl: PythonGitLab) -> None:
+    clock = Clock()
+    tracker = _tracker(clock, projects=(5,))
+    jobs = [gitlab_server.state.enqueue_job(project_id=5, tags=["gpus:4"]) for _ in range(20)]
+    for job in jobs:
+        tracker.webhook("s3cret", {"object_kind": "build", "build_id": job.id, "build_status": "pending",
+                                   "project_id": 5})
+    start = len(gitlab_server.requests)
+    tracker.poll(gl)
+    assert [r.path for r in gitlab_server.requests[start:]] == ["/projects/5/jobs"]
+    assert sorted(j.job_id for j in tracker.jobs) == sorted(j.id for j in jobs)
+
+
+def test_group_runners_poll_the_group_and_its_subgroups_projects(gitlab_server: GitLabServer,
+                                                                 gl: PythonGitLab) -> None:
+    """`runnerctl init --group G` then `serve`: a gpus:8 job in any project of G (also in
+    a subgroup) is seen; a project outside G is never polled."""
+    directory = gitlab_server.state.directory
+    group = directory.add_group("ml")
+    sub = directory.add_group("vision", parent_id=group.id)
+    mine = [directory.add_project("a", group_id=group.id), directory.add_project("b", group_id=sub.id)]
+    other = directory.add_project("elsewhere", group_id=directory.add_group("ops").id)
+    runner = gl.create_runner(description="r", tags=["gpus:8"], paused=True,
+                              scope=RunnerScope("group_type", group_id=group.id))
+    deep = gitlab_server.state.enqueue_job(project_id=mine[1].id, tags=["gpus:8"])
+    gitlab_server.state.enqueue_job(project_id=other.id, tags=["gpus:8"])
+    clock = Clock()
+    tracker = _tracker(clock, runner_ids=(runner.id,))
+    _run(tracker, gl, clock, 60)
+    assert sorted(tracker.projects) == sorted(p.id for p in mine)
+    assert [j.job_id for j in tracker.jobs] == [deep.id]
+    assert not [r for r in gitlab_server.requests if r.path == f"/projects/{other.id}/jobs"]
+    late = directory.add_project("c", group_id=group.id)  # found at the next discovery (15 min)
+    job = gitlab_server.state.enqueue_job(project_id=late.id, tags=["gpus:2"])
+    _run(tracker, gl, clock, 1200, step=10.0)
+    assert job.id in {j.job_id for j in tracker.jobs}

@@ -1,0 +1,88 @@
+"""`runnerctl install`: systemd units that systemd itself accepts, written below a root."""
+
+from __future__ import annotations
+
+import re
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from runnerctl.cli import main
+
+UNITS = ("runnerctl-serve.service", "runnerctl-postgres.service", "runnerctl-exporter.service")
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Path:
+    path = tmp_path / "runnerctl.toml"
+    path.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n'
+                    f'runner_config = "{tmp_path / "gitlab-runner" / "config.toml"}"\n')
+    return path
+
+
+def _verify(directory: Path) -> subprocess.CompletedProcess[str]:
+    """systemd's own parser; it exits 0 on unknown values but warns on stderr."""
+    return subprocess.run(["systemd-analyze", "verify", *(f"./{u}" for u in UNITS)], cwd=directory,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_dry_run_prints_units_that_systemd_analyze_verify_accepts(
+        settings: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["install", "--config", str(settings), "--gitlab-url", "https://gitlab.example/",
+                 "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    parts = re.split(r"^# (/\S+) \(mode (\d+)\)\n", out, flags=re.M)[1:]
+    files = {Path(parts[i]).name: (parts[i + 1], parts[i + 2]) for i in range(0, len(parts), 3)}
+    assert set(files) == {*UNITS, "serve.env"}
+    assert files["serve.env"][0] == "600"
+    written = tmp_path / "units"
+    written.mkdir()
+    for name in UNITS:
+        (written / name).write_text(files[name][1])
+    result = _verify(written)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    serve = files["runnerctl-serve.service"][1]
+    assert "--gitlab https://gitlab.example --listen 127.0.0.1:8080" in serve
+    assert "TOKEN" not in serve.split("EnvironmentFile=")[0] and "--token" not in serve
+    for key in ("Restart=always", "NoNewPrivileges=yes", "ProtectSystem=strict", "User=root",
+                f"ReadWritePaths={tmp_path / 'state'} -{tmp_path / 'gitlab-runner'}"):
+        assert key in serve
+    assert "Type=forking" in files["runnerctl-postgres.service"][1]
+    assert f"ReadOnlyPaths={tmp_path / 'state'}" in files["runnerctl-exporter.service"][1]
+
+
+def test_install_writes_below_a_root_and_keeps_the_filled_in_token(settings: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    args = ["install", "--config", str(settings), "--gitlab-url", "https://gitlab.example",
+            "--root", str(root)]
+    assert main(args) == 0
+    units = root / "etc" / "systemd" / "system"
+    assert sorted(p.name for p in units.iterdir()) == sorted(UNITS)
+    assert _verify(units).stderr == ""
+    env = root / "etc" / "runnerctl" / "serve.env"
+    assert stat.S_IMODE(env.stat().st_mode) == 0o600
+    state = root / str(tmp_path / "state").lstrip("/")
+    assert stat.S_IMODE(state.stat().st_mode) == 0o711
+    env.write_text("RUNNERCTL_GITLAB_TOKEN=glpat-filled-in\n")
+    assert main(args) == 0  # again, e.g. after an upgrade
+    assert env.read_text() == "RUNNERCTL_GITLAB_TOKEN=glpat-filled-in\n"
+
+
+def test_only_chosen_services_and_clear_errors(settings: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "root"
+    assert main(["install", "--config", str(settings), "--service", "exporter", "--root", str(root)]) == 0
+    assert [p.name for p in (root / "etc" / "systemd" / "system").iterdir()] == ["runnerctl-exporter.service"]
+    assert not (root / "etc" / "runnerctl").exists()
+    capsys.readouterr()
+    assert main(["install", "--config", str(settings), "--root", str(root)]) != 0
+    err = capsys.readouterr().err
+    assert "--gitlab-url" in err and len(err.strip().splitlines()) <= 2
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["install", "--config", str(settings), "--service", "exporter",
+                 "--root", str(blocker / "sub")]) != 0
+    err = capsys.readouterr().err
+    assert "cannot write below" in err and "Traceback" not in err

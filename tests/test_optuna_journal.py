@@ -1,0 +1,259 @@
+"""runnerctl's Optuna journal on the real PostgreSQL: workers as separate processes with
+their own connections, exact totals, a SIGKILLed worker's trial failed and retried, the
+report and optuna-dashboard, and moving a study out of Optuna's RDB tables."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import wsgiref.simple_server
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from runnerctl.cli import main as cli_main
+from runnerctl.optuna import make_storage, run_worker, study_from_env
+from runnerctl.optuna_journal import (
+    FILLER,
+    LOG_TABLE,
+    SEQUENCE,
+    PostgresJournalBackend,
+    SweepJournalStorage,
+)
+from runnerctl.optuna_tools import main as tools_main
+from runnerctl.postgres import PostgresServer, libpq_url, storage_url
+
+ROOT = Path(__file__).resolve().parents[1]
+SEARCH = ROOT / "examples" / "optuna-sweep" / "search.py"
+pytestmark = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
+              pytest.mark.filterwarnings("ignore:Heartbeat of storage:UserWarning")]
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _journal(pg_server: PostgresServer, name: str) -> str:
+    return storage_url(pg_server.create_database(name), "journal")
+
+
+def _over_socket(pg_server: PostgresServer, url: str) -> str:
+    """The same database through the server's Unix socket: another way in, as from another host."""
+    rest = url.split("@", 1)[1].split("/", 1)[1]
+    user = url.split("://", 1)[1].split("@", 1)[0]
+    return (f"journal+postgresql://{user}@/{rest}?host={quote(str(pg_server.config.data_dir))}"
+            f"&port={pg_server.config.port}")
+
+
+def _workers(urls: list[str], study: str, trials: int, **env: str) -> list[subprocess.Popen[str]]:
+    base = {**os.environ, "PYTHONPATH": str(ROOT), "OPTUNA_STUDY_NAME": study,
+            "OPTUNA_N_TRIALS": str(trials), **env}
+    return [subprocess.Popen([sys.executable, str(SEARCH)], text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT,
+                             env={**base, "OPTUNA_STORAGE": url, "CI_NODE_INDEX": str(i + 1),
+                                  "CI_NODE_TOTAL": str(len(urls))})
+            for i, url in enumerate(urls)]
+
+
+def _finish(procs: list[subprocess.Popen[str]]) -> list[tuple[int, str]]:
+    return [(proc.wait(timeout=240), proc.communicate()[0]) for proc in procs]
+
+
+def test_workers_on_two_hosts_complete_exactly_100_trials(pg_server: PostgresServer) -> None:
+    """4 worker processes, each its own connection, two over TCP and two over the socket."""
+    url = _journal(pg_server, "journal_100")
+    assert tools_main(["create-study"]) != 0  # names what is missing, no traceback
+    make_storage(url)  # the tables, as the sweep's create-study job makes them
+    optuna.create_study(study_name="j100", storage=make_storage(url))
+    socket_url = _over_socket(pg_server, url)
+    results = _finish(_workers([url, url, socket_url, socket_url], "j100", 100, SEARCH_SLEEP_S="0.02"))
+    for code, out in results:
+        assert code == 0, out
+    ran = [int(out.split(" ran ")[1].split()[0]) for _, out in results]
+    assert sum(ran) == 100 and all(n > 0 for n in ran)  # all four took part
+    trials = optuna.load_study(study_name="j100", storage=make_storage(url)).trials
+    states = Counter(t.state for t in trials)
+    assert states[TrialState.COMPLETE] == 100  # and any others pruned unrun (over the total)
+    assert set(states) <= {TrialState.COMPLETE, TrialState.PRUNED}
+    assert sorted(t.number for t in trials) == list(range(len(trials)))
+
+
+def test_a_sigkilled_workers_trial_fails_and_is_retried(pg_server: PostgresServer) -> None:
+    url = _journal(pg_server, "journal_kill")
+    optuna.create_study(study_name="kill", storage=make_storage(url))
+    procs = _workers([url, url], "kill", 6, SEARCH_SLEEP_S="1.0", RUNNERCTL_OPTUNA_HEARTBEAT_S="1",
+                     RUNNERCTL_OPTUNA_GRACE_S="3")
+    watcher = make_storage(url)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:  # both workers inside a trial, all parameters sampled
+        running = watcher.get_all_trials(0, deepcopy=False, states=(TrialState.RUNNING,))
+        if len(running) == 2 and all(len(t.params) == 3 for t in running):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("two workers never ran trials at once")
+    procs[0].send_signal(signal.SIGKILL)  # mid-trial: OOM killer, node loss
+    (killed, _), (code, out) = _finish(procs)
+    assert killed == -signal.SIGKILL and code == 0, out
+    trials = optuna.load_study(study_name="kill", storage=make_storage(url)).trials
+    states = Counter(t.state for t in trials)
+    assert states[TrialState.COMPLETE] == 6 and states[TrialState.RUNNING] == 0
+    (failed,) = [t for t in trials if t.state == TrialState.FAIL]
+    (retry,) = [t for t in trials if t.system_attrs.get("failed_trial") == failed.number]
+    assert retry.state == TrialState.COMPLETE and retry.params == failed.params
+
+
+def test_the_log_reads_the_same_in_every_worker(pg_server: PostgresServer) -> None:
+    """Appends from many connections at once: each reader's view is a prefix of one order,
+    with no entry skipped, so every worker replays the same study."""
+    url = _journal(pg_server, "journal_order")
+    views: list[list[Any]] = []
+
+    def writer(me: int) -> None:
+        backend = PostgresJournalBackend(url)
+        seen: list[Any] = []
+        for i in range(40):
+            backend.next_read = len(seen)
+            backend.append_logs([{"w": me, "i": i}, {"w": me, "i": i, "second": True}])
+            seen += backend.read_logs(len(seen))
+            assert {"w": me, "i": i} in seen  # its own entry is there at once
+        views.append(seen)
+        backend.close()
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    final = PostgresJournalBackend(url).read_logs(0)
+    assert len([e for e in final if e != FILLER]) == 6 * 40 * 2 and len(views) == 6
+    for view in views:
+        assert view == final[:len(view)]
+    for me in range(6):  # each writer's entries in its own order
+        assert [(e["i"], "second" in e) for e in final if e.get("w") == me] == \
+            [(i, second) for i in range(40) for second in (False, True)]
+
+
+def test_an_append_that_never_committed_is_filled_and_skipped(pg_server: PostgresServer) -> None:
+    """A number taken by an append that failed would stop every reader at it: the first
+    reader that sees entries after it fills it with an entry Optuna's replay skips."""
+    import psycopg
+
+    url = _journal(pg_server, "journal_gap")
+    study = optuna.create_study(study_name="gap", storage=make_storage(url))
+    with psycopg.connect(libpq_url(url)) as conn:  # a worker that died inside its append
+        conn.execute(f"SELECT nextval('{SEQUENCE}')")
+        conn.rollback()
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    other = optuna.load_study(study_name="gap", storage=make_storage(url))
+    assert [t.state for t in other.trials] == [TrialState.COMPLETE] * 2
+    assert FILLER in PostgresJournalBackend(url).read_logs(0)
+
+
+def test_report_and_dashboard_open_a_journal_study(pg_server: PostgresServer, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    url = _journal(pg_server, "journal_report")
+    monkeypatch.setenv("OPTUNA_STORAGE", url)
+    monkeypatch.setenv("OPTUNA_STUDY_NAME", "shown")
+    assert tools_main(["create-study", "--direction", "maximize"]) == 0
+    assert tools_main(["create-study"]) == 3  # exists; the sweep's job says --skip-if-exists
+    assert tools_main(["create-study", "--skip-if-exists"]) == 0
+    study = study_from_env()
+    assert isinstance(study._storage, SweepJournalStorage)
+    assert run_worker(lambda t: t.suggest_float("x", 0, 1), study=study, n_trials=5) == 5
+    assert tools_main(["report", "--out", str(tmp_path / "r")]) == 0
+    assert '"complete_trials": 5' in (tmp_path / "r" / "best_trial.json").read_text()
+
+    from optuna_dashboard import wsgi
+
+    server = wsgiref.simple_server.make_server("127.0.0.1", 0, wsgi(make_storage(url)),
+                                               handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_port}"
+        studies = httpx.get(f"{base}/api/studies", timeout=30).json()["study_summaries"]
+        (shown,) = [s for s in studies if s["study_name"] == "shown"]
+        detail = httpx.get(f"{base}/api/studies/{shown['study_id']}", timeout=30).json()
+        assert len(detail["trials"]) == 5 and detail["best_trials"][0]["number"] == study.best_trial.number
+    finally:
+        server.shutdown()
+
+
+def test_the_dashboard_command_serves_the_storage(pg_server: PostgresServer,
+                                                  spawned: list[subprocess.Popen[bytes]]) -> None:
+    from tests.pg import free_port
+
+    url = _journal(pg_server, "journal_dash")
+    optuna.create_study(study_name="dash", storage=make_storage(url))
+    port = free_port()
+    spawned.append(subprocess.Popen(
+        [sys.executable, "-m", "runnerctl.optuna", "dashboard", "--port", str(port)],
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OPTUNA_STORAGE": url},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            studies = httpx.get(f"http://127.0.0.1:{port}/api/studies", timeout=5).json()
+            break
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "the dashboard never answered"
+            time.sleep(0.2)
+    assert [s["study_name"] for s in studies["study_summaries"]] == ["dash"]
+
+
+class _QuietHandler(wsgiref.simple_server.WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the stdlib's name)
+        return
+
+
+def test_url_kinds_and_moving_an_rdb_study_into_the_journal(
+        pg_server: PostgresServer, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["postgres", "--dir", str(pg_server.config.base_dir), "--port", str(pg_server.config.port),
+            "--config", str(pg_server.config.base_dir / "absent.toml")]
+    assert cli_main([*args, "url", "moved"]) == 0
+    journal_url = capsys.readouterr().out.strip()
+    assert cli_main([*args, "url", "moved", "--kind", "rdb"]) == 0
+    rdb_url = capsys.readouterr().out.strip()
+    assert journal_url.startswith("journal+postgresql://moved:") and rdb_url.startswith("postgresql+psycopg://")
+    assert libpq_url(journal_url) == libpq_url(rdb_url)  # one database, two kinds in it
+    assert cli_main([*args, "url", "moved", "--kind", "sql"]) == 2
+    assert "'sql' is not one of" in capsys.readouterr().err
+
+    old = optuna.create_study(study_name="moved", storage=rdb_url, direction="maximize")  # plain Optuna
+    old.optimize(lambda t: t.suggest_int("n", 0, 9), n_trials=3)
+    assert cli_main([*args, "migrate-study", "moved"]) == 0
+    assert capsys.readouterr().out.strip() == journal_url
+    study = optuna.load_study(study_name="moved", storage=make_storage(journal_url))
+    assert [(t.number, t.params, t.value) for t in study.trials] == \
+        [(t.number, t.params, t.value) for t in old.trials]
+    assert study.direction == optuna.study.StudyDirection.MAXIMIZE
+    assert run_worker(lambda t: t.suggest_int("n", 0, 9), study=study, n_trials=5) == 2
+    assert len(optuna.load_study(study_name="moved", storage=rdb_url).trials) == 3  # left as it was
+    assert run_worker(lambda t: t.suggest_int("n", 0, 9), n_trials=4,  # and still works there
+                      study=optuna.load_study(study_name="moved", storage=make_storage(rdb_url))) == 1
+    assert cli_main([*args, "migrate-study", "moved"]) == 3
+    assert "already holds a study 'moved'" in capsys.readouterr().err
+    assert cli_main([*args, "migrate-study", "absent_study"]) == 3
+
+    assert cli_main([*args, "create-study", "fresh"]) == 0
+    fresh = capsys.readouterr().out.strip()
+    assert fresh.startswith("journal+postgresql://fresh:")
+    assert optuna.load_study(study_name="fresh", storage=make_storage(fresh)).trials == []
+
+
+def test_log_table_is_one_row_per_entry(pg_server: PostgresServer) -> None:
+    import psycopg
+
+    url = _journal(pg_server, "journal_rows")
+    study = optuna.create_study(study_name="rows", storage=make_storage(url))
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    with psycopg.connect(libpq_url(url)) as conn:
+        row = conn.execute(f"SELECT COUNT(*), MIN(id), MAX(id) FROM {LOG_TABLE}").fetchone()
+    assert row is not None and row[0] == row[2] + 1 and row[1] == 0  # numbered 0..n-1, no gaps

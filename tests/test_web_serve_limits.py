@@ -1,0 +1,92 @@
+"""Sign-in limits and body limits of a real `runnerctl serve` (uvicorn, not the test
+client): X-Forwarded-For from an untrusted peer changes nothing, 40 concurrent sign-ins
+evaluate at most the configured limit and the process stays under 500 MiB, a 100 MiB
+body is refused unread."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.serve_proc import Serve, concurrently
+
+PASSWORD = "correct horse battery"
+MIB = 1024 * 1024
+
+
+def _peak_rss(serve: Serve) -> int:
+    status = Path(f"/proc/{serve.proc.pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) * 1024
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Serve]:
+    config = tmp_path / "runnerctl.toml"
+    config.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n'
+                      "[web]\nsignin_attempts = 5\nmax_concurrent_signins = 2\nmax_body_bytes = 65536\n")
+    subprocess.run([sys.executable, "-m", "runnerctl", "user", "add", "olga", "--role", "operator",
+                    "--password-stdin", "--config", str(config)],
+                   input=PASSWORD + "\n", text=True, check=True)
+    server = Serve(tmp_path, "--config", str(config), env={**os.environ, "FORWARDED_ALLOW_IPS": "*"})
+    yield server
+    server.stop()
+
+
+def _csrf(client: httpx.Client, url: str) -> str:
+    return str(client.get(f"{url}/api/session").json()["csrf"])
+
+
+def test_forty_concurrent_sign_ins_with_rotating_forwarded_for(serve: Serve) -> None:
+    """uvicorn would believe X-Forwarded-For from 127.0.0.1 by default (and from anyone with
+    FORWARDED_ALLOW_IPS=*, set here): without [web] trusted_proxies it believes nobody."""
+    client = httpx.Client(timeout=60)
+    csrf = _csrf(client, serve.url)
+
+    def attempt(i: int) -> int:
+        return client.post(f"{serve.url}/api/session", json={"name": "olga", "password": f"wrong {i}"},
+                           headers={"X-CSRF-Token": csrf, "X-Forwarded-For": f"10.{i}.0.1"}).status_code
+
+    codes = concurrently(attempt, 40)
+    assert len(codes) == 40 and set(codes) <= {401, 429, 503}, codes
+    assert 1 <= codes.count(401) <= 5, codes
+    for i in range(40, 80):  # one by one, each from a "new address": the minute fills up
+        codes.append(attempt(i))
+        if codes[-1] == 429:
+            break
+    assert codes.count(401) == 5 and codes[-1] == 429, codes
+    right = client.post(f"{serve.url}/api/session", json={"name": "olga", "password": PASSWORD},
+                        headers={"X-CSRF-Token": csrf, "X-Forwarded-For": "192.0.2.77"})
+    assert right.status_code == 429
+    assert _peak_rss(serve) < 500 * MIB, _peak_rss(serve) / MIB
+    assert "failed sign-in for 'olga' from 127.0.0.1" in serve.output()
+
+
+def test_a_100_mib_body_is_refused_unread(serve: Serve) -> None:
+    client = httpx.Client(timeout=60)
+    csrf = _csrf(client, serve.url)
+    before = _peak_rss(serve)
+
+    def body() -> Iterator[bytes]:
+        yield b'{"name": "olga", "password": "'
+        for _ in range(100):
+            yield b"x" * MIB
+        yield b'"}'
+
+    for path in ("/api/session", "/webhooks/gitlab"):
+        sized = client.post(f"{serve.url}{path}", content=b"x" * (100 * MIB),
+                            headers={"X-CSRF-Token": csrf, "Content-Type": "application/json"})
+        assert sized.status_code == 413, path
+    try:
+        chunked = client.post(f"{serve.url}/api/session", content=body(),
+                              headers={"X-CSRF-Token": csrf, "Content-Type": "application/json"})
+        assert chunked.status_code == 413
+    except httpx.HTTPError:
+        pass  # the server may close the connection while the client still sends: also refused
+    assert _peak_rss(serve) - before < 50 * MIB, (before / MIB, _peak_rss(serve) / MIB)
+    assert client.get(f"{serve.url}/healthz").status_code == 200
