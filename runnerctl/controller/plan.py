@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import NamedTuple
 
 from runnerctl.model import Slot
@@ -218,11 +218,9 @@ class _Reserver:
     def run(self) -> dict[str, tuple[Slot, int]]:
         self._idle()
         drains = 0
-        credit = self.policy.drain_credit_s
         away = self.observed.elsewhere
         candidates = [d for d in self.observed.demand if d.gpus > 1 and d.job_id not in away]
-        for demand in sorted(candidates, key=lambda d: (
-                d.urgency[0], d.job_id not in self.protected, *_credited(d, credit)[1:])):
+        for demand in sorted(candidates, key=lambda d: drain_order(d, self.protected, self.policy)):
             if drains >= self.policy.max_draining:
                 break
             if demand.job_id not in self.owner.values():  # a block of its own already
@@ -300,6 +298,16 @@ class _Reserver:
         youngest = max((s.started_at or 0.0 for s in states), default=0.0)
         used = sum(1 for g in block.gpus if g in busy or g in self.owner or g in self.kept_open)
         return used, youngest, jobs, block.gpus
+
+
+def drain_order(demand: Demand, protected: Collection[int],
+                policy: PlanPolicy) -> tuple[int, bool, float, int]:
+    """The order in which multi-GPU jobs reserve a block to drain (step 2 of `_Reserver`):
+    priority, protected jobs first, then age with `drain_credit_s` per extra GPU. When no
+    GPU of a host is idle, a job after its last drained job in this order cannot change
+    its plan (the simulator skips such hosts)."""
+    rank, created, job_id = _credited(demand, policy.drain_credit_s)
+    return rank, demand.job_id not in protected, created, job_id
 
 
 def _credited(demand: Demand, credit_s: float) -> tuple[int, float, int]:

@@ -54,6 +54,7 @@ class SimHost:
         self.reserved: dict[str, int] = {}
         self.claimed: set[int] = set()
         self.protected: frozenset[int] = frozenset()
+        self.boundary: tuple[int, bool, float, int] | None = None  # Simulator._boundary
 
     def gated(self, gpu: int, now: float) -> bool:
         return bool(self.foreign[gpu]) or self.closed_until[gpu] > now

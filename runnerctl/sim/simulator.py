@@ -40,7 +40,7 @@ import heapq
 import itertools
 from collections.abc import Iterable
 
-from runnerctl.controller.plan import Demand, Observed, plan
+from runnerctl.controller.plan import PRIORITY_RANK, Demand, Observed, drain_order, plan
 from runnerctl.sim.gitlab_cron import CRON_S, drop_stuck
 from runnerctl.sim.hosts import SimHost, SimRunner, host_name
 from runnerctl.sim.inputs import ForeignUse, SimConfig, TraceJob
@@ -55,6 +55,7 @@ POLICIES = ("dynamic", "static-singles", "static-partition", *REFERENCE)
 # event kinds; at one instant they run in this order (state changes, then the
 # controller, then the runners)
 END, FOREIGN_OFF, FOREIGN_ON, ARRIVE, REOPEN, TICK, POLL, CRON = range(8)
+_EVERYTHING = (len(PRIORITY_RANK), False, float("inf"), 0)  # after every place in `drain_order`
 
 
 class Simulator:
@@ -89,6 +90,7 @@ class Simulator:
         self._dirty: set[int] = set(range(config.hosts))
         self._demand_changed = True
         self._top: dict[int, tuple[int, ...]] = {}
+        self._top_ids: frozenset[int] = frozenset()
         # the top jobs' demand, their ids, those claimed (same for every host; see _host_demand)
         self._common: tuple[tuple[Demand, ...], frozenset[int], frozenset[int]] | None = None
         self._demand: dict[int, Demand] = {}
@@ -313,11 +315,34 @@ class Simulator:
                         break
             top[size] = tuple(found)
         if top != self._top:
-            multi_changed = any(top[n] != self._top.get(n) for n in top if n > 1)
+            changed = {j for n in top if n > 1
+                       for j in set(top[n]).symmetric_difference(self._top.get(n, ()))}
             self._top = top
+            self._top_ids = frozenset(j for jobs in top.values() for j in jobs)
             self._common = None
             # 1-GPU demand only counts for a host's idle GPUs (see plan._Reserver)
-            self._dirty.update(h for h in range(len(self.hosts)) if multi_changed or self.free_counts[h])
+            self._dirty.update(h for h in range(len(self.hosts))
+                               if self.free_counts[h] or (changed and self._sees(h, changed)))
+
+    def _sees(self, host_no: int, changed: set[int]) -> bool:
+        """Could these multi-GPU jobs' arrival in, or leaving, this host's demand or its
+        `elsewhere` change its plan? Not if its last plan changed nothing with no GPU idle
+        (`boundary` set) and each job is neither drained for nor protected there and is
+        either no candidate to drain here now (gone, or claimed by another host: a
+        candidate that left had failed to drain here, or came after the last drain) or a
+        candidate after `boundary` in `drain_order`: `plan._Reserver.run` reads no further."""
+        host = self.hosts[host_no]
+        boundary = host.boundary
+        if boundary is None:
+            return True
+        policy, claims, top = self.config.plan_policy, self.claims, self._top_ids
+        for job_id in changed:
+            if job_id in host.protected or job_id in host.reserved.values():
+                return True
+            if job_id in top and claims.get(job_id, host_no) == host_no \
+                    and drain_order(self._demand_of(job_id), host.protected, policy) < boundary:
+                return True
+        return False
 
     def _host_demand(self, host_no: int) -> tuple[tuple[Demand, ...], frozenset[int]]:
         """What this host's controller would read: pending jobs, those another host
@@ -369,8 +394,10 @@ class Simulator:
             self.first_block.setdefault(job_id, (host_no, by_name[name].slot.gpus))
         if not pauses and not resumes and reserved == host.reserved and result.protected == host.protected:
             self._dirty.discard(host_no)
+            host.boundary = self._boundary(host_no)
             return
         host.reserved, host.protected = reserved, result.protected  # plan again next beat
+        host.boundary = None
         self._want_tick(now)
         claims = set(result.claims)
         if claims != host.claimed:
@@ -378,10 +405,27 @@ class Simulator:
                 self.claims.pop(job_id, None)
             for job_id in claims - host.claimed:
                 self.claims[job_id] = host_no
+            changed = claims.symmetric_difference(host.claimed)
             host.claimed = claims
             self._common = None
             self._refresh_top()
-            self._dirty.update(h for h in range(len(self.hosts)) if h != host_no)  # their `elsewhere`
+            self._dirty.update(h for h in range(len(self.hosts))  # their `elsewhere`
+                               if h != host_no and self._sees(h, changed))
+
+    def _boundary(self, host_no: int) -> tuple[int, bool, float, int] | None:
+        """After a plan that changed nothing with no GPU idle (`_sees`): how far in
+        `drain_order` it read: to its last drain if it drained as many blocks as it may,
+        everything if it drained none (each candidate failed), else None (unknown: a
+        drain may have given way to a later one)."""
+        host = self.hosts[host_no]
+        policy = self.config.plan_policy
+        if self.free_counts[host_no]:
+            return None
+        if not host.reserved:
+            return _EVERYTHING
+        if len(host.reserved) != policy.max_draining:
+            return None
+        return max(drain_order(self._demand_of(j), host.protected, policy) for j in host.reserved.values())
 
     # -- reference policies (runnerctl.sim.reference) ----------------------------------
     def start_reference(self, now: float, host_no: int, job_id: int) -> None:
