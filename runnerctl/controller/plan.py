@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import NamedTuple
 
 from runnerctl.model import Slot
@@ -212,7 +212,7 @@ class _Reserver:
     def claim(self, job_id: int) -> tuple[int, float, int]:
         found = self.claims.get(job_id)
         if found is None:
-            found = self.claims[job_id] = _credited(self.demand[job_id], self.policy.idle_credit_s)
+            found = self.claims[job_id] = idle_claim(self.demand[job_id], self.policy)
         return found
 
     def run(self) -> dict[str, tuple[Slot, int]]:
@@ -254,11 +254,7 @@ class _Reserver:
         other = self.owner.get(gpu, self.draining.get(gpu, job_id))
         if other == job_id:
             return True
-        mine, theirs = self.demand[job_id], self.demand[other]
-        if mine.urgency[0] != theirs.urgency[0]:
-            return mine.urgency[0] < theirs.urgency[0]  # a higher priority always may
-        came_first = mine.created_at < theirs.created_at
-        return (came_first or other not in self.protected) and self.claim(job_id) < self.claim(other)
+        return cuts_in(self.demand[job_id], self.demand[other], self.protected, self.claim)
 
     def _drain(self, demand: Demand) -> bool:
         """Reserve a block for the job, busy GPUs allowed; True if one was found."""
@@ -308,6 +304,22 @@ def drain_order(demand: Demand, protected: Collection[int],
     its plan (the simulator skips such hosts)."""
     rank, created, job_id = _credited(demand, policy.drain_credit_s)
     return rank, demand.job_id not in protected, created, job_id
+
+
+def cuts_in(mine: Demand, theirs: Demand, protected: Collection[int],
+            claim: Callable[[int], tuple[int, float, int]]) -> bool:
+    """May `mine` take GPUs that a block holds for `theirs` (`_Reserver._may_cut_in`)?
+    A higher priority always may; at equal priority only with a better `claim` and, if
+    `theirs` is protected, only if `mine` was waiting before it came."""
+    if mine.urgency[0] != theirs.urgency[0]:
+        return mine.urgency[0] < theirs.urgency[0]
+    came_first = mine.created_at < theirs.created_at
+    return (came_first or theirs.job_id not in protected) and claim(mine.job_id) < claim(theirs.job_id)
+
+
+def idle_claim(demand: Demand, policy: PlanPolicy) -> tuple[int, float, int]:
+    """A job's claim on idle GPUs (`_Reserver.claim`): `idle_credit_s` per extra GPU."""
+    return _credited(demand, policy.idle_credit_s)
 
 
 def _credited(demand: Demand, credit_s: float) -> tuple[int, float, int]:

@@ -55,6 +55,8 @@ class SimHost:
         self.claimed: set[int] = set()
         self.protected: frozenset[int] = frozenset()
         self.boundary: tuple[int, bool, float, int] | None = None  # Simulator._boundary
+        self.seen = 0  # Simulator._log: the changes its last plan saw
+        self.blocks: dict[int, list[tuple[int, ...]]] = {}  # size -> per usable block, jobs drained on it
 
     def gated(self, gpu: int, now: float) -> bool:
         return bool(self.foreign[gpu]) or self.closed_until[gpu] > now

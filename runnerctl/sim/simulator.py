@@ -40,7 +40,7 @@ import heapq
 import itertools
 from collections.abc import Iterable
 
-from runnerctl.controller.plan import PRIORITY_RANK, Demand, Observed, drain_order, plan
+from runnerctl.controller.plan import PRIORITY_RANK, Demand, Observed, cuts_in, drain_order, idle_claim, plan
 from runnerctl.sim.gitlab_cron import CRON_S, drop_stuck
 from runnerctl.sim.hosts import SimHost, SimRunner, host_name
 from runnerctl.sim.inputs import ForeignUse, SimConfig, TraceJob
@@ -91,6 +91,10 @@ class Simulator:
         self._demand_changed = True
         self._top: dict[int, tuple[int, ...]] = {}
         self._top_ids: frozenset[int] = frozenset()
+        # multi-GPU jobs that came into or left the top or a claim, oldest first: a host
+        # not dirty plans again at a tick only if those since its last plan matter (_sees)
+        self._log: list[int] = []
+        self._logged = 0  # jobs dropped from the log's start (every host has seen them)
         # the top jobs' demand, their ids, those claimed (same for every host; see _host_demand)
         self._common: tuple[tuple[Demand, ...], frozenset[int], frozenset[int]] | None = None
         self._demand: dict[int, Demand] = {}
@@ -295,9 +299,19 @@ class Simulator:
         if self._demand_changed:
             self._demand_changed = False
             self._refresh_top()
-        for host_no in range(len(self.hosts)):
-            if host_no in self._dirty:
+        log, dirty = self._log, self._dirty
+        for host_no, host in enumerate(self.hosts):
+            if host_no not in dirty and host.seen < self._logged + len(log):
+                if self._sees(host_no, log[host.seen - self._logged:]):
+                    dirty.add(host_no)
+                else:
+                    host.seen = self._logged + len(log)
+            if host_no in dirty:
                 self._reconcile(now, host_no)
+        if log:  # what every host has seen is dropped
+            seen = min(host.seen for host in self.hosts)
+            del log[:seen - self._logged]
+            self._logged = seen
 
     def _refresh_top(self) -> None:
         """The most urgent jobs of each size, as many as a host has slots for, and as many
@@ -321,10 +335,10 @@ class Simulator:
             self._top_ids = frozenset(j for jobs in top.values() for j in jobs)
             self._common = None
             # 1-GPU demand only counts for a host's idle GPUs (see plan._Reserver)
-            self._dirty.update(h for h in range(len(self.hosts))
-                               if self.free_counts[h] or (changed and self._sees(h, changed)))
+            self._dirty.update(h for h, free in enumerate(self.free_counts) if free)
+            self._log.extend(changed)
 
-    def _sees(self, host_no: int, changed: set[int]) -> bool:
+    def _sees(self, host_no: int, changed: Iterable[int]) -> bool:
         """Could these multi-GPU jobs' arrival in, or leaving, this host's demand or its
         `elsewhere` change its plan? Not if its last plan changed nothing with no GPU idle
         (`boundary` set) and each job is neither drained for nor protected there and is
@@ -339,10 +353,23 @@ class Simulator:
         for job_id in changed:
             if job_id in host.protected or job_id in host.reserved.values():
                 return True
-            if job_id in top and claims.get(job_id, host_no) == host_no \
-                    and drain_order(self._demand_of(job_id), host.protected, policy) < boundary:
-                return True
+            if job_id in top and claims.get(job_id, host_no) == host_no:
+                demand = self._demand_of(job_id)
+                if demand.gpus > 1 and drain_order(demand, host.protected, policy) < boundary \
+                        and self._could_drain(host, demand):
+                    return True
         return False
+
+    def _could_drain(self, host: SimHost, demand: Demand) -> bool:
+        """Would this job, new to the host's candidates, find a block to drain in a plan
+        like its last one (`plan._Reserver._drain`)? Only a usable block of its size that
+        it may take from each job drained for on its GPUs (`plan.cuts_in`)."""
+        protected, claim = host.protected, self._idle_claim
+        return any(all(cuts_in(demand, self._demand_of(other), protected, claim) for other in holders)
+                   for holders in host.blocks.get(demand.gpus, ()))
+
+    def _idle_claim(self, job_id: int) -> tuple[int, float, int]:
+        return idle_claim(self._demand_of(job_id), self.config.plan_policy)
 
     def _host_demand(self, host_no: int) -> tuple[tuple[Demand, ...], frozenset[int]]:
         """What this host's controller would read: pending jobs, those another host
@@ -370,6 +397,7 @@ class Simulator:
 
     def _reconcile(self, now: float, host_no: int) -> None:
         host = self.hosts[host_no]
+        host.seen = self._logged + len(self._log)
         closed = {g: "foreign" for g in range(len(host.owner)) if host.gated(g, now)}
         demand, elsewhere = self._host_demand(host_no)
         observed = Observed(tuple(r.state for r in host.runners), closed, demand, host.reserved,
@@ -394,7 +422,7 @@ class Simulator:
             self.first_block.setdefault(job_id, (host_no, by_name[name].slot.gpus))
         if not pauses and not resumes and reserved == host.reserved and result.protected == host.protected:
             self._dirty.discard(host_no)
-            host.boundary = self._boundary(host_no)
+            host.boundary = self._boundary(now, host_no)
             return
         host.reserved, host.protected = reserved, result.protected  # plan again next beat
         host.boundary = None
@@ -409,10 +437,9 @@ class Simulator:
             host.claimed = claims
             self._common = None
             self._refresh_top()
-            self._dirty.update(h for h in range(len(self.hosts))  # their `elsewhere`
-                               if h != host_no and self._sees(h, changed))
+            self._log.extend(changed)  # other hosts' `elsewhere`
 
-    def _boundary(self, host_no: int) -> tuple[int, bool, float, int] | None:
+    def _boundary(self, now: float, host_no: int) -> tuple[int, bool, float, int] | None:
         """After a plan that changed nothing with no GPU idle (`_sees`): how far in
         `drain_order` it read: to its last drain if it drained as many blocks as it may,
         everything if it drained none (each candidate failed), else None (unknown: a
@@ -421,6 +448,13 @@ class Simulator:
         policy = self.config.plan_policy
         if self.free_counts[host_no]:
             return None
+        drained = {g: job for name, job in host.reserved.items() for r in host.runners if r.slot.name == name
+                   for g in r.slot.gpus}
+        host.blocks = {}
+        for runner in host.runners:
+            if runner.slot.size > 1 and not any(host.gated(g, now) for g in runner.slot.gpus):
+                holders = tuple({drained[g] for g in runner.slot.gpus if g in drained})
+                host.blocks.setdefault(runner.slot.size, []).append(holders)
         if not host.reserved:
             return _EVERYTHING
         if len(host.reserved) != policy.max_draining:
