@@ -352,6 +352,8 @@ class Simulator:
         policy, claims, top = self.config.plan_policy, self.claims, self._top_ids
         for job_id in changed:
             if job_id in host.protected or job_id in host.reserved.values():
+                if job_id in host.claimed and claims.get(job_id) == host_no and job_id in self.queue:
+                    continue  # its own either way, claimed since before its last plan (no other host may)
                 return True
             if job_id in top and claims.get(job_id, host_no) == host_no:
                 demand = self._demand_of(job_id)
