@@ -56,7 +56,10 @@ class SimHost:
         self.protected: frozenset[int] = frozenset()
         self.boundary: tuple[int, bool, float, int] | None = None  # Simulator._boundary
         self.seen = 0  # Simulator._log: the changes its last plan saw
-        self.blocks: dict[int, list[tuple[int, ...]]] = {}  # size -> per usable block, jobs drained on it
+        self.slot_of = {r.slot.name: r.slot for r in self.runners}
+        # Simulator._boundary: size -> per usable block (or idle slot), the jobs drained for on it
+        self.blocks: dict[int, list[tuple[int, ...]]] = {}
+        self.idle_slots: dict[int, list[tuple[int, ...]]] = {}
 
     def gated(self, gpu: int, now: float) -> bool:
         return bool(self.foreign[gpu]) or self.closed_until[gpu] > now

@@ -329,46 +329,46 @@ class Simulator:
                         break
             top[size] = tuple(found)
         if top != self._top:
-            changed = {j for n in top if n > 1
-                       for j in set(top[n]).symmetric_difference(self._top.get(n, ()))}
+            changed = {j for n in top for j in set(top[n]).symmetric_difference(self._top.get(n, ()))}
             self._top = top
             self._top_ids = frozenset(j for jobs in top.values() for j in jobs)
             self._common = None
-            # 1-GPU demand only counts for a host's idle GPUs (see plan._Reserver)
-            self._dirty.update(h for h, free in enumerate(self.free_counts) if free)
             self._log.extend(changed)
 
     def _sees(self, host_no: int, changed: Iterable[int]) -> bool:
-        """Could these multi-GPU jobs' arrival in, or leaving, this host's demand or its
-        `elsewhere` change its plan? Not if its last plan changed nothing with no GPU idle
-        (`boundary` set) and each job is neither drained for nor protected there and is
-        either no candidate to drain here now (gone, or claimed by another host: a
-        candidate that left had failed to drain here, or came after the last drain) or a
-        candidate after `boundary` in `drain_order`: `plan._Reserver.run` reads no further."""
+        """Could these jobs' arrival in, or leaving, this host's demand or its `elsewhere`
+        change its plan? Not if its last plan changed nothing (`boundary` set) and each
+        job is neither drained for nor protected there (or is its own claim either way),
+        could take no idle slot there (`plan._Reserver._idle`: one that cannot fails in any
+        order, and so do those after it of its size), and is no candidate to drain there
+        now (gone, or claimed by another host: a candidate that left had failed to drain,
+        or came after the last drain), or one after `boundary` in `drain_order`
+        (`plan._Reserver.run` reads no further) or that finds no block it may take."""
         host = self.hosts[host_no]
         boundary = host.boundary
         if boundary is None:
             return True
-        policy, claims, top = self.config.plan_policy, self.claims, self._top_ids
+        policy, claims, top, idle = self.config.plan_policy, self.claims, self._top_ids, host.idle_slots
         for job_id in changed:
             if job_id in host.protected or job_id in host.reserved.values():
                 if job_id in host.claimed and claims.get(job_id) == host_no and job_id in self.queue:
                     continue  # its own either way, claimed since before its last plan (no other host may)
                 return True
-            if job_id in top and claims.get(job_id, host_no) == host_no:
-                demand = self._demand_of(job_id)
-                if demand.gpus > 1 and drain_order(demand, host.protected, policy) < boundary \
-                        and self._could_drain(host, demand):
-                    return True
+            demand = self._demand_of(job_id)
+            if idle and self._may_take(idle.get(demand.gpus, ()), demand, host.protected):
+                return True
+            if demand.gpus > 1 and job_id in top and claims.get(job_id, host_no) == host_no \
+                    and drain_order(demand, host.protected, policy) < boundary \
+                    and self._may_take(host.blocks.get(demand.gpus, ()), demand, host.protected):
+                return True
         return False
 
-    def _could_drain(self, host: SimHost, demand: Demand) -> bool:
-        """Would this job, new to the host's candidates, find a block to drain in a plan
-        like its last one (`plan._Reserver._drain`)? Only a usable block of its size that
-        it may take from each job drained for on its GPUs (`plan.cuts_in`)."""
-        protected, claim = host.protected, self._idle_claim
+    def _may_take(self, slots: Iterable[tuple[int, ...]], demand: Demand, protected: frozenset[int]) -> bool:
+        """Of these slots, each given as the jobs drained for on its GPUs: is there one that
+        this job may take from each of them (`plan.cuts_in`)?"""
+        claim = self._idle_claim
         return any(all(cuts_in(demand, self._demand_of(other), protected, claim) for other in holders)
-                   for holders in host.blocks.get(demand.gpus, ()))
+                   for holders in slots)
 
     def _idle_claim(self, job_id: int) -> tuple[int, float, int]:
         return idle_claim(self._demand_of(job_id), self.config.plan_policy)
@@ -442,21 +442,33 @@ class Simulator:
             self._log.extend(changed)  # other hosts' `elsewhere`
 
     def _boundary(self, now: float, host_no: int) -> tuple[int, bool, float, int] | None:
-        """After a plan that changed nothing with no GPU idle (`_sees`): how far in
-        `drain_order` it read: to its last drain if it drained as many blocks as it may,
-        everything if it drained none (each candidate failed), else None (unknown: a
-        drain may have given way to a later one)."""
+        """After a plan that changed nothing (`_sees`), if each idle GPU lies in a block
+        drained for a job (still busy, so no block opened on idle GPUs, and only a job that
+        may cut in takes an idle slot): how far in `drain_order` it read, to its last drain
+        if it drained as many blocks as it may, everything if it drained none (each
+        candidate failed); else None (a drain may have given way to a later one). Notes the
+        blocks and the idle slots with the jobs drained for on their GPUs."""
         host = self.hosts[host_no]
-        policy = self.config.plan_policy
-        if self.free_counts[host_no]:
+        policy, owner = self.config.plan_policy, host.owner
+        drained: dict[int, int] = {}
+        for name, job_id in host.reserved.items():
+            gpus = host.slot_of[name].gpus
+            if all(owner[g] is None for g in gpus):
+                return None  # open on idle GPUs
+            drained.update((g, job_id) for g in gpus)
+        gated = [host.gated(g, now) for g in range(len(owner))]
+        if any(owner[g] is None and not gated[g] and g not in drained for g in range(len(owner))):
             return None
-        drained = {g: job for name, job in host.reserved.items() for r in host.runners if r.slot.name == name
-                   for g in r.slot.gpus}
-        host.blocks = {}
+        host.blocks, host.idle_slots = {}, {}
         for runner in host.runners:
-            if runner.slot.size > 1 and not any(host.gated(g, now) for g in runner.slot.gpus):
-                holders = tuple({drained[g] for g in runner.slot.gpus if g in drained})
-                host.blocks.setdefault(runner.slot.size, []).append(holders)
+            gpus = runner.slot.gpus
+            if any(gated[g] for g in gpus):
+                continue  # not usable
+            holders = tuple({drained[g] for g in gpus if g in drained})
+            if len(gpus) > 1:
+                host.blocks.setdefault(len(gpus), []).append(holders)
+            if all(owner[g] is None for g in gpus):
+                host.idle_slots.setdefault(len(gpus), []).append(holders)
         if not host.reserved:
             return _EVERYTHING
         if len(host.reserved) != policy.max_draining:
