@@ -60,6 +60,10 @@ class SimHost:
         # Simulator._boundary: size -> per usable block (or idle slot), the jobs drained for on it
         self.blocks: dict[int, list[tuple[int, ...]]] = {}
         self.idle_slots: dict[int, list[tuple[int, ...]]] = {}
+        self.all_blocks: dict[int, list[tuple[int, ...]]] = {}  # each block, nothing drained
+        for runner in self.runners:
+            if runner.slot.size > 1:
+                self.all_blocks.setdefault(runner.slot.size, []).append(())
 
     def gated(self, gpu: int, now: float) -> bool:
         return bool(self.foreign[gpu]) or self.closed_until[gpu] > now

@@ -349,24 +349,25 @@ class Simulator:
         if boundary is None:
             return True
         policy, claims, top, idle = self.config.plan_policy, self.claims, self._top_ids, host.idle_slots
+        own, jobs = (*host.protected, *host.reserved.values()), self.jobs
         for job_id in changed:
-            if job_id in host.protected or job_id in host.reserved.values():
+            if job_id in own:
                 if job_id in host.claimed and claims.get(job_id) == host_no and job_id in self.queue:
                     continue  # its own either way, claimed since before its last plan (no other host may)
                 return True
-            demand = self._demand_of(job_id)
-            if idle and self._may_take(idle.get(demand.gpus, ()), demand, host.protected):
+            gpus = jobs[job_id].gpus
+            if idle and gpus in idle and self._may_take(idle[gpus], job_id, host.protected):
                 return True
-            if demand.gpus > 1 and job_id in top and claims.get(job_id, host_no) == host_no \
-                    and drain_order(demand, host.protected, policy) < boundary \
-                    and self._may_take(host.blocks.get(demand.gpus, ()), demand, host.protected):
+            if gpus > 1 and job_id in top and claims.get(job_id, host_no) == host_no \
+                    and drain_order(self._demand_of(job_id), host.protected, policy) < boundary \
+                    and self._may_take(host.blocks.get(gpus, ()), job_id, host.protected):
                 return True
         return False
 
-    def _may_take(self, slots: Iterable[tuple[int, ...]], demand: Demand, protected: frozenset[int]) -> bool:
+    def _may_take(self, slots: Iterable[tuple[int, ...]], job_id: int, protected: frozenset[int]) -> bool:
         """Of these slots, each given as the jobs drained for on its GPUs: is there one that
         this job may take from each of them (`plan.cuts_in`)?"""
-        claim = self._idle_claim
+        claim, demand = self._idle_claim, self._demand_of(job_id)
         return any(all(cuts_in(demand, self._demand_of(other), protected, claim) for other in holders)
                    for holders in slots)
 
@@ -457,18 +458,22 @@ class Simulator:
                 return None  # open on idle GPUs
             drained.update((g, job_id) for g in gpus)
         gated = [host.gated(g, now) for g in range(len(owner))]
-        if any(owner[g] is None and not gated[g] and g not in drained for g in range(len(owner))):
+        idle = [owner[g] is None and not gated[g] for g in range(len(owner))]
+        if any(idle[g] and g not in drained for g in range(len(owner))):
             return None
         host.blocks, host.idle_slots = {}, {}
-        for runner in host.runners:
-            gpus = runner.slot.gpus
-            if any(gated[g] for g in gpus):
-                continue  # not usable
-            holders = tuple({drained[g] for g in gpus if g in drained})
-            if len(gpus) > 1:
-                host.blocks.setdefault(len(gpus), []).append(holders)
-            if all(owner[g] is None for g in gpus):
-                host.idle_slots.setdefault(len(gpus), []).append(holders)
+        if not drained and not any(gated):  # every block usable, none drained, nothing idle
+            host.blocks = host.all_blocks
+        else:
+            for runner in host.runners:
+                gpus = runner.slot.gpus
+                if any(gated[g] for g in gpus):
+                    continue  # not usable
+                holders = tuple({drained[g] for g in gpus if g in drained})
+                if len(gpus) > 1:
+                    host.blocks.setdefault(len(gpus), []).append(holders)
+                if all(idle[g] for g in gpus):
+                    host.idle_slots.setdefault(len(gpus), []).append(holders)
         if not host.reserved:
             return _EVERYTHING
         if len(host.reserved) != policy.max_draining:
