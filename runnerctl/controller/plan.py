@@ -185,7 +185,6 @@ class _Reserver:
 
     def __init__(self, observed: Observed, busy: Mapping[int, list[str]], policy: PlanPolicy) -> None:
         self.observed, self.busy, self.policy = observed, busy, policy
-        self.states = {s.slot.name: s for s in observed.slots}
         self.usable: dict[int, list[Slot]] = {}
         closed, held = observed.closed, observed.held
         for state in observed.slots:
@@ -204,10 +203,14 @@ class _Reserver:
                           if j in self.demand and self.demand[j].gpus > 1 and j not in away}
         if len(multi) == 1 and multi[0] not in observed.reserved.values():
             self.protected.add(multi[0])  # came when no other multi-GPU job waited
-        usable = {s.name: s for slots in self.usable.values() for s in slots}
+        usable = {s.name: s for slots in self.usable.values() for s in slots} if observed.reserved else {}
         self.draining = {g: job for name, job in observed.reserved.items()  # drains under way
                          if job in self.demand and name in usable
                          and len(usable[name].gpus) == self.demand[job].gpus > 1 for g in usable[name].gpus}
+
+    @functools.cached_property
+    def states(self) -> dict[str, SlotState]:
+        return {s.slot.name: s for s in self.observed.slots}
 
     def claim(self, job_id: int) -> tuple[int, float, int]:
         found = self.claims.get(job_id)
@@ -348,21 +351,22 @@ def _open_or_not(slot: Slot, busy: Mapping[int, list[str]], reservations: Mappin
                  reserved_gpus: Mapping[int, str]) -> Decision:
     """A slot on open GPUs: opened when reserved and free, or a free single not drained."""
     name, gpus = slot.name, slot.gpus
-    reservation = reservations.get(name)
-    if reservation is not None:
-        others = _others(name, gpus, busy)
-        if others:
-            return Decision(slot, False, f"draining for job {reservation[1]}: waiting on {', '.join(others)}")
-        return Decision(slot, True, f"open for job {reservation[1]}")
-    if reserved_gpus:
+    if reservations:  # reserved_gpus too
+        reservation = reservations.get(name)
+        if reservation is not None:
+            others = _others(name, gpus, busy)
+            job = reservation[1]
+            if others:
+                return Decision(slot, False, f"draining for job {job}: waiting on {', '.join(others)}")
+            return Decision(slot, True, f"open for job {job}")
         blocking = sorted({reserved_gpus[g] for g in gpus if g in reserved_gpus})
         if blocking:
             return Decision(slot, False, f"drained for {blocking[0]}")
     if len(gpus) > 1:
         return Decision(slot, False, "no pending job needs this block")
-    others = _others(name, gpus, busy)
-    if others:
-        return Decision(slot, False, f"GPU in use by {others[0]}")
+    holders = busy.get(gpus[0]) if busy else None  # a single: its one GPU
+    if holders and any(h != name for h in holders):
+        return Decision(slot, False, f"GPU in use by {min(h for h in holders if h != name)}")
     return Decision(slot, True, "free")
 
 

@@ -56,6 +56,7 @@ class SimHost:
         self.protected: frozenset[int] = frozenset()
         self.boundary: tuple[int, bool, float, int] | None = None  # Simulator._boundary
         self.seen = 0  # Simulator._log: the changes its last plan saw
+        self.runner_of = {r.slot.name: r for r in self.runners}
         self.slot_of = {r.slot.name: r.slot for r in self.runners}
         # Simulator._boundary: size -> per usable block (or idle slot), the jobs drained for on it
         self.blocks: dict[int, list[tuple[int, ...]]] = {}

@@ -408,7 +408,7 @@ class Simulator:
         result = plan(observed, self.config.plan_policy)
         self.plans += 1
         pauses, resumes = result.actions(observed)
-        by_name = {r.slot.name: r for r in host.runners}
+        by_name = host.runner_of
         for decision in [*pauses, *resumes]:
             runner = by_name[decision.slot.name]
             runner.open = decision.open
