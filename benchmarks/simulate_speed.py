@@ -1,16 +1,17 @@
 """How fast `runnerctl simulate` is: 10,000 jobs on 32 x 8 GPUs and 100,000 on 128 x 8.
 
-    python benchmarks/simulate_speed.py [--seed 7] [--repeat 3] [--small-only]
+    python benchmarks/simulate_speed.py [--seed 7] [--repeat 3] [--small-only] [--before 489c4a7]
 
 For each size, writes a saturated synthetic trace (mixed 1/2/4/8-GPU jobs, bursts, two
 foreign processes per host) as JOBS.csv and FOREIGN.csv, then runs `runnerctl simulate`
 on it in a fresh process per run (CSV parsing included), measuring that process's CPU
 time and peak resident memory: the `greedy` reference (no runners, no planner) is the
 baseline measured in the same run, and `dynamic` (the real planner) is reported as
-seconds and as a ratio to it, with the number of host plans it computed. The small size
-is the best of `--repeat` runs of each policy (a shared machine's noise), the large one
-a single run. Prints both against the acceptance targets and the figures before this
-simulator (issue 16), and writes the table into benchmarks/RESULTS.md between the
+seconds and as a ratio to it, with the number of host plans it computed; on the small
+size also the simulator as it was at `--before` (a git revision, exported to a
+temporary folder), in the same run. The small size is the best of `--repeat` runs of
+each (a shared machine's noise), the large one a single run. Prints both against the
+acceptance targets and writes the table into benchmarks/RESULTS.md between the
 simulate-speed markers.
 """
 
@@ -27,10 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# (jobs, hosts) -> (CPU seconds target, MiB target, CPU seconds before, if measured)
-CASES = {(10_000, 32): (3.0, 500.0, 25.47), (100_000, 128): (60.0, 500.0, None)}
-BEFORE = ("25.47 s for 10,000 jobs on 32 x 8 (212k plans) at 489c4a7; a 200k-job trace took "
-          "245 s and 258 MiB (issue 16)")
+# (jobs, hosts) -> (CPU seconds target, MiB target)
+CASES = {(10_000, 32): (3.0, 500.0), (100_000, 128): (60.0, 500.0)}
 
 _ONE = """
 import contextlib, io, json, resource, sys, time
@@ -56,11 +55,12 @@ print(json.dumps({{"code": code, "cpu_s": spent, "peak_mib": peak, "plans": sum(
 """
 
 
-def measure(trace: Path, uses: Path, hosts: int, policy: str) -> dict[str, object]:
-    """One `runnerctl simulate` in a fresh process: its CPU time, peak RSS, plans, result."""
+def measure(trace: Path, uses: Path, hosts: int, policy: str, root: Path = ROOT) -> dict[str, object]:
+    """One `runnerctl simulate` (of the tree at `root`) in a fresh process: its CPU time,
+    peak RSS, plans, result."""
     argv = ["simulate", "--trace", str(trace), "--foreign", str(uses), "--hosts", str(hosts),
             "--policy", policy, "--json"]
-    done = subprocess.run([sys.executable, "-c", _ONE.format(root=str(ROOT), argv=argv)],
+    done = subprocess.run([sys.executable, "-c", _ONE.format(root=str(root), argv=argv)],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"runnerctl simulate --policy {policy} failed: {done.stderr.strip()[-500:]}")
@@ -94,28 +94,37 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--small-only", action="store_true", help="only 10,000 jobs on 32 x 8")
+    parser.add_argument("--before", default="489c4a7", help="git revision of the simulator to compare with")
     args = parser.parse_args()
     cases = list(CASES)[:1] if args.small_only else list(CASES)
     lines = ["## Simulator speed", "",
              f"`python benchmarks/simulate_speed.py` (seed {args.seed}, 2 foreign processes per host; "
              "each run a fresh process: its CPU seconds and peak resident memory, `runnerctl simulate` "
              f"including reading the CSV files; 10,000 jobs best of {args.repeat}, 100,000 jobs one run). "
-             f"Before: {BEFORE}.", "",
+             f"`dynamic before` is the simulator at {args.before}, measured in the same run.", "",
              "| jobs | hosts x 8 GPUs | policy | CPU time (s) | ratio to greedy | peak memory (MiB) "
              "| plans | makespan / lower bound | jobs completed | target |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     verdicts = []
     with tempfile.TemporaryDirectory() as tmp:
+        before = Path(tmp) / "before"
+        before.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.before],
+                                 capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
         for jobs, hosts in cases:
             trace, uses = write_trace(Path(tmp), jobs, hosts, args.seed)
             best: dict[str, dict[str, object]] = {}
-            for policy in ("greedy", "dynamic"):
+            runs = [("greedy", ROOT), ("dynamic", ROOT)]
+            if jobs <= 10_000:
+                runs.append(("dynamic before", before))
+            for name, root in runs:
                 for _ in range(args.repeat if jobs <= 10_000 else 1):
-                    found = measure(trace, uses, hosts, policy)
-                    if policy not in best or float(found["cpu_s"]) < float(best[policy]["cpu_s"]):
-                        best[policy] = found
-            target_s, target_mib, before_s = CASES[(jobs, hosts)]
-            for policy in ("greedy", "dynamic"):
+                    found = measure(trace, uses, hosts, name.split()[0], root)
+                    if name not in best or float(found["cpu_s"]) < float(best[name]["cpu_s"]):
+                        best[name] = found
+            target_s, target_mib = CASES[(jobs, hosts)]
+            for policy, _ in runs:
                 found = best[policy]
                 result = found["result"]
                 assert isinstance(result, dict)
@@ -124,12 +133,14 @@ def main() -> int:
                 makespan = float(result["makespan_s"]) / float(result["lower_bound_s"])
                 target = f"under {target_s:g} s, {target_mib:g} MiB" if policy == "dynamic" else ""
                 lines.append(f"| {jobs} | {hosts} | {policy} | {cpu:.2f} | {ratio:.1f} | {peak:.0f} | "
-                             f"{found['plans'] if policy == 'dynamic' else '-'} | {makespan:.3f} | "
+                             f"{found['plans'] if policy != 'greedy' else '-'} | {makespan:.3f} | "
                              f"{result['jobs_completed']} | {target} |")
             dynamic = best["dynamic"]
             cpu, peak = float(dynamic["cpu_s"]), float(dynamic["peak_mib"])
             met = cpu < target_s and peak < target_mib
-            speedup = f", {before_s / cpu:.1f}x faster than before ({before_s} s)" if before_s else ""
+            old = best.get("dynamic before")
+            speedup = (f", {float(old['cpu_s']) / cpu:.1f}x faster than before ({float(old['cpu_s']):.2f} s, "
+                       f"{old['plans']} plans)" if old else "")
             verdicts.append(f"- {jobs} jobs on {hosts} x 8: dynamic {cpu:.2f} s CPU, {peak:.0f} MiB peak "
                             f"({'meets' if met else 'MISSES'} under {target_s:g} s and {target_mib:g} MiB)"
                             f"{speedup}; double allocations {dynamic['result']['double_allocations']}, "

@@ -54,11 +54,11 @@ class SimHost:
         self.reserved: dict[str, int] = {}
         self.claimed: set[int] = set()
         self.protected: frozenset[int] = frozenset()
-        self.boundary: tuple[int, bool, float, int] | None = None  # Simulator._boundary
-        self.seen = 0  # Simulator._log: the changes its last plan saw
+        self.boundary: tuple[int, bool, float, int] | None = None  # replan.boundary
+        self.seen = 0  # Simulator._log: the changes its last plan saw (replan.sees)
         self.runner_of = {r.slot.name: r for r in self.runners}
         self.slot_of = {r.slot.name: r.slot for r in self.runners}
-        # Simulator._boundary: size -> per usable block (or idle slot), the jobs drained for on it
+        # replan.boundary: size -> per usable block (or idle slot), the jobs drained for on it
         self.blocks: dict[int, list[tuple[int, ...]]] = {}
         self.idle_slots: dict[int, list[tuple[int, ...]]] = {}
         self.all_blocks: dict[int, list[tuple[int, ...]]] = {}  # each block, nothing drained

@@ -28,10 +28,16 @@ stand-by runner (`SimConfig.standby`, on by default); the reference policies are
 GitLab and drop nothing.
 
 `dynamic` calls `plan` for a host only when its inputs changed since its last plan
-(its jobs, its closed GPUs, the demand it can act on) or that plan acted; the plan is
-a pure function, so an unchanged input would give the same plan again. Demand is
-handed over as the top of the queue, which holds what `relevant_demand` keeps (the
-same plan as the whole queue).
+(its jobs, its closed GPUs) or that plan acted; the plan is a pure function, so an
+unchanged input would give the same plan again. Demand is handed over as the top of
+the queue, which holds what `relevant_demand` keeps (the same plan as the whole
+queue). Jobs that enter or leave the top or a claim go to a log; at a tick, a host
+whose last plan changed nothing reads the log's new part and plans again only if one
+of those jobs could change that plan (`replan.sees`: a job it drains for or protects, one
+that may take one of its idle slots, or a new candidate before its last drain that
+finds a block it may take); else the plan would be the same, as the simulator's
+tests check by comparing starts, placements and runner actions with planning every
+host at every change.
 """
 
 from __future__ import annotations
@@ -40,13 +46,14 @@ import heapq
 import itertools
 from collections.abc import Iterable
 
-from runnerctl.controller.plan import PRIORITY_RANK, Demand, Observed, cuts_in, drain_order, idle_claim, plan
+from runnerctl.controller.plan import Demand, Observed, plan
 from runnerctl.sim.gitlab_cron import CRON_S, drop_stuck
 from runnerctl.sim.hosts import SimHost, SimRunner, host_name
 from runnerctl.sim.inputs import ForeignUse, SimConfig, TraceJob
 from runnerctl.sim.metrics import metrics
 from runnerctl.sim.queue import PendingQueue
 from runnerctl.sim.reference import REFERENCE, schedule
+from runnerctl.sim.replan import boundary, sees
 
 __all__ = ["POLICIES", "REFERENCE", "ForeignUse", "SimConfig", "Simulator", "TraceJob"]
 
@@ -55,7 +62,6 @@ POLICIES = ("dynamic", "static-singles", "static-partition", *REFERENCE)
 # event kinds; at one instant they run in this order (state changes, then the
 # controller, then the runners)
 END, FOREIGN_OFF, FOREIGN_ON, ARRIVE, REOPEN, TICK, POLL, CRON = range(8)
-_EVERYTHING = (len(PRIORITY_RANK), False, float("inf"), 0)  # after every place in `drain_order`
 
 
 class Simulator:
@@ -90,9 +96,9 @@ class Simulator:
         self._dirty: set[int] = set(range(config.hosts))
         self._demand_changed = True
         self._top: dict[int, tuple[int, ...]] = {}
-        self._top_ids: frozenset[int] = frozenset()
+        self.top_ids: frozenset[int] = frozenset()
         # multi-GPU jobs that came into or left the top or a claim, oldest first: a host
-        # not dirty plans again at a tick only if those since its last plan matter (_sees)
+        # not dirty plans again at a tick only if those since its last plan matter (replan.sees)
         self._log: list[int] = []
         self._logged = 0  # jobs dropped from the log's start (every host has seen them)
         # the top jobs' demand, their ids, those claimed (same for every host; see _host_demand)
@@ -302,7 +308,7 @@ class Simulator:
         log, dirty = self._log, self._dirty
         for host_no, host in enumerate(self.hosts):
             if host_no not in dirty and host.seen < self._logged + len(log):
-                if self._sees(host_no, log[host.seen - self._logged:]):
+                if sees(host, host_no, log[host.seen - self._logged:], self):
                     dirty.add(host_no)
                 else:
                     host.seen = self._logged + len(log)
@@ -331,48 +337,9 @@ class Simulator:
         if top != self._top:
             changed = {j for n in top for j in set(top[n]).symmetric_difference(self._top.get(n, ()))}
             self._top = top
-            self._top_ids = frozenset(j for jobs in top.values() for j in jobs)
+            self.top_ids = frozenset(j for jobs in top.values() for j in jobs)
             self._common = None
             self._log.extend(changed)
-
-    def _sees(self, host_no: int, changed: Iterable[int]) -> bool:
-        """Could these jobs' arrival in, or leaving, this host's demand or its `elsewhere`
-        change its plan? Not if its last plan changed nothing (`boundary` set) and each
-        job is neither drained for nor protected there (or is its own claim either way),
-        could take no idle slot there (`plan._Reserver._idle`: one that cannot fails in any
-        order, and so do those after it of its size), and is no candidate to drain there
-        now (gone, or claimed by another host: a candidate that left had failed to drain,
-        or came after the last drain), or one after `boundary` in `drain_order`
-        (`plan._Reserver.run` reads no further) or that finds no block it may take."""
-        host = self.hosts[host_no]
-        boundary = host.boundary
-        if boundary is None:
-            return True
-        policy, claims, top, idle = self.config.plan_policy, self.claims, self._top_ids, host.idle_slots
-        own, jobs = (*host.protected, *host.reserved.values()), self.jobs
-        for job_id in changed:
-            if job_id in own:
-                if job_id in host.claimed and claims.get(job_id) == host_no and job_id in self.queue:
-                    continue  # its own either way, claimed since before its last plan (no other host may)
-                return True
-            gpus = jobs[job_id].gpus
-            if idle and gpus in idle and self._may_take(idle[gpus], job_id, host.protected):
-                return True
-            if gpus > 1 and job_id in top and claims.get(job_id, host_no) == host_no \
-                    and drain_order(self._demand_of(job_id), host.protected, policy) < boundary \
-                    and self._may_take(host.blocks.get(gpus, ()), job_id, host.protected):
-                return True
-        return False
-
-    def _may_take(self, slots: Iterable[tuple[int, ...]], job_id: int, protected: frozenset[int]) -> bool:
-        """Of these slots, each given as the jobs drained for on its GPUs: is there one that
-        this job may take from each of them (`plan.cuts_in`)?"""
-        claim, demand = self._idle_claim, self._demand_of(job_id)
-        return any(all(cuts_in(demand, self._demand_of(other), protected, claim) for other in holders)
-                   for holders in slots)
-
-    def _idle_claim(self, job_id: int) -> tuple[int, float, int]:
-        return idle_claim(self._demand_of(job_id), self.config.plan_policy)
 
     def _host_demand(self, host_no: int) -> tuple[tuple[Demand, ...], frozenset[int]]:
         """What this host's controller would read: pending jobs, those another host
@@ -425,7 +392,7 @@ class Simulator:
             self.first_block.setdefault(job_id, (host_no, by_name[name].slot.gpus))
         if not pauses and not resumes and reserved == host.reserved and result.protected == host.protected:
             self._dirty.discard(host_no)
-            host.boundary = self._boundary(now, host_no)
+            host.boundary = boundary(host, now, self._demand_of, self.config.plan_policy)
             return
         host.reserved, host.protected = reserved, result.protected  # plan again next beat
         host.boundary = None
@@ -441,44 +408,6 @@ class Simulator:
             self._common = None
             self._refresh_top()
             self._log.extend(changed)  # other hosts' `elsewhere`
-
-    def _boundary(self, now: float, host_no: int) -> tuple[int, bool, float, int] | None:
-        """After a plan that changed nothing (`_sees`), if each idle GPU lies in a block
-        drained for a job (still busy, so no block opened on idle GPUs, and only a job that
-        may cut in takes an idle slot): how far in `drain_order` it read, to its last drain
-        if it drained as many blocks as it may, everything if it drained none (each
-        candidate failed); else None (a drain may have given way to a later one). Notes the
-        blocks and the idle slots with the jobs drained for on their GPUs."""
-        host = self.hosts[host_no]
-        policy, owner = self.config.plan_policy, host.owner
-        drained: dict[int, int] = {}
-        for name, job_id in host.reserved.items():
-            gpus = host.slot_of[name].gpus
-            if all(owner[g] is None for g in gpus):
-                return None  # open on idle GPUs
-            drained.update((g, job_id) for g in gpus)
-        gated = [host.gated(g, now) for g in range(len(owner))]
-        idle = [owner[g] is None and not gated[g] for g in range(len(owner))]
-        if any(idle[g] and g not in drained for g in range(len(owner))):
-            return None
-        host.blocks, host.idle_slots = {}, {}
-        if not drained and not any(gated):  # every block usable, none drained, nothing idle
-            host.blocks = host.all_blocks
-        else:
-            for runner in host.runners:
-                gpus = runner.slot.gpus
-                if any(gated[g] for g in gpus):
-                    continue  # not usable
-                holders = tuple({drained[g] for g in gpus if g in drained})
-                if len(gpus) > 1:
-                    host.blocks.setdefault(len(gpus), []).append(holders)
-                if all(idle[g] for g in gpus):
-                    host.idle_slots.setdefault(len(gpus), []).append(holders)
-        if not host.reserved:
-            return _EVERYTHING
-        if len(host.reserved) != policy.max_draining:
-            return None
-        return max(drain_order(self._demand_of(j), host.protected, policy) for j in host.reserved.values())
 
     # -- reference policies (runnerctl.sim.reference) ----------------------------------
     def start_reference(self, now: float, host_no: int, job_id: int) -> None:
