@@ -137,12 +137,13 @@ def main() -> int:
                              f"{result['jobs_completed']} | {target} |")
             dynamic = best["dynamic"]
             cpu, peak = float(dynamic["cpu_s"]), float(dynamic["peak_mib"])
-            met = cpu < target_s and peak < target_mib
             old = best.get("dynamic before")
             speedup = (f", {float(old['cpu_s']) / cpu:.1f}x faster than before ({float(old['cpu_s']):.2f} s, "
                        f"{old['plans']} plans)" if old else "")
-            verdicts.append(f"- {jobs} jobs on {hosts} x 8: dynamic {cpu:.2f} s CPU, {peak:.0f} MiB peak "
-                            f"({'meets' if met else 'MISSES'} under {target_s:g} s and {target_mib:g} MiB)"
+            verdicts.append(f"- {jobs} jobs on {hosts} x 8: dynamic {cpu:.2f} s CPU "
+                            f"({'meets' if cpu < target_s else 'MISSES'} under {target_s:g} s), "
+                            f"{peak:.0f} MiB peak "
+                            f"({'meets' if peak < target_mib else 'MISSES'} under {target_mib:g} MiB)"
                             f"{speedup}; double allocations {dynamic['result']['double_allocations']}, "
                             f"foreign collisions {dynamic['result']['foreign_collisions']}")
     lines += ["", *verdicts]
