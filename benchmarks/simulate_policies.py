@@ -6,7 +6,8 @@
 as a ratio of the lower bound and of greedy's (the baselines, measured in the same
 run), occupancy, waits by job size, and the jobs GitLab's hourly cron drops (pending
 over an hour with no online unpaused runner covering them). `dynamic without stand-by`
-is runnerctl without its stand-by runner, for comparison. Writes its table into
+is runnerctl without its stand-by runner, for comparison; `easy-oracle` is EASY
+backfilling that knows every duration (the limit no real controller reaches). Writes its table into
 benchmarks/RESULTS.md between the simulate-policies markers.
 """
 

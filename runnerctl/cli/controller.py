@@ -261,7 +261,7 @@ def resume(**kwargs: object) -> None:
 
 @click.command()
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
-              help="JOBS.csv: job_id,submit_time,gpus,duration[,project,priority].")
+              help="JOBS.csv: job_id,submit_time,gpus,duration[,project,priority,user,timeout].")
 @click.option("--foreign", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="FOREIGN.csv: start,duration,host,gpu (hosts gpu-a, gpu-b, ..., gpu-z, gpu-aa, ...).")
 @click.option("--hosts", type=click.IntRange(1, 1000), default=1, show_default=True)
@@ -274,7 +274,10 @@ def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, 
 
     GitLab's hourly cron runs too: `jobs_dropped` counts, by failure reason, the jobs it
     fails (pending over an hour with no online unpaused runner covering them, or over a
-    day); `dynamic` hosts have runnerctl's stand-by runner."""
+    day); `dynamic` hosts have runnerctl's stand-by runner. `easy-oracle` is EASY
+    backfilling that knows every job's duration: a limit, not a policy to deploy.
+    `users` gives per user (column `user`, else `project`) GPU-hours, waits and mean
+    slowdown; `jain_slowdown` is Jain's fairness index over those slowdowns."""
     from runnerctl.gpus.sim import count_snapshot
     from runnerctl.layout import plan_slots
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import NamedTuple
 
 from runnerctl.model import Slot
@@ -186,7 +186,6 @@ class _Reserver:
 
     def __init__(self, observed: Observed, busy: Mapping[int, list[str]], policy: PlanPolicy) -> None:
         self.observed, self.busy, self.policy = observed, busy, policy
-        self.states = {s.slot.name: s for s in observed.slots}
         self.usable: dict[int, list[Slot]] = {}
         closed, held = observed.closed, observed.held
         for state in observed.slots:
@@ -206,25 +205,27 @@ class _Reserver:
                           if j in self.demand and self.demand[j].gpus > 1 and j not in away}
         if len(multi) == 1 and multi[0] not in observed.reserved.values():
             self.protected.add(multi[0])  # came when no other multi-GPU job waited
-        usable = {s.name: s for slots in self.usable.values() for s in slots}
+        usable = {s.name: s for slots in self.usable.values() for s in slots} if observed.reserved else {}
         self.draining = {g: job for name, job in observed.reserved.items()  # drains under way
                          if job in self.demand and name in usable
                          and len(usable[name].gpus) == self.demand[job].gpus > 1 for g in usable[name].gpus}
 
+    @functools.cached_property
+    def states(self) -> dict[str, SlotState]:
+        return {s.slot.name: s for s in self.observed.slots}
+
     def claim(self, job_id: int) -> tuple[int, float, int]:
         found = self.claims.get(job_id)
         if found is None:
-            found = self.claims[job_id] = _credited(self.demand[job_id], self.policy.idle_credit_s)
+            found = self.claims[job_id] = idle_claim(self.demand[job_id], self.policy)
         return found
 
     def run(self) -> dict[str, tuple[Slot, int]]:
         self._idle()
         drains = 0
-        credit = self.policy.drain_credit_s
         away = self.observed.elsewhere
         candidates = [d for d in self.observed.demand if d.gpus > 1 and d.job_id not in away]
-        for demand in sorted(candidates, key=lambda d: (
-                d.urgency[0], d.job_id not in self.protected, *_credited(d, credit)[1:])):
+        for demand in sorted(candidates, key=lambda d: drain_order(d, self.protected, self.policy)):
             if drains >= self.policy.max_draining:
                 break
             if demand.job_id not in self.owner.values():  # a block of its own already
@@ -259,11 +260,7 @@ class _Reserver:
         other = self.owner.get(gpu, self.draining.get(gpu, job_id))
         if other == job_id:
             return True
-        mine, theirs = self.demand[job_id], self.demand[other]
-        if mine.urgency[0] != theirs.urgency[0]:
-            return mine.urgency[0] < theirs.urgency[0]  # a higher priority always may
-        came_first = mine.created_at < theirs.created_at
-        return (came_first or other not in self.protected) and self.claim(job_id) < self.claim(other)
+        return cuts_in(self.demand[job_id], self.demand[other], self.protected, self.claim)
 
     def _drain(self, demand: Demand) -> bool:
         """Reserve a block for the job, busy GPUs allowed; True if one was found."""
@@ -305,6 +302,32 @@ class _Reserver:
         return used, youngest, jobs, block.gpus
 
 
+def drain_order(demand: Demand, protected: Collection[int],
+                policy: PlanPolicy) -> tuple[int, bool, float, int]:
+    """The order in which multi-GPU jobs reserve a block to drain (step 2 of `_Reserver`):
+    priority, protected jobs first, then age with `drain_credit_s` per extra GPU. When no
+    GPU of a host is idle, a job after its last drained job in this order cannot change
+    its plan (the simulator skips such hosts)."""
+    rank, created, job_id = _credited(demand, policy.drain_credit_s)
+    return rank, demand.job_id not in protected, created, job_id
+
+
+def cuts_in(mine: Demand, theirs: Demand, protected: Collection[int],
+            claim: Callable[[int], tuple[int, float, int]]) -> bool:
+    """May `mine` take GPUs that a block holds for `theirs` (`_Reserver._may_cut_in`)?
+    A higher priority always may; at equal priority only with a better `claim` and, if
+    `theirs` is protected, only if `mine` was waiting before it came."""
+    if mine.urgency[0] != theirs.urgency[0]:
+        return mine.urgency[0] < theirs.urgency[0]
+    came_first = mine.created_at < theirs.created_at
+    return (came_first or theirs.job_id not in protected) and claim(mine.job_id) < claim(theirs.job_id)
+
+
+def idle_claim(demand: Demand, policy: PlanPolicy) -> tuple[int, float, int]:
+    """A job's claim on idle GPUs (`_Reserver.claim`): `idle_credit_s` per extra GPU."""
+    return _credited(demand, policy.idle_credit_s)
+
+
 def _credited(demand: Demand, credit_s: float) -> tuple[int, float, int]:
     """Priority, then age, a job of N GPUs counting `credit_s` older per extra GPU."""
     return demand.urgency[0], demand.created_at - credit_s * (demand.gpus - 1), demand.job_id
@@ -331,21 +354,22 @@ def _open_or_not(slot: Slot, busy: Mapping[int, list[str]], reservations: Mappin
                  reserved_gpus: Mapping[int, str]) -> Decision:
     """A slot on open GPUs: opened when reserved and free, or a free single not drained."""
     name, gpus = slot.name, slot.gpus
-    reservation = reservations.get(name)
-    if reservation is not None:
-        others = _others(name, gpus, busy)
-        if others:
-            return Decision(slot, False, f"draining for job {reservation[1]}: waiting on {', '.join(others)}")
-        return Decision(slot, True, f"open for job {reservation[1]}")
-    if reserved_gpus:
+    if reservations:  # reserved_gpus too
+        reservation = reservations.get(name)
+        if reservation is not None:
+            others = _others(name, gpus, busy)
+            job = reservation[1]
+            if others:
+                return Decision(slot, False, f"draining for job {job}: waiting on {', '.join(others)}")
+            return Decision(slot, True, f"open for job {job}")
         blocking = sorted({reserved_gpus[g] for g in gpus if g in reserved_gpus})
         if blocking:
             return Decision(slot, False, f"drained for {blocking[0]}")
     if len(gpus) > 1:
         return Decision(slot, False, "no pending job needs this block")
-    others = _others(name, gpus, busy)
-    if others:
-        return Decision(slot, False, f"GPU in use by {others[0]}")
+    holders = busy.get(gpus[0]) if busy else None  # a single: its one GPU
+    if holders and any(h != name for h in holders):
+        return Decision(slot, False, f"GPU in use by {min(h for h in holders if h != name)}")
     return Decision(slot, True, "free")
 
 

@@ -55,6 +55,17 @@ class SimHost:
         self.claimed: set[int] = set()
         self.drained: set[int] = set()  # claimed jobs it really drained for: kept (controller/claims.py)
         self.protected: frozenset[int] = frozenset()
+        self.boundary: tuple[int, bool, float, int] | None = None  # replan.boundary
+        self.seen = 0  # Simulator._log: the changes its last plan saw (replan.sees)
+        self.runner_of = {r.slot.name: r for r in self.runners}
+        self.slot_of = {r.slot.name: r.slot for r in self.runners}
+        # replan.boundary: size -> per usable block (or idle slot), the jobs drained for on it
+        self.blocks: dict[int, list[tuple[int, ...]]] = {}
+        self.idle_slots: dict[int, list[tuple[int, ...]]] = {}
+        self.all_blocks: dict[int, list[tuple[int, ...]]] = {}  # each block, nothing drained
+        for runner in self.runners:
+            if runner.slot.size > 1:
+                self.all_blocks.setdefault(runner.slot.size, []).append(())
 
     def gated(self, gpu: int, now: float) -> bool:
         return bool(self.foreign[gpu]) or self.closed_until[gpu] > now

@@ -18,6 +18,16 @@ class TraceJob:
     duration: float
     project: str = "p"
     priority: str = "normal"
+    user: str = ""
+    """Who submitted it (GITLAB_USER_LOGIN); empty: the project stands for its user."""
+    timeout: float | None = None
+    """The job's timeout in GitLab (seconds), if the trace gives it: what a controller
+    could know of its duration in advance (the duration itself it cannot know)."""
+
+    @property
+    def owner(self) -> str:
+        """The user the per-user metrics count it for."""
+        return self.user or self.project
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,13 +1,17 @@
 """What `runnerctl simulate --json` prints: makespan against its lower bound, occupancy,
 waits by job size, the invariant counters (double allocations, foreign collisions), and
-the jobs GitLab's own rules failed (`jobs_dropped` by failure reason, and by job size)."""
+the jobs GitLab's own rules failed (`jobs_dropped` by failure reason, and by job size),
+and fairness: per user GPU-hours, waits and mean bounded slowdown, and Jain's index
+over the users' mean slowdowns (1: all slowed alike; 1/n: one user takes the wait)."""
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from runnerctl.sim.inputs import TraceJob
     from runnerctl.sim.simulator import Simulator
 
 
@@ -39,7 +43,35 @@ def metrics(sim: Simulator) -> dict[str, object]:
         "jobs_dropped": dict(sorted(reasons.items())), "jobs_dropped_by_gpus": dict(sorted(sizes.items())),
         "double_allocations": sim.double_allocations,
         "foreign_collisions": sim.foreign_collisions, "gitlab_api_calls": sim.gitlab_api_calls,
+        **fairness(jobs, sim.started),
     }
+
+
+SLOWDOWN_FLOOR_S = 60.0
+"""Bounded slowdown (Feitelson et al., "Theory and practice in parallel job scheduling",
+1997): (wait + run) / max(run, this), at least 1, so a 1-second job waiting a minute is
+not 60x slowed."""
+
+
+def fairness(jobs: list[TraceJob], started: Mapping[int, float]) -> dict[str, object]:
+    """Per user (the trace's `user`, else its project): jobs started, GPU-hours, wait p50
+    and p95, mean bounded slowdown; `jain_slowdown` over the users' mean slowdowns."""
+    per: dict[str, tuple[list[float], list[float], list[float]]] = {}
+    for job in jobs:
+        if job.job_id in started:
+            wait = started[job.job_id] - job.submit
+            waits, slowdowns, hours = per.setdefault(job.owner, ([], [], []))
+            waits.append(wait)
+            slowdowns.append(max(1.0, (wait + job.duration) / max(job.duration, SLOWDOWN_FLOOR_S)))
+            hours.append(job.gpus * job.duration / 3600)
+    users = {user: {"jobs": len(waits), "gpu_hours": round(sum(hours), 3),
+                    "wait_p50_s": round(statistics.median(waits), 3),
+                    "wait_p95_s": round(_quantile(waits, 0.95), 3),
+                    "mean_slowdown": round(statistics.fmean(slowdowns), 3)}
+             for user, (waits, slowdowns, hours) in sorted(per.items())}
+    means = [float(u["mean_slowdown"]) for u in users.values()]
+    jain = sum(means) ** 2 / (len(means) * sum(m * m for m in means)) if means else 1.0
+    return {"users": users, "jain_slowdown": round(jain, 4)}
 
 
 def _quantile(values: list[float], q: float) -> float:

@@ -9,6 +9,7 @@ is urgency order and insertion-ordered dicts are enough.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 
 from runnerctl.tags import PRIORITY_RANK
@@ -54,6 +55,11 @@ class PendingQueue:
     def by_urgency(self, gpus: int) -> Iterator[int]:
         for jobs in self._urgent.get(gpus, ()):
             yield from jobs
+
+    def arrival_order(self) -> list[int]:
+        """Every pending job, oldest first (a copy: the caller may start jobs meanwhile)."""
+        heads = (list(jobs) for jobs in self._arrival.values())
+        return list(heapq.merge(*heads, key=self._order.__getitem__))
 
     def oldest_fitting(self, free: int) -> int | None:
         """The oldest pending job that asks for at most `free` GPUs (reference policies)."""

@@ -11,15 +11,16 @@ Runner policies model gitlab-runner's mechanics: runners poll every `check_s` se
 (all on one beat), GitLab hands the oldest pending job to an open, idle runner whose
 tags cover the job's (`gpus:N` -> a slot of N GPUs), and the executor's gate keeps a
 runner from starting on a GPU with a foreign process. Reference policies (`greedy`,
-`fifo`) have no runners, polling or drain latency.
+`fifo`, `easy-oracle`: `reference`) have no runners, polling or drain latency.
 
 Policies: `static-singles` (one runner per GPU), `static-partition` (per host one
 quad, one pair and two singles, always open), `dynamic` (runnerctl: every slot, opened
 by `runnerctl.controller.plan.plan` on the reconcile beat; hosts claim a pending job
 before draining for it, and no other host drains for it, though one with an idle block
 may start it; a host keeps the claim of a job it drained for until the job starts, as
-`runnerctl.controller.claims` does), `greedy` (start any queued job that fits, oldest first) and
-`fifo` (strict arrival order).
+`runnerctl.controller.claims` does), `greedy` (start any queued job that fits, oldest first),
+`fifo` (strict arrival order) and `easy-oracle` (EASY backfilling knowing every job's
+duration: the limit no real controller reaches).
 
 GitLab's own rule against waiting jobs runs on its hourly cron (`gitlab_cron`): a job
 pending over an hour that no online, unpaused runner covers, and any job pending over
@@ -28,10 +29,16 @@ stand-by runner (`SimConfig.standby`, on by default); the reference policies are
 GitLab and drop nothing.
 
 `dynamic` calls `plan` for a host only when its inputs changed since its last plan
-(its jobs, its closed GPUs, the demand it can act on) or that plan acted; the plan is
-a pure function, so an unchanged input would give the same plan again. Demand is
-handed over as the top of the queue, which holds what `relevant_demand` keeps (the
-same plan as the whole queue).
+(its jobs, its closed GPUs) or that plan acted; the plan is a pure function, so an
+unchanged input would give the same plan again. Demand is handed over as the top of
+the queue, which holds what `relevant_demand` keeps (the same plan as the whole
+queue). Jobs that enter or leave the top or a claim go to a log; at a tick, a host
+whose last plan changed nothing reads the log's new part and plans again only if one
+of those jobs could change that plan (`replan.sees`: a job it drains for or protects, one
+that may take one of its idle slots, or a new candidate before its last drain that
+finds a block it may take); else the plan would be the same, as the simulator's
+tests check by comparing starts, placements and runner actions with planning every
+host at every change.
 """
 
 from __future__ import annotations
@@ -47,11 +54,12 @@ from runnerctl.sim.hosts import SimHost, SimRunner, host_name
 from runnerctl.sim.inputs import ForeignUse, SimConfig, TraceJob
 from runnerctl.sim.metrics import metrics
 from runnerctl.sim.queue import PendingQueue
+from runnerctl.sim.reference import REFERENCE, schedule
+from runnerctl.sim.replan import boundary, sees
 
 __all__ = ["POLICIES", "REFERENCE", "ForeignUse", "SimConfig", "Simulator", "TraceJob"]
 
-POLICIES = ("dynamic", "static-singles", "static-partition", "greedy", "fifo")
-REFERENCE = ("greedy", "fifo")
+POLICIES = ("dynamic", "static-singles", "static-partition", *REFERENCE)
 
 # event kinds; at one instant they run in this order (state changes, then the
 # controller, then the runners)
@@ -81,7 +89,8 @@ class Simulator:
         self.plans = 0  # host plans computed (the benchmark reports it)
         self._events: list[tuple[float, int, int, int, int]] = []
         self._seq = itertools.count()
-        self._free = [len(h.owner) for h in self.hosts]  # reference policies' free GPUs
+        self.free_counts = [len(h.owner) for h in self.hosts]  # reference policies' free GPUs
+        self._foreign_spans: dict[tuple[int, int], list[tuple[float, float]]] = {}  # easy-oracle
         self._next_poll = -1.0  # scheduled poll, or -1
         self._next_cron = -1.0  # GitLab's next stuck-job cron, or -1
         self._ticks: set[float] = set()  # scheduled controller ticks
@@ -89,6 +98,11 @@ class Simulator:
         self._dirty: set[int] = set(range(config.hosts))
         self._demand_changed = True
         self._top: dict[int, tuple[int, ...]] = {}
+        self.top_ids: frozenset[int] = frozenset()
+        # multi-GPU jobs that came into or left the top or a claim, oldest first: a host
+        # not dirty plans again at a tick only if those since its last plan matter (replan.sees)
+        self._log: list[int] = []
+        self._logged = 0  # jobs dropped from the log's start (every host has seen them)
         # the top jobs' demand, their ids, those claimed (same for every host; see _host_demand)
         self._common: tuple[tuple[Demand, ...], frozenset[int], frozenset[int]] | None = None
         self._demand: dict[int, Demand] = {}
@@ -104,6 +118,8 @@ class Simulator:
                 raise ValueError(f"foreign use on {host_name(use.host)} GPU {use.gpu}: no such host "
                                  f"or GPU ({config.hosts} hosts x {config.gpus_per_host} GPUs)")
             self._push(use.start, FOREIGN_ON, use.host, use.gpu)
+            spans = self._foreign_spans.setdefault((use.host, use.gpu), [])
+            spans.append((use.start, use.start + use.duration))
             self._push(use.start + use.duration, FOREIGN_OFF, use.host, use.gpu)
 
     def _push(self, at: float, kind: int, a: int = 0, b: int = 0) -> None:
@@ -130,7 +146,7 @@ class Simulator:
             else:
                 self._handle(now, kind, a, b)
                 if reference:
-                    self._schedule_reference(now)
+                    schedule(self, now)
         if self._queue_since is not None:  # jobs never started: polled until the last event
             self._count_beats(max(self.finished.values(), default=self._queue_since))
         return metrics(self)
@@ -174,7 +190,7 @@ class Simulator:
     def _changed(self, now: float, host_no: int) -> None:
         """Something on this host changed: its free GPUs, its plan, its runners' chances."""
         host = self.hosts[host_no]
-        self._free[host_no] = len(host.free_gpus(now))
+        self.free_counts[host_no] = len(host.free_gpus(now))
         self._dirty.add(host_no)
         self._want_tick(now)
         self._want_poll(now)
@@ -293,9 +309,19 @@ class Simulator:
         if self._demand_changed:
             self._demand_changed = False
             self._refresh_top()
-        for host_no in range(len(self.hosts)):
-            if host_no in self._dirty:
+        log, dirty = self._log, self._dirty
+        for host_no, host in enumerate(self.hosts):
+            if host_no not in dirty and host.seen < self._logged + len(log):
+                if sees(host, host_no, log[host.seen - self._logged:], self):
+                    dirty.add(host_no)
+                else:
+                    host.seen = self._logged + len(log)
+            if host_no in dirty:
                 self._reconcile(now, host_no)
+        if log:  # what every host has seen is dropped
+            seen = min(host.seen for host in self.hosts)
+            del log[:seen - self._logged]
+            self._logged = seen
 
     def _refresh_top(self) -> None:
         """The most urgent jobs of each size, as many as a host has slots for, and as many
@@ -313,11 +339,11 @@ class Simulator:
                         break
             top[size] = tuple(found)
         if top != self._top:
-            multi_changed = any(top[n] != self._top.get(n) for n in top if n > 1)
+            changed = {j for n in top for j in set(top[n]).symmetric_difference(self._top.get(n, ()))}
             self._top = top
+            self.top_ids = frozenset(j for jobs in top.values() for j in jobs)
             self._common = None
-            # 1-GPU demand only counts for a host's idle GPUs (see plan._Reserver)
-            self._dirty.update(h for h in range(len(self.hosts)) if multi_changed or self._free[h])
+            self._log.extend(changed)
 
     def _host_demand(self, host_no: int) -> tuple[tuple[Demand, ...], frozenset[int]]:
         """What this host's controller would read: pending jobs, those another host
@@ -345,6 +371,7 @@ class Simulator:
 
     def _reconcile(self, now: float, host_no: int) -> None:
         host = self.hosts[host_no]
+        host.seen = self._logged + len(self._log)
         closed = {g: "foreign" for g in range(len(host.owner)) if host.gated(g, now)}
         demand, elsewhere = self._host_demand(host_no)
         observed = Observed(tuple(r.state for r in host.runners), closed, demand, host.reserved,
@@ -352,7 +379,7 @@ class Simulator:
         result = plan(observed, self.config.plan_policy)
         self.plans += 1
         pauses, resumes = result.actions(observed)
-        by_name = {r.slot.name: r for r in host.runners}
+        by_name = host.runner_of
         for decision in [*pauses, *resumes]:
             runner = by_name[decision.slot.name]
             runner.open = decision.open
@@ -372,9 +399,11 @@ class Simulator:
         if (not pauses and not resumes and reserved == host.reserved and result.protected == host.protected
                 and drained == host.drained):
             self._dirty.discard(host_no)
+            host.boundary = boundary(host, now, self._demand_of, self.config.plan_policy)
             return
         host.reserved, host.protected = reserved, result.protected  # plan again next beat
         host.drained = drained
+        host.boundary = None
         self._want_tick(now)
         claims = set(result.claims) | drained
         if claims != host.claimed:
@@ -382,23 +411,25 @@ class Simulator:
                 self.claims.pop(job_id, None)
             for job_id in claims - host.claimed:
                 self.claims[job_id] = host_no
+            changed = claims.symmetric_difference(host.claimed)
             host.claimed = claims
             self._common = None
             self._refresh_top()
-            self._dirty.update(h for h in range(len(self.hosts)) if h != host_no)  # their `elsewhere`
+            self._log.extend(changed)  # other hosts' `elsewhere`
 
-    # -- reference policies ------------------------------------------------------------
-    def _schedule_reference(self, now: float) -> None:
-        """Greedy: the oldest queued job that fits somewhere, again and again; fifo stops
-        at the first that does not fit. A job goes to the first host with room."""
-        while self.queue:
-            most = max(self._free)
-            job_id = self.queue.oldest_fitting(most if self.config.policy == "greedy" else 10**9)
-            if job_id is None or self.jobs[job_id].gpus > most:
-                return
-            need = self.jobs[job_id].gpus
-            host_no = next(h for h, free in enumerate(self._free) if free >= need)
-            self._start(now, host_no, tuple(self.hosts[host_no].free_gpus(now)[:need]), job_id, None)
+    # -- reference policies (runnerctl.sim.reference) ----------------------------------
+    def start_reference(self, now: float, host_no: int, job_id: int) -> None:
+        """A reference policy starts a job on the first free GPUs of a host."""
+        gpus = tuple(self.hosts[host_no].free_gpus(now)[:self.jobs[job_id].gpus])
+        self._start(now, host_no, gpus, job_id, None)
+
+    def foreign_free_at(self, host_no: int, gpu: int, now: float) -> float:
+        """When a GPU's foreign use and cool-down will be over (what only an oracle knows)."""
+        host = self.hosts[host_no]
+        if not host.foreign[gpu]:
+            return max(now, host.closed_until[gpu])
+        ends = [end for start, end in self._foreign_spans.get((host_no, gpu), ()) if start <= now <= end]
+        return max(ends, default=now) + self.config.cooldown_s
 
 
 def _beat(now: float, period: float, last: float) -> float:

@@ -1,15 +1,17 @@
 """Trace files for `runnerctl simulate`, and a synthetic workload generator.
 
-JOBS.csv: `job_id,submit_time,gpus,duration` (seconds), optional `project,priority`.
+JOBS.csv: `job_id,submit_time,gpus,duration` (seconds), optional `project,priority`,
+`user` (who submitted it; the per-user metrics) and `timeout` (the job's GitLab timeout
+in seconds, empty for none: what a controller may know of a duration in advance).
 FOREIGN.csv: `start,duration,host,gpu`, hosts named gpu-a, gpu-b, ... in order (after
 gpu-z: gpu-aa, gpu-ab, ..., as `hosts.host_name` names them).
 
 Both are UTF-8 CSV with a header line. Every row is checked before the simulation
 starts, and the first bad one is reported with its line number: a row with fewer or
 more fields than the header, a number that is not one (NaN and infinity included), a
-negative time or duration, a job asking for a GPU count no runner of the simulated
-hosts has (0, 3, -2, more than a host), a foreign use on a host or GPU that does not
-exist, a job id given twice.
+negative time or duration, a timeout that is not above zero, a job asking for a GPU
+count no runner of the simulated hosts has (0, 3, -2, more than a host), a foreign use
+on a host or GPU that does not exist, a job id given twice.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def read_jobs(path: Path, *, sizes: Collection[int] | None = None) -> list[Trace
         where = f"{path}: line {line}"
         job = TraceJob(_int(row, "job_id", where, low=0), _time(row, "submit_time", where),
                        _int(row, "gpus", where, low=1), _time(row, "duration", where),
-                       row.get("project") or "p", row.get("priority") or "normal")
+                       row.get("project") or "p", row.get("priority") or "normal",
+                       row.get("user") or "", _timeout(row.get("timeout"), where))
         if job.priority not in PRIORITIES:
             raise ConfigError(f"{where}: priority {job.priority!r} is not one of {', '.join(PRIORITIES)}")
         if sizes is not None and job.gpus not in sizes:
@@ -93,6 +96,21 @@ def _time(row: dict[str, str], column: str, where: str) -> float:
         raise ConfigError(f"{where}: {column} {row[column]!r} is not a number of seconds") from None
     if not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
         raise ConfigError(f"{where}: {column} {row[column]!r} is not from 0 to {MAX_SECONDS:.0e} s")
+    return value
+
+
+def _timeout(text: str | None, where: str) -> float | None:
+    """The optional `timeout` column: empty, or seconds above zero up to MAX_SECONDS
+    (GitLab's minimum is 10 minutes, but traces from elsewhere may say less)."""
+    if text is None or not text.strip():
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{where}: timeout {text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        raise ConfigError(f"{where}: timeout {text!r} is not a number of seconds above 0 "
+                          f"and at most {MAX_SECONDS:.0e}")
     return value
 
 

@@ -1,0 +1,105 @@
+"""Which hosts the simulator plans again: only those whose plan could change.
+
+Split from `simulator` (the event loop) so each stays small. After a plan that changed
+nothing, `boundary` notes how far that plan read (`plan._Reserver`): its drained blocks,
+its idle slots and the jobs drained for on them, and its last drain's place in
+`drain_order`. Jobs that enter or leave the top of the queue or a claim go to the
+simulator's log; at a tick, `sees` tells from the log's new part whether any of them
+could change the host's plan. Where it says no, planning would give the same plan
+(tests/test_simulator_replan.py compares with planning every host at every tick).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from runnerctl.controller.plan import Demand, PlanPolicy, cuts_in, drain_order, idle_claim
+from runnerctl.sim.hosts import SimHost
+from runnerctl.tags import PRIORITY_RANK
+
+if TYPE_CHECKING:
+    from runnerctl.sim.simulator import Simulator
+
+Boundary = tuple[int, bool, float, int]  # a place in `drain_order`
+EVERYTHING: Boundary = (len(PRIORITY_RANK), False, float("inf"), 0)  # after every place
+
+
+def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) -> bool:
+    """Could these jobs' arrival in, or leaving, this host's demand or its `elsewhere`
+    change its plan? Not if its last plan changed nothing (`boundary` set) and each job
+    is neither drained for nor protected there (or is its own claim either way), could
+    take no idle slot there (`plan._Reserver._idle`: one that cannot fails in any order,
+    and so do those after it of its size), and is no candidate to drain there now (gone,
+    or claimed by another host: a candidate that left had failed to drain, or came after
+    the last drain), or one after `boundary` in `drain_order` (`plan._Reserver.run` reads
+    no further) or that finds no block it may take."""
+    last = host.boundary
+    if last is None:
+        return True
+    policy, claims, top, idle = sim.config.plan_policy, sim.claims, sim.top_ids, host.idle_slots
+    protected = host.protected
+    own, jobs, demand_of = (*host.protected, *host.reserved.values()), sim.jobs, sim._demand_of
+    for job_id in changed:
+        if job_id in own:
+            if job_id in host.claimed and claims.get(job_id) == host_no and job_id in sim.queue:
+                continue  # its own either way, claimed since before its last plan (no other host may)
+            return True
+        gpus = jobs[job_id].gpus
+        if idle and gpus in idle and _may_take(idle[gpus], demand_of(job_id), protected, demand_of, policy):
+            return True
+        if gpus > 1 and job_id in top and claims.get(job_id, host_no) == host_no \
+                and drain_order(demand_of(job_id), protected, policy) < last \
+                and _may_take(host.blocks.get(gpus, ()), demand_of(job_id), protected, demand_of, policy):
+            return True
+    return False
+
+
+def _may_take(slots: Iterable[tuple[int, ...]], demand: Demand, protected: frozenset[int],
+              demand_of: Callable[[int], Demand], policy: PlanPolicy) -> bool:
+    """Of these slots, each given as the jobs drained for on its GPUs: is there one that
+    this job may take from each of them (`plan.cuts_in`)?"""
+    def claim(job_id: int) -> tuple[int, float, int]:
+        return idle_claim(demand_of(job_id), policy)
+
+    return any(all(cuts_in(demand, demand_of(other), protected, claim) for other in holders)
+               for holders in slots)
+
+
+def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
+             policy: PlanPolicy) -> Boundary | None:
+    """After a plan that changed nothing (`sees`), if each idle GPU lies in a block
+    drained for a job (still busy, so no block opened on idle GPUs, and only a job that
+    may cut in takes an idle slot): how far in `drain_order` it read, to its last drain
+    if it drained as many blocks as it may, everything if it drained none (each
+    candidate failed); else None (a drain may have given way to a later one). Notes the
+    blocks and the idle slots with the jobs drained for on their GPUs."""
+    owner = host.owner
+    drained: dict[int, int] = {}
+    for name, job_id in host.reserved.items():
+        gpus = host.slot_of[name].gpus
+        if all(owner[g] is None for g in gpus):
+            return None  # open on idle GPUs
+        drained.update((g, job_id) for g in gpus)
+    gated = [host.gated(g, now) for g in range(len(owner))]
+    idle = [owner[g] is None and not gated[g] for g in range(len(owner))]
+    if any(idle[g] and g not in drained for g in range(len(owner))):
+        return None
+    host.blocks, host.idle_slots = {}, {}
+    if not drained and not any(gated):  # every block usable, none drained, nothing idle
+        host.blocks = host.all_blocks
+    else:
+        for runner in host.runners:
+            gpus = runner.slot.gpus
+            if any(gated[g] for g in gpus):
+                continue  # not usable
+            holders = tuple({drained[g] for g in gpus if g in drained})
+            if len(gpus) > 1:
+                host.blocks.setdefault(len(gpus), []).append(holders)
+            if all(idle[g] for g in gpus):
+                host.idle_slots.setdefault(len(gpus), []).append(holders)
+    if not host.reserved:
+        return EVERYTHING
+    if len(host.reserved) != policy.max_draining:
+        return None
+    return max(drain_order(demand_of(j), host.protected, policy) for j in host.reserved.values())
