@@ -9,7 +9,15 @@ import os
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runnerctl.controller.plan import Demand, Observed, SlotState, plan, relevant_demand
+from runnerctl.controller.plan import (
+    Decision,
+    Demand,
+    Observed,
+    SlotState,
+    differences,
+    plan,
+    relevant_demand,
+)
 from runnerctl.gpus.sim import count_snapshot
 from runnerctl.layout import plan_slots
 from runnerctl.model import Slot
@@ -41,7 +49,7 @@ def test_four_gpu_demand_takes_the_idle_quad_at_once() -> None:
     result = plan(observed)
     assert {s.key for s in result.open_slots()} == {"gpu4-7", "gpu0", "gpu1", "gpu2", "gpu3"}
     assert result.reserved == {BY_KEY["gpu4-7"].name: 99}
-    pauses, resumes = result.actions(observed)
+    pauses, resumes = differences(result.decisions, {s.slot.name: s.paused for s in observed.slots})
     assert {d.slot.key for d in pauses} == {"gpu4", "gpu5", "gpu6", "gpu7"}
     assert [d.slot.key for d in resumes] == ["gpu4-7"]
 
@@ -75,7 +83,7 @@ def test_demand_gone_reopens_singles_in_one_tick() -> None:
                                                                    "gpu6-7", "gpu4-7", "gpu0-7"},
                          reserved={"gpu0-3": 99})
     result = plan(observed)
-    pauses, resumes = result.actions(observed)
+    pauses, resumes = differences(result.decisions, {s.slot.name: s.paused for s in observed.slots})
     assert [d.slot.key for d in pauses] == ["gpu0-3"]
     assert {d.slot.key for d in resumes} == {"gpu0", "gpu1", "gpu2", "gpu3"}
 
@@ -206,3 +214,18 @@ def test_a_job_claimed_elsewhere_takes_an_idle_block_but_is_never_drained_for() 
     assert {s.key for s in idle.open_slots()} == {"gpu0-7"}
     here = plan(_observed(demand=wanted))
     assert here.claims == {5}
+
+
+def test_a_runner_in_an_unknown_state_gets_the_desired_one() -> None:
+    """GitLab did not answer for a runner (None, or never listed): whatever the plan wants
+    is sent, open or closed; a known state equal to the wish sends nothing."""
+    single, block = Decision(BY_KEY["gpu0"], True, "idle"), Decision(BY_KEY["gpu0-3"], False, "no demand")
+    both = [single, block]
+
+    def states(one: bool | None, other: bool | None) -> dict[str, bool | None]:
+        return {single.slot.name: one, block.slot.name: other}
+
+    assert differences(both, {}) == ([block], [single])
+    assert differences(both, states(None, None)) == ([block], [single])
+    assert differences(both, states(False, True)) == ([], [])
+    assert differences(both, states(True, False)) == ([block], [single])

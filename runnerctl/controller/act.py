@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from runnerctl.controller.observe import RunnerCache
-from runnerctl.controller.plan import Decision
+from runnerctl.controller.plan import Decision, differences
 from runnerctl.errors import GitLabError, TemporaryError
 from runnerctl.gitlab import GitLabPort
 from runnerctl.standby import VERIFY_EVERY_S, Standby
@@ -64,14 +64,6 @@ class GitLabHealth:
         if self._logged is not None:
             self._log.warning("GitLab answers again")
         self.failures, self._logged, self.last_error = 0, None, ""
-
-
-def differences(decisions: Sequence[Decision],
-                paused: Mapping[str, bool | None]) -> tuple[list[Decision], list[Decision]]:
-    """(pauses, resumes) to send: a runner in an unknown state always gets the desired one."""
-    pauses = [d for d in decisions if not d.open and paused.get(d.slot.name) is not True]
-    resumes = [d for d in decisions if d.open and paused.get(d.slot.name) is not False]
-    return pauses, resumes
 
 
 def apply(decisions: Sequence[Decision], *, gitlab: GitLabPort, cache: RunnerCache,

@@ -107,12 +107,21 @@ class Plan:
     def open_slots(self) -> list[Slot]:
         return [d.slot for d in self.decisions if d.open]
 
-    def actions(self, observed: Observed) -> tuple[list[Decision], list[Decision]]:
-        """(pauses, resumes) that differ from what GitLab has: pauses go first."""
-        current = {s.slot.name: s.paused for s in observed.slots}
-        pauses = [d for d in self.decisions if not d.open and not current[d.slot.name]]
-        resumes = [d for d in self.decisions if d.open and current[d.slot.name]]
-        return pauses, resumes
+
+
+def differences(decisions: Iterable[Decision],
+                paused: Mapping[str, bool | None]) -> tuple[list[Decision], list[Decision]]:
+    """(pauses, resumes) to send, pauses first: what differs from what GitLab has. A runner
+    whose state is unknown (None or missing) always gets the desired one. The one diff:
+    the loop (act.apply) and the simulator both use it."""
+    pauses, resumes = [], []
+    for d in decisions:
+        now = paused.get(d.slot.name)
+        if d.open and now is not False:
+            resumes.append(d)
+        elif not d.open and now is not True:
+            pauses.append(d)
+    return pauses, resumes
 
 
 def plan(observed: Observed, policy: PlanPolicy = PlanPolicy()) -> Plan:

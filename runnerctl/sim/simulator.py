@@ -48,7 +48,7 @@ import itertools
 from collections.abc import Iterable
 
 from runnerctl.controller.claims import waiting
-from runnerctl.controller.plan import Demand, Observed, plan
+from runnerctl.controller.plan import Demand, Observed, differences, plan
 from runnerctl.sim.gitlab_cron import CRON_S, drop_stuck
 from runnerctl.sim.hosts import SimHost, SimRunner, host_name
 from runnerctl.sim.inputs import ForeignUse, SimConfig, TraceJob
@@ -378,7 +378,7 @@ class Simulator:
                             protected=host.protected, elsewhere=elsewhere)
         result = plan(observed, self.config.plan_policy)
         self.plans += 1
-        pauses, resumes = result.actions(observed)
+        pauses, resumes = differences(result.decisions, {s.slot.name: s.paused for s in observed.slots})
         by_name = host.runner_of
         for decision in [*pauses, *resumes]:
             runner = by_name[decision.slot.name]
