@@ -1,7 +1,7 @@
 """Which hosts the simulator plans again: only those whose plan could change.
 
-Split from `simulator` (the event loop) so each stays small. After a plan that changed
-nothing, `boundary` notes how far that plan read (`plan._Reserver`): its drained blocks,
+Split from `simulator` (the event loop) so each stays small; `reconcile` plans one host
+as the controller's loop does. After a plan that changed nothing, `boundary` notes how far that plan read (`plan._Reserver`): its drained blocks,
 its idle slots and the jobs drained for on them, and its last drain's place in
 `drain_order`. Jobs that enter or leave the top of the queue or a claim go to the
 simulator's log; at a tick, `sees` tells from the log's new part whether any of them
@@ -14,7 +14,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from runnerctl.controller.plan import Demand, PlanPolicy, cuts_in, drain_order, idle_claim
+from runnerctl.controller.claims import waiting
+from runnerctl.controller.plan import (
+    Demand,
+    Observed,
+    PlanPolicy,
+    cuts_in,
+    differences,
+    drain_order,
+    idle_claim,
+    plan,
+)
 from runnerctl.sim.hosts import SimHost
 from runnerctl.tags import PRIORITY_RANK
 
@@ -103,3 +113,54 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
     if len(host.reserved) != policy.max_draining:
         return None
     return max(drain_order(demand_of(j), host.protected, policy) for j in host.reserved.values())
+
+
+def reconcile(sim: Simulator, now: float, host_no: int) -> None:
+    """Plan one host the way the controller's loop does (plan, then `differences`), apply
+    the runner changes and record what other hosts must see (claims, the replan log)."""
+    host = sim.hosts[host_no]
+    host.seen = sim._logged + len(sim._log)
+    closed = {g: "foreign" for g in range(len(host.owner)) if host.gated(g, now)}
+    demand, elsewhere = sim._host_demand(host_no)
+    observed = Observed(tuple(r.state for r in host.runners), closed, demand, host.reserved,
+                        protected=host.protected, elsewhere=elsewhere)
+    result = plan(observed, sim.config.plan_policy)
+    sim.plans += 1
+    pauses, resumes = differences(result.decisions, {s.slot.name: s.paused for s in observed.slots})
+    by_name = host.runner_of
+    for decision in [*pauses, *resumes]:
+        runner = by_name[decision.slot.name]
+        runner.open = decision.open
+        runner.refresh()
+        if runner.open and runner.job is None:
+            host.idle.add(runner.index)
+        else:
+            host.idle.discard(runner.index)
+        sim.actions += 1
+    if resumes:
+        sim._want_poll(now)
+    reserved = dict(result.reserved)
+    for name, job_id in reserved.items():
+        sim.first_block.setdefault(job_id, (host_no, by_name[name].slot.gpus))
+    drained = host.drained | {reserved[name] for name in waiting(observed, result)
+                              if reserved[name] in result.claims} if reserved else host.drained
+    if (not pauses and not resumes and reserved == host.reserved and result.protected == host.protected
+            and drained == host.drained):
+        sim._dirty.discard(host_no)
+        host.boundary = boundary(host, now, sim._demand_of, sim.config.plan_policy)
+        return
+    host.reserved, host.protected = reserved, result.protected  # plan again next beat
+    host.drained = drained
+    host.boundary = None
+    sim._want_tick(now)
+    claims = set(result.claims) | drained
+    if claims != host.claimed:
+        for job_id in host.claimed - claims:
+            sim.claims.pop(job_id, None)
+        for job_id in claims - host.claimed:
+            sim.claims[job_id] = host_no
+        changed = claims.symmetric_difference(host.claimed)
+        host.claimed = claims
+        sim._common = None
+        sim._refresh_top()
+        sim._log.extend(changed)  # other hosts' `elsewhere`

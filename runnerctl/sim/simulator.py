@@ -47,15 +47,14 @@ import heapq
 import itertools
 from collections.abc import Iterable
 
-from runnerctl.controller.claims import waiting
-from runnerctl.controller.plan import Demand, Observed, differences, plan
+from runnerctl.controller.plan import Demand
 from runnerctl.sim.gitlab_cron import CRON_S, drop_stuck
 from runnerctl.sim.hosts import SimHost, SimRunner, host_name
 from runnerctl.sim.inputs import ForeignUse, SimConfig, TraceJob
 from runnerctl.sim.metrics import metrics
 from runnerctl.sim.queue import PendingQueue
 from runnerctl.sim.reference import REFERENCE, schedule
-from runnerctl.sim.replan import boundary, sees
+from runnerctl.sim.replan import reconcile, sees
 
 __all__ = ["POLICIES", "REFERENCE", "ForeignUse", "SimConfig", "Simulator", "TraceJob"]
 
@@ -317,7 +316,7 @@ class Simulator:
                 else:
                     host.seen = self._logged + len(log)
             if host_no in dirty:
-                self._reconcile(now, host_no)
+                reconcile(self, now, host_no)
         if log:  # what every host has seen is dropped
             seen = min(host.seen for host in self.hosts)
             del log[:seen - self._logged]
@@ -368,54 +367,6 @@ class Simulator:
             job = self.jobs[job_id]
             demand = self._demand[job_id] = Demand(job_id, job.gpus, job.submit, job.priority)
         return demand
-
-    def _reconcile(self, now: float, host_no: int) -> None:
-        host = self.hosts[host_no]
-        host.seen = self._logged + len(self._log)
-        closed = {g: "foreign" for g in range(len(host.owner)) if host.gated(g, now)}
-        demand, elsewhere = self._host_demand(host_no)
-        observed = Observed(tuple(r.state for r in host.runners), closed, demand, host.reserved,
-                            protected=host.protected, elsewhere=elsewhere)
-        result = plan(observed, self.config.plan_policy)
-        self.plans += 1
-        pauses, resumes = differences(result.decisions, {s.slot.name: s.paused for s in observed.slots})
-        by_name = host.runner_of
-        for decision in [*pauses, *resumes]:
-            runner = by_name[decision.slot.name]
-            runner.open = decision.open
-            runner.refresh()
-            if runner.open and runner.job is None:
-                host.idle.add(runner.index)
-            else:
-                host.idle.discard(runner.index)
-            self.actions += 1
-        if resumes:
-            self._want_poll(now)
-        reserved = dict(result.reserved)
-        for name, job_id in reserved.items():
-            self.first_block.setdefault(job_id, (host_no, by_name[name].slot.gpus))
-        drained = host.drained | {reserved[name] for name in waiting(observed, result)
-                                  if reserved[name] in result.claims} if reserved else host.drained
-        if (not pauses and not resumes and reserved == host.reserved and result.protected == host.protected
-                and drained == host.drained):
-            self._dirty.discard(host_no)
-            host.boundary = boundary(host, now, self._demand_of, self.config.plan_policy)
-            return
-        host.reserved, host.protected = reserved, result.protected  # plan again next beat
-        host.drained = drained
-        host.boundary = None
-        self._want_tick(now)
-        claims = set(result.claims) | drained
-        if claims != host.claimed:
-            for job_id in host.claimed - claims:
-                self.claims.pop(job_id, None)
-            for job_id in claims - host.claimed:
-                self.claims[job_id] = host_no
-            changed = claims.symmetric_difference(host.claimed)
-            host.claimed = claims
-            self._common = None
-            self._refresh_top()
-            self._log.extend(changed)  # other hosts' `elsewhere`
 
     # -- reference policies (runnerctl.sim.reference) ----------------------------------
     def start_reference(self, now: float, host_no: int, job_id: int) -> None:
