@@ -1,12 +1,13 @@
 """Which hosts the simulator plans again: only those whose plan could change.
 
 Split from `simulator` (the event loop) so each stays small; `reconcile` plans one host
-as the controller's loop does. After a plan that changed nothing, `boundary` notes how far that plan read (`plan._Reserver`): its drained blocks,
-its idle slots and the jobs drained for on them, and its last drain's place in
-`drain_order`. Jobs that enter or leave the top of the queue or a claim go to the
-simulator's log; at a tick, `sees` tells from the log's new part whether any of them
-could change the host's plan. Where it says no, planning would give the same plan
-(tests/test_simulator_replan.py compares with planning every host at every tick).
+as the controller's loop does. After a plan that changed nothing, `boundary` notes how
+far that plan read (`plan._Reserver`): its drained blocks, its idle slots and the jobs
+drained for on them, and its last drain's place in `drain_order`. Jobs that enter or
+leave the top of the queue or a claim go to the simulator's log; at a tick, `sees` tells
+from the log's new part whether any of them could change the host's plan. Where it says
+no, planning would give the same plan (tests/test_simulator_replan.py compares with
+planning every host at every tick).
 """
 
 from __future__ import annotations
