@@ -20,7 +20,7 @@ from runnerctl.controller.plan import (
 )
 from runnerctl.gpus.sim import count_snapshot
 from runnerctl.layout import plan_slots
-from runnerctl.model import Slot
+from runnerctl.model import Slot, slot_key
 
 SLOTS = plan_slots(count_snapshot("gpu-a", 8))
 BY_KEY = {s.key: s for s in SLOTS}
@@ -134,7 +134,7 @@ def test_s1_and_gate_hold_for_any_observation(running: dict[str, tuple[int, ...]
         assert not set(slot.gpus) & set(closed)  # no job next to a foreign process
         others = {k for k in running if k != slot.key and set(BY_KEY[k].gpus) & set(slot.gpus)}
         assert not others  # never opened onto a GPU another slot's job uses
-    reserved_slots = [BY_KEY[s.rsplit("/", 1)[-1]] for s in result.reserved]
+    reserved_slots = [BY_KEY[slot_key(s)] for s in result.reserved]
     for a, b in itertools.combinations(reserved_slots, 2):
         assert set(a.gpus).isdisjoint(b.gpus)
     # L1: while a multi-GPU job fits somewhere, some block is reserved (so demand is never

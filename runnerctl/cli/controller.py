@@ -91,22 +91,23 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
             raise ConfigError("[web] gitlab_oauth_client_id is set, but the secret or the group is missing",
                               hint="set $RUNNERCTL_GITLAB_OAUTH_SECRET and [web] gitlab_oauth_group")
     serving.serve(controller, listen, metrics=attach(controller, settings),
-                  extend=_web(controller, settings, listen, oauth), web=settings.web)
+                  extend=_web(controller, settings, oauth), web=settings.web,
+                  sign_in=_can_sign_in(controller, oauth))
 
 
-def _web(controller: Controller, settings: Settings, listen: str, oauth: GitLabOAuth | None = None, *,
+def _can_sign_in(controller: Controller, oauth: GitLabOAuth | None, *, simulated: bool = False) -> bool:
+    """A local user exists, or GitLab OAuth against a real GitLab (the simulated GitLab lets
+    anyone approve as anyone, so its sign-in does not count)."""
+    return bool(controller.wiring.store.users()) or (oauth is not None and not simulated)
+
+
+def _web(controller: Controller, settings: Settings, oauth: GitLabOAuth | None = None, *,
          simulated: bool = False) -> list[Callable[[FastAPI], None]]:
-    """The page's routes; refuses a non-loopback address when nobody could sign in (the
-    simulated GitLab lets anyone approve as anyone, so its sign-in does not count)."""
-    from runnerctl.controller.serve import is_loopback, parse_listen
+    """The page's routes, and the fleet view published after each good tick."""
     from runnerctl.web.fleet import publisher
     from runnerctl.web.routes import install
 
     store = controller.wiring.store
-    if not is_loopback(parse_listen(listen)[0]) and not store.users() and (oauth is None or simulated):
-        raise ConfigError(f"--listen {listen} is reachable from other machines, but no sign-in is configured",
-                          hint="add an operator first (`runnerctl user add NAME --role operator`) "
-                               "or listen on 127.0.0.1")
     # the fleet page: this host's GPUs and queue after each good tick (a simulated world
     # ticks at least once per virtual second)
     interval = max(settings.controller.interval_s, 1.0) if simulated else settings.controller.interval_s
@@ -118,6 +119,7 @@ def _web(controller: Controller, settings: Settings, listen: str, oauth: GitLabO
 def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: str, workload: str) -> None:
     from runnerctl.controller import serve as serving
     from runnerctl.gpus import sim_count
+    from runnerctl.sim.demo import busy_workload
     from runnerctl.sim.world import build_world
 
     count = 8
@@ -135,7 +137,7 @@ def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: 
 
     def step() -> None:
         if workload == "busy":
-            _busy(world)
+            busy_workload(world)
         world.advance(1.0)
 
     def loop(stop: threading.Event) -> None:  # the controller's own loop: failures retried, watched
@@ -143,8 +145,8 @@ def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: 
 
     try:
         serving.serve(world.controller, listen, loop=loop, metrics=attach(world.controller, settings),
-                      extend=_web(world.controller, settings, listen, oauth, simulated=True),
-                      web=settings.web)
+                      extend=_web(world.controller, settings, oauth, simulated=True),
+                      web=settings.web, sign_in=_can_sign_in(world.controller, oauth, simulated=True))
     finally:
         world.close()
 
@@ -164,17 +166,6 @@ def _sim_oauth(world: World, listen: str) -> GitLabOAuth:
     provider.users.update({"mia": 11, "dev": 12})
     provider.groups["ml"] = {"mia": 40, "dev": 30}
     return GitLabOAuth(world.server.url, app.client_id, app.secret, "ml", api_token=TOKEN)
-
-
-def _busy(world: World) -> None:
-    """A long 4-GPU job first, then 1-GPU jobs, and alice's own process on the last GPU."""
-    at = world.clock.elapsed
-    if at == 0:
-        world.submit(4, 86400.0, user="carol")
-    elif at == 15:
-        for _ in range(2):
-            world.submit(1, 86400.0, user="bob")
-        world.gpus.foreign[world.gpus.count - 1] = (4242, "alice")
 
 
 @click.command()
@@ -198,7 +189,8 @@ def demo(ctx: click.Context, duration: float, listen: str, state_dir: Path | Non
             if not listen:
                 return
             server = serve_in_background(world.controller, listen, attach(world.controller, settings),
-                                         extend=_web(world.controller, settings, listen, simulated=True))
+                                         extend=_web(world.controller, settings, simulated=True),
+                                         sign_in=_can_sign_in(world.controller, None))
             click.echo(f"web page: http://{listen}/ (metrics at /metrics)" if server
                        else f"(web page off: {listen} is taken)")
 

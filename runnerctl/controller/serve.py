@@ -82,10 +82,22 @@ def http_config(app: FastAPI, host: str, port: int, web: WebSettings, log_level:
                           forwarded_allow_ips=trusted or None, server_header=False)
 
 
+def refuse_exposed(listen: str, *, sign_in: bool) -> None:
+    """A page reachable from other machines needs a way to sign in (a local operator, or
+    GitLab OAuth against a real GitLab); ConfigError in one line otherwise."""
+    if not is_loopback(parse_listen(listen)[0]) and not sign_in:
+        raise ConfigError(f"--listen {listen} is reachable from other machines, but no sign-in is configured",
+                          hint="add an operator first (`runnerctl user add NAME --role operator`) "
+                               "or listen on 127.0.0.1")
+
+
 def serve(controller: Controller, listen: str, *,
           loop: Callable[[threading.Event], None] | None = None, metrics: Metrics | None = None,
-          extend: Sequence[Callable[[FastAPI], None]] = (), web: WebSettings | None = None) -> None:
-    """Run until SIGINT/SIGTERM: `loop(stop)` (default: the controller's own) in a thread."""
+          extend: Sequence[Callable[[FastAPI], None]] = (), web: WebSettings | None = None,
+          sign_in: bool = False) -> None:
+    """Run until SIGINT/SIGTERM: `loop(stop)` (default: the controller's own) in a thread.
+    Refuses a non-loopback `listen` unless someone can sign in (`refuse_exposed`)."""
+    refuse_exposed(listen, sign_in=sign_in)
     host, port = parse_listen(listen)
     web = web or WebSettings()
     app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend,
@@ -105,8 +117,9 @@ def serve(controller: Controller, listen: str, *,
 
 def serve_in_background(controller: Controller, listen: str, metrics: Metrics | None = None, *,
                         extend: Sequence[Callable[[FastAPI], None]] = (),
-                        web: WebSettings | None = None) -> uvicorn.Server | None:
+                        web: WebSettings | None = None, sign_in: bool = False) -> uvicorn.Server | None:
     """The app on a daemon thread (the demo); None when the address is taken."""
+    refuse_exposed(listen, sign_in=sign_in)
     host, port = parse_listen(listen)
     web = web or WebSettings()
     app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend,

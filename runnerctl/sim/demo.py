@@ -117,3 +117,15 @@ def _summary(world: World, echo: Echo) -> int:
          f"(budget {world.controller.settings.api_budget_per_min}/min at steady state)")
     sound = fleet.double_allocations == 0 and fleet.foreign_collisions == 0
     return 0 if sound and len(fleet.finished) == len(world.submitted) else 1
+
+
+def busy_workload(world: World) -> None:
+    """`serve --gitlab sim --sim-workload busy`, called every virtual second: a long 4-GPU
+    job first, then 1-GPU jobs, and alice's own process on the last GPU."""
+    at = world.clock.elapsed
+    if at == 0:
+        world.submit(4, 86400.0, user="carol")
+    elif at == 15:
+        for _ in range(2):
+            world.submit(1, 86400.0, user="bob")
+        world.gpus.foreign[world.gpus.count - 1] = (4242, "alice")
