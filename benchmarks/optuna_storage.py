@@ -361,7 +361,7 @@ def checks(runs: list[Run]) -> list[str]:
     if at16 is None:
         return [*out, "- 16 workers not measured"]
     ideal = 16 / SLEEP_S
-    out.append(f"- 16 workers: {at16.rate:.1f} trials/s = {at16.rate / ideal:.0%} of the ideal "
+    out.append(f"- 16 workers: {at16.rate:.1f} trials/s = {at16.rate / ideal:.1%} of the ideal "
                f"{ideal:.0f} ({'meets' if at16.rate >= 0.9 * ideal else 'BELOW'} 90 %); "
                f"{at16.cpu_ms:.1f} ms CPU per trial ({'meets' if at16.cpu_ms <= 15 else 'ABOVE'} 15 ms)")
     if at64 is not None:
