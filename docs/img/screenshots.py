@@ -48,7 +48,7 @@ def main() -> None:
                 page.goto(url)
                 expect(page.locator('.gpu[data-gpu="7"]')).to_have_attribute("data-state", "foreign",
                                                                              timeout=60_000)
-                expect(page.locator('.gpu[data-gpu="5"]')).to_have_attribute("data-state", "job")
+                expect(page.locator('.gpu[data-gpu="5"]')).to_have_attribute("data-state", "ci")
                 page.screenshot(path=str(HERE / "web-host.png"), full_page=True)
                 page.fill("#signin-name", "olga")
                 page.fill("#signin-password", PASSWORD)

@@ -131,7 +131,7 @@ def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: 
     world = build_world(settings.state_dir, gpu_count=count, webhook_secret=secret,
                         settings=dataclasses.replace(settings.controller, projects=(1,)),
                         on_event=lambda e: click.echo(f"{e.kind:10} {e.subject:28} {e.detail}"),
-                        store_url=settings.controller.store_url)
+                        store_url=settings.controller.store_url, start=time.time())
     click.echo(f"simulated GitLab at {world.server.url} (project 1)")
     oauth = _sim_oauth(world, listen)
 

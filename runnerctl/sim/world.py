@@ -101,11 +101,14 @@ def build_world(state_dir: Path, *, host: str = "demo", gpu_count: int = 8,
                 on_event: Callable[[Event], None] = lambda e: None,
                 on_job: Callable[[str, RunningJob, float], None] = lambda kind, job, now: None,
                 webhook_secret: str = "", store_url: str = "", check_s: float = 3.0,
-                lease_dir: Path | None = None, standby: bool = True) -> World:
+                lease_dir: Path | None = None, standby: bool = True,
+                start: float = 1_700_000_000.0) -> World:
     """With `lease_dir`, the runner stand-ins take real lease files there and the controller
     reads running jobs from them (`LeaseJobs`), as in production. `standby=False` leaves
-    out the stand-by runner (runnerctl before it had one)."""
-    clock = VirtualClock()
+    out the stand-by runner (runnerctl before it had one). `start` is the virtual clock's
+    first reading: a world a browser looks at starts at the wall clock, so that dates and
+    the page's own "ran" figures (the browser's clock) agree."""
+    clock = VirtualClock(start)
     state = GitLabState(clock=clock)
     server = GitLabServer(state, tokens={TOKEN: "admin"})
     # small answers written in two sends otherwise wait 40 ms for a delayed ACK (Nagle)
