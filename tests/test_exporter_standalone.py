@@ -106,3 +106,24 @@ def test_settings_carry_the_dcgm_mapping_dir(tmp_path: Path) -> None:
     path.write_text('[monitoring]\ndcgm_job_map = "/run/x"\n')
     with pytest.raises(ConfigError, match="unknown setting 'dcgm_job_map'"):
         load_settings(path)
+
+
+def test_an_unreadable_lease_keeps_its_gpu_closed_in_the_exporter_too(tmp_path: Path) -> None:
+    """Issue 14: as under the controller (test_orphans), a lease nobody can read holds its
+    GPU: the exporter's gate closes it and says why, instead of counting it a CI job."""
+    gpus_file = tmp_path / "gpus.yml"
+    write_gpus(gpus_file, [])
+    (tmp_path / "leases").mkdir()
+    (tmp_path / "leases" / "gpu3.json").write_bytes(b"\x00 not a lease")
+    jobs = LeaseJobs(tmp_path)
+    observer = Observer(host="gpu-c", gpus=open_gpu_source(f"sim:{gpus_file}", host="gpu-c", watch_xid=True),
+                        held=lease_holders(jobs), unreadable=jobs.unreadable, is_ci=jobs.is_ci,
+                        clock=Clock(), limits=GateThresholds(cooldown_s=30.0))
+    parts = {"gpus": gpus.collect, "reconcile": reconcile.collect}
+    registry = build_registry(lambda: observer.stats.view, parts)
+    stats = observer.tick()
+    assert stats.events == {"gate-close": 1}
+    gpu3 = next(g for g in observer.stats.view.view.gpus if g.index == 3)
+    assert not gpu3.open and "unreadable lease" in gpu3.reason, gpu3
+    found = states(generate_latest(registry).decode())
+    assert found["3"] not in ("idle", "ci") and found["0"] == "idle", found

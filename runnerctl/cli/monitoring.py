@@ -57,7 +57,8 @@ def exporter(listen: str | None, gpu_source: str | None, host_name: str | None, 
         if settings.monitoring.dcgm_job_mapping_dir else []
     observer = Observer(host=host, gpus=open_gpu_source(gpu_source or settings.host.gpu_source, host=host,
                                                           watch_xid=True),
-                        held=lease_holders(jobs), is_ci=jobs.is_ci, on_tick=list(hooks),
+                        held=lease_holders(jobs), unreadable=jobs.unreadable, is_ci=jobs.is_ci,
+                        on_tick=list(hooks),
                         limits=GateThresholds(c.foreign_memory_mib, c.foreign_utilization, c.reopen_ratio,
                                               c.cooldown_s))
     stop = threading.Event()

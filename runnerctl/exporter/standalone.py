@@ -39,10 +39,11 @@ HeldBy = Callable[[], Mapping[int, tuple[int, ...]]]
 
 
 def lease_holders(jobs: LeaseJobs) -> HeldBy:
+    """GPUs held by readable leases; `jobs.unreadable` names the others (after this call)."""
     def held() -> dict[int, tuple[int, ...]]:
         jobs.running()  # refreshes the lease tokens that `jobs.is_ci` compares with
         return {lease.gpu: (int(lease.job_id) if lease.job_id.isdigit() else -1,)
-                for lease in jobs.table.all()}
+                for lease in jobs.table.all() if not lease.problem}
     return held
 
 
@@ -51,8 +52,12 @@ class Observer:
 
     def __init__(self, *, host: str, gpus: GpuSource, held: HeldBy, is_ci: IsCi, limits: GateThresholds,
                  clock: Callable[[], float] = time.time,
-                 on_tick: list[Callable[[ControllerView], None]] | None = None) -> None:
+                 on_tick: list[Callable[[ControllerView], None]] | None = None,
+                 unreadable: Callable[[], Mapping[int, str]] = dict) -> None:
+        """`unreadable` (read after `held`): GPU -> why its lease cannot be read; the gate
+        keeps such a GPU closed, as under the controller (`LeaseJobs.unreadable`)."""
         self.host, self.gpus, self.held, self.is_ci, self.limits = host, gpus, held, is_ci, limits
+        self.unreadable = unreadable
         self.clock = clock
         self.on_tick = on_tick or []
         self.stats = ControllerStats()
@@ -71,7 +76,8 @@ class Observer:
             snapshot = None
         held = self.held()
         if snapshot is not None:
-            new = gate_step(snapshot, self.gate, now=now, is_ci=self.is_ci, owned=held, limits=self.limits)
+            new = gate_step(snapshot, self.gate, now=now, is_ci=self.is_ci, owned=held, limits=self.limits,
+                            unreadable=self.unreadable())
             for gpu, state in new.items():
                 if state.closed != self.gate.get(gpu, GateState()).closed:
                     kind = "gate-close" if state.closed else "gate-open"
