@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from runnerctl.sim.gitlab_server import GitLabServer
@@ -38,9 +40,18 @@ def pg_server() -> Iterator[object]:
 
 @pytest.fixture
 def spawned() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Processes a test starts; killed and reaped after it."""
+    """Processes a test starts; killed and reaped after it, with what they started (a
+    runner stand-in's job stages would otherwise run on after the test)."""
     procs: list[subprocess.Popen[bytes]] = []
     yield procs
     for proc in procs:
+        try:
+            children = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            children = []
         proc.kill()
         proc.wait()
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+        psutil.wait_procs(children, timeout=10)
