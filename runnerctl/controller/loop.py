@@ -247,8 +247,12 @@ class Controller:
         claimed = {job for job, host in self.wiring.store.claims(now).items() if host != self.host}
         demand = tuple(self.demand.demand(self.host))
         elsewhere = frozenset(d.job_id for d in demand if d.job_id in claimed)
-        states = tuple(SlotState(s, self.cache.paused.get(s.name) is not False, running.get(s.name, ()))
-                       for s in self._slots)
+        started: dict[str, float] = {}  # slot -> when its latest job took its lease
+        for job in self.wiring.jobs.leased().values():
+            if job.created_at is not None:
+                started[job.slot] = max(started.get(job.slot, job.created_at), job.created_at)
+        states = tuple(SlotState(s, self.cache.paused.get(s.name) is not False, running.get(s.name, ()),
+                                 started.get(s.name)) for s in self._slots)
         return Observed(states, closed, demand, self.drains, held_slots(toggles, self._slots), self.protected,
                         elsewhere)
 

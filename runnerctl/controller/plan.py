@@ -10,8 +10,8 @@ calls it, and applies the returned actions (all pauses before any resume). It ke
   urgent job (priority, then age) drains one for itself: the singles and smaller blocks
   under it are paused, so a stream of 1-GPU jobs cannot starve it, and it opens as
   soon as no other job runs on its GPUs. The block chosen frees soonest: fewest busy
-  GPUs, then the one whose youngest job started earliest (when start times are
-  known), then fewest running jobs; a drain under way keeps its block. A job that came
+  GPUs, then the one whose youngest job started earliest (lease times, when known),
+  then fewest running jobs; a drain under way keeps its block. A job that came
   while no other multi-GPU job waited is protected: no later job delays it.
 - Several hosts: a job another host claimed (`Observed.elsewhere`) is never drained for
   here, but may take an idle block here: a host that must drain never holds a job back
