@@ -66,14 +66,15 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-SLEEP_S = 0.2
+from optuna_workers import SLEEP_S, Workers, close_storage  # noqa: E402 - after the path
+
 LABELS = {
     "journal-pg": "runnerctl: journal on PostgreSQL",
     "rdb-pg": "runnerctl: RDB on PostgreSQL",
@@ -83,7 +84,6 @@ LABELS = {
     "sqlite": "plain Optuna: RDBStorage on SQLite",
 }
 DEFAULT_CONFIGS = "journal-pg,rdb-pg,plain-pg,grpc-pg,journal-file"
-RUNNERCTL = {"journal-pg", "rdb-pg"}  # run through runnerctl.optuna.run_worker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,102 +93,6 @@ class Run:
     rate: float  # trials/s, steady
     cpu_ms: float  # CPU per trial, workers + server
     server_ms: float = 0.0  # of which the server's (database, proxy)
-
-
-def objective(trial: Any) -> float:
-    x: float = trial.suggest_float("x", -10, 10)
-    time.sleep(SLEEP_S)
-    return x * x
-
-
-# -- the worker processes --------------------------------------------------------------
-def worker_loop() -> None:
-    """Serve runs: `config url study total share go` on stdin, `ready`/`done CPU` on stdout."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    for line in sys.stdin:
-        config, url, study_name, total, share, go = line.split()
-        study = _load(config, url, study_name, int(total))
-        print("ready", flush=True)
-        while not os.path.exists(go):
-            time.sleep(0.002)
-        cpu = time.process_time()
-        if config in RUNNERCTL:
-            from runnerctl.optuna import run_worker
-
-            run_worker(objective, study=study)  # as the template: waits poll 1 s
-        else:
-            study.optimize(objective, n_trials=int(share))
-        cpu = time.process_time() - cpu
-        _close(study._storage)  # this run's connections, before the next run
-        print(f"done {cpu:.6f}", flush=True)
-
-
-def _load(config: str, url: str, study_name: str, total: int) -> Any:
-    import optuna
-
-    from runnerctl.optuna import make_storage, study_from_env
-
-    if config in RUNNERCTL:  # the optuna-sweep template's environment
-        os.environ.update({"OPTUNA_STORAGE": url, "OPTUNA_STUDY_NAME": study_name,
-                           "OPTUNA_N_TRIALS": str(total)})
-        return study_from_env()
-    if config == "grpc-pg":
-        host, port = url.removeprefix("grpc:").rsplit(":", 1)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            proxy = optuna.storages.GrpcStorageProxy(host=host, port=int(port))
-        return optuna.load_study(study_name=study_name, storage=proxy)
-    storage = make_storage(url) if url.startswith("journal:") else url
-    return optuna.load_study(study_name=study_name, storage=storage)
-
-
-def _close(storage: Any) -> None:
-    backend = getattr(storage, "_backend", storage)
-    if hasattr(backend, "engine"):
-        backend.engine.dispose()
-    elif hasattr(backend, "close"):  # runnerctl's PostgreSQL journal
-        backend.close()
-    elif hasattr(storage, "close"):  # gRPC proxy client
-        storage.close()
-
-
-class Workers:
-    def __init__(self, count: int) -> None:
-        self.procs = [subprocess.Popen([sys.executable, __file__, "--worker-loop"], text=True,
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-                      for _ in range(count)]
-
-    def run(self, count: int, command: str, go: Path,
-            server_cpu: Callable[[], float]) -> tuple[float, float]:
-        """Start `count` workers on one study together; returns CPU seconds (workers, server)."""
-        used = self.procs[:count]
-        for proc in used:
-            assert proc.stdin is not None
-            proc.stdin.write(command + "\n")
-            proc.stdin.flush()
-        for proc in used:
-            assert self._line(proc) == "ready"
-        server = server_cpu()
-        go.touch()
-        cpu = sum(float(self._line(proc).split()[1]) for proc in used)
-        return cpu, server_cpu() - server
-
-    @staticmethod
-    def _line(proc: subprocess.Popen[str]) -> str:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        if not line:
-            raise RuntimeError(f"worker {proc.pid} ended (exit code {proc.wait()})")
-        return line
-
-    def close(self) -> None:
-        for proc in self.procs:
-            assert proc.stdin is not None
-            proc.stdin.close()
-        for proc in self.procs:
-            proc.wait(timeout=60)
 
 
 # -- one measurement ---------------------------------------------------------------------
@@ -275,7 +179,7 @@ def postgres(scratch: Path) -> Iterator[tuple[str, int]]:
         yield url, int((base / "data" / "postmaster.pid").read_text().split()[0])
     finally:
         for storage in _STORAGES.values():
-            _close(storage)
+            close_storage(storage)
         _STORAGES.clear()
         server.stop()
 
@@ -379,11 +283,7 @@ def main() -> int:
     parser.add_argument("--scratch", type=Path, default=None,
                         help="directory on the disk to measure (default: a temporary directory)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
-    parser.add_argument("--worker-loop", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker_loop:
-        worker_loop()
-        return 0
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
