@@ -3,7 +3,6 @@ of concurrent calls: for the tests that need uvicorn itself (browser, sign-in li
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -13,14 +12,14 @@ from pathlib import Path
 
 import httpx
 
+from tests.pg import free_port
+
 
 class Serve:
     """`runnerctl serve --gitlab sim --gpu-source sim:8 --interval 1 ARGS...`, up once /healthz answers."""
 
     def __init__(self, log_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(log_dir / f"serve-{self.port}.log", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,13 +17,7 @@ import httpx
 
 from runnerctl.cli import main
 from tests.conftest import token_file
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
+from tests.pg import free_port
 
 RUNNERCTL = [sys.executable, "-m", "runnerctl"]
 
@@ -44,7 +37,7 @@ def _start(tmp_path: Path, spawned: list[subprocess.Popen[bytes]],
     token = token_file(tmp_path, info["admin_token"])
     assert main(["init", "--gitlab-url", info["url"], "--token-file", token, "--group",
                  str(info["group_id"]), "--config", str(settings)]) == 0
-    serve_url = f"http://127.0.0.1:{_free_port()}"
+    serve_url = f"http://127.0.0.1:{free_port()}"
     spawned.append(subprocess.Popen([*RUNNERCTL, "serve", "--gitlab", info["url"], "--listen",
                                      serve_url.removeprefix("http://"), "--interval", "1", *serve], env=env,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))

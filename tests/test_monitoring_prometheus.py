@@ -30,7 +30,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -54,6 +53,7 @@ from runnerctl.exporter.scrape import ALL_PARTS
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim.gitlab_server import Fault
 from runnerctl.sim.world import PROJECT, World, build_world
+from tests.pg import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 MONITORING = ROOT / "monitoring"
@@ -64,12 +64,6 @@ NOT_IN_A_HEALTHY_RUN = {"RunnerctlRunnerOffline", "RunnerctlRunnerUnknown", "Run
                         "RunnerctlGitLabUnreachable", "RunnerctlExporterCollectorFailed",
                         "RunnerctlMultiGpuJobWaiting", "RunnerctlReconcileStalled"}
 STEP_S, PACE_S = 5.0, 0.1  # virtual seconds per step, wall seconds between steps (about 50x)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def http_get(url: str, timeout: float = 5.0) -> bytes:
