@@ -116,6 +116,12 @@ class LeaseJobs:
     def unreadable(self) -> dict[int, str]:
         return dict(self._unreadable)
 
+    def holders(self) -> dict[int, tuple[int, ...]]:
+        """GPU -> the job its readable lease names (-1: not a job id), as of the last
+        `running()` (the standalone exporter's view of who holds what)."""
+        return {gpu: (int(lease.job_id) if lease.job_id.isdigit() else -1,)
+                for gpu, lease in self._leases.items() if not lease.problem}
+
     def free(self, job_id: int) -> tuple[int, ...]:
         """The executors' own cleanup, as their cleanup stage would have done it: reap
         (only what carries the job's lease: S4), then release."""

@@ -41,9 +41,8 @@ HeldBy = Callable[[], Mapping[int, tuple[int, ...]]]
 def lease_holders(jobs: LeaseJobs) -> HeldBy:
     """GPUs held by readable leases; `jobs.unreadable` names the others (after this call)."""
     def held() -> dict[int, tuple[int, ...]]:
-        jobs.running()  # refreshes the lease tokens that `jobs.is_ci` compares with
-        return {lease.gpu: (int(lease.job_id) if lease.job_id.isdigit() else -1,)
-                for lease in jobs.table.all() if not lease.problem}
+        jobs.running()  # reads the leases once; refreshes the tokens `jobs.is_ci` compares with
+        return jobs.holders()
     return held
 
 
