@@ -48,6 +48,7 @@ import itertools
 from collections.abc import Iterable
 
 from runnerctl.controller.plan import Demand
+from runnerctl.sim.fair import SimFair
 from runnerctl.sim.gitlab_cron import CRON_S, drop_stuck
 from runnerctl.sim.hosts import SimHost, SimRunner, host_name
 from runnerctl.sim.inputs import ForeignUse, SimConfig, TraceJob
@@ -75,6 +76,7 @@ class Simulator:
         self.hosts = [SimHost(i, gpus=config.gpus_per_host, policy=config.policy)
                       for i in range(config.hosts)]
         self.queue = PendingQueue()
+        self.fair = SimFair(self)  # fair share, and which job GitLab hands a runner
         self.started: dict[int, float] = {}
         self.finished: dict[int, float] = {}
         self.claims: dict[int, int] = {}  # job -> host draining for it
@@ -221,6 +223,7 @@ class Simulator:
             self._dirty.add(claimer)
         self.started[job_id] = now
         job = self.jobs[job_id]
+        self.fair.started(job, now)
         self.busy_gpu_s += job.gpus * job.duration
         self._push(now + job.duration, END, job_id, host_no)
         self._changed(now, host_no)
@@ -237,6 +240,7 @@ class Simulator:
                 if runner.open:
                     host.idle.add(runner.index)
         self.finished[job_id] = now
+        self.fair.finished(self.jobs[job_id], now)
         self._changed(now, host_no)
 
     # -- scheduling of beats ----------------------------------------------------------
@@ -290,14 +294,15 @@ class Simulator:
 
     # -- runner policies ---------------------------------------------------------------
     def _poll(self, now: float) -> None:
-        """Every idle open runner polls: GitLab gives the oldest matching job to the first."""
+        """Every idle open runner polls: GitLab gives a matching job to the first (the oldest
+        for group runners, fair by project for instance runners: `SimFair.pick`)."""
         self._last_poll, self._next_poll = now, -1.0
         for host_no, host in enumerate(self.hosts):
             if not host.idle or not self.queue:
                 continue
             for index in sorted(host.idle):
                 runner = host.runners[index]
-                job_id = self.queue.oldest(runner.slot.size)
+                job_id = self.fair.pick(self, runner.slot.size)
                 if job_id is None or any(host.gated(g, now) for g in runner.slot.gpus):
                     continue  # nothing for it, or the executor's gate refuses to start here
                 self._start(now, host_no, runner.slot.gpus, job_id, runner)
@@ -305,6 +310,8 @@ class Simulator:
     def _tick(self, now: float) -> None:
         self._last_tick = now
         self._ticks.discard(now)
+        if self.fair.refresh(self, now):
+            self._fair_refresh()
         if self._demand_changed:
             self._demand_changed = False
             self._refresh_top()
@@ -330,7 +337,7 @@ class Simulator:
         for size, room in self._room.items():
             found: list[int] = []
             unclaimed = 0
-            for job_id in self.queue.by_urgency(size):
+            for job_id in self.fair.by_urgency(self, size):
                 if len(found) < room or job_id not in self.claims:
                     found.append(job_id)
                     unclaimed += job_id not in self.claims
@@ -365,8 +372,18 @@ class Simulator:
         demand = self._demand.get(job_id)
         if demand is None:
             job = self.jobs[job_id]
-            demand = self._demand[job_id] = Demand(job_id, job.gpus, job.submit, job.priority)
+            demand = self._demand[job_id] = Demand(job_id, job.gpus, job.submit, job.priority,
+                                                   self.fair.fair_s(job))
         return demand
+
+    def _fair_refresh(self) -> None:
+        """Fair-share penalties were read again: every job's demand, the top's order and
+        every host's plan may change, so nothing remembered of them holds."""
+        self._demand.clear()
+        self._common, self._demand_changed = None, True
+        self._dirty.update(range(len(self.hosts)))
+        for host in self.hosts:
+            host.boundary = None
 
     # -- reference policies (runnerctl.sim.reference) ----------------------------------
     def start_reference(self, now: float, host_no: int, job_id: int) -> None:
