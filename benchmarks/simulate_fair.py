@@ -83,7 +83,14 @@ NOTE = ("With group runners GitLab hands every 1-GPU runner the oldest pending j
         "others' 1-GPU jobs queue behind the flood whatever runnerctl does: its fair share "
         "decides only which multi-GPU job drains a block and which job size gets idle GPUs. "
         "Instance runners get GitLab's fair scheduling by project (fewest running jobs first), "
-        "which is what protects the others from a flood of 1-GPU jobs (docs/fairshare.md).")
+        "which is what protects the others from a flood of 1-GPU jobs (docs/fairshare.md); "
+        "there the others' worst waits are their 2-GPU jobs waiting for a pair to drain on "
+        "hosts full of the flood's jobs. The 1.5x ratio is against a baseline with idle GPUs "
+        "(the background's load is 0.8): on hosts the flood fills, a new job waits for a "
+        "running one to end (nothing is preempted), so it does not hold in any configuration. "
+        "Jain's index is high with group runners because everyone waits alike (the others as "
+        "long as the flood), and low with instance runners because the flood's user alone "
+        "carries the wait: here the two acceptance points pull in opposite directions.")
 
 
 def _numbered(jobs: list) -> list:  # type: ignore[type-arg]
