@@ -11,16 +11,11 @@ from pathlib import Path
 import pytest
 
 from runnerctl.cli import main
-from runnerctl.controller import jobs_store
-from runnerctl.controller.demand import PendingJob
-from runnerctl.controller.fair_usage import FairShare
 from runnerctl.controller.fairshare import DAY_S, FairPolicy, Penalties, Span, Usage, decayed_gpu_s, factor
-from runnerctl.controller.jobs_store import JobRecord
 from runnerctl.controller.plan import Demand, Observed, SlotState, plan
-from runnerctl.controller.store import Store
 from runnerctl.gpus.sim import count_snapshot
 from runnerctl.layout import plan_slots
-from runnerctl.settings import ControllerSettings, load_settings
+from runnerctl.settings import load_settings
 from runnerctl.sim.simulator import SimConfig, Simulator, TraceJob
 from runnerctl.sim.trace import synthetic
 
@@ -180,26 +175,3 @@ def test_fair_share_settings_load_with_integer_shares(tmp_path: Path) -> None:
     path.write_text("[controller]\nfair_weight_h = 4\nuser_shares = { ann = 2, bob = 0.5 }\n")
     settings = load_settings(path).controller
     assert settings.user_shares == {"ann": 2.0, "bob": 0.5} and settings.fair_weight_h == 4.0
-
-
-def test_controller_penalises_pending_jobs_by_their_users_history(tmp_path: Path) -> None:
-    """`FairShare` reads every host's job history: ann ran 8 GPUs for hours, bob nothing;
-    ann's pending job counts younger, bob's not at all; off by default."""
-    store = Store.open(state_dir=tmp_path)
-    now = 100 * HOUR
-    record = JobRecord(host="gpu-a", job_id=1, slot="gpu0-7", gpus=tuple(range(8)), project="g/a",
-                       pipeline="1", name="train", user="ann", url="", queued_at=None,
-                       started_at=now - 5 * HOUR, seen_at=now - 5 * HOUR, ended_at=now - HOUR,
-                       outcome="ended")
-    jobs_store.save_jobs(store, [record])
-
-    def pending(job_id: int, user: str, project: str) -> PendingJob:
-        return PendingJob(job_id, 7, 4, now, "normal", None, f"https://gitlab.example/{project}/-/jobs/{job_id}",
-                          user)
-
-    jobs = [pending(2, "ann", "g/a"), pending(3, "bob", "g/b")]
-    settings = ControllerSettings(fair_weight_h=2.0)
-    penalties = FairShare(store, settings).penalties(jobs, now)
-    assert 0 < penalties[2] < 2 * HOUR and penalties[3] == 0.0
-    assert FairShare(store, ControllerSettings()).penalties(jobs, now) == {}
-    store.close()
