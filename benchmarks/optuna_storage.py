@@ -27,8 +27,11 @@ is measured, and what is left out on purpose:
   table shows both per trial). On a host with few cores that CPU, not the 0.2 s
   objective, is what caps the rate at 16 and more workers.
 - the host is shared: every configuration runs `--repeat` times, interleaved, and keeps
-  its best rate, since other work only ever slows a run down. The load average at the
-  start and the end is printed with the table.
+  its best rate, since other work only ever slows a run down. Before each run the
+  benchmark waits (up to 30 s) until the host's CPUs are at least 80 % idle over half a
+  second, so a run does not start beside the previous run's leftovers (the database's
+  autovacuum after thousands of RDB writes, 64 workers closing their connections). The
+  load average at the start and the end is printed with the table.
 
 The configurations (`--configs`), all measured in the same run:
 
@@ -137,6 +140,23 @@ def _own_storage(url: str) -> Any:
     return _STORAGES[url]
 
 
+def settle(idle: float = 0.8, limit_s: float = 30.0) -> float:
+    """Wait until the host's CPUs are `idle` idle over half a second, at most `limit_s`;
+    returns the seconds waited."""
+    def ticks() -> tuple[int, int]:
+        fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return fields[3] + fields[4], sum(fields)  # idle + iowait, all
+
+    started = time.monotonic()
+    while time.monotonic() - started < limit_s:
+        idle0, all0 = ticks()
+        time.sleep(0.5)
+        idle1, all1 = ticks()
+        if all1 > all0 and (idle1 - idle0) / (all1 - all0) >= idle:
+            break
+    return time.monotonic() - started
+
+
 def _steady_rate(ends: list[float]) -> float:
     """Completions between the 10th and 90th percentile of their times, per second."""
     ends = sorted(ends)
@@ -239,7 +259,8 @@ def table(runs: list[Run], configs: list[str], counts: list[int], args: argparse
              f"shared (load average {load}); scratch disk fsync {fsync:.2f} ms (median of 50); "
              f"objective sleeps {SLEEP_S} s, so W workers reach at most W / {SLEEP_S} trials/s "
              f"(the % of ideal); {args.trials} trials per run; best of {args.repeat} "
-             "interleaved runs; steady rate (10th to 90th percentile of completions); CPU is "
+             "interleaved runs, each started once the CPUs were 80 % idle; steady rate "
+             "(10th to 90th percentile of completions); CPU is "
              "workers + server per trial, (server) the database server's and proxy's part.", "",
              "| storage | " + " | ".join(f"{w} workers trials/s (% ideal) | CPU ms (server)"
                                        for w in counts) + " |",
@@ -311,11 +332,12 @@ def main() -> int:
             for round_ in range(1, args.repeat + 1):
                 for config in configs:
                     for count in counts:
+                        waited = settle()
                         run = run_one(workers, config, targets[config], count, args.trials, scratch)
                         runs.append(run)
                         print(f"round {round_}: {config:12} {count:3} workers {run.rate:6.2f} trials/s "
                               f"{run.cpu_ms:6.1f} CPU ms/trial (server {run.server_ms:4.1f}) "
-                              f"load {os.getloadavg()[0]:.1f}", flush=True)
+                              f"load {os.getloadavg()[0]:.1f}, settled {waited:.1f} s", flush=True)
     finally:
         workers.close()
         shutil.rmtree(scratch, ignore_errors=True)

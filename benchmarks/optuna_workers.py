@@ -33,6 +33,7 @@ def worker_loop() -> None:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    print("up", flush=True)  # imported: the pool waits for every worker before the first run
     for line in sys.stdin:
         config, url, study_name, total, share, go = line.split()
         study = _load(config, url, study_name, int(total))
@@ -85,6 +86,8 @@ class Workers:
         self.procs = [subprocess.Popen([sys.executable, __file__], text=True,
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
                       for _ in range(count)]
+        for proc in self.procs:  # all imported, so no run is measured beside 60 imports
+            assert self._line(proc) == "up"
 
     def run(self, count: int, command: str, go: Path,
             server_cpu: Callable[[], float]) -> tuple[float, float]:

@@ -247,6 +247,9 @@ class TrialCounter:
 
     def counts(self, *, exclude_number: int = -1) -> tuple[int, int]:
         """(COMPLETE, RUNNING) trials, leaving out trial number `exclude_number`."""
+        storage = self.study._storage
+        if isinstance(storage, SweepJournalStorage):
+            return storage.count_states(self.study._study_id, exclude_number=exclude_number)
         if self._rdb is None:
             trials = self.study.get_trials(deepcopy=False,
                                            states=(TrialState.COMPLETE, TrialState.RUNNING))

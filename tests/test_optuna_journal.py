@@ -257,3 +257,21 @@ def test_log_table_is_one_row_per_entry(pg_server: PostgresServer) -> None:
     with psycopg.connect(libpq_url(url)) as conn:
         row = conn.execute(f"SELECT COUNT(*), MIN(id), MAX(id) FROM {LOG_TABLE}").fetchone()
     assert row is not None and row[0] == row[2] + 1 and row[1] == 0  # numbered 0..n-1, no gaps
+
+
+def test_trial_counts_match_the_study_and_leave_out_one_number(pg_server: PostgresServer) -> None:
+    """The admission check's counts, taken in place on the journal, agree with the trials."""
+    url = _journal(pg_server, "journal_counts")
+    storage = make_storage(url)
+    study = optuna.create_study(study_name="counts", storage=storage)
+    assert isinstance(storage, SweepJournalStorage)
+    for state in (TrialState.COMPLETE, TrialState.RUNNING, TrialState.FAIL, TrialState.COMPLETE,
+                  TrialState.RUNNING, TrialState.PRUNED):
+        trial = study.ask()
+        if state != TrialState.RUNNING:
+            study.tell(trial, 1.0 if state == TrialState.COMPLETE else None, state=state)
+    storage.expire()
+    assert storage.count_states(study._study_id) == (2, 2)
+    assert storage.count_states(study._study_id, exclude_number=0) == (1, 2)  # a COMPLETE one
+    assert storage.count_states(study._study_id, exclude_number=4) == (2, 1)  # a RUNNING one
+    assert storage.count_states(study._study_id, exclude_number=2) == (2, 2)  # a FAIL one

@@ -119,7 +119,7 @@ slot_keys = st.sampled_from([s.key for s in SLOTS])
        closed=st.dictionaries(st.integers(0, 7), st.just("foreign"), max_size=3),
        demand=st.lists(st.builds(Demand, st.integers(1, 50), st.sampled_from([1, 2, 4, 8]),
                                  st.floats(0, 100), st.sampled_from(["high", "normal", "low"]),
-                                 st.sampled_from([0.0, 50.0])),
+                                 fair_s=st.sampled_from([0.0, 50.0])),
                        max_size=5),
        reserved=st.dictionaries(slot_keys, st.integers(1, 50), max_size=2))
 def test_s1_and_gate_hold_for_any_observation(running: dict[str, tuple[int, ...]], paused: set[str],
@@ -155,7 +155,7 @@ def test_s1_and_gate_hold_for_any_observation(running: dict[str, tuple[int, ...]
        closed=st.dictionaries(st.integers(0, 7), st.just("foreign"), max_size=2),
        demand=st.lists(st.builds(Demand, st.integers(1, 60), st.sampled_from([1, 2, 4, 8, 16]),
                                  st.floats(0, 20_000), st.sampled_from(["high", "normal", "low"]),
-                                 st.sampled_from([0.0, 0.0, 1800.0, 9000.0])),  # fair share
+                                 fair_s=st.sampled_from([0.0, 0.0, 1800.0, 9000.0])),
                        max_size=30, unique_by=lambda d: d.job_id),
        reserved=st.dictionaries(slot_keys, st.integers(1, 60), max_size=2),
        protected=st.frozensets(st.integers(1, 60), max_size=3),

@@ -14,6 +14,7 @@ import random
 import pytest
 
 from runnerctl.controller.plan import PlanPolicy
+from runnerctl.sim.labtrace import lab_trace
 from runnerctl.sim.simulator import SimConfig, Simulator, TraceJob
 from runnerctl.sim.trace import synthetic
 
@@ -44,4 +45,16 @@ def test_same_schedule_as_planning_every_host(jobs: int, hosts: int, foreign: in
     assert lazy.placement == eager.placement
     assert lazy.actions == eager.actions and lazy.dropped == eager.dropped
     assert lazy_result == eager_result
+    assert lazy.plans < eager.plans
+
+
+@pytest.mark.parametrize(("hosts", "seed"), [(1, 1), (2, 2), (4, 3)])
+def test_same_schedule_with_backfill_on_lab_traces(hosts: int, seed: int) -> None:
+    """Lab-like traces have timeouts, so backfill (which reads the time) acts."""
+    trace, uses = lab_trace(150 * hosts, hosts=hosts, seed=seed)
+    config = SimConfig(hosts=hosts)
+    lazy, eager = Simulator(trace, config, uses), EveryHost(trace, config, uses)
+    lazy_result, eager_result = lazy.run(), eager.run()
+    assert lazy.started == eager.started and lazy.placement == eager.placement
+    assert lazy.actions == eager.actions and lazy_result == eager_result
     assert lazy.plans < eager.plans

@@ -278,8 +278,10 @@ def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, 
     day); `dynamic` hosts have runnerctl's stand-by runner. `easy-oracle` is EASY
     backfilling that knows every job's duration: a limit, not a policy to deploy.
     `users` gives per user (column `user`, else `project`) GPU-hours, waits and mean
-    slowdown; `jain_slowdown` is Jain's fairness index over those slowdowns. See
-    docs/fairshare.md for `--runner-type` and the fair-share options."""
+    slowdown; `jain_slowdown` is Jain's fairness index over those slowdowns. A job runs at
+    most its `timeout` (GitLab fails it then); `dynamic` backfills draining blocks with
+    1-GPU jobs whose timeouts end before the drain does. See docs/fairshare.md for
+    `--runner-type` and the fair-share options."""
     from runnerctl.gpus.sim import count_snapshot
     from runnerctl.layout import plan_slots
 

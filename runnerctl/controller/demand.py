@@ -158,7 +158,7 @@ class DemandTracker:
     def demand(self, host: str, fair: Mapping[int, float] | None = None) -> tuple[Demand, ...]:
         """Pending jobs for this host; `fair`: job id -> seconds it counts younger (fair share)."""
         fair = fair or {}
-        return tuple(Demand(j.job_id, j.gpus, j.created_at, j.priority, fair.get(j.job_id, 0.0))
+        return tuple(Demand(j.job_id, j.gpus, j.created_at, j.priority, fair_s=fair.get(j.job_id, 0.0))
                      for j in self.jobs if j.host in (None, host))
 
     def poll(self, gitlab: GitLabPort) -> None:

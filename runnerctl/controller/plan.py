@@ -18,6 +18,8 @@ calls it, and applies the returned actions (all pauses before any resume). It ke
   from a host that has room now.
 - L2: without demand for a block, it is paused and its singles open again in the same
   tick.
+- Backfill (`controller.backfill`): a single on an idle GPU of a draining block stays
+  open while the 1-GPU jobs GitLab would hand it end, by their timeouts, before the drain.
 
 Idle GPUs go to pending jobs by claim: age, where a big job counts older (it is harder
 to place), so big jobs take idle blocks as they appear instead of draining one, and a
@@ -32,6 +34,7 @@ import functools
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import NamedTuple
 
+from runnerctl.controller.backfill import backfill
 from runnerctl.model import Slot
 from runnerctl.tags import PRIORITY_RANK
 
@@ -43,6 +46,8 @@ class SlotState:
     running_jobs: tuple[int, ...] = ()
     started_at: float | None = None
     """When the latest of its running jobs started (lease time), if known."""
+    ends_by: float | None = None
+    """When its running jobs end at the latest (start + GitLab timeout), if known."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +58,8 @@ class Demand:
     gpus: int
     created_at: float
     priority: str = "normal"
+    timeout_s: float | None = None
+    """Its GitLab timeout, if known: GitLab kills it then, so it runs at most this long."""
     fair_s: float = 0.0
     """Fair share (`fairshare`): seconds this job counts younger, for its user's and
     project's recent GPU use; bounded, so its age still wins in the end."""
@@ -73,6 +80,9 @@ class Observed:
     elsewhere: frozenset[int] = frozenset()
     """Pending jobs another host claimed (drains for): this host may start them on an idle
     block, but never drains for them (two hosts never drain for one job)."""
+    now: float | None = None
+    """The observation's time, on the clock of `created_at` and `started_at`; None: no
+    backfill (the one rule that reads the time)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +100,12 @@ class PlanPolicy:
     """The same, in choosing which job drains a block: the oldest one, where a big job
     counts this much older per extra GPU (so 8-GPU jobs do not wait behind a long queue
     of small ones; a small credit, as whole-host drains idle the most GPUs)."""
+    backfill_max_s: float = 7200.0
+    """Backfill (`controller.backfill`) only jobs whose timeout is at most this: the most
+    a backfilled job can delay the drained job, whatever the estimates. 0: none."""
+    drain_recent: bool = False
+    """Drain the block whose oldest job started latest, not the one whose latest job
+    started earliest (measured in docs/controller.md: not better, so off)."""
 
 
 class Decision(NamedTuple):  # a tuple: plans are made often (the simulator), keep them cheap
@@ -106,6 +122,8 @@ class Plan:
     claims: frozenset[int] = frozenset()  # reserved jobs not claimed elsewhere: claim them
     singles: Mapping[int, str] = dataclasses.field(default_factory=dict)
     """1-GPU job -> the idle single kept open for it (why_waiting reads it)."""
+    recheck_at: float | None = None
+    """When a backfill single this plan opens must close (time alone changes the plan)."""
 
     def open_slots(self) -> list[Slot]:
         return [d.slot for d in self.decisions if d.open]
@@ -132,9 +150,13 @@ def plan(observed: Observed, policy: PlanPolicy = PlanPolicy()) -> Plan:
     reserver = _Reserver(observed, busy, policy)
     reservations = reserver.run()
     decisions = _decide(observed, busy, reservations)
+    opened, recheck = backfill(observed, busy, reservations, decisions, policy)
+    if opened:
+        decisions = tuple(Decision(d.slot, True, opened[d.slot.name]) if d.slot.name in opened else d
+                          for d in decisions)
     reserved = {name: job for name, (_, job) in reservations.items()}
     return Plan(decisions, reserved, frozenset(reserver.protected),
-                frozenset(reserved.values()) - observed.elsewhere, reserver.singles)
+                frozenset(reserved.values()) - observed.elsewhere, reserver.singles, recheck)
 
 
 def relevant_demand(demand: Iterable[Demand], slots: Iterable[Slot], protected: Iterable[int] = (),
@@ -309,9 +331,10 @@ class _Reserver:
         holders = {h for g in block.gpus for h in busy.get(g, ())}
         states = [self.states[h] for h in holders if h in self.states]
         jobs = sum(len(s.running_jobs) for s in states)
-        youngest = max((s.started_at or 0.0 for s in states), default=0.0)
+        starts = [s.started_at or 0.0 for s in states] or [0.0]
+        when = -min(starts) if self.policy.drain_recent else max(starts)
         used = sum(1 for g in block.gpus if g in busy or g in self.owner or g in self.kept_open)
-        return used, youngest, jobs, block.gpus
+        return used, when, jobs, block.gpus
 
 
 def drain_order(demand: Demand, protected: Collection[int],

@@ -25,17 +25,18 @@ def host_name(index: int) -> str:
 class SimRunner:
     """One runner: its slot, open (unpaused) or not, the job it runs."""
 
-    __slots__ = ("slot", "index", "open", "job", "started", "state")
+    __slots__ = ("slot", "index", "open", "job", "started", "ends_by", "state")
 
     def __init__(self, slot: Slot, index: int, open_: bool) -> None:
         self.slot, self.index, self.open = slot, index, open_
         self.job: int | None = None
         self.started: float | None = None
+        self.ends_by: float | None = None  # start + its job's timeout, if the trace gives one
         self.state = SlotState(slot, not open_)
 
     def refresh(self) -> None:
         self.state = SlotState(self.slot, not self.open, () if self.job is None else (self.job,),
-                               self.started)
+                               self.started, self.ends_by)
 
 
 class SimHost:
@@ -56,6 +57,7 @@ class SimHost:
         self.drained: set[int] = set()  # claimed jobs it really drained for: kept (controller/claims.py)
         self.protected: frozenset[int] = frozenset()
         self.boundary: tuple[int, bool, float, int] | None = None  # replan.boundary
+        self.recheck_at = float("inf")  # plan.Plan.recheck_at: plan again then
         self.seen = 0  # Simulator._log: the changes its last plan saw (replan.sees)
         self.runner_of = {r.slot.name: r for r in self.runners}
         self.slot_of = {r.slot.name: r.slot for r in self.runners}

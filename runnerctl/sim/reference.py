@@ -59,7 +59,7 @@ def _easy(sim: Simulator, now: float) -> None:
             shadow, extra = _shadow(sim, now, need)
             continue
         for host_no in fits:
-            if host_no != shadow[0] or now + job.duration <= shadow[1]:
+            if host_no != shadow[0] or now + sim.run_time(job_id) <= shadow[1]:
                 sim.start_reference(now, host_no, job_id)
                 break
             if need <= extra:
@@ -77,7 +77,7 @@ def _shadow(sim: Simulator, now: float, need: int) -> tuple[tuple[int, float], i
         for gpu, owner in enumerate(host.owner):
             at = now
             if owner is not None:
-                at = sim.started[owner] + sim.jobs[owner].duration
+                at = sim.started[owner] + sim.run_time(owner)
             if host.gated(gpu, at):
                 at = max(at, sim.foreign_free_at(host_no, gpu, now))
             times.append(at)

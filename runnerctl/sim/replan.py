@@ -7,7 +7,10 @@ drained for on them, and its last drain's place in `drain_order`. Jobs that ente
 leave the top of the queue or a claim go to the simulator's log; at a tick, `sees` tells
 from the log's new part whether any of them could change the host's plan. Where it says
 no, planning would give the same plan (tests/test_simulator_replan.py compares with
-planning every host at every tick).
+planning every host at every tick). Backfill (`controller.backfill`) reads the time and
+the 1-GPU jobs' timeouts: a host with idle GPUs in a drained block has no `boundary`
+(any change may open or close a backfill single), and one whose plan keeps a backfill
+single open is planned again at the first beat after its `recheck_at`.
 """
 
 from __future__ import annotations
@@ -96,6 +99,8 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
     idle = [owner[g] is None and not gated[g] for g in range(len(owner))]
     if any(idle[g] and g not in drained for g in range(len(owner))):
         return None
+    if policy.backfill_max_s and any(idle[g] for g in drained):
+        return None  # a 1-GPU job coming or going may open or close a backfill single
     host.blocks, host.idle_slots = {}, {}
     if not drained and not any(gated):  # every block usable, none drained, nothing idle
         host.blocks = host.all_blocks
@@ -124,9 +129,12 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
     closed = {g: "foreign" for g in range(len(host.owner)) if host.gated(g, now)}
     demand, elsewhere = sim._host_demand(host_no)
     observed = Observed(tuple(r.state for r in host.runners), closed, demand, host.reserved,
-                        protected=host.protected, elsewhere=elsewhere)
+                        protected=host.protected, elsewhere=elsewhere, now=now)
     result = plan(observed, sim.config.plan_policy)
     sim.plans += 1
+    host.recheck_at = float("inf") if result.recheck_at is None else result.recheck_at
+    if result.recheck_at is not None:  # time alone closes a backfill single: a tick then
+        sim._schedule_tick((result.recheck_at // sim.config.reconcile_s + 1) * sim.config.reconcile_s)
     pauses, resumes = differences(result.decisions, {s.slot.name: s.paused for s in observed.slots})
     by_name = host.runner_of
     for decision in [*pauses, *resumes]:

@@ -22,6 +22,9 @@ may start it; a host keeps the claim of a job it drained for until the job start
 `fifo` (strict arrival order) and `easy-oracle` (EASY backfilling knowing every job's
 duration: the limit no real controller reaches).
 
+A job runs for its duration, but at most its `timeout` (GitLab fails it then); its
+timeout is what `dynamic`'s planner may know in advance (backfill: `controller.backfill`).
+
 GitLab's own rule against waiting jobs runs on its hourly cron (`gitlab_cron`): a job
 pending over an hour that no online, unpaused runner covers, and any job pending over
 a day, is failed and counted in `jobs_dropped`. `dynamic` hosts have runnerctl's
@@ -208,7 +211,9 @@ class Simulator:
             host.owner[g] = job_id
         self.placement[job_id] = (host_no, gpus)
         if runner is not None:
+            timeout = self.jobs[job_id].timeout
             runner.job, runner.started = job_id, now
+            runner.ends_by = None if timeout is None else now + timeout
             runner.refresh()
             host.idle.discard(runner.index)
         self.queue.remove(job_id)
@@ -222,10 +227,10 @@ class Simulator:
             self.hosts[claimer].drained.discard(job_id)
             self._dirty.add(claimer)
         self.started[job_id] = now
-        job = self.jobs[job_id]
-        self.fair.started(job, now)
-        self.busy_gpu_s += job.gpus * job.duration
-        self._push(now + job.duration, END, job_id, host_no)
+        self.fair.started(self.jobs[job_id], now)
+        run = self.run_time(job_id)
+        self.busy_gpu_s += self.jobs[job_id].gpus * run
+        self._push(now + run, END, job_id, host_no)
         self._changed(now, host_no)
 
     def _finish(self, now: float, job_id: int, host_no: int) -> None:
@@ -235,7 +240,7 @@ class Simulator:
                 host.owner[g] = None
         for runner in host.runners:
             if runner.job == job_id:
-                runner.job = runner.started = None
+                runner.job = runner.started = runner.ends_by = None
                 runner.refresh()
                 if runner.open:
                     host.idle.add(runner.index)
@@ -317,6 +322,8 @@ class Simulator:
             self._refresh_top()
         log, dirty = self._log, self._dirty
         for host_no, host in enumerate(self.hosts):
+            if host.recheck_at < now:  # a backfill single's time is up (replan.reconcile)
+                dirty.add(host_no)
             if host_no not in dirty and host.seen < self._logged + len(log):
                 if sees(host, host_no, log[host.seen - self._logged:], self):
                     dirty.add(host_no)
@@ -372,7 +379,7 @@ class Simulator:
         demand = self._demand.get(job_id)
         if demand is None:
             job = self.jobs[job_id]
-            demand = self._demand[job_id] = Demand(job_id, job.gpus, job.submit, job.priority,
+            demand = self._demand[job_id] = Demand(job_id, job.gpus, job.submit, job.priority, job.timeout,
                                                    self.fair.fair_s(job))
         return demand
 
@@ -384,6 +391,12 @@ class Simulator:
         self._dirty.update(range(len(self.hosts)))
         for host in self.hosts:
             host.boundary = None
+
+    def run_time(self, job_id: int) -> float:
+        """How long a job runs: its duration, but GitLab fails it at its timeout ("The job,
+        if running longer, times out": gitlabhq doc/ci/runners/configure_runners.md)."""
+        job = self.jobs[job_id]
+        return job.duration if job.timeout is None else min(job.duration, job.timeout)
 
     # -- reference policies (runnerctl.sim.reference) ----------------------------------
     def start_reference(self, now: float, host_no: int, job_id: int) -> None:

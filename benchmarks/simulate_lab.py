@@ -1,0 +1,102 @@
+"""dynamic against greedy and easy-oracle on lab-like traces (issue 16), in one run.
+
+    python benchmarks/simulate_lab.py [--jobs-per-host 200] [--seeds 1,2,3]
+
+Traces from `runnerctl.sim.labtrace.lab_trace` (heavy-tailed durations, bursts of 50
+1-GPU jobs, five users with their own job mixes, timeouts, foreign use, offered load
+0.85) on 1 x 8, 2 x 8 and 4 x 8 GPUs. For each trace and seed: dynamic's makespan as a
+ratio of greedy's and of easy-oracle's (both measured in the same run), its p95 wait
+per GPU count against easy-oracle's, its longest 8-GPU wait against greedy's (and
+easy-oracle's against greedy's, what a clairvoyant reservation gets), and issue 16's
+first acceptance point checked: makespan <= 1.03x greedy's and <= 1.06x easy-oracle's,
+p95 wait of every GPU count <= 2x easy-oracle's (at least a minute), longest 8-GPU wait <= 1/3 of greedy's.
+Writes its table into benchmarks/RESULTS.md between the simulate-lab markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+Result = dict[str, object]
+
+
+def main() -> int:
+    from results_md import write_section
+
+    from runnerctl.sim.labtrace import lab_trace
+    from runnerctl.sim.simulator import SimConfig, Simulator
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs-per-host", type=int, default=200)
+    parser.add_argument("--seeds", default="1,2,3", help="comma-separated trace seeds")
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    lines = ["## Lab-like traces: dynamic against greedy and easy-oracle", "",
+             f"`python benchmarks/simulate_lab.py` ({args.jobs_per_host} jobs per host, seeds "
+             f"{args.seeds}; `runnerctl.sim.labtrace`: lognormal durations with sigma 1.5-1.8 killed at "
+             "their timeout, bursts of 50 1-GPU jobs, five users, 4 foreign uses per host, offered "
+             "load 0.85). Waits in minutes; p95 per GPU count 1/2/4/8 as dynamic / easy-oracle; "
+             "a check is `ok` when issue 16's bound holds.", "",
+             "| trace | seed | makespan / greedy (<= 1.03) | makespan / easy-oracle (<= 1.06) | "
+             "p95 wait dynamic / easy-oracle 1/2/4/8 (min) | worst p95 ratio (<= 2) | "
+             "max 8-GPU wait / greedy's (<= 1/3) | easy-oracle's / greedy's | dropped |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    failed: dict[str, int] = {}
+    for hosts in (1, 2, 4):
+        for seed in seeds:
+            jobs, foreign = lab_trace(args.jobs_per_host * hosts, hosts=hosts, seed=seed)
+            runs = {p: Simulator(jobs, SimConfig(hosts=hosts, policy=p), foreign).run()
+                    for p in ("dynamic", "greedy", "easy-oracle")}
+            row, checks = _row(f"{hosts}x8 + foreign", seed, runs)
+            for name, ok in checks.items():
+                failed[name] = failed.get(name, 0) + (not ok)
+            lines.append(row)
+            print(row, flush=True)
+    runs_total = 3 * len(seeds)
+    summary = ["", "Checks over all " f"{runs_total} runs: " + "; ".join(
+        f"{name} holds in {runs_total - bad}/{runs_total}" for name, bad in failed.items()) + "."]
+    print(summary[-1])
+    write_section("simulate-lab", [*lines, *summary])
+    return 0
+
+
+def _row(trace: str, seed: int, runs: dict[str, Result]) -> tuple[str, dict[str, bool]]:
+    dynamic, greedy, easy = runs["dynamic"], runs["greedy"], runs["easy-oracle"]
+    makespan = _f(dynamic["makespan_s"])
+    vs_greedy, vs_easy = makespan / _f(greedy["makespan_s"]), makespan / _f(easy["makespan_s"])
+    p95, p95_easy = _d(dynamic["wait_p95_s"]), _d(easy["wait_p95_s"])
+    ratios = [p95[n] / max(p95_easy[n], 60.0) for n in p95 if n in p95_easy]  # a minute's floor
+    worst = max(ratios, default=0.0)
+    max8, max8_greedy, max8_easy = (_d(r["wait_max_s"]).get(8, 0.0) for r in (dynamic, greedy, easy))
+    starve = max8 / max8_greedy if max8_greedy else 0.0
+    easy_starve = max8_easy / max8_greedy if max8_greedy else 0.0
+    waits = "/".join(f"{p95[n] / 60:.0f}/{p95_easy.get(n, 0.0) / 60:.0f}" if n in p95 else "-"
+                     for n in (1, 2, 4, 8))
+    dropped = dynamic["jobs_dropped"]
+    assert isinstance(dropped, dict)
+    checks = {"makespan <= 1.03x greedy": vs_greedy <= 1.03, "makespan <= 1.06x easy-oracle": vs_easy <= 1.06,
+              "p95 wait <= 2x easy-oracle": worst <= 2.0, "8-GPU max wait <= 1/3 greedy": starve <= 1 / 3}
+    marks = [("ok" if ok else "FAIL") for ok in checks.values()]
+    row = (f"| {trace} | {seed} | {vs_greedy:.3f} {marks[0]} | {vs_easy:.3f} {marks[1]} | {waits} | "
+           f"{worst:.2f} {marks[2]} | {starve:.2f} {marks[3]} | {easy_starve:.2f} | "
+           f"{sum(dropped.values())} |")
+    return row, checks
+
+
+def _f(value: object) -> float:
+    assert isinstance(value, (int, float))
+    return float(value)
+
+
+def _d(value: object) -> dict[int, float]:
+    assert isinstance(value, dict)
+    return {int(k): float(v) for k, v in value.items()}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
