@@ -140,7 +140,25 @@ class ControllerSettings:
     but unused" (an event once per job, a badge on the page, a line in the report). Long
     enough that data loading or compiling at a job's start is not flagged."""
 
+    fair_weight_h: float = 0.0
+    """Fair share (docs/fairshare.md): the most hours a pending job counts younger for its
+    user's and project's recent GPU use (0: off). Priority still comes first."""
+    fair_half_life_h: float = 168.0
+    """Fair share: GPU use this many hours ago counts half (from the job history)."""
+    user_shares: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Fair share: GitLab user login -> shares (others have 1: equal by default)."""
+    project_shares: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Fair share: project path (group/project) -> shares (others have 1)."""
+
     def __post_init__(self) -> None:
+        if not self.fair_half_life_h > 0:
+            raise ConfigError(f"[controller] fair_half_life_h must be more than 0, "
+                              f"not {self.fair_half_life_h!r}")
+        for table in ("user_shares", "project_shares"):
+            for key, share in getattr(self, table).items():
+                if not (math.isfinite(share) and share > 0):
+                    raise ConfigError(f"[controller] {table}: {key} must be a share more than 0, "
+                                      f"not {share!r}")
         for name in ("history_retention_days", "events_retention_days", "unused_after_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"[controller] {name} must be more than 0, not {getattr(self, name)!r}")
@@ -269,6 +287,8 @@ def _container(kind: Any, value: Any, *, where: str) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, args[0]) for v in value):
             raise ConfigError(f"{where} must be a list of {args[0].__name__}, not {value!r}")
         return tuple(value)
-    if not isinstance(value, dict) or not all(isinstance(v, args[1]) for v in value.values()):
+    accepted = (int, float) if args[1] is float else args[1]  # TOML writes 2 for 2.0
+    if not isinstance(value, dict) or not all(isinstance(v, accepted) and not isinstance(v, bool)
+                                              for v in value.values()):
         raise ConfigError(f"{where} must be a table of {args[1].__name__}, not {value!r}")
-    return {str(k): v for k, v in value.items()}
+    return {str(k): float(v) if args[1] is float else v for k, v in value.items()}

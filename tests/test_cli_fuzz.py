@@ -70,7 +70,8 @@ def no_settings_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @SETTINGS
 @given(jobs=csv_file(JOBS), foreign=st.none() | csv_file(FOREIGN),
        extra=st.lists(st.sampled_from([["--hosts", "2"], ["--gpus-per-host", "4"], ["--policy", "greedy"],
-                                       ["--json"], ["--hosts", "0"], ["--gpus-per-host", "3"]]), max_size=3))
+                                       ["--json"], ["--hosts", "0"], ["--gpus-per-host", "3"],
+                                       ["--runner-type", "instance"], ["--fair-weight-h", "4"]]), max_size=3))
 def test_simulate_never_raises_on_any_trace(tmp_path: Path, jobs: bytes, foreign: bytes | None,
                                             extra: list[list[str]]) -> None:
     trace = tmp_path / "jobs.csv"
@@ -83,7 +84,8 @@ def test_simulate_never_raises_on_any_trace(tmp_path: Path, jobs: bytes, foreign
 
 
 OPTIONS = {
-    "simulate": ["--trace", "--foreign", "--hosts", "--gpus-per-host", "--policy", "--json"],
+    "simulate": ["--trace", "--foreign", "--hosts", "--gpus-per-host", "--policy", "--json", "--runner-type",
+                 "--fair-weight-h", "--fair-half-life-h"],
     "render": ["-i", "-o", "--input", "--output"],
     "pause": ["--gpu", "--slot", "--host", "--why", "--who", "--host-name"],
     "drain": ["--gpu", "--slot", "--host", "--why", "--who", "--host-name"],

@@ -34,6 +34,10 @@ def test_values_override_defaults(tmp_path: Path) -> None:
         ("[executor]\ngate_wait_s = 'soon'\n", "gate_wait_s must be float"),
         ("host = 3\n", r"\[host\] must be a table"),
         ("[host\n", "not valid TOML"),
+        ("[controller]\nfair_half_life_h = 0\n", "fair_half_life_h must be more than 0"),
+        ("[controller]\nuser_shares = { ann = 0 }\n", "user_shares: ann must be a share more than 0"),
+        ("[controller]\nproject_shares = { 'g/a' = 'many' }\n", "project_shares must be a table of float"),
+        ("[controller]\nfair_weight_h = -1\n", "fair_weight_h must be a finite number"),
     ],
 )
 def test_bad_settings_name_the_problem(tmp_path: Path, text: str, needle: str) -> None:

@@ -25,11 +25,13 @@ from runnerctl.cli.host import (
 )
 from runnerctl.cli.monitoring import attach
 from runnerctl.cli.params import Seconds, config_option
+from runnerctl.controller.fairshare import FairPolicy
 from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import request as toggle_request
 from runnerctl.controller.toggles import target_of
 from runnerctl.errors import ConfigError
 from runnerctl.settings import PathSettings, Settings
+from runnerctl.sim.fair import RUNNER_TYPES
 from runnerctl.sim.simulator import POLICIES, SimConfig, Simulator
 from runnerctl.sim.trace import read_foreign, read_jobs
 
@@ -259,9 +261,16 @@ def resume(**kwargs: object) -> None:
 @click.option("--hosts", type=click.IntRange(1, 1000), default=1, show_default=True)
 @click.option("--gpus-per-host", type=click.IntRange(1, 64), default=8, show_default=True)
 @click.option("--policy", type=click.Choice(POLICIES), default="dynamic", show_default=True)
+@click.option("--runner-type", type=click.Choice(RUNNER_TYPES), default="group", show_default=True,
+              help="group: GitLab hands a runner the oldest job; instance: fair by project "
+                   "(fewest jobs running first), as GitLab does for instance runners.")
+@click.option("--fair-weight-h", type=click.FloatRange(0, 10_000), default=0.0, show_default=True,
+              help="dynamic: fair share, the most hours a heavy user's job counts younger (0: off).")
+@click.option("--fair-half-life-h", type=click.FloatRange(0.01, 100_000), default=168.0, show_default=True,
+              help="dynamic: GPU use this many hours ago counts half in fair share.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, policy: str,
-             as_json: bool) -> None:
+             runner_type: str, fair_weight_h: float, fair_half_life_h: float, as_json: bool) -> None:
     """Replay a job trace on simulated hosts under a scheduling policy; print the outcome.
 
     GitLab's hourly cron runs too: `jobs_dropped` counts, by failure reason, the jobs it
@@ -271,7 +280,8 @@ def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, 
     `users` gives per user (column `user`, else `project`) GPU-hours, waits and mean
     slowdown; `jain_slowdown` is Jain's fairness index over those slowdowns. A job runs at
     most its `timeout` (GitLab fails it then); `dynamic` backfills draining blocks with
-    1-GPU jobs whose timeouts end before the drain does."""
+    1-GPU jobs whose timeouts end before the drain does. See docs/fairshare.md for
+    `--runner-type` and the fair-share options."""
     from runnerctl.gpus.sim import count_snapshot
     from runnerctl.layout import plan_slots
 
@@ -279,7 +289,10 @@ def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, 
     jobs = read_jobs(trace, sizes=sizes)
     uses = read_foreign(foreign, hosts=hosts, gpus_per_host=gpus_per_host) if foreign else []
     try:
-        simulator = Simulator(jobs, SimConfig(hosts=hosts, gpus_per_host=gpus_per_host, policy=policy), uses)
+        fair = FairPolicy(weight_s=fair_weight_h * 3600, half_life_s=fair_half_life_h * 3600)
+        config = SimConfig(hosts=hosts, gpus_per_host=gpus_per_host, policy=policy,
+                           runner_type=runner_type, fair=fair)
+        simulator = Simulator(jobs, config, uses)
     except ValueError as exc:
         raise ConfigError(str(exc), hint="check --hosts and --gpus-per-host against FOREIGN.csv") from None
     result = simulator.run()

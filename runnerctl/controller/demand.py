@@ -155,9 +155,11 @@ class DemandTracker:
             found = list(self._jobs.values())
         return sorted(found, key=lambda j: (PRIORITY_RANK[j.priority], j.created_at))
 
-    def demand(self, host: str) -> tuple[Demand, ...]:
-        return tuple(Demand(j.job_id, j.gpus, j.created_at, j.priority) for j in self.jobs
-                     if j.host in (None, host))
+    def demand(self, host: str, fair: Mapping[int, float] | None = None) -> tuple[Demand, ...]:
+        """Pending jobs for this host; `fair`: job id -> seconds it counts younger (fair share)."""
+        fair = fair or {}
+        return tuple(Demand(j.job_id, j.gpus, j.created_at, j.priority, fair_s=fair.get(j.job_id, 0.0))
+                     for j in self.jobs if j.host in (None, host))
 
     def poll(self, gitlab: GitLabPort) -> None:
         """At most one look per call (a discovery may take a second request), when the

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from runnerctl.controller import act as acting
 from runnerctl.controller.claims import Claims
 from runnerctl.controller.demand import ApiBudget, DemandTracker
+from runnerctl.controller.fair_usage import FairShare
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi, reopen
 from runnerctl.controller.history import History
 from runnerctl.controller.liveness import Liveness
@@ -97,6 +98,7 @@ class Controller:
         self._failing: set[str] = set()  # side tasks failing now (logged once)
         self.liveness = Liveness(host=self.host, interval_s=settings.interval_s)  # for /healthz, /metrics
         self.history = History(wiring.store, self.host, settings)  # job history, retention
+        self.fair = FairShare(wiring.store, settings)  # fair share from the job history
 
     # -- one tick ------------------------------------------------------------------
     def tick(self) -> ControllerView:
@@ -245,7 +247,8 @@ class Controller:
         else:
             closed = {gpu: state.reason for gpu, state in self.gate.items() if state.closed}
         claimed = {job for job, host in self.wiring.store.claims(now).items() if host != self.host}
-        demand = tuple(self.demand.demand(self.host))
+        fair = self.fair.penalties(self.demand.jobs, now) if self.fair.policy.on else None
+        demand = self.demand.demand(self.host, fair)
         elsewhere = frozenset(d.job_id for d in demand if d.job_id in claimed)
         started: dict[str, float] = {}  # slot -> when its latest job took its lease
         for job in self.wiring.jobs.leased().values():

@@ -60,10 +60,13 @@ class Demand:
     priority: str = "normal"
     timeout_s: float | None = None
     """Its GitLab timeout, if known: GitLab kills it then, so it runs at most this long."""
+    fair_s: float = 0.0
+    """Fair share (`fairshare`): seconds this job counts younger, for its user's and
+    project's recent GPU use; bounded, so its age still wins in the end."""
 
     @functools.cached_property
     def urgency(self) -> tuple[int, float, int]:
-        return PRIORITY_RANK.get(self.priority, 1), self.created_at, self.job_id
+        return PRIORITY_RANK.get(self.priority, 1), self.created_at + self.fair_s, self.job_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,8 +364,10 @@ def idle_claim(demand: Demand, policy: PlanPolicy) -> tuple[int, float, int]:
 
 
 def _credited(demand: Demand, credit_s: float) -> tuple[int, float, int]:
-    """Priority, then age, a job of N GPUs counting `credit_s` older per extra GPU."""
-    return demand.urgency[0], demand.created_at - credit_s * (demand.gpus - 1), demand.job_id
+    """Priority, then age (fair-share adjusted: `Demand.urgency`), a job of N GPUs
+    counting `credit_s` older per extra GPU."""
+    rank, created, job_id = demand.urgency
+    return rank, created - credit_s * (demand.gpus - 1), job_id
 
 
 def _decide(observed: Observed, busy: Mapping[int, list[str]],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from runnerctl.controller.fairshare import FairPolicy
 from runnerctl.controller.plan import PlanPolicy
 
 
@@ -48,3 +49,8 @@ class SimConfig:
     cooldown_s: float = 30.0  # a GPU stays closed this long after foreign use ends
     plan_policy: PlanPolicy = PlanPolicy()
     standby: bool = True  # dynamic: each host has runnerctl's stand-by runner (False: as before it)
+    runner_type: str = "group"
+    """Which job GitLab hands a polling runner (`runnerctl.sim.fair`): "group" (and
+    project) runners the oldest, "instance" runners fair by project."""
+    fair: FairPolicy = FairPolicy()  # dynamic: fair share between users and projects (off: weight 0)
+    fair_update_s: float = 300.0  # dynamic: how often the controller reads usage again

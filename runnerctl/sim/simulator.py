@@ -51,6 +51,7 @@ import itertools
 from collections.abc import Iterable
 
 from runnerctl.controller.plan import Demand
+from runnerctl.sim.fair import SimFair
 from runnerctl.sim.gitlab_cron import CRON_S, drop_stuck
 from runnerctl.sim.hosts import SimHost, SimRunner, host_name
 from runnerctl.sim.inputs import ForeignUse, SimConfig, TraceJob
@@ -78,6 +79,7 @@ class Simulator:
         self.hosts = [SimHost(i, gpus=config.gpus_per_host, policy=config.policy)
                       for i in range(config.hosts)]
         self.queue = PendingQueue()
+        self.fair = SimFair(self)  # fair share, and which job GitLab hands a runner
         self.started: dict[int, float] = {}
         self.finished: dict[int, float] = {}
         self.claims: dict[int, int] = {}  # job -> host draining for it
@@ -225,6 +227,7 @@ class Simulator:
             self.hosts[claimer].drained.discard(job_id)
             self._dirty.add(claimer)
         self.started[job_id] = now
+        self.fair.started(self.jobs[job_id], now)
         run = self.run_time(job_id)
         self.busy_gpu_s += self.jobs[job_id].gpus * run
         self._push(now + run, END, job_id, host_no)
@@ -242,6 +245,7 @@ class Simulator:
                 if runner.open:
                     host.idle.add(runner.index)
         self.finished[job_id] = now
+        self.fair.finished(self.jobs[job_id], now)
         self._changed(now, host_no)
 
     # -- scheduling of beats ----------------------------------------------------------
@@ -295,14 +299,15 @@ class Simulator:
 
     # -- runner policies ---------------------------------------------------------------
     def _poll(self, now: float) -> None:
-        """Every idle open runner polls: GitLab gives the oldest matching job to the first."""
+        """Every idle open runner polls: GitLab gives a matching job to the first (the oldest
+        for group runners, fair by project for instance runners: `SimFair.pick`)."""
         self._last_poll, self._next_poll = now, -1.0
         for host_no, host in enumerate(self.hosts):
             if not host.idle or not self.queue:
                 continue
             for index in sorted(host.idle):
                 runner = host.runners[index]
-                job_id = self.queue.oldest(runner.slot.size)
+                job_id = self.fair.pick(self, runner.slot.size)
                 if job_id is None or any(host.gated(g, now) for g in runner.slot.gpus):
                     continue  # nothing for it, or the executor's gate refuses to start here
                 self._start(now, host_no, runner.slot.gpus, job_id, runner)
@@ -310,6 +315,8 @@ class Simulator:
     def _tick(self, now: float) -> None:
         self._last_tick = now
         self._ticks.discard(now)
+        if self.fair.refresh(self, now):
+            self._fair_refresh()
         if self._demand_changed:
             self._demand_changed = False
             self._refresh_top()
@@ -337,7 +344,7 @@ class Simulator:
         for size, room in self._room.items():
             found: list[int] = []
             unclaimed = 0
-            for job_id in self.queue.by_urgency(size):
+            for job_id in self.fair.by_urgency(self, size):
                 if len(found) < room or job_id not in self.claims:
                     found.append(job_id)
                     unclaimed += job_id not in self.claims
@@ -372,8 +379,18 @@ class Simulator:
         demand = self._demand.get(job_id)
         if demand is None:
             job = self.jobs[job_id]
-            demand = self._demand[job_id] = Demand(job_id, job.gpus, job.submit, job.priority, job.timeout)
+            demand = self._demand[job_id] = Demand(job_id, job.gpus, job.submit, job.priority, job.timeout,
+                                                   self.fair.fair_s(job))
         return demand
+
+    def _fair_refresh(self) -> None:
+        """Fair-share penalties were read again: every job's demand, the top's order and
+        every host's plan may change, so nothing remembered of them holds."""
+        self._demand.clear()
+        self._common, self._demand_changed = None, True
+        self._dirty.update(range(len(self.hosts)))
+        for host in self.hosts:
+            host.boundary = None
 
     def run_time(self, job_id: int) -> float:
         """How long a job runs: its duration, but GitLab fails it at its timeout ("The job,

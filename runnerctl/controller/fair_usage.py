@@ -1,0 +1,54 @@
+"""The controller's fair share: each pending job's `Demand.fair_s` from the job history.
+
+Why a module: `fairshare` is pure; this one reads the store (every host's job history,
+`jobs_store.jobs`, one query) at most once per `REFRESH_S`, so fair share costs the tick
+nothing most of the time. Use older than ten half-lives weighs under 0.1 % and is not
+read. A job's user is its GitLab login, its project the project's path (as the history
+records it from CI_PROJECT_PATH or the job's page); `[controller] user_shares` and
+`project_shares` name them so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from runnerctl.controller import jobs_store
+from runnerctl.controller.demand import PendingJob
+from runnerctl.controller.fairshare import FairPolicy, Penalties, Span, Usage
+from runnerctl.controller.store import Store
+from runnerctl.settings import ControllerSettings
+
+REFRESH_S = 60.0
+
+
+def policy_of(settings: ControllerSettings) -> FairPolicy:
+    return FairPolicy(weight_s=settings.fair_weight_h * 3600, half_life_s=settings.fair_half_life_h * 3600,
+                      user_shares=settings.user_shares, project_shares=settings.project_shares)
+
+
+def project_of(job: PendingJob) -> str:
+    """The project's path from the job's page, as the history names it (else its id)."""
+    url = job.web_url or ""
+    path = url.split("://", 1)[-1].split("/", 1)[-1] if "/-/" in url else ""
+    return path.split("/-/", 1)[0] if path else str(job.project_id)
+
+
+class FairShare:
+    def __init__(self, store: Store, settings: ControllerSettings) -> None:
+        self.store, self.policy = store, policy_of(settings)
+        self.usage: Usage | None = None
+        self._read_at = float("-inf")
+
+    def penalties(self, pending: Iterable[PendingJob], now: float) -> dict[int, float]:
+        """Job id -> seconds it counts younger (empty when fair share is off)."""
+        if not self.policy.on:
+            return {}
+        if self.usage is None or now - self._read_at >= REFRESH_S:
+            since = now - 10 * self.policy.half_life_s
+            spans = (Span(r.user, r.project, len(r.gpus), r.started_at, r.ended_at)
+                     for r in jobs_store.jobs(self.store, since=since))
+            self.usage, self._read_at = Usage.of(spans, now, self.policy.half_life_s), now
+        jobs = list(pending)
+        table = Penalties(self.usage, self.policy, users={j.user or "" for j in jobs},
+                          projects={project_of(j) for j in jobs})
+        return {j.job_id: table.penalty_s(j.user or "", project_of(j)) for j in jobs}

@@ -1,0 +1,102 @@
+"""The simulator's fair share and GitLab's choice of job for instance runners.
+
+Split from `simulator` (the event loop) so each stays small, and so that the speed work
+on the event loop and this one touch it only through a few hooks.
+
+- Fair share (`SimConfig.fair`, off by default): decayed GPU use per user and project of
+  the jobs started (`runnerctl.controller.fairshare.Usage`), read again every
+  `SimConfig.fair_update_s` at a controller tick, as the controller reads its job
+  history; each pending job's `Demand.fair_s` comes from it. When the penalties change,
+  so may every host's plan and the order of the queue's top: the simulator then plans
+  every host again (`Simulator._fair_refresh`), and the top is cut in the planner's own
+  order (`Demand.urgency`, fair share included), not arrival order.
+- Runner type (`SimConfig.runner_type`): which pending job GitLab hands to a polling
+  runner. gitlabhq app/services/ci/queue/pending_builds_strategy.rb: group and project
+  runners (`builds_for_group_runner`, `builds_for_project_runner` through
+  build_queue_service.rb) take the oldest job (`order`: build_id ASC); instance runners
+  (`builds_for_shared_runner`) take first the jobs of the projects with the fewest
+  builds running on instance runners (`running_builds_for_shared_runners_cte`, COALESCE
+  0), then build_id ASC. Every runner of a simulated fleet is of the one type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from runnerctl.controller.fairshare import Penalties, Span, Usage
+from runnerctl.tags import PRIORITY_RANK
+
+if TYPE_CHECKING:
+    from runnerctl.sim.inputs import TraceJob
+    from runnerctl.sim.simulator import Simulator
+
+RUNNER_TYPES = ("group", "instance")
+
+
+class SimFair:
+    def __init__(self, sim: Simulator) -> None:
+        config = sim.config
+        if config.runner_type not in RUNNER_TYPES:
+            raise ValueError(f"unknown runner type {config.runner_type!r}; one of {', '.join(RUNNER_TYPES)}")
+        self.policy = config.fair
+        self.on = config.fair.on and config.policy == "dynamic"
+        self.instance = config.runner_type == "instance"
+        self.update_s = config.fair_update_s
+        self.usage = Usage(config.fair.half_life_s)
+        self.spans: dict[int, Span] = {}  # jobs that ran since the last read
+        self.penalties = Penalties(self.usage, self.policy)
+        self.next_at = float("-inf")
+        self.running: dict[str, int] = {}  # project -> jobs running (instance runners' order)
+
+    def started(self, job: TraceJob, now: float) -> None:
+        self.running[job.project] = self.running.get(job.project, 0) + 1
+        if self.on:
+            self.spans[job.job_id] = Span(job.owner, job.project, job.gpus, now)
+
+    def finished(self, job: TraceJob, now: float) -> None:
+        self.running[job.project] -= 1
+        span = self.spans.get(job.job_id)
+        if span is not None:
+            self.spans[job.job_id] = dataclasses.replace(span, end=now)
+
+    def refresh(self, sim: Simulator, now: float) -> bool:
+        """Read usage again if `fair_update_s` passed; True if the penalties may differ."""
+        if not self.on or now < self.next_at:
+            return False
+        self.next_at = now + self.update_s
+        last = self.usage.at
+        self.usage.decay_to(now)
+        for job_id, span in list(self.spans.items()):
+            self.usage.add(span, since=last)
+            if span.end is not None:
+                del self.spans[job_id]
+        pending = [sim.jobs[j] for j in sim.queue]
+        self.penalties = Penalties(self.usage, self.policy, users={j.owner for j in pending},
+                                   projects={j.project for j in pending})
+        return True
+
+    def fair_s(self, job: TraceJob) -> float:
+        return self.penalties.penalty_s(job.owner, job.project) if self.on else 0.0
+
+    def by_urgency(self, sim: Simulator, gpus: int) -> Iterable[int]:
+        """Pending jobs of `gpus` GPUs in the planner's order (`Demand.urgency`)."""
+        if not self.on:
+            return sim.queue.by_urgency(gpus)
+        jobs = sim.jobs
+        mine = list(sim.queue.by_urgency(gpus))
+        return sorted(mine, key=lambda j: (PRIORITY_RANK.get(jobs[j].priority, 1),
+                                           jobs[j].submit + self.fair_s(jobs[j]), j))
+
+    def pick(self, sim: Simulator, gpus: int) -> int | None:
+        """The job GitLab hands to a polling runner for `gpus` GPUs (module docstring)."""
+        if not self.instance:
+            return sim.queue.oldest(gpus)
+        jobs, running = sim.jobs, self.running
+        best: tuple[int, int] | None = None
+        for job_id in sim.queue.by_urgency(gpus):
+            key = (running.get(jobs[job_id].project, 0), job_id)
+            if best is None or key < best:
+                best = key
+        return None if best is None else best[1]

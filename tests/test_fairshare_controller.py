@@ -1,0 +1,74 @@
+"""Fair share in the controller: the loop reads every host's job history and hands the
+planner each pending job's `fair_s` (runnerctl/controller/fair_usage.py)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from runnerctl.controller import jobs_store
+from runnerctl.controller.demand import PendingJob
+from runnerctl.controller.fair_usage import FairShare
+from runnerctl.controller.jobs_store import JobRecord
+from runnerctl.controller.store import Store
+from runnerctl.executors.lease import Lease, LeaseTable, new_nonce, process_started
+from runnerctl.settings import ControllerSettings
+from runnerctl.sim.world import PROJECT, build_world
+
+HOUR = 3600.0
+
+
+def _record(job_id: int, user: str, project: str, now: float) -> JobRecord:
+    """A finished job: 8 GPUs for ten hours, ending an hour ago."""
+    return JobRecord(host="gpu-a", job_id=job_id, slot="gpu0-7", gpus=tuple(range(8)), project=project,
+                     pipeline="1", name="train", user=user, url="", queued_at=None,
+                     started_at=now - 11 * HOUR, seen_at=now - 11 * HOUR, ended_at=now - HOUR,
+                     outcome="ended")
+
+
+def test_penalties_come_from_the_users_history(tmp_path: Path) -> None:
+    """ann ran 8 GPUs for hours, bob nothing: ann's pending job counts younger, bob's not
+    at all; nothing when fair share is off (the default)."""
+    store = Store.open(state_dir=tmp_path)
+    now = 100 * HOUR
+    jobs_store.save_jobs(store, [_record(1, "ann", "g/a", now)])
+
+    def pending(job_id: int, user: str, project: str) -> PendingJob:
+        return PendingJob(job_id, 7, 4, now, "normal", None, f"https://gitlab.example/{project}/-/jobs/{job_id}",
+                          user)
+
+    jobs = [pending(2, "ann", "g/a"), pending(3, "bob", "g/b")]
+    penalties = FairShare(store, ControllerSettings(fair_weight_h=2.0)).penalties(jobs, now)
+    assert 0 < penalties[2] < 2 * HOUR and penalties[3] == 0.0
+    assert FairShare(store, ControllerSettings()).penalties(jobs, now) == {}
+    store.close()
+
+
+@pytest.mark.parametrize(("weight_h", "drains_for"), [(0.0, "ann"), (4.0, "bob")])
+def test_the_controller_drains_for_the_light_users_job(tmp_path: Path, weight_h: float,
+                                                       drains_for: str) -> None:
+    """Every GPU busy; ann (heavy history) and bob ask for 4 GPUs at the same moment, ann's
+    job first. Without fair share ann's job drains a block (it is older by id); with it,
+    bob's does."""
+    now = time.time()
+    settings = ControllerSettings(projects=(PROJECT,), fair_weight_h=weight_h)
+    world = build_world(tmp_path / "store", settings=settings, lease_dir=tmp_path / "state", start=now)
+    try:
+        jobs_store.save_jobs(world.store, [_record(1, "ann", "any", now)])
+        me = os.getpid()
+        for gpu in range(8):
+            slot = next(name for name in world.controller.cache.ids if name.endswith(f"/gpu{gpu}"))
+            lease = Lease(gpu=-1, job_id=str(100 + gpu), slot=slot, driver="shell", owner_pid=me,
+                          owner_started=process_started(me) or 0.0, created_at=now - 60, user="cat",
+                          nonce=new_nonce())
+            LeaseTable(tmp_path / "state").acquire((gpu,), lease, wait_s=0)
+        jobs = {"ann": world.submit(4, 600.0, user="ann"), "bob": world.submit(4, 600.0, user="bob")}
+        world.advance(10, step=5.0)
+        drains = [e for e in world.store.events(world.controller.host) if e.kind == "drain"]
+        assert drains, "no block drained"
+        assert str(jobs[drains_for]) in drains[0].detail, drains
+    finally:
+        world.close()
