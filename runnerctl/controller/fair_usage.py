@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from runnerctl.controller import jobs_store
 from runnerctl.controller.demand import PendingJob
 from runnerctl.controller.fairshare import FairPolicy, Penalties, Span, Usage
+from runnerctl.controller.history import project_of
 from runnerctl.controller.store import Store
 from runnerctl.settings import ControllerSettings
 
@@ -24,13 +25,6 @@ REFRESH_S = 60.0
 def policy_of(settings: ControllerSettings) -> FairPolicy:
     return FairPolicy(weight_s=settings.fair_weight_h * 3600, half_life_s=settings.fair_half_life_h * 3600,
                       user_shares=settings.user_shares, project_shares=settings.project_shares)
-
-
-def project_of(job: PendingJob) -> str:
-    """The project's path from the job's page, as the history names it (else its id)."""
-    url = job.web_url or ""
-    path = url.split("://", 1)[-1].split("/", 1)[-1] if "/-/" in url else ""
-    return path.split("/-/", 1)[0] if path else str(job.project_id)
 
 
 class FairShare:
@@ -48,7 +42,12 @@ class FairShare:
             spans = (Span(r.user, r.project, len(r.gpus), r.started_at, r.ended_at)
                      for r in jobs_store.jobs(self.store, since=since))
             self.usage, self._read_at = Usage.of(spans, now, self.policy.half_life_s), now
-        jobs = list(pending)
-        table = Penalties(self.usage, self.policy, users={j.user or "" for j in jobs},
-                          projects={project_of(j) for j in jobs})
-        return {j.job_id: table.penalty_s(j.user or "", project_of(j)) for j in jobs}
+        jobs = [(j.job_id, j.user or "", _project(j)) for j in pending]
+        table = Penalties(self.usage, self.policy, users={user for _, user, _ in jobs},
+                          projects={project for _, _, project in jobs})
+        return {job_id: table.penalty_s(user, project) for job_id, user, project in jobs}
+
+
+def _project(job: PendingJob) -> str:
+    """The job's project as the history names it: its path from the job's page, else its id."""
+    return project_of(job.web_url or "") or str(job.project_id)

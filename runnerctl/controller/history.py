@@ -119,7 +119,7 @@ class History:
         started = lease.created_at if lease.created_at is not None and lease.created_at <= now else now
         return JobRecord(
             host=self.host, job_id=job_id, slot=lease.slot, gpus=tuple(lease.gpus),
-            project=lease.project or _project_of(lease.url) or (str(seen.project_id) if seen else ""),
+            project=lease.project or project_of(lease.url) or (str(seen.project_id) if seen else ""),
             pipeline=lease.pipeline,
             name=(seen.name or "") if seen else "", user=lease.user or (seen.user or "" if seen else ""),
             url=lease.url or (seen.web_url or "" if seen else ""),
@@ -156,7 +156,7 @@ class History:
             log.info("retention: deleted %d job history rows and %d events", jobs, events)
 
 
-def _project_of(url: str) -> str:
+def project_of(url: str) -> str:
     """The project's path from a job's page (`https://gitlab/group/app/-/jobs/7` -> `group/app`),
     as CI_PROJECT_PATH, which a lease records, names it."""
     path = urlsplit(url).path.strip("/")

@@ -247,8 +247,7 @@ class Controller:
         else:
             closed = {gpu: state.reason for gpu, state in self.gate.items() if state.closed}
         claimed = {job for job, host in self.wiring.store.claims(now).items() if host != self.host}
-        fair = self.fair.penalties(self.demand.jobs, now) if self.fair.policy.on else None
-        demand = self.demand.demand(self.host, fair)
+        demand = self.demand.demand(self.host, self.fair.penalties(self.demand.jobs, now))
         elsewhere = frozenset(d.job_id for d in demand if d.job_id in claimed)
         started: dict[str, float] = {}  # slot -> when its latest job took its lease
         for job in self.wiring.jobs.leased().values():

@@ -103,9 +103,6 @@ class PlanPolicy:
     backfill_max_s: float = 7200.0
     """Backfill (`controller.backfill`) only jobs whose timeout is at most this: the most
     a backfilled job can delay the drained job, whatever the estimates. 0: none."""
-    drain_recent: bool = False
-    """Drain the block whose oldest job started latest, not the one whose latest job
-    started earliest (measured in docs/controller.md: not better, so off)."""
 
 
 class Decision(NamedTuple):  # a tuple: plans are made often (the simulator), keep them cheap
@@ -331,10 +328,9 @@ class _Reserver:
         holders = {h for g in block.gpus for h in busy.get(g, ())}
         states = [self.states[h] for h in holders if h in self.states]
         jobs = sum(len(s.running_jobs) for s in states)
-        starts = [s.started_at or 0.0 for s in states] or [0.0]
-        when = -min(starts) if self.policy.drain_recent else max(starts)
+        youngest = max((s.started_at or 0.0 for s in states), default=0.0)
         used = sum(1 for g in block.gpus if g in busy or g in self.owner or g in self.kept_open)
-        return used, when, jobs, block.gpus
+        return used, youngest, jobs, block.gpus
 
 
 def drain_order(demand: Demand, protected: Collection[int],
