@@ -204,6 +204,24 @@ def test_idle_gpus_go_to_the_bigger_job_unless_a_smaller_one_waited_much_longer(
         assert list(plan(_observed(demand=demand)).reserved.values()) == [winner]
 
 
+def test_jobs_with_known_timeouts_wait_in_age_order_without_size_credit() -> None:
+    """Issue 16: with timeouts known, a later bigger job gets no size credit, neither for
+    idle GPUs nor for which job drains (on the lab traces the credit made older 1-GPU
+    and 4-GPU jobs wait 2-4x easy-oracle's p95); without them, the credit stays."""
+    older, later = Demand(1, 4, 0.0, timeout_s=3600.0), Demand(2, 8, 100.0, timeout_s=3600.0)
+    assert list(plan(_observed(demand=(older, later))).reserved.values()) == [1]
+    unknown = (dataclasses.replace(older, timeout_s=None), dataclasses.replace(later, timeout_s=None))
+    assert list(plan(_observed(demand=unknown)).reserved.values()) == [2]
+    # a busy host drains for the older job (age order), not the later bigger one
+    running = {f"gpu{i}": (i + 1,) for i in range(8)}
+    assert set(plan(_observed(running, paused=set(), demand=(older, later))).reserved.values()) == {1}
+    assert set(plan(_observed(running, paused=set(), demand=unknown)).reserved.values()) == {2}
+    # 1-GPU jobs that came first keep their singles on an idle host
+    ones = tuple(Demand(10 + i, 1, float(i), timeout_s=600.0) for i in range(4))
+    result = plan(_observed(demand=(*ones, Demand(20, 8, 50.0, timeout_s=600.0))))
+    assert not result.reserved and set(result.singles) == {10, 11, 12, 13}
+
+
 def test_a_job_claimed_elsewhere_takes_an_idle_block_but_is_never_drained_for() -> None:
     wanted = (Demand(5, 8, 10.0),)
     busy = {"gpu0": (1,)}
