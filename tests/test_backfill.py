@@ -1,6 +1,7 @@
 """Issue 16: backfill into a draining block (`controller.backfill`). A single on an idle
 GPU of a block drained for an 8-GPU job stays open while the 1-GPU jobs GitLab would
-hand it end, by their timeouts, before the drain is expected to end; every invariant
+hand it end, by their timeouts, before the drain is expected to end (a smaller block
+likewise for jobs of its size); every invariant
 holds with estimates wrong by 10x either way, and a backfilled job never has a timeout
 above `backfill_max_s` (the most it can delay the drained job)."""
 
@@ -66,6 +67,28 @@ def test_short_jobs_backfill_the_idle_gpus_of_a_drain_and_long_ones_do_not() -> 
     assert _opened(_observed(late, [8000, 8000])) == set()  # over backfill_max_s (2 h)
 
 
+def test_smaller_blocks_backfill_a_drain_too() -> None:
+    """A block smaller than the drained one, on its idle GPUs, opens while the pending
+    jobs of its size GitLab would hand it end in time, by the same rules as singles."""
+    busy = dict.fromkeys(range(4), NOW + 3600)  # gpu0-3 busy, the drain ends within the hour
+
+    def opened(*jobs: Demand) -> set[str]:
+        demand = (Demand(1, 8, 0.0), *jobs)
+        result = plan(Observed(_states(busy), demand=demand, now=NOW))
+        assert result.reserved == {SLOTS[-1].name: 1}
+        return {s.key for s in result.open_slots() if not set(s.gpus) & set(busy)}
+
+    assert opened(Demand(2, 4, 1.0, timeout_s=1800.0)) == {"gpu4-7"}
+    assert opened(Demand(2, 4, 1.0, timeout_s=4000.0)) == set()  # would outlast the drain
+    assert opened(Demand(2, 4, 1.0)) == set()  # unknown timeout
+    pairs = (Demand(2, 2, 1.0, timeout_s=600.0), Demand(3, 2, 2.0, timeout_s=600.0))
+    assert opened(*pairs) == {"gpu4-5", "gpu6-7"}
+    assert opened(Demand(2, 2, 1.0, timeout_s=600.0)) == {"gpu4-5"}  # one job: one pair
+    # a pair for a 2-GPU job, singles for 1-GPU jobs on the rest, never overlapping (S1)
+    assert opened(Demand(2, 2, 1.0, timeout_s=600.0), Demand(3, 1, 2.0, timeout_s=600.0),
+                  Demand(4, 1, 3.0, timeout_s=600.0)) == {"gpu4-5", "gpu6", "gpu7"}
+
+
 ends = st.one_of(st.none(), st.floats(NOW - 5000, NOW + 50_000))
 
 
@@ -123,15 +146,14 @@ def _wrong_by(factor: float, seed: int) -> list[TraceJob]:
 
 
 class Watched(Simulator):
-    """Notes each job that starts on a single whose GPU a drain holds (a backfilled job)."""
+    """Notes each job that starts on a slot inside a block a drain holds (a backfilled job)."""
 
     backfilled: list[int]
 
     def _start(self, now: float, host_no: int, gpus: tuple[int, ...], job_id: int,
                runner: SimRunner | None) -> None:
-        drained = {g for name, _ in self.hosts[host_no].reserved.items()
-                   for g in self.hosts[host_no].slot_of[name].gpus}
-        if len(gpus) == 1 and gpus[0] in drained:
+        host = self.hosts[host_no]
+        if any(set(gpus) < set(host.slot_of[name].gpus) for name in host.reserved):  # inside a drained block
             self.backfilled = [*getattr(self, "backfilled", []), job_id]
         super()._start(now, host_no, gpus, job_id, runner)
 
@@ -139,7 +161,7 @@ class Watched(Simulator):
 def test_in_the_simulator_estimates_10x_off_keep_invariants_and_the_bound() -> None:
     """Half the jobs' timeouts 10x their durations (over-estimates), or a tenth (GitLab
     kills them then): no double allocation, no foreign collision, nothing dropped, and a
-    job that starts on a drained block's single has a timeout within `backfill_max_s`."""
+    job that starts inside a drained block has a timeout within `backfill_max_s`."""
     policy = PlanPolicy()
     for factor, seed in ((10.0, 1), (0.1, 2)):
         jobs = _wrong_by(factor, seed)
