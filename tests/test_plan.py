@@ -222,6 +222,18 @@ def test_jobs_with_known_timeouts_wait_in_age_order_without_size_credit() -> Non
     assert not result.reserved and set(result.singles) == {10, 11, 12, 13}
 
 
+def test_a_later_1gpu_job_with_a_better_claim_never_delays_a_protected_drain() -> None:
+    """Age order keeps an idle single for a 1-GPU job that goes first out of a drain,
+    but not for one that came after a protected job (L1), whatever fair share says."""
+    heavy = Demand(10, 8, 100.0, timeout_s=3600.0, fair_s=3600.0)  # counts as 3700
+    light = Demand(11, 1, 150.0, timeout_s=600.0)  # came later, counts as 150
+    other = Demand(12, 2, 5000.0, timeout_s=600.0)
+    observed = _observed({"gpu0": (1,)}, paused=set(), demand=(heavy, light, other))
+    protected = plan(dataclasses.replace(observed, protected=frozenset({10})))
+    assert protected.reserved == {BY_KEY["gpu0-7"].name: 10}
+    assert 10 not in plan(observed).reserved.values()  # not protected: the 1-GPU job goes first
+
+
 def test_a_job_claimed_elsewhere_takes_an_idle_block_but_is_never_drained_for() -> None:
     wanted = (Demand(5, 8, 10.0),)
     busy = {"gpu0": (1,)}

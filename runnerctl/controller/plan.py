@@ -308,13 +308,14 @@ class _Reserver:
     def _drain(self, demand: Demand) -> bool:
         """Reserve a block for the job, busy GPUs allowed; True if one was found. If the
         job's timeout is known (age order, `PlanPolicy`), an idle single kept open for a
-        1-GPU job with a better claim is not taken: that job starts there first, as the
-        oldest job would in EASY backfilling."""
+        1-GPU job that may cut in on it (`cuts_in`: a better claim, and no later job
+        delays a protected one) is not taken: that job starts there first, as the oldest
+        job would in EASY backfilling."""
         singles = self.kept_open if demand.timeout_s is not None else None
+        first = {g for g, job in singles.items()  # kept for a job that goes first
+                 if cuts_in(self.demand[job], demand, self.protected, self.claim)} if singles else set()
         candidates = [s for s in self.usable.get(demand.gpus, ())
-                      if all(self._may_cut_in(demand.job_id, g) for g in s.gpus)
-                      and not (singles and any(self.claim(singles[g]) < self.claim(demand.job_id)
-                                               for g in s.gpus if g in singles))]
+                      if all(self._may_cut_in(demand.job_id, g) for g in s.gpus) and first.isdisjoint(s.gpus)]
         if not candidates:
             return False
         kept = [c for c in candidates if self.observed.reserved.get(c.name) == demand.job_id]
