@@ -98,16 +98,19 @@ ends = st.one_of(st.none(), st.floats(NOW - 5000, NOW + 50_000))
        true_s=st.lists(st.floats(60, 20_000), max_size=10),
        error=st.lists(st.sampled_from([0.1, 0.5, 1.0, 2.0, 10.0]), min_size=10, max_size=10),
        multi=st.lists(st.sampled_from([2, 4, 8]), min_size=1, max_size=3),
+       multi_s=st.lists(st.one_of(st.none(), st.floats(60, 20_000)), min_size=3, max_size=3),
        reserved=st.booleans())
 def test_invariants_hold_with_estimates_wrong_by_10x(running: dict[int, float | None], closed: set[int],
                                                      true_s: list[float], error: list[float],
-                                                     multi: list[int], reserved: bool) -> None:
+                                                     multi: list[int], multi_s: list[float | None],
+                                                     reserved: bool) -> None:
     """Timeouts (estimates) 10x off a job's true duration either way, drains' expected
     ends anywhere: S1 and the gate hold, backfill changes no reservation, opens only
-    singles on idle open GPUs of draining blocks, for 1-GPU jobs GitLab would hand out
-    whose timeouts are at most `backfill_max_s` and end before the drain's expected end."""
+    singles and smaller blocks on idle open GPUs of draining blocks, for jobs of their
+    size GitLab would hand out whose timeouts are at most `backfill_max_s` and end
+    before the drain's expected end."""
     ones = [Demand(10 + i, 1, 10.0 + i, timeout_s=t * error[i]) for i, t in enumerate(true_s)]
-    demand = (*(Demand(1 + i, n, float(i)) for i, n in enumerate(multi)), *ones)
+    demand = (*(Demand(1 + i, n, float(i), timeout_s=multi_s[i]) for i, n in enumerate(multi)), *ones)
     observed = Observed(_states(running), dict.fromkeys(closed, "foreign"), demand, now=NOW,
                         reserved={SLOTS[-1].name: 1} if reserved and multi[0] == 8 else {})
     policy = PlanPolicy()
@@ -125,14 +128,14 @@ def test_invariants_hold_with_estimates_wrong_by_10x(running: dict[int, float | 
     if not extra:
         return
     blocks = [s for s in SLOTS if s.name in result.reserved]
-    ones.sort(key=lambda d: d.urgency)
-    handed = ones[:sum(1 for s in opened if s.size == 1 and s.gpus[0] not in running)]
-    assert len(handed) >= sum(1 for s in opened if s.size == 1 and s.gpus[0] not in running)
     for slot in extra:
-        gpu = slot.gpus[0]
-        assert slot.size == 1 and gpu not in running and gpu not in closed
-        block = next(b for b in blocks if gpu in b.gpus)
+        assert not set(slot.gpus) & set(running) and not set(slot.gpus) & closed
+        block = next(b for b in blocks if set(slot.gpus) < set(b.gpus))
         end = max(e for g, e in running.items() if g in block.gpus and e is not None)
+        size = slot.size
+        idle_open = sum(1 for s in opened if s.size == size and not set(s.gpus) & set(running))
+        handed = sorted((d for d in demand if d.gpus == size), key=lambda d: d.urgency)[:idle_open]
+        assert len(handed) == idle_open  # as many jobs pending as open idle slots of that size
         assert all(d.timeout_s is not None and d.timeout_s <= policy.backfill_max_s
                    and NOW + d.timeout_s <= end for d in handed)
     assert result.recheck_at is not None and result.recheck_at >= NOW
