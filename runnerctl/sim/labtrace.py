@@ -22,10 +22,11 @@ so the parameters below are chosen, not derived: sigma 1.5 (the issue's floor) t
   the offered GPU-time `load` times the cluster's, so makespan measures how well a
   policy packs rather than how long the queue is.
 - When sessions arrive within that span: flat (uniformly, the default) or, with
-  `diurnal=True`, on a lab's daily cycle. Both papers above report that submissions
-  follow the working day (busy in working hours, quiet at night and at weekends); the
-  search tools gave their text, not hourly figures, so the shape here is chosen, not
-  fitted: a week starting Monday 08:00 (the trace's time 0), sessions arriving
+  `diurnal=True`, on a lab's daily cycle: submissions follow the working day (busy in
+  working hours, quiet at night and at weekends), as the Philly and Helios analyses
+  above are cited for; the search tools returned only those papers' abstracts and
+  landing pages, no hourly figures, so the shape here is chosen, not fitted: a week
+  starting Monday 08:00 (the trace's time 0), sessions arriving
   `QUIET` times as often outside 09:00-19:00 on weekdays as inside. About 88 % of a
   weekday's sessions then come in its 10 working hours, so with an average `load` of
   0.85 the offered load in working hours is about 1.8: queues build up by day and
