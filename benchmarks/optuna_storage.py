@@ -9,11 +9,13 @@ objective sleeps 0.2 s, standing in for GPU work, so W workers could at best com
 W / 0.2 trials a second; the figures measure what the storage path costs on top. What
 is measured, and what is left out on purpose:
 
-- left out: process start-up. The worker processes start once, import Optuna, and then
-  wait at a start barrier (a file each run touches) before every run. Starting and
-  importing 64 Python processes on a 2-core host takes a minute and says nothing about
-  the storage; in a real sweep each worker starts once per job, not once per trial.
-  Each run still loads its own study and opens (and at the end closes) its connections.
+- left out: process start-up. The worker processes start once, import Optuna, run a
+  dozen trials of an in-memory study (loading what Optuna imports only at first use,
+  such as numpy.random), and then wait at a start barrier (a file each run touches)
+  before every run. Starting and importing 64 Python processes on a 2-core host takes
+  a minute and says nothing about the storage; in a real sweep each worker starts once
+  per job, not once per trial. Each run still loads its own study and opens (and at the
+  end closes) its connections.
 - every run completes the same number of trials (`--trials`, default 320, 20 per worker
   at 16 workers), whatever its worker count: the sampler's CPU per trial grows with the
   trials it reads, and a run of 64 workers x 20 trials would measure a sampler reading
