@@ -152,6 +152,18 @@ class PostgresJournalBackend(BaseJournalBackend):
                     continue  # a reader filled one of our numbers as we took it: take others
             raise RuntimeError(f"no free log number after {MAX_TRIES} tries")
 
+    def append_idempotent(self, logs: list[dict[str, Any]]) -> None:
+        """`append_logs` of entries whose second copy changes nothing (system attributes):
+        tried once more on a connection the server dropped, as a read is."""
+        import psycopg
+
+        try:
+            self.append_logs(logs)
+        except psycopg.OperationalError:
+            if self._conn is not None and not self._conn.broken:
+                raise
+            self.append_logs(logs)
+
     def _read(self, conn: Any, start: int, rows: list[tuple[int, str]] | None) -> list[dict[str, Any]]:
         """The entries from `start` on that every worker reads alike: up to the first gap.
 
@@ -281,9 +293,9 @@ class SweepJournalStorage(JournalStorage, BaseHeartbeat):
         super().__init__(backend)
 
     def _write_log(self, op_code: int, extra_fields: dict[str, Any]) -> None:
-        unsent, self._unsent = self._unsent, []
         log = {"op_code": op_code, "worker_id": self._replay_result.worker_id, **extra_fields}
-        self._journal.append_logs([*unsent, log])
+        self._journal.append_logs([*self._unsent, log])
+        self._unsent = []  # kept when the append failed: sent again with the next one
 
     def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
         """Sent with this worker's next write or read, not on its own.
@@ -292,16 +304,21 @@ class SweepJournalStorage(JournalStorage, BaseHeartbeat):
         attribute just before the objective's first `suggest_*` writes the first of them:
         sending both in one statement saves a round trip and a commit per trial. Any
         read of the study sends it first, so this worker reads its own writes as before.
+        A value JSON cannot hold is refused here, as Optuna's journal does. An attribute
+        is sent until an append carrying it succeeds; a second copy of it changes
+        nothing. One thing moves: when the trial was finished elsewhere meanwhile (taken
+        for dead), the error comes from the next write of this thread, not from here.
         """
+        log = {"op_code": JournalOperation.SET_TRIAL_SYSTEM_ATTR, "trial_id": trial_id,
+               "system_attr": {key: value}}
+        json.dumps(value)  # TypeError now, not at some later call
         with self._thread_lock:
-            self._unsent.append({"op_code": JournalOperation.SET_TRIAL_SYSTEM_ATTR,
-                                 "worker_id": self._replay_result.worker_id,
-                                 "trial_id": trial_id, "system_attr": {key: value}})
+            self._unsent.append({**log, "worker_id": self._replay_result.worker_id})
 
     def _sync_with_backend(self) -> None:
-        if self._unsent:
-            unsent, self._unsent = self._unsent, []
-            self._journal.append_logs(unsent)  # reads what is new in the same round trip
+        if self._unsent:  # reads what is new in the same round trip
+            self._journal.append_idempotent(self._unsent)
+            self._unsent = []
         super()._sync_with_backend()
         self._journal.next_read = self._replay_result.log_number_read
         self._synced_at = time.monotonic()

@@ -357,3 +357,37 @@ def test_a_grid_sweep_reads_its_own_system_attributes(pg_server: PostgresServer)
                                 sampler=optuna.samplers.GridSampler(grid, seed=1))
     study.optimize(lambda t: t.suggest_categorical("x", grid["x"]), n_trials=4)
     assert sorted(t.params["x"] for t in study.trials) == [0, 1, 2, 3]
+
+
+def test_a_system_attribute_survives_a_dropped_connection_and_bad_values_fail_at_once(
+        pg_server: PostgresServer) -> None:
+    """An attribute waiting for the next write is not lost when that write fails, a read
+    with one waiting reconnects as reads do, and a value JSON cannot hold is refused by
+    the call that sets it."""
+    import psycopg
+
+    url = _journal(pg_server, "journal_attr_drop")
+    storage = make_storage(url)
+    assert isinstance(storage, SweepJournalStorage)
+    study = optuna.create_study(study_name="drop", storage=storage)
+    trial_id = study.ask()._trial_id
+    with pytest.raises(TypeError):
+        storage.set_trial_system_attr(trial_id, "bad", object())
+
+    def drop() -> None:  # the server ends the worker's connection, as in a restart
+        pid = storage._journal._conn.info.backend_pid
+        deadline = time.monotonic() + 60
+        with psycopg.connect(libpq_url(pg_server.admin_url()), autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+                assert time.monotonic() < deadline
+
+    storage.set_trial_system_attr(trial_id, "first", 1)
+    drop()
+    with pytest.raises(psycopg.OperationalError):  # a write is not retried: it may have committed
+        storage.set_trial_param(trial_id, "x", 0.5, optuna.distributions.FloatDistribution(0, 1))
+    storage.set_trial_system_attr(trial_id, "second", 2)
+    drop()
+    assert storage.get_trial(trial_id).system_attrs == {"first": 1, "second": 2}  # read: reconnects
+    other = optuna.load_study(study_name="drop", storage=make_storage(url))
+    assert other.trials[0].system_attrs == {"first": 1, "second": 2}
