@@ -37,6 +37,17 @@ def cuts_in(mine: Demand, theirs: Demand, protected: Collection[int],
     return (came_first or theirs.job_id not in protected) and claim(mine.job_id) < claim(theirs.job_id)
 
 
+def handout_order(demand: Demand) -> tuple[float, int]:
+    """The order in which GitLab hands the pending jobs of one size to open group or
+    project runners: oldest first (gitlabhq app/services/ci/queue/pending_builds_strategy.rb,
+    `builds_for_group_runner` and `builds_for_project_runner`: build id ascending, and ids
+    grow with creation; `runnerctl.sim.fair.pick` models it). GitLab knows neither the
+    priority tag nor fair share, so neither counts here. Instance runners take first the
+    jobs of projects with the fewest builds running on instance runners, counts the
+    planner does not see: it assumes this order for them too (a known gap)."""
+    return demand.created_at, demand.job_id
+
+
 def idle_claim(demand: Demand, policy: PlanPolicy) -> tuple[int, float, int]:
     """A job's claim on idle GPUs (`_Reserver.claim`): `idle_credit_s` per extra GPU."""
     return _credited(demand, policy.idle_credit_s)
