@@ -13,6 +13,7 @@ from runnerctl.controller.plan import (
     Decision,
     Demand,
     Observed,
+    Plan,
     SlotState,
     differences,
     plan,
@@ -148,18 +149,45 @@ def test_s1_and_gate_hold_for_any_observation(running: dict[str, tuple[int, ...]
     multi = [d for d in demand if d.gpus > 1]
     if len(multi) == 1 and fitting and multi[0].job_id not in reserved.values():
         assert multi[0].job_id in result.reserved.values() and multi[0].job_id in result.protected
-    # L1 with the job GitLab hands out: an idle single open on a protected job's block
-    # gets one of the oldest pending 1-GPU jobs (as many as idle singles are open), and
-    # each came before that job or has a higher priority
+    _check_l1_handed(result, demand, running)
+
+
+def _check_l1_handed(result: Plan, demand: list[Demand], running: dict[str, tuple[int, ...]]) -> bool:
+    """L1 with the jobs GitLab hands out: an idle single open on a protected job's block
+    gets one of the oldest pending 1-GPU jobs (as many as idle singles are open), and
+    each came before that job or has a higher priority. True if such a single was open."""
     by_id = {d.job_id: d for d in demand}
-    idle = [s for s in opened if s.size == 1 and s.key not in running]
+    idle = [s for s in result.open_slots() if s.size == 1 and s.key not in running]
     handed = sorted((d for d in demand if d.gpus == 1), key=lambda d: (d.created_at, d.job_id))[:len(idle)]
+    checked = False
     for name, job in result.reserved.items():
         block = BY_KEY[slot_key(name)]
         if job in result.protected and any(set(s.gpus) < set(block.gpus) for s in idle):
             assert len(handed) == len(idle)
             assert all(d.created_at < by_id[job].created_at or d.urgency[0] < by_id[job].urgency[0]
                        for d in handed)
+            checked = True
+    return checked
+
+
+@settings(max_examples=int(os.environ.get("PLAN_EXAMPLES", "300")), deadline=None)
+@given(running=st.dictionaries(st.sampled_from([s.key for s in SLOTS if s.size == 1]), st.just((1,)),
+                               max_size=6),
+       size=st.sampled_from([2, 4, 8]), timeout=st.sampled_from([None, 3600.0, 3600.0]),
+       ones=st.lists(st.tuples(st.floats(0, 200), st.sampled_from(["high", "normal", "normal", "low"]),
+                               st.sampled_from([0.0, 0.0, 150.0, -150.0])), max_size=10))
+def test_a_protected_drain_never_hands_its_gpus_to_a_later_job(running: dict[str, tuple[int, ...]], size: int,
+                                                               timeout: float | None,
+                                                               ones: list[tuple[float, str, float]]) -> None:
+    """L1 with timeouts known or not (issue 16 review, A): a multi-GPU job that came at
+    t=100 while 1-GPU jobs came before and after it (priorities, fair share) drains a
+    block, and any idle single left open on it goes to a job that came before it."""
+    big = Demand(1, size, 100.0, timeout_s=timeout)
+    demand = [big, *(Demand(10 + i, 1, t, p, timeout_s=600.0, fair_s=f) for i, (t, p, f) in enumerate(ones))]
+    result = plan(dataclasses.replace(_observed(running, paused=set(), demand=tuple(demand)),
+                                      protected=frozenset({1})))
+    assert 1 in result.reserved.values() and 1 in result.protected
+    _check_l1_handed(result, demand, running)
 
 
 @settings(max_examples=int(os.environ.get("PLAN_EXAMPLES", "500")), deadline=None)

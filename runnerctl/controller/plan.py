@@ -41,6 +41,7 @@ from runnerctl.controller.order import cuts_in as cuts_in
 from runnerctl.controller.order import drain_order as drain_order
 from runnerctl.controller.order import handout_order
 from runnerctl.controller.order import idle_claim as idle_claim
+from runnerctl.controller.order import relevant_demand as relevant_demand
 from runnerctl.model import Slot
 from runnerctl.tags import PRIORITY_RANK
 
@@ -175,40 +176,6 @@ def _opened(decisions: tuple[Decision, ...], opened: Mapping[str, str]) -> tuple
         return decisions
     return tuple(Decision(d.slot, True, opened[d.slot.name]) if d.slot.name in opened else d
                  for d in decisions)
-
-
-def relevant_demand(demand: Iterable[Demand], slots: Iterable[Slot], protected: Iterable[int] = (),
-                    elsewhere: Iterable[int] = ()) -> tuple[Demand, ...]:
-    """The jobs `plan` can act on: in each order in which it reads the jobs of one size,
-    one more than the host has slots of that size (each takes a slot or, failing, so does
-    every later one of its size), as many again of those not claimed `elsewhere` (only
-    they may drain), and the protected ones. The orders: urgency among the jobs with a
-    known timeout and among the others (claims and drain order: only the latter get size
-    credits, so those two run in urgency order within each; `controller.order`), and
-    GitLab's (`handout_order`: backfill, singles left open in a drain). Handing `plan`
-    only these gives the same plan as the whole queue, and so does handing it any part of
-    the queue that holds these (the cut of that part is the same cut); the simulator
-    relies on it."""
-    demand = tuple(demand)
-    room: dict[int, int] = {}
-    for slot in slots:
-        room[len(slot.gpus)] = room.get(len(slot.gpus), 1) + 1
-    keep, away = set(protected), set(elsewhere)
-    kept: set[int] = set()
-    urgent = sorted(demand, key=lambda d: d.urgency)
-    for order, by_timeout in ((urgent, True), (sorted(demand, key=handout_order), False)):
-        left: dict[tuple[int, bool], int] = {}
-        left_here: dict[tuple[int, bool], int] = {}
-        for d in order:
-            key = d.gpus, by_timeout and d.timeout_s is None
-            first = left.setdefault(key, room.get(d.gpus, 0)) > 0
-            here = d.job_id not in away and left_here.setdefault(key, room.get(d.gpus, 0)) > 0
-            if first or here or d.job_id in keep:
-                left[key] -= 1
-                if d.job_id not in away:
-                    left_here[key] -= 1
-                kept.add(d.job_id)
-    return tuple(d for d in urgent if d.job_id in kept)
 
 
 def _busy_gpus(states: Iterable[SlotState]) -> dict[int, list[str]]:
