@@ -8,7 +8,8 @@ calls it, and applies the returned actions (all pauses before any resume). It ke
   never opened.
 - L1: pending multi-GPU jobs get aligned blocks: idle ones at once, and the most
   urgent job (priority, then age) drains one for itself: the singles and smaller blocks
-  under it are paused, so a stream of 1-GPU jobs cannot starve it, and it opens as
+  under it are paused (but for singles GitLab would hand only to jobs that go first:
+  `_Reserver._drain`), so a stream of 1-GPU jobs cannot starve it, and it opens as
   soon as no other job runs on its GPUs. The block chosen frees soonest: fewest busy
   GPUs, then the one whose youngest job started earliest (lease times, when known),
   then fewest running jobs; a drain under way keeps its block. A job that came
@@ -204,7 +205,9 @@ class _Reserver:
        extra GPU), the first multi-GPU jobs still without a block (up to
        `max_draining`) reserve one, busy GPUs allowed, as a backfilling scheduler
        reserves for its top job: the block they already drain, else the one that
-       frees soonest. Blocks taken in step 1 by jobs they may cut in on give way.
+       frees soonest. Blocks taken in step 1 by jobs they may cut in on give way;
+       singles kept in step 1 for 1-GPU jobs that may cut in are avoided, or left open
+       in the drain if GitLab would hand them only to such jobs (`first_open`).
 
     Protected: a multi-GPU job that came when no other one waited; no later job delays
     it (the L1 bound). Otherwise idle GPUs go to work whenever some job fits them, and
