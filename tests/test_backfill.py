@@ -89,6 +89,23 @@ def test_smaller_blocks_backfill_a_drain_too() -> None:
                   Demand(4, 1, 3.0, timeout_s=600.0)) == {"gpu4-5", "gpu6", "gpu7"}
 
 
+def test_backfill_checks_the_jobs_gitlab_hands_out_not_the_fair_share_order() -> None:
+    """Issue 16 review, C: GitLab hands an open runner the oldest pending job of its size,
+    whatever fair share says; a pair must not open because a younger short job ranks
+    first by fair share while the oldest one, which GitLab hands out, runs far longer
+    than the drain (before the fix gpu4-5 opened)."""
+    busy = dict.fromkeys(range(4), NOW + 3600)
+    long = Demand(2, 2, 0.0, timeout_s=20_000.0, fair_s=5000.0)  # oldest: GitLab hands it first
+    short = Demand(3, 2, 100.0, timeout_s=600.0)
+    result = plan(Observed(_states(busy), demand=(Demand(1, 8, -10.0), long, short), now=NOW))
+    assert result.reserved == {SLOTS[-1].name: 1}
+    assert not [s for s in result.open_slots() if not set(s.gpus) & set(busy)]
+    # a 1-GPU job that ranks first by fair share does not hide an older long one either
+    ones = (Demand(4, 1, 0.0, timeout_s=20_000.0, fair_s=5000.0), Demand(5, 1, 100.0, timeout_s=600.0))
+    result = plan(Observed(_states(busy), demand=(Demand(1, 8, -10.0), *ones), now=NOW))
+    assert not [s for s in result.open_slots() if not set(s.gpus) & set(busy)]
+
+
 ends = st.one_of(st.none(), st.floats(NOW - 5000, NOW + 50_000))
 
 
@@ -109,7 +126,8 @@ def test_invariants_hold_with_estimates_wrong_by_10x(running: dict[int, float | 
     singles and smaller blocks on idle open GPUs of draining blocks, for jobs of their
     size GitLab would hand out whose timeouts are at most `backfill_max_s` and end
     before the drain's expected end."""
-    ones = [Demand(10 + i, 1, 10.0 + i, timeout_s=t * error[i]) for i, t in enumerate(true_s)]
+    ones = [Demand(10 + i, 1, 10.0 + i, timeout_s=t * error[i], fair_s=3000.0 * (i % 3 == 0))
+            for i, t in enumerate(true_s)]
     demand = (*(Demand(1 + i, n, float(i), timeout_s=multi_s[i]) for i, n in enumerate(multi)), *ones)
     observed = Observed(_states(running), dict.fromkeys(closed, "foreign"), demand, now=NOW,
                         reserved={SLOTS[-1].name: 1} if reserved and multi[0] == 8 else {})
@@ -134,7 +152,8 @@ def test_invariants_hold_with_estimates_wrong_by_10x(running: dict[int, float | 
         end = max(e for g, e in running.items() if g in block.gpus and e is not None)
         size = slot.size
         idle_open = sum(1 for s in opened if s.size == size and not set(s.gpus) & set(running))
-        handed = sorted((d for d in demand if d.gpus == size), key=lambda d: d.urgency)[:idle_open]
+        handed = sorted((d for d in demand if d.gpus == size), key=lambda d: (d.created_at, d.job_id))
+        handed = handed[:idle_open]
         assert len(handed) == idle_open  # as many jobs pending as open idle slots of that size
         assert all(d.timeout_s is not None and d.timeout_s <= policy.backfill_max_s
                    and NOW + d.timeout_s <= end for d in handed)
@@ -149,15 +168,17 @@ def _wrong_by(factor: float, seed: int) -> list[TraceJob]:
 
 
 class Watched(Simulator):
-    """Notes each job that starts on a slot inside a block a drain holds (a backfilled job)."""
+    """Notes each job that starts on a slot inside a block a drain holds, with the job
+    drained for (a backfilled job, or one that goes first: `plan._Reserver._drain`)."""
 
-    backfilled: list[int]
+    backfilled: list[tuple[int, int]]
 
     def _start(self, now: float, host_no: int, gpus: tuple[int, ...], job_id: int,
                runner: SimRunner | None) -> None:
         host = self.hosts[host_no]
-        if any(set(gpus) < set(host.slot_of[name].gpus) for name in host.reserved):  # inside a drained block
-            self.backfilled = [*getattr(self, "backfilled", []), job_id]
+        for name, drained in host.reserved.items():
+            if set(gpus) < set(host.slot_of[name].gpus):  # inside a drained block
+                self.backfilled = [*getattr(self, "backfilled", []), (job_id, drained)]
         super()._start(now, host_no, gpus, job_id, runner)
 
 
@@ -175,5 +196,6 @@ def test_in_the_simulator_estimates_10x_off_keep_invariants_and_the_bound() -> N
         assert result["jobs_dropped"] == {} and result["jobs_never_started"] == 0
         backfilled = getattr(sim, "backfilled", [])
         assert backfilled, "the trace should give backfill a chance"
-        timeouts = {j.job_id: j.timeout for j in jobs}
-        assert all((timeouts[j] or 0) <= policy.backfill_max_s for j in backfilled)
+        by_id = {j.job_id: j for j in jobs}
+        assert all((by_id[j].timeout or 0) <= policy.backfill_max_s  # or it goes first (issue 16 review A)
+                   or (by_id[j].submit, j) < (by_id[d].submit, d) for j, d in backfilled)

@@ -13,6 +13,7 @@ from runnerctl.controller.plan import (
     Decision,
     Demand,
     Observed,
+    Plan,
     SlotState,
     differences,
     plan,
@@ -117,10 +118,11 @@ slot_keys = st.sampled_from([s.key for s in SLOTS])
 @given(running=st.dictionaries(slot_keys, st.just((1,)), max_size=6),
        paused=st.sets(slot_keys),
        closed=st.dictionaries(st.integers(0, 7), st.just("foreign"), max_size=3),
-       demand=st.lists(st.builds(Demand, st.integers(1, 50), st.sampled_from([1, 2, 4, 8]),
-                                 st.floats(0, 100), st.sampled_from(["high", "normal", "low"]),
+       demand=st.lists(st.builds(Demand, st.integers(1, 50), st.sampled_from([1, 1, 2, 4, 8]),
+                                 st.floats(0, 100), st.sampled_from(["high", "normal", "normal", "low"]),
+                                 timeout_s=st.sampled_from([None, 600.0, 3600.0]),
                                  fair_s=st.sampled_from([0.0, 50.0])),
-                       max_size=5),
+                       max_size=8, unique_by=lambda d: d.job_id),
        reserved=st.dictionaries(slot_keys, st.integers(1, 50), max_size=2))
 def test_s1_and_gate_hold_for_any_observation(running: dict[str, tuple[int, ...]], paused: set[str],
                                               closed: dict[int, str], demand: list[Demand],
@@ -147,6 +149,45 @@ def test_s1_and_gate_hold_for_any_observation(running: dict[str, tuple[int, ...]
     multi = [d for d in demand if d.gpus > 1]
     if len(multi) == 1 and fitting and multi[0].job_id not in reserved.values():
         assert multi[0].job_id in result.reserved.values() and multi[0].job_id in result.protected
+    _check_l1_handed(result, demand, running)
+
+
+def _check_l1_handed(result: Plan, demand: list[Demand], running: dict[str, tuple[int, ...]]) -> bool:
+    """L1 with the jobs GitLab hands out: an idle single open on a protected job's block
+    gets one of the oldest pending 1-GPU jobs (as many as idle singles are open), and
+    each came before that job or has a higher priority. True if such a single was open."""
+    by_id = {d.job_id: d for d in demand}
+    idle = [s for s in result.open_slots() if s.size == 1 and s.key not in running]
+    handed = sorted((d for d in demand if d.gpus == 1), key=lambda d: (d.created_at, d.job_id))[:len(idle)]
+    checked = False
+    for name, job in result.reserved.items():
+        block = BY_KEY[slot_key(name)]
+        if job in result.protected and any(set(s.gpus) < set(block.gpus) for s in idle):
+            assert len(handed) == len(idle)
+            assert all(d.created_at < by_id[job].created_at or d.urgency[0] < by_id[job].urgency[0]
+                       for d in handed)
+            checked = True
+    return checked
+
+
+@settings(max_examples=int(os.environ.get("PLAN_EXAMPLES", "300")), deadline=None)
+@given(running=st.dictionaries(st.sampled_from([s.key for s in SLOTS if s.size == 1]), st.just((1,)),
+                               max_size=6),
+       size=st.sampled_from([2, 4, 8]), timeout=st.sampled_from([None, 3600.0, 3600.0]),
+       ones=st.lists(st.tuples(st.floats(0, 200), st.sampled_from(["high", "normal", "normal", "low"]),
+                               st.sampled_from([0.0, 0.0, 150.0, -150.0])), max_size=10))
+def test_a_protected_drain_never_hands_its_gpus_to_a_later_job(running: dict[str, tuple[int, ...]], size: int,
+                                                               timeout: float | None,
+                                                               ones: list[tuple[float, str, float]]) -> None:
+    """L1 with timeouts known or not (issue 16 review, A): a multi-GPU job that came at
+    t=100 while 1-GPU jobs came before and after it (priorities, fair share) drains a
+    block, and any idle single left open on it goes to a job that came before it."""
+    big = Demand(1, size, 100.0, timeout_s=timeout)
+    demand = [big, *(Demand(10 + i, 1, t, p, timeout_s=600.0, fair_s=f) for i, (t, p, f) in enumerate(ones))]
+    result = plan(dataclasses.replace(_observed(running, paused=set(), demand=tuple(demand)),
+                                      protected=frozenset({1})))
+    assert 1 in result.reserved.values() and 1 in result.protected
+    _check_l1_handed(result, demand, running)
 
 
 @settings(max_examples=int(os.environ.get("PLAN_EXAMPLES", "500")), deadline=None)
@@ -155,6 +196,7 @@ def test_s1_and_gate_hold_for_any_observation(running: dict[str, tuple[int, ...]
        closed=st.dictionaries(st.integers(0, 7), st.just("foreign"), max_size=2),
        demand=st.lists(st.builds(Demand, st.integers(1, 60), st.sampled_from([1, 2, 4, 8, 16]),
                                  st.floats(0, 20_000), st.sampled_from(["high", "normal", "low"]),
+                                 timeout_s=st.sampled_from([None, None, 600.0, 7200.0]),
                                  fair_s=st.sampled_from([0.0, 0.0, 1800.0, 9000.0])),
                        max_size=30, unique_by=lambda d: d.job_id),
        reserved=st.dictionaries(slot_keys, st.integers(1, 60), max_size=2),
@@ -175,6 +217,17 @@ def test_relevant_demand_gives_the_same_plan(running: dict[str, tuple[int, ...]]
     expected = plan(full)
     assert plan(dataclasses.replace(full, demand=cut)) == expected
     assert plan(dataclasses.replace(full, demand=part)) == expected  # in another order, too
+
+
+def test_the_cut_keeps_the_plan_with_timeouts_known_and_unknown_in_one_size() -> None:
+    """Issue 16 review, B: within one size, only jobs without a timeout get the size
+    credit, so the plan's order is not urgency order; the cut still gives its plan."""
+    queue = (Demand(1, 4, 0.0, timeout_s=600.0), Demand(2, 4, 100.0, timeout_s=600.0),
+             Demand(3, 4, 200.0, timeout_s=600.0), Demand(4, 4, 1000.0), Demand(5, 4, 1100.0))
+    full = _observed({"gpu0": (99,)}, paused=set(), demand=queue)
+    expected = {BY_KEY["gpu4-7"].name: 4, BY_KEY["gpu0-3"].name: 5}
+    assert plan(full).reserved == expected
+    assert plan(dataclasses.replace(full, demand=relevant_demand(queue, SLOTS))).reserved == expected
 
 
 def test_a_later_job_never_delays_a_job_that_waited_alone() -> None:
@@ -216,10 +269,32 @@ def test_jobs_with_known_timeouts_wait_in_age_order_without_size_credit() -> Non
     running = {f"gpu{i}": (i + 1,) for i in range(8)}
     assert set(plan(_observed(running, paused=set(), demand=(older, later))).reserved.values()) == {1}
     assert set(plan(_observed(running, paused=set(), demand=unknown)).reserved.values()) == {2}
-    # 1-GPU jobs that came first keep their singles on an idle host
+    # 1-GPU jobs that came first keep their singles on an idle host, and the 8-GPU job
+    # drains the host around them (it reserved nothing before the fix: issue 16 review, A)
     ones = tuple(Demand(10 + i, 1, float(i), timeout_s=600.0) for i in range(4))
     result = plan(_observed(demand=(*ones, Demand(20, 8, 50.0, timeout_s=600.0))))
-    assert not result.reserved and set(result.singles) == {10, 11, 12, 13}
+    assert result.reserved == {BY_KEY["gpu0-7"].name: 20} and set(result.singles) == {10, 11, 12, 13}
+    assert len(result.open_slots()) == 4 and all(s.size == 1 for s in result.open_slots())
+
+
+def test_a_protected_drain_leaves_open_only_singles_for_older_jobs() -> None:
+    """L1 with known timeouts (issue 16 review, A): a 1-GPU job older than the protected
+    8-GPU job keeps its single, but later 1-GPU jobs get none of the host's GPUs; before
+    the fix nothing was reserved and all eight singles opened."""
+    older, big = Demand(1, 1, 0.0, timeout_s=600.0), Demand(2, 8, 100.0, timeout_s=3600.0)
+    later = tuple(Demand(10 + i, 1, 200.0 + i, timeout_s=600.0) for i in range(7))
+    for timeout in (3600.0, None):
+        result = plan(_observed({"gpu0": (99,)}, paused=set(),
+                                demand=(older, dataclasses.replace(big, timeout_s=timeout), *later)))
+        assert result.reserved == {BY_KEY["gpu0-7"].name: 2} and result.protected == {2}
+        assert {s.key for s in result.open_slots()} == ({"gpu1"} if timeout else set())
+    # GitLab hands an open single the oldest job: one older job, two singles kept open for
+    # jobs that go first by claim (fair share) but one of them came later: none opens
+    fair = (Demand(1, 1, 0.0, timeout_s=600.0, fair_s=500.0), Demand(3, 1, 50.0, timeout_s=600.0),
+            Demand(4, 1, 150.0, timeout_s=600.0, fair_s=-100.0))
+    result = plan(dataclasses.replace(_observed({"gpu0": (99,)}, paused=set(), demand=(big, *fair)),
+                                      protected=frozenset({2})))
+    assert result.reserved == {BY_KEY["gpu0-7"].name: 2} and not result.open_slots()
 
 
 def test_a_later_1gpu_job_with_a_better_claim_never_delays_a_protected_drain() -> None:
@@ -230,8 +305,12 @@ def test_a_later_1gpu_job_with_a_better_claim_never_delays_a_protected_drain() -
     other = Demand(12, 2, 5000.0, timeout_s=600.0)
     observed = _observed({"gpu0": (1,)}, paused=set(), demand=(heavy, light, other))
     protected = plan(dataclasses.replace(observed, protected=frozenset({10})))
-    assert protected.reserved == {BY_KEY["gpu0-7"].name: 10}
-    assert 10 not in plan(observed).reserved.values()  # not protected: the 1-GPU job goes first
+    assert protected.reserved == {BY_KEY["gpu0-7"].name: 10} and not protected.open_slots()
+    # not protected: the 1-GPU job goes first, on a single left open in the drain (before
+    # issue 16 review A: nothing was reserved, and every idle single opened)
+    result = plan(observed)
+    assert result.reserved == {BY_KEY["gpu0-7"].name: 10}
+    assert [s.key for s in result.open_slots()] == [result.singles[11].rsplit("/", 1)[-1]]
 
 
 def test_a_job_claimed_elsewhere_takes_an_idle_block_but_is_never_drained_for() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -127,11 +128,17 @@ def test_hosts_beyond_gpu_z_and_foreign_use_on_a_missing_host(tmp_path: Path,
         read_foreign(foreign)
 
 
-def test_every_host_is_handed_all_of_the_queue_its_plan_can_act_on() -> None:
+@pytest.mark.parametrize("mixed", [False, True])
+def test_every_host_is_handed_all_of_the_queue_its_plan_can_act_on(mixed: bool) -> None:
     """The simulator hands `plan` the top of the queue, not all of it: that part must hold
     what `relevant_demand` keeps of the whole queue for that host (then the plan is the
-    same), and mark exactly the jobs other hosts claimed."""
+    same), and mark exactly the jobs other hosts claimed. Mixed: timeouts known for some
+    jobs of each size and priorities (issue 16 review B: the top in urgency order alone
+    missed jobs the planner reads in another order)."""
     jobs, foreign = synthetic(300, hosts=3, seed=5, foreign_per_host=1)
+    if mixed:
+        jobs = [dataclasses.replace(j, timeout=j.duration * 2 if j.job_id % 3 else None,
+                                    priority=("normal", "high", "normal", "low")[j.job_id % 4]) for j in jobs]
     sim = Simulator(jobs, SimConfig(hosts=3), foreign)
     handed = sim._host_demand
     checked = []

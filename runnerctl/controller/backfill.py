@@ -10,7 +10,8 @@ kept open while the pending 1-GPU jobs GitLab would hand out next are short enou
   still running on the block; GitLab kills a job at its timeout, so it is an upper
   bound. Unknown for any of them: no backfill there.
 - With F idle singles open anyway and B backfill singles, GitLab hands out the F + B
-  most urgent pending 1-GPU jobs (equal priority: the oldest); each must have a known
+  oldest pending 1-GPU jobs (`order.handout_order`: not the planner's urgency, which
+  counts priority and fair share, unknown to GitLab); each must have a known
   `timeout_s` that ends by `now` + timeout before the drain's expected end, and at most
   `PlanPolicy.backfill_max_s`. The last bound holds whatever the estimates are: a
   backfilled job is killed at its timeout, so it delays the drained job by at most
@@ -25,10 +26,10 @@ kept open while the pending 1-GPU jobs GitLab would hand out next are short enou
 
 Singles are added in order of their block's expected end, latest first; `recheck_at` is
 when the oldest of those jobs would no longer end in time (time alone closes a backfill
-single: the simulator plans that host again then). Known gap: with mixed priorities,
-GitLab (which knows no priority tag) may hand an older lower-priority job first; and in
-a fleet, other hosts' singles take the head of the queue too, so a single here may get
-a job after those this plan checked.
+single: the simulator plans that host again then). Known gaps: instance runners take
+the jobs of the projects with the fewest running first (`handout_order`); and in a
+fleet, other hosts' singles take the head of the queue too, so a single here may get a
+job after those this plan checked.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from runnerctl.controller.order import handout_order
 from runnerctl.model import Slot
 
 if TYPE_CHECKING:
@@ -51,13 +53,14 @@ def backfill(observed: Observed, busy: Mapping[int, list[str]], reservations: Ma
     ends_by = {s.slot.name: s.ends_by for s in observed.slots}
     closed, held = observed.closed, observed.held
     drain_end: dict[int, tuple[float, int]] = {}  # idle GPU of a draining block -> (expected end, job)
+    kept = {d.slot.gpus[0] for d in decisions if d.open and len(d.slot.gpus) == 1}  # in a drain: `plan`
     for block, job in reservations.values():
         holders = {h for g in block.gpus for h in busy.get(g, ())}
         ends = [ends_by.get(h) for h in holders]
         if not holders or any(e is None for e in ends):
             continue  # opens now, or its end is unknown
         end = max(e for e in ends if e is not None)
-        drain_end.update((g, (end, job)) for g in block.gpus if g not in busy)
+        drain_end.update((g, (end, job)) for g in block.gpus if g not in busy and g not in kept)
     if not drain_end:
         return {}, None
     opened: dict[str, str] = {}
@@ -75,7 +78,7 @@ def backfill(observed: Observed, busy: Mapping[int, list[str]], reservations: Ma
             free += 1
         elif gpu in drain_end and gpu not in closed and slot.name not in held and gpu not in taken:
             candidates.append((drain_end[gpu], slot))
-    ones = sorted((d for d in observed.demand if d.gpus == 1), key=lambda d: d.urgency)
+    ones = sorted((d for d in observed.demand if d.gpus == 1), key=handout_order)
     limit = float("inf")
     needed = 0.0
     for (end, job), slot in sorted(candidates, key=lambda c: (-c[0][0], c[1].gpus)):
@@ -99,8 +102,8 @@ def _blocks(observed: Observed, busy: Mapping[int, list[str]], reservations: Map
             decisions: tuple[Decision, ...], policy: PlanPolicy, drain_end: Mapping[int, tuple[float, int]],
             opened: dict[str, str]) -> float:
     """The same for blocks smaller than the drained one, all on its idle GPUs, biggest
-    first: with F idle open blocks of that size and B backfill ones, the F + B most urgent
-    pending jobs of that size must each end in time. Adds to `opened`; returns when
+    first: with F idle open blocks of that size and B backfill ones, the F + B oldest
+    pending jobs of that size (`handout_order`) must each end in time. Adds to `opened`; returns when
     the first of them would no longer end in time (infinity if none opened)."""
     now = observed.now
     assert now is not None
@@ -120,7 +123,7 @@ def _blocks(observed: Observed, busy: Mapping[int, list[str]], reservations: Map
     recheck = float("inf")
     taken: set[int] = set()
     for size in sorted(candidates, reverse=True):
-        pending = sorted((d for d in observed.demand if d.gpus == size), key=lambda d: d.urgency)
+        pending = sorted((d for d in observed.demand if d.gpus == size), key=handout_order)
         count = free.get(size, 0)
         for (end, job), slot in sorted(candidates[size], key=lambda c: (-c[0][0], c[1].gpus)):
             if taken.intersection(slot.gpus):

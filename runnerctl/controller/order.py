@@ -2,18 +2,20 @@
 first, and when one job may take GPUs held for another (`plan._Reserver`).
 
 Kept apart from `plan` so each stays small; `sim.replan` reads the same order to tell
-which hosts' plans a change can touch. A job of N GPUs counts older per GPU beyond the
+which hosts' plans a change can touch, and `relevant_demand` cuts the queue by these
+orders (the part of it a plan can act on). A job of N GPUs counts older per GPU beyond the
 first (a size credit: big jobs are hard to place) unless its timeout is known: then
 age alone, as in EASY backfilling (`PlanPolicy`; docs/controller.md "Size credits").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from runnerctl.controller.plan import Demand, PlanPolicy
+    from runnerctl.model import Slot
 
 
 def drain_order(demand: Demand, protected: Collection[int],
@@ -37,6 +39,17 @@ def cuts_in(mine: Demand, theirs: Demand, protected: Collection[int],
     return (came_first or theirs.job_id not in protected) and claim(mine.job_id) < claim(theirs.job_id)
 
 
+def handout_order(demand: Demand) -> tuple[float, int]:
+    """The order in which GitLab hands the pending jobs of one size to open group or
+    project runners: oldest first (gitlabhq app/services/ci/queue/pending_builds_strategy.rb,
+    `builds_for_group_runner` and `builds_for_project_runner`: build id ascending, and ids
+    grow with creation; `runnerctl.sim.fair.pick` models it). GitLab knows neither the
+    priority tag nor fair share, so neither counts here. Instance runners take first the
+    jobs of projects with the fewest builds running on instance runners, counts the
+    planner does not see: it assumes this order for them too (a known gap)."""
+    return demand.created_at, demand.job_id
+
+
 def idle_claim(demand: Demand, policy: PlanPolicy) -> tuple[int, float, int]:
     """A job's claim on idle GPUs (`_Reserver.claim`): `idle_credit_s` per extra GPU."""
     return _credited(demand, policy.idle_credit_s)
@@ -50,3 +63,37 @@ def _credited(demand: Demand, credit_s: float) -> tuple[int, float, int]:
         return demand.urgency
     rank, created, job_id = demand.urgency
     return rank, created - credit_s * (demand.gpus - 1), job_id
+
+
+def relevant_demand(demand: Iterable[Demand], slots: Iterable[Slot], protected: Iterable[int] = (),
+                    elsewhere: Iterable[int] = ()) -> tuple[Demand, ...]:
+    """The jobs `plan` can act on: in each order in which it reads the jobs of one size,
+    one more than the host has slots of that size (each takes a slot or, failing, so does
+    every later one of its size), as many again of those not claimed `elsewhere` (only
+    they may drain), and the protected ones. The orders: urgency among the jobs with a
+    known timeout and among the others (claims and drain order: only the latter get size
+    credits, so those two run in urgency order within each; `controller.order`), and
+    GitLab's (`handout_order`: backfill, singles left open in a drain). Handing `plan`
+    only these gives the same plan as the whole queue, and so does handing it any part of
+    the queue that holds these (the cut of that part is the same cut); the simulator
+    relies on it."""
+    demand = tuple(demand)
+    room: dict[int, int] = {}
+    for slot in slots:
+        room[len(slot.gpus)] = room.get(len(slot.gpus), 1) + 1
+    keep, away = set(protected), set(elsewhere)
+    kept: set[int] = set()
+    urgent = sorted(demand, key=lambda d: d.urgency)
+    for order, by_timeout in ((urgent, True), (sorted(demand, key=handout_order), False)):
+        left: dict[tuple[int, bool], int] = {}
+        left_here: dict[tuple[int, bool], int] = {}
+        for d in order:
+            key = d.gpus, by_timeout and d.timeout_s is None
+            first = left.setdefault(key, room.get(d.gpus, 0)) > 0
+            here = d.job_id not in away and left_here.setdefault(key, room.get(d.gpus, 0)) > 0
+            if first or here or d.job_id in keep:
+                left[key] -= 1
+                if d.job_id not in away:
+                    left_here[key] -= 1
+                kept.add(d.job_id)
+    return tuple(d for d in urgent if d.job_id in kept)

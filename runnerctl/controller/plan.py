@@ -8,7 +8,8 @@ calls it, and applies the returned actions (all pauses before any resume). It ke
   never opened.
 - L1: pending multi-GPU jobs get aligned blocks: idle ones at once, and the most
   urgent job (priority, then age) drains one for itself: the singles and smaller blocks
-  under it are paused, so a stream of 1-GPU jobs cannot starve it, and it opens as
+  under it are paused (but for singles GitLab would hand only to jobs that go first:
+  `_Reserver._drain`), so a stream of 1-GPU jobs cannot starve it, and it opens as
   soon as no other job runs on its GPUs. The block chosen frees soonest: fewest busy
   GPUs, then the one whose youngest job started earliest (lease times, when known),
   then fewest running jobs; a drain under way keeps its block. A job that came
@@ -18,8 +19,9 @@ calls it, and applies the returned actions (all pauses before any resume). It ke
   from a host that has room now.
 - L2: without demand for a block, it is paused and its singles open again in the same
   tick.
-- Backfill (`controller.backfill`): a single on an idle GPU of a draining block stays
-  open while the 1-GPU jobs GitLab would hand it end, by their timeouts, before the drain.
+- Backfill (`controller.backfill`): a single, or a block smaller than the drained one,
+  on idle GPUs of a draining block stays open while the jobs of its size GitLab would
+  hand it end, by their timeouts, before the drain.
 
 Idle GPUs go to pending jobs by claim (`controller.order`): age, where a big job counts
 older (it is harder to place) unless its timeout is known, so big jobs take idle blocks
@@ -38,7 +40,9 @@ from typing import NamedTuple
 from runnerctl.controller.backfill import backfill
 from runnerctl.controller.order import cuts_in as cuts_in
 from runnerctl.controller.order import drain_order as drain_order
+from runnerctl.controller.order import handout_order
 from runnerctl.controller.order import idle_claim as idle_claim
+from runnerctl.controller.order import relevant_demand as relevant_demand
 from runnerctl.model import Slot
 from runnerctl.tags import PRIORITY_RANK
 
@@ -157,39 +161,22 @@ def plan(observed: Observed, policy: PlanPolicy = PlanPolicy()) -> Plan:
     busy = _busy_gpus(observed.slots)
     reserver = _Reserver(observed, busy, policy)
     reservations = reserver.run()
-    decisions = _decide(observed, busy, reservations)
+    first = reserver.first_open()  # singles open in a drain: its block waits for them too
+    held_by = {**busy, **{s.gpus[0]: [s.name] for s in reserver.usable.get(1, ()) if s.name in first}}
+    decisions = _opened(_decide(observed, held_by if first else busy, reservations), first)
     opened, recheck = backfill(observed, busy, reservations, decisions, policy)
-    if opened:
-        decisions = tuple(Decision(d.slot, True, opened[d.slot.name]) if d.slot.name in opened else d
-                          for d in decisions)
+    decisions = _opened(decisions, opened)
     reserved = {name: job for name, (_, job) in reservations.items()}
     return Plan(decisions, reserved, frozenset(reserver.protected),
                 frozenset(reserved.values()) - observed.elsewhere, reserver.singles, recheck)
 
 
-def relevant_demand(demand: Iterable[Demand], slots: Iterable[Slot], protected: Iterable[int] = (),
-                    elsewhere: Iterable[int] = ()) -> tuple[Demand, ...]:
-    """The jobs `plan` can act on: per size, one more than the host has slots of that
-    size, most urgent first (each takes a slot or, failing, so does every later one of
-    its size), as many again of those not claimed `elsewhere` (only they may drain),
-    and the protected ones. Handing `plan` only these gives the same plan as the whole
-    queue, and so does handing it any part of the queue that holds these (the cut of
-    that part is the same cut); the simulator relies on it."""
-    room: dict[int, int] = {}
-    for slot in slots:
-        room[len(slot.gpus)] = room.get(len(slot.gpus), 1) + 1
-    keep, away = set(protected), set(elsewhere)
-    left, left_here = dict(room), dict(room)
-    kept = []
-    for d in sorted(demand, key=lambda d: d.urgency):
-        first = left.get(d.gpus, 0) > 0
-        here = d.job_id not in away and left_here.get(d.gpus, 0) > 0
-        if first or here or d.job_id in keep:
-            left[d.gpus] = left.get(d.gpus, 0) - 1
-            if d.job_id not in away:
-                left_here[d.gpus] = left_here.get(d.gpus, 0) - 1
-            kept.append(d)
-    return tuple(kept)
+def _opened(decisions: tuple[Decision, ...], opened: Mapping[str, str]) -> tuple[Decision, ...]:
+    """The decisions with these slots open (name -> why)."""
+    if not opened:
+        return decisions
+    return tuple(Decision(d.slot, True, opened[d.slot.name]) if d.slot.name in opened else d
+                 for d in decisions)
 
 
 def _busy_gpus(states: Iterable[SlotState]) -> dict[int, list[str]]:
@@ -218,7 +205,9 @@ class _Reserver:
        extra GPU), the first multi-GPU jobs still without a block (up to
        `max_draining`) reserve one, busy GPUs allowed, as a backfilling scheduler
        reserves for its top job: the block they already drain, else the one that
-       frees soonest. Blocks taken in step 1 by jobs they may cut in on give way.
+       frees soonest. Blocks taken in step 1 by jobs they may cut in on give way;
+       singles kept in step 1 for 1-GPU jobs that may cut in are avoided, or left open
+       in the drain if GitLab would hand them only to such jobs (`first_open`).
 
     Protected: a multi-GPU job that came when no other one waited; no later job delays
     it (the L1 bound). Otherwise idle GPUs go to work whenever some job fits them, and
@@ -241,6 +230,7 @@ class _Reserver:
         self.kept_open: dict[int, int] = {}  # GPU of an idle single held for a 1-GPU job -> that job
         self.singles: dict[int, str] = {}  # 1-GPU job -> the single kept open for it
         self.reservations: dict[str, tuple[Slot, int]] = {}
+        self.first: dict[str, tuple[int, int]] = {}  # single left open under a drain -> (GPU, job)
         sizes = {len(s.slot.gpus) for s in observed.slots}
         away = observed.elsewhere  # not waiting for this host: another one drains for them
         multi = [d.job_id for d in observed.demand if d.gpus > 1 and d.gpus in sizes and d.job_id not in away]
@@ -309,17 +299,23 @@ class _Reserver:
         """Reserve a block for the job, busy GPUs allowed; True if one was found. If the
         job's timeout is known (age order, `PlanPolicy`), an idle single kept open for a
         1-GPU job that may cut in on it (`cuts_in`: a better claim, and no later job
-        delays a protected one) is not taken: that job starts there first, as the oldest
-        job would in EASY backfilling."""
+        delays a protected one) is avoided: that job starts there first, as the oldest
+        job would in EASY backfilling. If every block holds such singles, the job still
+        drains one, and its singles kept for such jobs stay open if GitLab would hand
+        them only to jobs that may cut in (`_check_first`)."""
         singles = self.kept_open if demand.timeout_s is not None else None
         first = {g for g, job in singles.items()  # kept for a job that goes first
                  if cuts_in(self.demand[job], demand, self.protected, self.claim)} if singles else set()
         candidates = [s for s in self.usable.get(demand.gpus, ())
-                      if all(self._may_cut_in(demand.job_id, g) for g in s.gpus) and first.isdisjoint(s.gpus)]
+                      if all(self._may_cut_in(demand.job_id, g) for g in s.gpus)]
+        clear = [c for c in candidates if first.isdisjoint(c.gpus)] if first else candidates
         if not candidates:
             return False
-        kept = [c for c in candidates if self.observed.reserved.get(c.name) == demand.job_id]
-        block = kept[0] if kept else min(candidates, key=self._cost)
+        kept = [c for c in (clear or candidates) if self.observed.reserved.get(c.name) == demand.job_id]
+        block = kept[0] if kept else min(clear or candidates, key=self._cost)
+        for single in self.usable.get(1, ()) if not clear else ():
+            if single.gpus[0] in first and single.gpus[0] in block.gpus:
+                self.first[single.name] = single.gpus[0], demand.job_id
         for name, (slot, _) in list(self.reservations.items()):
             if not set(slot.gpus).isdisjoint(block.gpus):  # a worse claim gives way
                 del self.reservations[name]
@@ -327,6 +323,26 @@ class _Reserver:
                     del self.owner[g]
         self._reserve(block, demand.job_id)
         return True
+
+    def first_open(self) -> dict[str, str]:
+        """Singles left open under drains (`_drain`; name -> why), once every drain is
+        chosen: only if GitLab would hand them jobs that may cut in on each such drain.
+        With F idle singles open anyway and these K, it hands out the F + K oldest
+        pending 1-GPU jobs (`handout_order`, counted as `controller.backfill` does): each
+        must cut in, else none stays open (L1: no later job takes GPUs of a protected
+        job's block)."""
+        first = {name: job for name, (gpu, job) in self.first.items() if self.owner.get(gpu) == job}
+        if not first:
+            return {}
+        busy, owner = self.busy, self.owner
+        free = [s for s in self.usable.get(1, ()) if s.gpus[0] not in busy and s.gpus[0] not in owner]
+        count = len(free) + len(first)
+        ones = sorted((d for d in self.observed.demand if d.gpus == 1), key=handout_order)[:count]
+        if len(ones) < count or not all(cuts_in(d, self.demand[job], self.protected, self.claim)
+                                        for d in ones for job in set(first.values())):
+            return {}
+        return {name: f"open in job {job}'s drain: GitLab hands it a job that goes first"
+                for name, job in first.items()}
 
     def _reserve(self, block: Slot, job_id: int) -> None:
         self.reservations[block.name] = (block, job_id)

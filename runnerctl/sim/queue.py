@@ -23,6 +23,7 @@ class PendingQueue:
         self._urgent: dict[int, list[dict[int, None]]] = {}  # GPUs -> per priority rank
         self._rank: dict[int, tuple[int, int]] = {}  # job -> (GPUs, rank)
         self._order: dict[int, int] = {}  # job -> arrival number
+        self._untimed: dict[int, set[int]] = {}  # GPUs -> jobs without a timeout
 
     def __len__(self) -> int:
         return len(self._rank)
@@ -33,21 +34,33 @@ class PendingQueue:
     def __iter__(self) -> Iterator[int]:
         return iter(list(self._rank))
 
-    def add(self, job_id: int, gpus: int, priority: str) -> None:
+    def add(self, job_id: int, gpus: int, priority: str, timeout: bool = True) -> None:
         rank = PRIORITY_RANK.get(priority, 1)
         self._arrival.setdefault(gpus, {})[job_id] = None
         self._urgent.setdefault(gpus, [{} for _ in range(RANKS)])[rank][job_id] = None
         self._rank[job_id] = (gpus, rank)
         self._order[job_id] = len(self._order)
+        if not timeout:
+            self._untimed.setdefault(gpus, set()).add(job_id)
 
     def remove(self, job_id: int) -> None:
         gpus, rank = self._rank.pop(job_id)
         del self._arrival[gpus][job_id]
         del self._urgent[gpus][rank][job_id]
+        self._untimed.get(gpus, set()).discard(job_id)
 
     def oldest(self, gpus: int) -> int | None:
         """The job GitLab hands to a runner for `gpus` GPUs."""
         return next(iter(self._arrival.get(gpus, ())), None)
+
+    def by_arrival(self, gpus: int) -> Iterator[int]:
+        """Pending jobs of `gpus` GPUs, oldest first (the order GitLab hands them out)."""
+        return iter(self._arrival.get(gpus, ()))
+
+    def counts(self, gpus: int) -> tuple[int, int]:
+        """Pending jobs of `gpus` GPUs: (with a timeout, without one)."""
+        untimed = len(self._untimed.get(gpus, ()))
+        return len(self._arrival.get(gpus, ())) - untimed, untimed
 
     def sizes(self) -> list[int]:
         return [g for g, jobs in self._arrival.items() if jobs]

@@ -169,7 +169,7 @@ class Simulator:
             job = self.jobs[a]
             if not self.queue:
                 self._queue_since = now
-            self.queue.add(a, job.gpus, job.priority)
+            self.queue.add(a, job.gpus, job.priority, job.timeout is not None)
             self._demand_changed = True
             if job.gpus > 1 and self.config.policy == "dynamic":  # its webhook wakes the loop
                 self._schedule_tick(now)
@@ -337,18 +337,32 @@ class Simulator:
             self._logged = seen
 
     def _refresh_top(self) -> None:
-        """The most urgent jobs of each size, as many as a host has slots for, and as many
-        again unclaimed (what `relevant_demand` keeps); when they change, every host's
-        demand may have changed."""
+        """Per size, the most urgent jobs with a timeout and those without, and the oldest
+        (GitLab's order): as many as a host has slots for, and as many again unclaimed
+        (what `relevant_demand` keeps); when they change, every host's demand may have
+        changed."""
         top = {}
+        jobs, claims = self.jobs, self.claims
         for size, room in self._room.items():
-            found: list[int] = []
-            unclaimed = 0
+            found: dict[int, None] = {}
+            left = list(self.queue.counts(size))  # still to see: with a timeout, without
+            kept, unclaimed = [0, 0], [0, 0]
             for job_id in self.fair.by_urgency(self, size):
-                if len(found) < room or job_id not in self.claims:
-                    found.append(job_id)
-                    unclaimed += job_id not in self.claims
-                    if len(found) >= room and unclaimed == room:
+                kind = int(jobs[job_id].timeout is None)
+                left[kind] -= 1
+                if kept[kind] < room or job_id not in claims:
+                    found[job_id] = None
+                    kept[kind] += 1
+                    unclaimed[kind] += job_id not in claims
+                if all(not left[k] or (kept[k] >= room and unclaimed[k] >= room) for k in (0, 1)):
+                    break
+            kept, unclaimed = [0], [0]
+            for job_id in self.queue.by_arrival(size):
+                if kept[0] < room or job_id not in claims:
+                    found[job_id] = None
+                    kept[0] += 1
+                    unclaimed[0] += job_id not in claims
+                    if kept[0] >= room and unclaimed[0] >= room:
                         break
             top[size] = tuple(found)
         if top != self._top:
