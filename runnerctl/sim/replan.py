@@ -99,7 +99,8 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
     idle = [owner[g] is None and not gated[g] for g in range(len(owner))]
     if any(idle[g] and g not in drained for g in range(len(owner))):
         return None
-    if policy.backfill_max_s and any(idle[g] for g in drained):
+    if policy.backfill_max_s and any(_may_backfill(host, host.slot_of[name].gpus, idle)
+                                     for name in host.reserved):
         return None  # a 1-GPU job coming or going may open or close a backfill single
     host.blocks, host.idle_slots = {}, {}
     if not drained and not any(gated):  # every block usable, none drained, nothing idle
@@ -119,6 +120,14 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
     if len(host.reserved) != policy.max_draining:
         return None
     return max(drain_order(demand_of(j), host.protected, policy) for j in host.reserved.values())
+
+
+def _may_backfill(host: SimHost, gpus: tuple[int, ...], idle: list[bool]) -> bool:
+    """Could `controller.backfill` open a single in this drained block? Only on an idle
+    GPU, and only if the drain's end is known: each job running on the block has an
+    `ends_by` (its timeout). Else it opens none there, whatever the queue or the time."""
+    return any(idle[g] for g in gpus) and all(r.ends_by is not None for r in host.runners
+                                              if r.job is not None and any(g in gpus for g in r.slot.gpus))
 
 
 def reconcile(sim: Simulator, now: float, host_no: int) -> None:
