@@ -15,7 +15,7 @@ single open is planned again at the first beat after its `recheck_at`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from runnerctl.controller.claims import waiting
@@ -167,9 +167,14 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
         sim._dirty.discard(host_no)
         host.boundary = boundary(host, now, sim._demand_of, sim.config.plan_policy)
         return
-    host.reserved, host.protected = reserved, result.protected  # plan again next beat
+    settled = _settled(host.reserved, reserved, demand, elsewhere)
+    host.reserved, host.protected = reserved, result.protected
     host.drained = drained
-    host.boundary = None
+    if settled:  # planning again with what it remembers now gives this plan
+        sim._dirty.discard(host_no)
+        host.boundary = boundary(host, now, sim._demand_of, sim.config.plan_policy)
+    else:  # plan again next beat
+        host.boundary = None
     sim._want_tick(now)
     claims = set(result.claims) | drained
     if claims != host.claimed:
@@ -182,3 +187,23 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
         sim._common = None
         sim._refresh_top()
         sim._log.extend(changed)  # other hosts' `elsewhere`
+
+
+def _settled(before: Mapping[str, int], after: Mapping[str, int], demand: Iterable[Demand],
+             elsewhere: frozenset[int]) -> bool:
+    """After a plan that acted: is it its own next plan (a fixed point)? Of what the host
+    remembers, `plan` reads its drains only for jobs in the demand (`draining`, a drain
+    that keeps its block, whether a lone multi-GPU job is protected) and its protected
+    jobs, which it returns as it read them but for that lone job (added again if read
+    again). Runners' paused states it does not read; what it drained and claimed it gives
+    again. So if the drains it returns are those it read (jobs gone from the demand left
+    out), plus idle blocks taken by jobs another host claimed, the next plan is this one.
+    Such a job never drains here and is never protected here (`_Reserver`), so each job
+    before it in claim order may cut in on its block, as it may on an untaken one, and
+    the jobs after it find the block taken, as in this plan. Then, as after a plan that
+    changed nothing, only a change in its inputs plans the host again
+    (tests/test_simulator_replan.py compares with planning every host at every tick)."""
+    ids = {d.job_id for d in demand} if before else set()
+    kept = {name: job for name, job in before.items() if job in ids}
+    return all(after.get(name) == job for name, job in kept.items()) and all(
+        job in elsewhere for name, job in after.items() if name not in kept)
