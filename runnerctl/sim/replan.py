@@ -15,13 +15,14 @@ single open is planned again at the first beat after its `recheck_at`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from runnerctl.controller.claims import waiting
 from runnerctl.controller.plan import (
     Demand,
     Observed,
+    Plan,
     PlanPolicy,
     cuts_in,
     differences,
@@ -167,7 +168,7 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
         sim._dirty.discard(host_no)
         host.boundary = boundary(host, now, sim._demand_of, sim.config.plan_policy)
         return
-    settled = _settled(host.reserved, reserved, demand, elsewhere)
+    settled = _settled(host, result, demand, elsewhere, sim.config.plan_policy)
     host.reserved, host.protected = reserved, result.protected
     host.drained = drained
     if settled:  # planning again with what it remembers now gives this plan
@@ -189,21 +190,37 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
         sim._log.extend(changed)  # other hosts' `elsewhere`
 
 
-def _settled(before: Mapping[str, int], after: Mapping[str, int], demand: Iterable[Demand],
-             elsewhere: frozenset[int]) -> bool:
+def _settled(host: SimHost, result: Plan, demand: Iterable[Demand], elsewhere: frozenset[int],
+             policy: PlanPolicy) -> bool:
     """After a plan that acted: is it its own next plan (a fixed point)? Of what the host
-    remembers, `plan` reads its drains only for jobs in the demand (`draining`, a drain
-    that keeps its block, whether a lone multi-GPU job is protected) and its protected
-    jobs, which it returns as it read them but for that lone job (added again if read
-    again). Runners' paused states it does not read; what it drained and claimed it gives
-    again. So if the drains it returns are those it read (jobs gone from the demand left
-    out), plus idle blocks taken by jobs another host claimed, the next plan is this one.
-    Such a job never drains here and is never protected here (`_Reserver`), so each job
-    before it in claim order may cut in on its block, as it may on an untaken one, and
-    the jobs after it find the block taken, as in this plan. Then, as after a plan that
-    changed nothing, only a change in its inputs plans the host again
-    (tests/test_simulator_replan.py compares with planning every host at every tick)."""
+    remembers (`host.reserved`, still what this plan read), `plan` reads its drains only
+    for jobs in the demand (`draining`, a drain that keeps its block, whether a lone
+    multi-GPU job is protected) and its protected jobs, which it returns as it read them
+    but for that lone job (added again if read again). Runners' paused states it does not
+    read; what it drained and claimed it gives again. So the next plan is this one if the
+    drains it returns are those it read (jobs gone from the demand left out) plus:
+    - idle blocks taken by jobs another host claimed: such a job never drains here and is
+      never protected here (`_Reserver`), so each job before it in claim order may cut in
+      on its block, as it may on an untaken one, and those after it find it taken;
+    - with one drain at most, a new drain on a block where no idle GPU was taken (no
+      single kept open, no idle block on it): read back, it only keeps jobs that may not
+      cut in on it from GPUs they did not take, earlier drain candidates (which found no
+      block) find fewer, and its job keeps it.
+    Then, as after a plan that changed nothing, only a change in its inputs plans the host
+    again (tests/test_simulator_replan.py compares with planning every host at every tick)."""
+    before, after = host.reserved, result.reserved
     ids = {d.job_id for d in demand} if before else set()
     kept = {name: job for name, job in before.items() if job in ids}
-    return all(after.get(name) == job for name, job in kept.items()) and all(
-        job in elsewhere for name, job in after.items() if name not in kept)
+    if any(after.get(name) != job for name, job in kept.items()):
+        return False
+    new = [name for name, job in after.items() if name not in kept and job not in elsewhere]
+    if not new:
+        return True
+    if len(new) > 1 or policy.max_draining != 1:
+        return False
+    block = host.slot_of[new[0]].gpus
+    owner = host.owner
+    if any(host.slot_of[name].gpus[0] in block for name in result.singles.values()):
+        return False
+    return not any(runner.slot.size > 1 and all(owner[g] is None for g in runner.slot.gpus)
+                   and any(g in block for g in runner.slot.gpus) for runner in host.runners)
