@@ -30,7 +30,7 @@ from runnerctl.controller.plan import (
     idle_claim,
     plan,
 )
-from runnerctl.sim.hosts import SimHost
+from runnerctl.sim.hosts import SimHost, SimRunner
 from runnerctl.tags import PRIORITY_RANK
 
 if TYPE_CHECKING:
@@ -143,6 +143,7 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
     result = plan(observed, sim.config.plan_policy)
     sim.plans += 1
     host.recheck_at = float("inf") if result.recheck_at is None else result.recheck_at
+    host.singles = result.singles
     if result.recheck_at is not None:  # time alone closes a backfill single: a tick then
         sim._schedule_tick((result.recheck_at // sim.config.reconcile_s + 1) * sim.config.reconcile_s)
     pauses, resumes = differences(result.decisions, {s.slot.name: s.paused for s in observed.slots})
@@ -224,3 +225,66 @@ def _settled(host: SimHost, result: Plan, demand: Iterable[Demand], elsewhere: f
         return False
     return not any(runner.slot.size > 1 and all(owner[g] is None for g in runner.slot.gpus)
                    and any(g in block for g in runner.slot.gpus) for runner in host.runners)
+
+
+def own_start(sim: Simulator, now: float, host_no: int, job_id: int, runner: SimRunner | None) -> bool:
+    """A job just started on this host's open single: is the host's next plan its last
+    one (so it need not be planned for this)? Yes where that plan kept this very single
+    open for this job, the first 1-GPU job in claim order (`Plan.singles`: a job gets one
+    only if every 1-GPU job before it did), the host was not to be planned anyway, and
+    backfill can open nothing. Then the plan read back has the job gone and its GPU busy
+    instead of kept open, which `plan._Reserver` treats alike (no idle slot on it, the
+    same crowding and blocks used); jobs before it in claim order did not take that GPU
+    (or it would not have been idle for this one); no drain chooses its block by cost
+    (after a plan that changed nothing, or `_settled`, each drain keeps its block); and no
+    block on that GPU is reserved, so each runner gets the same decision."""
+    if runner is None or sim.config.policy != "dynamic":
+        return False
+    host = sim.hosts[host_no]
+    singles = host.singles
+    gpu = runner.slot.gpus[0]
+    if (host_no in sim._dirty or runner.slot.size != 1 or host.recheck_at != float("inf")
+            or not singles or next(iter(singles)) != job_id or singles[job_id] != runner.slot.name
+            or any(gpu in host.slot_of[name].gpus for name in host.reserved)):
+        return False
+    policy = sim.config.plan_policy
+    if policy.backfill_max_s:
+        idle = [owner is None and not host.gated(g, now) for g, owner in enumerate(host.owner)]
+        if any(_may_backfill(host, host.slot_of[name].gpus, idle) for name in host.reserved):
+            return False
+    host.singles = {job: name for job, name in singles.items() if job != job_id}
+    host.boundary = boundary(host, now, sim._demand_of, policy)
+    return True
+
+
+def own_end(sim: Simulator, now: float, host_no: int, runner: SimRunner | None) -> bool:
+    """A job just ended on this host's open single: is the host's next plan its last one
+    but for the single kept open (`Plan.singles`)? Yes where the host was not to be
+    planned anyway, backfill can open nothing, no block on the GPU is reserved, none on
+    it is now wholly free, and the last plan kept no single open (so the first 1-GPU job
+    in claim order found none). Read back, jobs before that one do not take the GPU (no
+    idle block on it), that job keeps this single open, a GPU kept open counts as a busy
+    one for every later job (`own_start`), drains keep their blocks, and each runner gets
+    the same decision. Which job that is, is only known without fair share (arrival
+    order within a priority); with it, no single is remembered."""
+    if runner is None or sim.config.policy != "dynamic":
+        return False
+    host = sim.hosts[host_no]
+    gpu = runner.slot.gpus[0]
+    if (host_no in sim._dirty or runner.slot.size != 1 or not runner.open or host.singles
+            or host.recheck_at != float("inf") or host.gated(gpu, now)
+            or any(gpu in host.slot_of[name].gpus for name in host.reserved)):
+        return False
+    owner = host.owner
+    if any(other.slot.size > 1 and gpu in other.slot.gpus and all(owner[g] is None for g in other.slot.gpus)
+           for other in host.runners):
+        return False
+    policy = sim.config.plan_policy
+    if policy.backfill_max_s:
+        idle = [o is None and not host.gated(g, now) for g, o in enumerate(owner)]
+        if any(_may_backfill(host, host.slot_of[name].gpus, idle) for name in host.reserved):
+            return False
+    first = None if sim.fair.on else next(iter(sim.queue.by_urgency(1)), None)
+    host.singles = {} if first is None else {first: runner.slot.name}
+    host.boundary = boundary(host, now, sim._demand_of, policy)
+    return True

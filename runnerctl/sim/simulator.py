@@ -58,7 +58,7 @@ from runnerctl.sim.inputs import ForeignUse, SimConfig, TraceJob
 from runnerctl.sim.metrics import metrics
 from runnerctl.sim.queue import PendingQueue
 from runnerctl.sim.reference import REFERENCE, schedule
-from runnerctl.sim.replan import reconcile, sees
+from runnerctl.sim.replan import own_end, own_start, reconcile, sees
 
 __all__ = ["POLICIES", "REFERENCE", "ForeignUse", "SimConfig", "Simulator", "TraceJob"]
 
@@ -191,11 +191,13 @@ class Simulator:
             return  # still in use, or a later cool-down runs
         self._changed(now, a)
 
-    def _changed(self, now: float, host_no: int) -> None:
-        """Something on this host changed: its free GPUs, its plan, its runners' chances."""
+    def _changed(self, now: float, host_no: int, *, replan: bool = True) -> None:
+        """Something on this host changed: its free GPUs, its plan (unless `replan` is
+        False: `replan.own_start`), its runners' chances."""
         host = self.hosts[host_no]
         self.free_counts[host_no] = len(host.free_gpus(now))
-        self._dirty.add(host_no)
+        if replan:
+            self._dirty.add(host_no)
         self._want_tick(now)
         self._want_poll(now)
 
@@ -231,22 +233,24 @@ class Simulator:
         run = self.run_time(job_id)
         self.busy_gpu_s += self.jobs[job_id].gpus * run
         self._push(now + run, END, job_id, host_no)
-        self._changed(now, host_no)
+        self._changed(now, host_no, replan=not own_start(self, now, host_no, job_id, runner))
 
     def _finish(self, now: float, job_id: int, host_no: int) -> None:
         host = self.hosts[host_no]
         for g, owner in enumerate(host.owner):
             if owner == job_id:
                 host.owner[g] = None
+        ran = None
         for runner in host.runners:
             if runner.job == job_id:
                 runner.job = runner.started = runner.ends_by = None
                 runner.refresh()
                 if runner.open:
                     host.idle.add(runner.index)
+                ran = runner
         self.finished[job_id] = now
         self.fair.finished(self.jobs[job_id], now)
-        self._changed(now, host_no)
+        self._changed(now, host_no, replan=not own_end(self, now, host_no, ran))
 
     # -- scheduling of beats ----------------------------------------------------------
     def _want_poll(self, now: float) -> None:
