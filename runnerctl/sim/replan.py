@@ -261,13 +261,13 @@ def own_end(sim: Simulator, now: float, host_no: int, runner: SimRunner | None) 
     """A job just ended on this host's open single: is the host's next plan its last one
     but for the single kept open (`Plan.singles`)? Yes where the host was not to be
     planned anyway, backfill can open nothing, no block on the GPU is reserved, none on
-    it is now wholly free, and the last plan kept no single open (so the first 1-GPU job
-    in claim order found none). Read back, jobs before that one do not take the GPU (no
-    idle block on it), that job keeps this single open, a GPU kept open counts as a busy
-    one for every later job (`own_start`), drains keep their blocks, and each runner gets
-    the same decision. Which job that is, is only known without fair share (arrival
-    order within a priority); with it, no single is remembered."""
-    if runner is None or sim.config.policy != "dynamic":
+    it is now idle (free, no GPU closed), and the last plan kept no single open (so the
+    first 1-GPU job in claim order found none). Read back, jobs before that one do not
+    take the GPU (no idle block on it), that job keeps this single open, a GPU kept open
+    counts as a busy one for every later job (`own_start`), drains keep their blocks, and
+    each runner gets the same decision. Which job that is (the single it keeps is
+    remembered) is the queue's first without fair share; with it, the host is planned."""
+    if runner is None or sim.config.policy != "dynamic" or sim.fair.on:
         return False
     host = sim.hosts[host_no]
     gpu = runner.slot.gpus[0]
@@ -275,16 +275,15 @@ def own_end(sim: Simulator, now: float, host_no: int, runner: SimRunner | None) 
             or host.recheck_at != float("inf") or host.gated(gpu, now)
             or any(gpu in host.slot_of[name].gpus for name in host.reserved)):
         return False
-    owner = host.owner
-    if any(other.slot.size > 1 and gpu in other.slot.gpus and all(owner[g] is None for g in other.slot.gpus)
+    idle = [o is None and not host.gated(g, now) for g, o in enumerate(host.owner)]
+    if any(other.slot.size > 1 and gpu in other.slot.gpus and all(idle[g] for g in other.slot.gpus)
            for other in host.runners):
-        return False
+        return False  # a block on it is usable and idle now: a multi-GPU job may take it
     policy = sim.config.plan_policy
     if policy.backfill_max_s:
-        idle = [o is None and not host.gated(g, now) for g, o in enumerate(owner)]
         if any(_may_backfill(host, host.slot_of[name].gpus, idle) for name in host.reserved):
             return False
-    first = None if sim.fair.on else next(iter(sim.queue.by_urgency(1)), None)
+    first = next(iter(sim.queue.by_urgency(1)), None)
     host.singles = {} if first is None else {first: runner.slot.name}
     host.boundary = boundary(host, now, sim._demand_of, policy)
     return True
