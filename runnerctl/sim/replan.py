@@ -8,9 +8,12 @@ leave the top of the queue or a claim go to the simulator's log; at a tick, `see
 from the log's new part whether any of them could change the host's plan. Where it says
 no, planning would give the same plan (tests/test_simulator_replan.py compares with
 planning every host at every tick). Backfill (`controller.backfill`) reads the time and
-the 1-GPU jobs' timeouts: a host with idle GPUs in a drained block has no `boundary`
-(any change may open or close a backfill single), and one whose plan keeps a backfill
-single open is planned again at the first beat after its `recheck_at`.
+the 1-GPU jobs' timeouts: a host with idle GPUs in a drained block whose drain end is
+known has no `boundary` (any change may open or close a backfill single), and one whose
+plan keeps a backfill single open is planned again at the first beat after its
+`recheck_at`. Fewer plans still: a plan that acted is not planned again where it is its
+own next plan (`_settled`), nor a host for its own 1-GPU job's start or end where the
+plan read back is provably its last one (`own_start`, `own_end`).
 """
 
 from __future__ import annotations

@@ -32,16 +32,17 @@ stand-by runner (`SimConfig.standby`, on by default); the reference policies are
 GitLab and drop nothing.
 
 `dynamic` calls `plan` for a host only when its inputs changed since its last plan
-(its jobs, its closed GPUs) or that plan acted; the plan is a pure function, so an
-unchanged input would give the same plan again. Demand is handed over as the top of
-the queue, which holds what `relevant_demand` keeps (the same plan as the whole
-queue). Jobs that enter or leave the top or a claim go to a log; at a tick, a host
-whose last plan changed nothing reads the log's new part and plans again only if one
-of those jobs could change that plan (`replan.sees`: a job it drains for or protects, one
-that may take one of its idle slots, or a new candidate before its last drain that
-finds a block it may take); else the plan would be the same, as the simulator's
-tests check by comparing starts, placements and runner actions with planning every
-host at every change.
+(its jobs, its closed GPUs) or that plan acted and is not its own next plan; the plan
+is a pure function, so an unchanged input would give the same plan again (a 1-GPU
+job's start or end on the host is no change where `replan.own_start`/`own_end` say so).
+Demand is handed over as the top of the queue, which holds what `relevant_demand`
+keeps (the same plan as the whole queue). Jobs that enter or leave the top or a
+claim go to a log; at a tick, a host whose last plan changed nothing reads the log's
+new part and plans again only if one of those jobs could change that plan
+(`replan.sees`: a job it drains for or protects, one that may take one of its idle
+slots, or a new candidate before its last drain that finds a block it may take); else
+the plan would be the same, as the simulator's tests check by comparing starts,
+placements and runner actions with planning every host at every change.
 """
 
 from __future__ import annotations
