@@ -9,11 +9,13 @@ objective sleeps 0.2 s, standing in for GPU work, so W workers could at best com
 W / 0.2 trials a second; the figures measure what the storage path costs on top. What
 is measured, and what is left out on purpose:
 
-- left out: process start-up. The worker processes start once, import Optuna, and then
-  wait at a start barrier (a file each run touches) before every run. Starting and
-  importing 64 Python processes on a 2-core host takes a minute and says nothing about
-  the storage; in a real sweep each worker starts once per job, not once per trial.
-  Each run still loads its own study and opens (and at the end closes) its connections.
+- left out: process start-up. The worker processes start once, import Optuna, run a
+  dozen trials of an in-memory study (loading what Optuna imports only at first use,
+  such as numpy.random), and then wait at a start barrier (a file each run touches)
+  before every run. Starting and importing 64 Python processes on a 2-core host takes
+  a minute and says nothing about the storage; in a real sweep each worker starts once
+  per job, not once per trial. Each run still loads its own study and opens (and at the
+  end closes) its connections.
 - every run completes the same number of trials (`--trials`, default 320, 20 per worker
   at 16 workers), whatever its worker count: the sampler's CPU per trial grows with the
   trials it reads, and a run of 64 workers x 20 trials would measure a sampler reading
@@ -28,10 +30,12 @@ is measured, and what is left out on purpose:
   objective, is what caps the rate at 16 and more workers.
 - the host is shared: every configuration runs `--repeat` times, interleaved, and keeps
   its best rate, since other work only ever slows a run down. Before each run the
-  benchmark waits (up to 30 s) until the host's CPUs are at least 80 % idle over half a
-  second, so a run does not start beside the previous run's leftovers (the database's
-  autovacuum after thousands of RDB writes, 64 workers closing their connections). The
-  load average at the start and the end is printed with the table.
+  benchmark waits until no autovacuum worker runs, has the server write every dirty page
+  (CHECKPOINT), and waits (up to 30 s) until the host's CPUs are at least 80 % idle over
+  half a second, so a run does not start beside the previous run's leftovers (autovacuum
+  and the flushing of thousands of RDB rows, whose writes would slow every commit of the
+  next run; 64 workers closing their connections). The load average at the start and
+  the end is printed with the table.
 
 The configurations (`--configs`), all measured in the same run:
 
@@ -157,6 +161,27 @@ def settle(idle: float = 0.8, limit_s: float = 30.0) -> float:
     return time.monotonic() - started
 
 
+def quiesce(admin_url: str, limit_s: float = 60.0) -> float:
+    """Wait until no autovacuum worker runs (at most `limit_s`), then write every dirty
+    page (CHECKPOINT): the previous runs' writes, thousands of RDB rows, are not flushed
+    in the background of the next run, whose every commit waits on the same disk.
+    Returns the seconds it took."""
+    import psycopg
+
+    from runnerctl.postgres import libpq_url
+
+    started = time.monotonic()
+    with psycopg.connect(libpq_url(admin_url), autocommit=True) as conn:
+        while time.monotonic() - started < limit_s:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity "
+                               "WHERE backend_type = 'autovacuum worker'").fetchone()
+            if row is None or row[0] == 0:
+                break
+            time.sleep(0.5)
+        conn.execute("CHECKPOINT")
+    return time.monotonic() - started
+
+
 def _steady_rate(ends: list[float]) -> float:
     """Completions between the 10th and 90th percentile of their times, per second."""
     ends = sorted(ends)
@@ -185,8 +210,9 @@ def _free_port() -> int:
 
 
 @contextmanager
-def postgres(scratch: Path) -> Iterator[tuple[str, int]]:
-    """runnerctl's own PostgreSQL server in scratch/pg; yields a study database URL and the pid."""
+def postgres(scratch: Path) -> Iterator[tuple[str, int, str]]:
+    """runnerctl's own PostgreSQL server in scratch/pg; yields a study database URL, the
+    pid and the superuser's URL."""
     from runnerctl.postgres import PostgresConfig, PostgresServer
 
     base = scratch / "pg"
@@ -196,7 +222,7 @@ def postgres(scratch: Path) -> Iterator[tuple[str, int]]:
     server.start()
     try:
         url = server.create_database("bench")
-        yield url, int((base / "data" / "postmaster.pid").read_text().split()[0])
+        yield url, int((base / "data" / "postmaster.pid").read_text().split()[0]), server.admin_url()
     finally:
         for storage in _STORAGES.values():
             close_storage(storage)
@@ -259,7 +285,8 @@ def table(runs: list[Run], configs: list[str], counts: list[int], args: argparse
              f"shared (load average {load}); scratch disk fsync {fsync:.2f} ms (median of 50); "
              f"objective sleeps {SLEEP_S} s, so W workers reach at most W / {SLEEP_S} trials/s "
              f"(the % of ideal); {args.trials} trials per run; best of {args.repeat} "
-             "interleaved runs, each started once the CPUs were 80 % idle; steady rate "
+             "interleaved runs, each started after a CHECKPOINT once the CPUs were 80 % idle; "
+             "steady rate "
              "(10th to 90th percentile of completions); CPU is "
              "workers + server per trial, (server) the database server's and proxy's part.", "",
              "| storage | " + " | ".join(f"{w} workers trials/s (% ideal) | CPU ms (server)"
@@ -321,7 +348,7 @@ def main() -> int:
     print(f"scratch {scratch}: fsync {fsync:.2f} ms (median of 50)", flush=True)
     workers = Workers(max(counts))
     try:
-        with postgres(scratch) as (pg_url, pg_pid), grpc_proxy(pg_url) as (grpc_url, grpc_pid):
+        with postgres(scratch) as (pg_url, pg_pid, pg_admin), grpc_proxy(pg_url) as (grpc_url, grpc_pid):
             journal_pg = pg_url.replace("postgresql+psycopg://", "journal+postgresql://", 1)
             targets = {"journal-pg": Target(journal_pg, journal_pg, (pg_pid,)),
                        "rdb-pg": Target(pg_url, pg_url, (pg_pid,)),
@@ -332,7 +359,7 @@ def main() -> int:
             for round_ in range(1, args.repeat + 1):
                 for config in configs:
                     for count in counts:
-                        waited = settle()
+                        waited = quiesce(pg_admin) + settle()
                         run = run_one(workers, config, targets[config], count, args.trials, scratch)
                         runs.append(run)
                         print(f"round {round_}: {config:12} {count:3} workers {run.rate:6.2f} trials/s "

@@ -39,6 +39,7 @@ from typing import Any
 from optuna.storages import JournalStorage
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import BaseJournalBackend
+from optuna.storages.journal._storage import JournalOperation
 from optuna.trial import FrozenTrial, TrialState
 
 from runnerctl.errors import ConfigError
@@ -58,11 +59,25 @@ CREATE TABLE IF NOT EXISTS {LOG_TABLE} (id bigint PRIMARY KEY, log text NOT NULL
 CREATE SEQUENCE IF NOT EXISTS {SEQUENCE} MINVALUE 0 START WITH 0;
 CREATE TABLE IF NOT EXISTS {BEAT_TABLE} (trial_id bigint PRIMARY KEY, beat timestamptz NOT NULL);
 """
-_INSERT = f"INSERT INTO {LOG_TABLE} (id, log) VALUES (nextval('{SEQUENCE}'), %s) RETURNING id"
-_APPEND = (f"WITH mine AS ({_INSERT}) SELECT id, NULL FROM mine "
-           f"UNION ALL SELECT id, log FROM {LOG_TABLE} WHERE id >= %s ORDER BY 1")
+
+
+def _insert(count: int) -> str:
+    """One statement appending `count` entries, numbered in the order given (a VALUES list
+    is evaluated row by row, so each row's nextval follows the one before)."""
+    rows = ", ".join([f"(nextval('{SEQUENCE}'), %s)"] * count)
+    return f"INSERT INTO {LOG_TABLE} (id, log) VALUES {rows} RETURNING id"
+
+
+def _append(count: int) -> str:
+    """`_insert` and, in the same statement, every entry from a number on (own entries
+    come back as NULL: the caller has their text)."""
+    return (f"WITH mine AS ({_insert(count)}) SELECT id, NULL FROM mine "
+            f"UNION ALL SELECT id, log FROM {LOG_TABLE} WHERE id >= %s ORDER BY 1")
+
+
 _READ = f"SELECT id, log FROM {LOG_TABLE} WHERE id >= %s ORDER BY id"
-_FILL = f"INSERT INTO {LOG_TABLE} (id, log) VALUES (%s, %s) ON CONFLICT (id) DO NOTHING"
+_FILL = (f"INSERT INTO {LOG_TABLE} (id, log) SELECT n, %s FROM unnest(%s::bigint[]) AS n "
+         "ON CONFLICT (id) DO NOTHING")
 FILLER = {"op_code": 3, "worker_id": "runnerctl-gap", "study_id": -1, "system_attr": {}}
 """What fills the number of an append that never committed: an entry Optuna's replay skips
 (an attribute of a study that does not exist, from no worker)."""
@@ -114,27 +129,40 @@ class PostgresJournalBackend(BaseJournalBackend):
             return logs
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
-        """Append in order, then read everything new since this worker's last read."""
+        """Append in order in one statement, then read everything new since this worker's
+        last read, in the same round trip."""
         import psycopg
 
+        if not logs:
+            return
+        texts = [json.dumps(log, separators=(",", ":")) for log in logs]
         with self._lock:
             conn = self._connection()
-            for n, log in enumerate(logs):
-                text = json.dumps(log, separators=(",", ":"))
-                read_from = self.next_read if n == len(logs) - 1 else None
-                for _ in range(MAX_TRIES):
-                    try:
-                        if read_from is None:
-                            conn.execute(_INSERT, (text,))
-                        else:
-                            rows = conn.execute(_APPEND, (text, read_from)).fetchall()
-                            rows = [(i, text if entry is None else entry) for i, entry in rows]
-                            self._prefetched = (read_from, self._read(conn, read_from, rows))
-                        break
-                    except psycopg.errors.UniqueViolation:
-                        continue  # a reader filled our number as we took it: take another
-                else:
-                    raise RuntimeError(f"no free log number after {MAX_TRIES} tries")
+            for _ in range(MAX_TRIES):
+                try:
+                    if self.next_read is None:
+                        conn.execute(_insert(len(texts)), texts)
+                    else:
+                        rows = conn.execute(_append(len(texts)), [*texts, self.next_read]).fetchall()
+                        own = iter(texts)
+                        rows = [(i, next(own) if entry is None else entry) for i, entry in rows]
+                        self._prefetched = (self.next_read, self._read(conn, self.next_read, rows))
+                    return
+                except psycopg.errors.UniqueViolation:
+                    continue  # a reader filled one of our numbers as we took it: take others
+            raise RuntimeError(f"no free log number after {MAX_TRIES} tries")
+
+    def append_idempotent(self, logs: list[dict[str, Any]]) -> None:
+        """`append_logs` of entries whose second copy changes nothing (system attributes):
+        tried once more on a connection the server dropped, as a read is."""
+        import psycopg
+
+        try:
+            self.append_logs(logs)
+        except psycopg.OperationalError:
+            if self._conn is not None and not self._conn.broken:
+                raise
+            self.append_logs(logs)
 
     def _read(self, conn: Any, start: int, rows: list[tuple[int, str]] | None) -> list[dict[str, Any]]:
         """The entries from `start` on that every worker reads alike: up to the first gap.
@@ -143,25 +171,31 @@ class PostgresJournalBackend(BaseJournalBackend):
         while N+1 is there: its append is still committing, or it failed. Inserting a
         filler at N waits for that append's end and does nothing when it committed; when
         it failed, the filler takes N, and every worker reads the same entries in the
-        same order either way. The entries after the last gap come at the next read.
+        same order either way. Every missing number below the highest one read is filled
+        by one statement, sent with the read after it in one round trip (a pipeline: the
+        read's snapshot is taken once the fill has waited). The entries after the last
+        gap come at the next read.
         """
         out: list[dict[str, Any]] = []
         if rows is None:
             rows = conn.execute(_READ, (start,)).fetchall()
         for _ in range(MAX_TRIES):
-            expect, beyond = start + len(out), False
+            expect = start + len(out)
+            numbers = [number for number, _text in rows if number >= expect]
+            missing = sorted(set(range(expect, max(numbers, default=expect - 1) + 1)) - set(numbers))
             for number, text in rows:
                 if number < expect:
                     continue
                 if number > expect:
-                    beyond = True
                     break
                 out.append(json.loads(text))
                 expect += 1
-            if not beyond:
+            if not missing:
                 return out
-            conn.execute(_FILL, (expect, _FILLER_TEXT))
-            rows = conn.execute(_READ, (expect,)).fetchall()
+            with conn.pipeline():
+                conn.execute(_FILL, (_FILLER_TEXT, missing))
+                cursor = conn.execute(_READ, (expect,))
+            rows = cursor.fetchall()
         return out
 
     # -- heartbeats -----------------------------------------------------------------------
@@ -255,15 +289,42 @@ class SweepJournalStorage(JournalStorage, BaseHeartbeat):
         self._stale_checked_at: dict[int, float] = {}
         self._synced_at = -1e9
         self._journal = backend
+        self._unsent: list[dict[str, Any]] = []
         super().__init__(backend)
 
+    def _write_log(self, op_code: int, extra_fields: dict[str, Any]) -> None:
+        log = {"op_code": op_code, "worker_id": self._replay_result.worker_id, **extra_fields}
+        self._journal.append_logs([*self._unsent, log])
+        self._unsent = []  # kept when the append failed: sent again with the next one
+
+    def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
+        """Sent with this worker's next write or read, not on its own.
+
+        The TPE sampler (constant liar) writes a trial's sampled parameters as a system
+        attribute just before the objective's first `suggest_*` writes the first of them:
+        sending both in one statement saves a round trip and a commit per trial. Any
+        read of the study sends it first, so this worker reads its own writes as before.
+        A value JSON cannot hold is refused here, as Optuna's journal does. An attribute
+        is sent until an append carrying it succeeds; a second copy of it changes
+        nothing. One thing moves: when the trial was finished elsewhere meanwhile (taken
+        for dead), the error comes from the next write of this thread, not from here.
+        """
+        log = {"op_code": JournalOperation.SET_TRIAL_SYSTEM_ATTR, "trial_id": trial_id,
+               "system_attr": {key: value}}
+        json.dumps(value)  # TypeError now, not at some later call
+        with self._thread_lock:
+            self._unsent.append({**log, "worker_id": self._replay_result.worker_id})
+
     def _sync_with_backend(self) -> None:
+        if self._unsent:  # reads what is new in the same round trip
+            self._journal.append_idempotent(self._unsent)
+            self._unsent = []
         super()._sync_with_backend()
         self._journal.next_read = self._replay_result.log_number_read
         self._synced_at = time.monotonic()
 
     def _sync_if_old(self) -> None:
-        if time.monotonic() - self._synced_at >= self.refresh_s:
+        if self._unsent or time.monotonic() - self._synced_at >= self.refresh_s:
             self._sync_with_backend()
 
     def expire(self) -> None:

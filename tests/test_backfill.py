@@ -1,6 +1,7 @@
 """Issue 16: backfill into a draining block (`controller.backfill`). A single on an idle
 GPU of a block drained for an 8-GPU job stays open while the 1-GPU jobs GitLab would
-hand it end, by their timeouts, before the drain is expected to end; every invariant
+hand it end, by their timeouts, before the drain is expected to end (a smaller block
+likewise for jobs of its size); every invariant
 holds with estimates wrong by 10x either way, and a backfilled job never has a timeout
 above `backfill_max_s` (the most it can delay the drained job)."""
 
@@ -66,6 +67,28 @@ def test_short_jobs_backfill_the_idle_gpus_of_a_drain_and_long_ones_do_not() -> 
     assert _opened(_observed(late, [8000, 8000])) == set()  # over backfill_max_s (2 h)
 
 
+def test_smaller_blocks_backfill_a_drain_too() -> None:
+    """A block smaller than the drained one, on its idle GPUs, opens while the pending
+    jobs of its size GitLab would hand it end in time, by the same rules as singles."""
+    busy = dict.fromkeys(range(4), NOW + 3600)  # gpu0-3 busy, the drain ends within the hour
+
+    def opened(*jobs: Demand) -> set[str]:
+        demand = (Demand(1, 8, 0.0), *jobs)
+        result = plan(Observed(_states(busy), demand=demand, now=NOW))
+        assert result.reserved == {SLOTS[-1].name: 1}
+        return {s.key for s in result.open_slots() if not set(s.gpus) & set(busy)}
+
+    assert opened(Demand(2, 4, 1.0, timeout_s=1800.0)) == {"gpu4-7"}
+    assert opened(Demand(2, 4, 1.0, timeout_s=4000.0)) == set()  # would outlast the drain
+    assert opened(Demand(2, 4, 1.0)) == set()  # unknown timeout
+    pairs = (Demand(2, 2, 1.0, timeout_s=600.0), Demand(3, 2, 2.0, timeout_s=600.0))
+    assert opened(*pairs) == {"gpu4-5", "gpu6-7"}
+    assert opened(Demand(2, 2, 1.0, timeout_s=600.0)) == {"gpu4-5"}  # one job: one pair
+    # a pair for a 2-GPU job, singles for 1-GPU jobs on the rest, never overlapping (S1)
+    assert opened(Demand(2, 2, 1.0, timeout_s=600.0), Demand(3, 1, 2.0, timeout_s=600.0),
+                  Demand(4, 1, 3.0, timeout_s=600.0)) == {"gpu4-5", "gpu6", "gpu7"}
+
+
 ends = st.one_of(st.none(), st.floats(NOW - 5000, NOW + 50_000))
 
 
@@ -75,16 +98,19 @@ ends = st.one_of(st.none(), st.floats(NOW - 5000, NOW + 50_000))
        true_s=st.lists(st.floats(60, 20_000), max_size=10),
        error=st.lists(st.sampled_from([0.1, 0.5, 1.0, 2.0, 10.0]), min_size=10, max_size=10),
        multi=st.lists(st.sampled_from([2, 4, 8]), min_size=1, max_size=3),
+       multi_s=st.lists(st.one_of(st.none(), st.floats(60, 20_000)), min_size=3, max_size=3),
        reserved=st.booleans())
 def test_invariants_hold_with_estimates_wrong_by_10x(running: dict[int, float | None], closed: set[int],
                                                      true_s: list[float], error: list[float],
-                                                     multi: list[int], reserved: bool) -> None:
+                                                     multi: list[int], multi_s: list[float | None],
+                                                     reserved: bool) -> None:
     """Timeouts (estimates) 10x off a job's true duration either way, drains' expected
     ends anywhere: S1 and the gate hold, backfill changes no reservation, opens only
-    singles on idle open GPUs of draining blocks, for 1-GPU jobs GitLab would hand out
-    whose timeouts are at most `backfill_max_s` and end before the drain's expected end."""
+    singles and smaller blocks on idle open GPUs of draining blocks, for jobs of their
+    size GitLab would hand out whose timeouts are at most `backfill_max_s` and end
+    before the drain's expected end."""
     ones = [Demand(10 + i, 1, 10.0 + i, timeout_s=t * error[i]) for i, t in enumerate(true_s)]
-    demand = (*(Demand(1 + i, n, float(i)) for i, n in enumerate(multi)), *ones)
+    demand = (*(Demand(1 + i, n, float(i), timeout_s=multi_s[i]) for i, n in enumerate(multi)), *ones)
     observed = Observed(_states(running), dict.fromkeys(closed, "foreign"), demand, now=NOW,
                         reserved={SLOTS[-1].name: 1} if reserved and multi[0] == 8 else {})
     policy = PlanPolicy()
@@ -102,14 +128,14 @@ def test_invariants_hold_with_estimates_wrong_by_10x(running: dict[int, float | 
     if not extra:
         return
     blocks = [s for s in SLOTS if s.name in result.reserved]
-    ones.sort(key=lambda d: d.urgency)
-    handed = ones[:sum(1 for s in opened if s.size == 1 and s.gpus[0] not in running)]
-    assert len(handed) >= sum(1 for s in opened if s.size == 1 and s.gpus[0] not in running)
     for slot in extra:
-        gpu = slot.gpus[0]
-        assert slot.size == 1 and gpu not in running and gpu not in closed
-        block = next(b for b in blocks if gpu in b.gpus)
+        assert not set(slot.gpus) & set(running) and not set(slot.gpus) & closed
+        block = next(b for b in blocks if set(slot.gpus) < set(b.gpus))
         end = max(e for g, e in running.items() if g in block.gpus and e is not None)
+        size = slot.size
+        idle_open = sum(1 for s in opened if s.size == size and not set(s.gpus) & set(running))
+        handed = sorted((d for d in demand if d.gpus == size), key=lambda d: d.urgency)[:idle_open]
+        assert len(handed) == idle_open  # as many jobs pending as open idle slots of that size
         assert all(d.timeout_s is not None and d.timeout_s <= policy.backfill_max_s
                    and NOW + d.timeout_s <= end for d in handed)
     assert result.recheck_at is not None and result.recheck_at >= NOW
@@ -123,15 +149,14 @@ def _wrong_by(factor: float, seed: int) -> list[TraceJob]:
 
 
 class Watched(Simulator):
-    """Notes each job that starts on a single whose GPU a drain holds (a backfilled job)."""
+    """Notes each job that starts on a slot inside a block a drain holds (a backfilled job)."""
 
     backfilled: list[int]
 
     def _start(self, now: float, host_no: int, gpus: tuple[int, ...], job_id: int,
                runner: SimRunner | None) -> None:
-        drained = {g for name, _ in self.hosts[host_no].reserved.items()
-                   for g in self.hosts[host_no].slot_of[name].gpus}
-        if len(gpus) == 1 and gpus[0] in drained:
+        host = self.hosts[host_no]
+        if any(set(gpus) < set(host.slot_of[name].gpus) for name in host.reserved):  # inside a drained block
             self.backfilled = [*getattr(self, "backfilled", []), job_id]
         super()._start(now, host_no, gpus, job_id, runner)
 
@@ -139,7 +164,7 @@ class Watched(Simulator):
 def test_in_the_simulator_estimates_10x_off_keep_invariants_and_the_bound() -> None:
     """Half the jobs' timeouts 10x their durations (over-estimates), or a tenth (GitLab
     kills them then): no double allocation, no foreign collision, nothing dropped, and a
-    job that starts on a drained block's single has a timeout within `backfill_max_s`."""
+    job that starts inside a drained block has a timeout within `backfill_max_s`."""
     policy = PlanPolicy()
     for factor, seed in ((10.0, 1), (0.1, 2)):
         jobs = _wrong_by(factor, seed)

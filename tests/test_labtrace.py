@@ -1,6 +1,6 @@
 """Issue 16: lab-like traces (`runnerctl.sim.labtrace`) have what the benchmark relies on:
 heavy tails, bursts, several users with their own mixes, timeouts that bound durations,
-foreign use, and offered load below 1."""
+foreign use, offered load below 1, and (diurnal) a working day."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from runnerctl.sim.labtrace import MAX_S, MIN_S, lab_trace
+from runnerctl.sim.labtrace import MAX_S, MIN_S, QUIET, arrival_rate, lab_trace
 
 
 def test_a_lab_trace_is_heavy_tailed_bursty_and_below_capacity() -> None:
@@ -37,3 +37,19 @@ def test_the_same_seed_gives_the_same_trace_and_bad_arguments_are_refused() -> N
     assert lab_trace(100, seed=3) != lab_trace(100, seed=4)
     with pytest.raises(ValueError, match="load"):
         lab_trace(100, load=0)
+
+
+def test_a_diurnal_trace_is_busy_in_working_hours_and_quiet_at_night() -> None:
+    jobs, _ = lab_trace(1000, hosts=2, seed=5, diurnal=True)
+    flat, _ = lab_trace(1000, hosts=2, seed=5)
+    assert [(j.gpus, j.duration, j.user) for j in jobs] == [(j.gpus, j.duration, j.user) for j in flat]
+    span = max(j.submit for j in jobs)
+    assert abs(span - max(j.submit for j in flat)) < 4 * 3600  # the same span: the same average load
+    working = [j for j in jobs if arrival_rate(int(j.submit // 3600)) == 1.0]
+    hours = sum(1 for h in range(int(span // 3600)) if arrival_rate(h) == 1.0)
+    assert 0.3 < hours * 3600 / span < 0.5  # the working hours are under half the span
+    assert len(working) > 0.8 * len(jobs)  # but get most of the sessions
+    day_load = sum(j.gpus * j.duration for j in working) / (16 * hours * 3600)
+    assert day_load > 1.4  # well above capacity by day, 0.85 on average
+    assert arrival_rate(0) == QUIET and arrival_rate(1) == 1.0 and arrival_rate(11) == QUIET  # 08, 09, 19 h
+    assert arrival_rate(4 * 24 + 1) == 1.0 and arrival_rate(5 * 24 + 1) == QUIET  # Friday, Saturday 09 h

@@ -275,3 +275,119 @@ def test_trial_counts_match_the_study_and_leave_out_one_number(pg_server: Postgr
     assert storage.count_states(study._study_id, exclude_number=0) == (1, 2)  # a COMPLETE one
     assert storage.count_states(study._study_id, exclude_number=4) == (2, 1)  # a RUNNING one
     assert storage.count_states(study._study_id, exclude_number=2) == (2, 2)  # a FAIL one
+
+
+def test_a_gap_below_an_append_still_committing_is_waited_for_not_filled(
+        pg_server: PostgresServer) -> None:
+    """An append reads up to its own entry. When an earlier number's append has not
+    committed yet, the reader waits for it (filling the number fails on it) and, in the
+    same round trip, reads it: the entry, not a filler."""
+    import psycopg
+
+    url = _journal(pg_server, "journal_wait")
+    backend = PostgresJournalBackend(url)
+    backend.next_read = 0
+    done: list[list[Any]] = []
+    with psycopg.connect(libpq_url(url)) as slow, psycopg.connect(libpq_url(url), autocommit=True) as look:
+        slow.execute(f"INSERT INTO {LOG_TABLE} (id, log) VALUES (nextval('{SEQUENCE}'), '{{\"slow\":1}}')")
+        fast = threading.Thread(target=lambda: (backend.append_logs([{"fast": 1}]),
+                                                done.append(backend.read_logs(0))))
+        fast.start()
+        deadline = time.monotonic() + 60
+        while not look.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'transactionid'"
+                               ).fetchone() == (1,):  # the fast append waits on the slow one
+            assert time.monotonic() < deadline and fast.is_alive()
+        slow.commit()
+        fast.join(timeout=60)
+    assert done == [[{"slow": 1}, {"fast": 1}]]
+    assert FILLER not in PostgresJournalBackend(url).read_logs(0)
+
+
+def test_several_numbers_that_never_committed_are_filled_at_once(pg_server: PostgresServer) -> None:
+    import psycopg
+
+    url = _journal(pg_server, "journal_gaps")
+    backend = PostgresJournalBackend(url)
+    backend.append_logs([{"first": 1}])
+    with psycopg.connect(libpq_url(url)) as conn:  # three appends that died
+        conn.execute(f"SELECT nextval('{SEQUENCE}'), nextval('{SEQUENCE}'), nextval('{SEQUENCE}')")
+        conn.rollback()
+    backend.next_read = 1
+    backend.append_logs([{"last": 1}])
+    assert backend.read_logs(1) == [FILLER, FILLER, FILLER, {"last": 1}]
+
+
+def test_a_system_attribute_goes_with_the_next_write_and_is_read_back_at_once(
+        pg_server: PostgresServer) -> None:
+    """The sampler's system attribute and the first parameter: one statement, one round
+    trip; a read in between sends it first, so the worker reads its own write."""
+    url = _journal(pg_server, "journal_attrs")
+    statements: list[str] = []
+
+    def counting(conninfo: str) -> Any:
+        import psycopg
+
+        conn = psycopg.connect(conninfo, autocommit=True)
+        execute = conn.execute
+        conn.execute = lambda query, *args, **kw: (statements.append(str(query)),  # type: ignore[method-assign]
+                                                   execute(query, *args, **kw))[1]
+        return conn
+
+    storage = SweepJournalStorage(PostgresJournalBackend(url, connect=counting), heartbeat_interval=60,
+                                  grace_period=240, stale_trial_callback=None)
+    study = optuna.create_study(study_name="attrs", storage=storage)
+    trial_id = study.ask()._trial_id
+    statements.clear()
+    storage.set_trial_system_attr(trial_id, "sampled", "x=0.5")
+    storage.set_trial_param(trial_id, "x", 0.5, optuna.distributions.FloatDistribution(0, 1))
+    assert len(statements) == 1 and storage.get_trial(trial_id).system_attrs == {"sampled": "x=0.5"}
+    storage.set_trial_system_attr(trial_id, "again", 1)
+    assert storage.get_trial(trial_id).system_attrs["again"] == 1  # read back before any write
+    other = optuna.load_study(study_name="attrs", storage=make_storage(url))
+    assert other.trials[0].system_attrs == {"sampled": "x=0.5", "again": 1}
+    assert other.trials[0].params == {"x": 0.5}
+
+
+def test_a_grid_sweep_reads_its_own_system_attributes(pg_server: PostgresServer) -> None:
+    """GridSampler writes a trial's grid point as system attributes and reads them back
+    within the same trial's start."""
+    url = _journal(pg_server, "journal_grid")
+    grid = {"x": [0, 1, 2, 3]}
+    study = optuna.create_study(study_name="grid", storage=make_storage(url),
+                                sampler=optuna.samplers.GridSampler(grid, seed=1))
+    study.optimize(lambda t: t.suggest_categorical("x", grid["x"]), n_trials=4)
+    assert sorted(t.params["x"] for t in study.trials) == [0, 1, 2, 3]
+
+
+def test_a_system_attribute_survives_a_dropped_connection_and_bad_values_fail_at_once(
+        pg_server: PostgresServer) -> None:
+    """An attribute waiting for the next write is not lost when that write fails, a read
+    with one waiting reconnects as reads do, and a value JSON cannot hold is refused by
+    the call that sets it."""
+    import psycopg
+
+    url = _journal(pg_server, "journal_attr_drop")
+    storage = make_storage(url)
+    assert isinstance(storage, SweepJournalStorage)
+    study = optuna.create_study(study_name="drop", storage=storage)
+    trial_id = study.ask()._trial_id
+    with pytest.raises(TypeError):
+        storage.set_trial_system_attr(trial_id, "bad", object())
+
+    def drop() -> None:  # the server ends the worker's connection, as in a restart
+        pid = storage._journal._conn.info.backend_pid
+        deadline = time.monotonic() + 60
+        with psycopg.connect(libpq_url(pg_server.admin_url()), autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+                assert time.monotonic() < deadline
+
+    storage.set_trial_system_attr(trial_id, "first", 1)
+    drop()
+    with pytest.raises(psycopg.OperationalError):  # a write is not retried: it may have committed
+        storage.set_trial_param(trial_id, "x", 0.5, optuna.distributions.FloatDistribution(0, 1))
+    storage.set_trial_system_attr(trial_id, "second", 2)
+    drop()
+    assert storage.get_trial(trial_id).system_attrs == {"first": 1, "second": 2}  # read: reconnects
+    other = optuna.load_study(study_name="drop", storage=make_storage(url))
+    assert other.trials[0].system_attrs == {"first": 1, "second": 2}

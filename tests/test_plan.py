@@ -204,6 +204,36 @@ def test_idle_gpus_go_to_the_bigger_job_unless_a_smaller_one_waited_much_longer(
         assert list(plan(_observed(demand=demand)).reserved.values()) == [winner]
 
 
+def test_jobs_with_known_timeouts_wait_in_age_order_without_size_credit() -> None:
+    """Issue 16: with timeouts known, a later bigger job gets no size credit, neither for
+    idle GPUs nor for which job drains (on the lab traces the credit made older 1-GPU
+    and 4-GPU jobs wait 2-4x easy-oracle's p95); without them, the credit stays."""
+    older, later = Demand(1, 4, 0.0, timeout_s=3600.0), Demand(2, 8, 100.0, timeout_s=3600.0)
+    assert list(plan(_observed(demand=(older, later))).reserved.values()) == [1]
+    unknown = (dataclasses.replace(older, timeout_s=None), dataclasses.replace(later, timeout_s=None))
+    assert list(plan(_observed(demand=unknown)).reserved.values()) == [2]
+    # a busy host drains for the older job (age order), not the later bigger one
+    running = {f"gpu{i}": (i + 1,) for i in range(8)}
+    assert set(plan(_observed(running, paused=set(), demand=(older, later))).reserved.values()) == {1}
+    assert set(plan(_observed(running, paused=set(), demand=unknown)).reserved.values()) == {2}
+    # 1-GPU jobs that came first keep their singles on an idle host
+    ones = tuple(Demand(10 + i, 1, float(i), timeout_s=600.0) for i in range(4))
+    result = plan(_observed(demand=(*ones, Demand(20, 8, 50.0, timeout_s=600.0))))
+    assert not result.reserved and set(result.singles) == {10, 11, 12, 13}
+
+
+def test_a_later_1gpu_job_with_a_better_claim_never_delays_a_protected_drain() -> None:
+    """Age order keeps an idle single for a 1-GPU job that goes first out of a drain,
+    but not for one that came after a protected job (L1), whatever fair share says."""
+    heavy = Demand(10, 8, 100.0, timeout_s=3600.0, fair_s=3600.0)  # counts as 3700
+    light = Demand(11, 1, 150.0, timeout_s=600.0)  # came later, counts as 150
+    other = Demand(12, 2, 5000.0, timeout_s=600.0)
+    observed = _observed({"gpu0": (1,)}, paused=set(), demand=(heavy, light, other))
+    protected = plan(dataclasses.replace(observed, protected=frozenset({10})))
+    assert protected.reserved == {BY_KEY["gpu0-7"].name: 10}
+    assert 10 not in plan(observed).reserved.values()  # not protected: the 1-GPU job goes first
+
+
 def test_a_job_claimed_elsewhere_takes_an_idle_block_but_is_never_drained_for() -> None:
     wanted = (Demand(5, 8, 10.0),)
     busy = {"gpu0": (1,)}

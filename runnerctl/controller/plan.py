@@ -21,20 +21,24 @@ calls it, and applies the returned actions (all pauses before any resume). It ke
 - Backfill (`controller.backfill`): a single on an idle GPU of a draining block stays
   open while the 1-GPU jobs GitLab would hand it end, by their timeouts, before the drain.
 
-Idle GPUs go to pending jobs by claim: age, where a big job counts older (it is harder
-to place), so big jobs take idle blocks as they appear instead of draining one, and a
-1-GPU job that waited long enough keeps an idle single open rather than let a younger
-N-GPU job take it: 1-GPU jobs do not starve under a stream of multi-GPU jobs either.
+Idle GPUs go to pending jobs by claim (`controller.order`): age, where a big job counts
+older (it is harder to place) unless its timeout is known, so big jobs take idle blocks
+as they appear instead of draining one, and a 1-GPU job that waited long enough keeps an
+idle single open rather than let a younger N-GPU job take it: 1-GPU jobs do not starve
+under a stream of multi-GPU jobs either.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from runnerctl.controller.backfill import backfill
+from runnerctl.controller.order import cuts_in as cuts_in
+from runnerctl.controller.order import drain_order as drain_order
+from runnerctl.controller.order import idle_claim as idle_claim
 from runnerctl.model import Slot
 from runnerctl.tags import PRIORITY_RANK
 
@@ -87,7 +91,14 @@ class Observed:
 
 @dataclasses.dataclass(frozen=True)
 class PlanPolicy:
-    """Tunables of the planner (the defaults are what the benchmark measures)."""
+    """Tunables of the planner (the defaults are what the benchmark measures).
+
+    The size credits below apply to jobs whose timeout is unknown (`Demand.timeout_s`
+    None, as in the real controller today). A job with a known timeout gets none: it
+    waits in age order, as in EASY backfilling, because the credits let multi-GPU jobs
+    that came later take GPUs ahead of older smaller ones for hours (on the lab traces of
+    `benchmarks/simulate_lab.py`, where every job has a timeout, 1-GPU and 4-GPU p95
+    waits of 2-4x easy-oracle's; docs/controller.md "Size credits")."""
 
     max_draining: int = 1
     """Blocks that may drain (idle GPUs waiting for others) at once; more starts big
@@ -196,7 +207,8 @@ class _Reserver:
     """Blocks reserved for pending jobs, disjoint: idle GPUs first, then one drain.
 
     A job's claim: priority, then age, where a job of N GPUs counts `idle_credit_s`
-    older per GPU beyond the first (big jobs are hard to place).
+    older per GPU beyond the first (big jobs are hard to place) unless its timeout is
+    known (`controller.order`).
 
     1. Idle now: in order of claim, each job takes an idle slot of its size (a block
        for an N-GPU job; a single kept open for a 1-GPU job). GPUs of a block that
@@ -226,7 +238,7 @@ class _Reserver:
         self.demand = {d.job_id: d for d in observed.demand}
         self.claims: dict[int, tuple[int, float, int]] = {}
         self.owner: dict[int, int] = {}  # GPU of a reserved block -> its job
-        self.kept_open: set[int] = set()  # idle singles held for 1-GPU jobs
+        self.kept_open: dict[int, int] = {}  # GPU of an idle single held for a 1-GPU job -> that job
         self.singles: dict[int, str] = {}  # 1-GPU job -> the single kept open for it
         self.reservations: dict[str, tuple[Slot, int]] = {}
         sizes = {len(s.slot.gpus) for s in observed.slots}
@@ -277,7 +289,7 @@ class _Reserver:
                 continue
             if size == 1:
                 chosen = max(idle, key=self._crowding)
-                self.kept_open.add(chosen.gpus[0])
+                self.kept_open[chosen.gpus[0]] = job_id
                 self.singles[job_id] = chosen.name
             else:
                 chosen = min(idle, key=self._cost)
@@ -294,9 +306,16 @@ class _Reserver:
         return cuts_in(self.demand[job_id], self.demand[other], self.protected, self.claim)
 
     def _drain(self, demand: Demand) -> bool:
-        """Reserve a block for the job, busy GPUs allowed; True if one was found."""
+        """Reserve a block for the job, busy GPUs allowed; True if one was found. If the
+        job's timeout is known (age order, `PlanPolicy`), an idle single kept open for a
+        1-GPU job that may cut in on it (`cuts_in`: a better claim, and no later job
+        delays a protected one) is not taken: that job starts there first, as the oldest
+        job would in EASY backfilling."""
+        singles = self.kept_open if demand.timeout_s is not None else None
+        first = {g for g, job in singles.items()  # kept for a job that goes first
+                 if cuts_in(self.demand[job], demand, self.protected, self.claim)} if singles else set()
         candidates = [s for s in self.usable.get(demand.gpus, ())
-                      if all(self._may_cut_in(demand.job_id, g) for g in s.gpus)]
+                      if all(self._may_cut_in(demand.job_id, g) for g in s.gpus) and first.isdisjoint(s.gpus)]
         if not candidates:
             return False
         kept = [c for c in candidates if self.observed.reserved.get(c.name) == demand.job_id]
@@ -331,39 +350,6 @@ class _Reserver:
         youngest = max((s.started_at or 0.0 for s in states), default=0.0)
         used = sum(1 for g in block.gpus if g in busy or g in self.owner or g in self.kept_open)
         return used, youngest, jobs, block.gpus
-
-
-def drain_order(demand: Demand, protected: Collection[int],
-                policy: PlanPolicy) -> tuple[int, bool, float, int]:
-    """The order in which multi-GPU jobs reserve a block to drain (step 2 of `_Reserver`):
-    priority, protected jobs first, then age with `drain_credit_s` per extra GPU. When no
-    GPU of a host is idle, a job after its last drained job in this order cannot change
-    its plan (the simulator skips such hosts)."""
-    rank, created, job_id = _credited(demand, policy.drain_credit_s)
-    return rank, demand.job_id not in protected, created, job_id
-
-
-def cuts_in(mine: Demand, theirs: Demand, protected: Collection[int],
-            claim: Callable[[int], tuple[int, float, int]]) -> bool:
-    """May `mine` take GPUs that a block holds for `theirs` (`_Reserver._may_cut_in`)?
-    A higher priority always may; at equal priority only with a better `claim` and, if
-    `theirs` is protected, only if `mine` was waiting before it came."""
-    if mine.urgency[0] != theirs.urgency[0]:
-        return mine.urgency[0] < theirs.urgency[0]
-    came_first = mine.created_at < theirs.created_at
-    return (came_first or theirs.job_id not in protected) and claim(mine.job_id) < claim(theirs.job_id)
-
-
-def idle_claim(demand: Demand, policy: PlanPolicy) -> tuple[int, float, int]:
-    """A job's claim on idle GPUs (`_Reserver.claim`): `idle_credit_s` per extra GPU."""
-    return _credited(demand, policy.idle_credit_s)
-
-
-def _credited(demand: Demand, credit_s: float) -> tuple[int, float, int]:
-    """Priority, then age (fair-share adjusted: `Demand.urgency`), a job of N GPUs
-    counting `credit_s` older per extra GPU."""
-    rank, created, job_id = demand.urgency
-    return rank, created - credit_s * (demand.gpus - 1), job_id
 
 
 def _decide(observed: Observed, busy: Mapping[int, list[str]],

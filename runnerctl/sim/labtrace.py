@@ -18,9 +18,20 @@ so the parameters below are chosen, not derived: sigma 1.5 (the issue's floor) t
   days); a job that would run longer is killed by GitLab at its timeout, so a
   duration never exceeds its timeout. Durations are also clipped to 1 minute..3 days.
 - Foreign use: colleagues' processes on random GPUs, lognormal 10 minutes to hours.
-- Offered load below 1 (a busy day, default 0.85): sessions arrive uniformly over the
-  span that makes the offered GPU-time `load` times the cluster's, so makespan
-  measures how well a policy packs rather than how long the queue is.
+- Offered load below 1 on average (default 0.85): the trace spans the time that makes
+  the offered GPU-time `load` times the cluster's, so makespan measures how well a
+  policy packs rather than how long the queue is.
+- When sessions arrive within that span: flat (uniformly, the default) or, with
+  `diurnal=True`, on a lab's daily cycle: submissions follow the working day (busy in
+  working hours, quiet at night and at weekends), as the Philly and Helios analyses
+  above are cited for; the search tools returned only those papers' abstracts and
+  landing pages, no hourly figures, so the shape here is chosen, not fitted: a week
+  starting Monday 08:00 (the trace's time 0), sessions arriving
+  `QUIET` times as often outside 09:00-19:00 on weekdays as inside. About 88 % of a
+  weekday's sessions then come in its 10 working hours, so with an average `load` of
+  0.85 the offered load in working hours is about 1.8: queues build up by day and
+  drain at night. (Measured: greedy's 8-GPU jobs then wait no longer than other
+  policies', as everyone waits for the night; docs/controller.md.)
 """
 
 from __future__ import annotations
@@ -33,6 +44,9 @@ from runnerctl.sim.inputs import ForeignUse, TraceJob
 
 MIN_S, MAX_S = 60.0, 3 * 86400.0  # durations clipped to 1 minute .. 3 days
 TIMEOUT_MIN_S, TIMEOUT_MAX_S = 600.0, 3 * 86400.0  # GitLab's bounds on a job timeout
+WORK_HOURS = (9, 19)  # the working day (diurnal traces), hours of a weekday
+QUIET = 0.1  # arrival rate outside working hours and at weekends, relative to inside
+START_HOUR = 8  # the trace's time 0: a Monday, 08:00
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,10 +70,11 @@ USERS = (
 
 
 def lab_trace(n: int, *, hosts: int = 1, gpus: int = 8, load: float = 0.85, seed: int = 0,
-              foreign_per_host: int = 4,
+              foreign_per_host: int = 4, diurnal: bool = False,
               users: tuple[LabUser, ...] = USERS) -> tuple[list[TraceJob], list[ForeignUse]]:
     """About `n` jobs (whole bursts) from `users` on `hosts` x `gpus` GPUs, offered at
-    `load` times the cluster's GPU-time over the trace's span, and foreign uses."""
+    `load` times the cluster's GPU-time over the trace's span, and foreign uses;
+    sessions arrive uniformly over the span, or on a daily cycle if `diurnal`."""
     if not 0 < load <= 10 or n < 1 or hosts < 1 or gpus < 1:
         raise ValueError("lab_trace needs n, hosts, gpus >= 1 and 0 < load <= 10")
     rng = random.Random(seed)
@@ -82,7 +97,8 @@ def lab_trace(n: int, *, hosts: int = 1, gpus: int = 8, load: float = 0.85, seed
         count += len(batch)
     span = work / (hosts * gpus * load)
     jobs: list[TraceJob] = []
-    starts = sorted(rng.uniform(0, span) for _ in sessions)
+    starts = sorted(_arrivals(rng, len(sessions), span) if diurnal
+                    else (rng.uniform(0, span) for _ in sessions))
     for at, (user, batch) in zip(starts, sessions, strict=True):
         for k, (size, duration, timeout) in enumerate(batch):
             jobs.append(TraceJob(len(jobs) + 1, round(at + k, 3), size, duration, project=user.name,
@@ -92,3 +108,18 @@ def lab_trace(n: int, *, hosts: int = 1, gpus: int = 8, load: float = 0.85, seed
                           h, rng.randrange(gpus))
                for h in range(hosts) for _ in range(foreign_per_host)]
     return jobs, foreign
+
+
+def arrival_rate(hour: int) -> float:
+    """The relative arrival rate in the trace's `hour`-th hour (diurnal traces)."""
+    clock = hour + START_HOUR
+    weekday = clock // 24 % 7 < 5
+    return 1.0 if weekday and WORK_HOURS[0] <= clock % 24 < WORK_HOURS[1] else QUIET
+
+
+def _arrivals(rng: random.Random, count: int, span: float) -> list[float]:
+    """`count` times in [0, span) drawn from the daily cycle's piecewise-constant rate."""
+    hours = math.ceil(span / 3600.0)
+    weights = [arrival_rate(h) * (min(span, 3600.0 * (h + 1)) - 3600.0 * h) for h in range(hours)]
+    picked = rng.choices(range(hours), weights, k=count)
+    return [min(3600.0 * (h + rng.random()), span) for h in picked]
