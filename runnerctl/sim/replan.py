@@ -241,8 +241,8 @@ def own_start(sim: Simulator, now: float, host_no: int, job_id: int, runner: Sim
     (or it would not have been idle for this one); no drain chooses its block by cost
     (after a plan that changed nothing, or `_settled`, each drain keeps its block); and no
     block on that GPU is reserved, so each runner gets the same decision."""
-    if runner is None or sim.config.policy != "dynamic":
-        return False
+    if runner is None or sim.config.policy != "dynamic" or sim.timed_multi:
+        return False  # a drain for a multi-GPU job with a timeout avoids kept singles, not busy GPUs
     host = sim.hosts[host_no]
     singles = host.singles
     gpu = runner.slot.gpus[0]

@@ -77,6 +77,7 @@ class Simulator:
             raise ValueError(f"unknown policy {config.policy!r}; one of {', '.join(POLICIES)}")
         self.config = config
         self.jobs = {j.job_id: j for j in jobs}
+        self.timed_multi = any(j.timeout is not None and j.gpus > 1 for j in self.jobs.values())  # own_start
         self.hosts = [SimHost(i, gpus=config.gpus_per_host, policy=config.policy)
                       for i in range(config.hosts)]
         self.queue = PendingQueue()
