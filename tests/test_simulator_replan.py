@@ -13,6 +13,7 @@ import random
 
 import pytest
 
+from runnerctl.controller.fairshare import FairPolicy
 from runnerctl.controller.plan import PlanPolicy
 from runnerctl.sim.labtrace import lab_trace
 from runnerctl.sim.simulator import SimConfig, Simulator, TraceJob
@@ -48,11 +49,17 @@ def test_same_schedule_as_planning_every_host(jobs: int, hosts: int, foreign: in
     assert lazy.plans < eager.plans
 
 
-@pytest.mark.parametrize(("hosts", "seed"), [(1, 1), (2, 2), (4, 3)])
-def test_same_schedule_with_backfill_on_lab_traces(hosts: int, seed: int) -> None:
-    """Lab-like traces have timeouts, so backfill (which reads the time) acts."""
+@pytest.mark.parametrize(("hosts", "seed", "untimed", "fair"), [
+    (1, 1, 0.0, False), (2, 2, 0.0, False), (4, 3, 0.0, False), (2, 4, 0.5, False), (3, 5, 0.3, True)])
+def test_same_schedule_with_backfill_on_lab_traces(hosts: int, seed: int, untimed: float, fair: bool) -> None:
+    """Lab-like traces have timeouts, so backfill (which reads the time) acts; with some
+    timeouts unknown, drains whose end is unknown (no backfill there) mix with known ones;
+    fair share (instance runners) changes which job is first in the planner's order."""
     trace, uses = lab_trace(150 * hosts, hosts=hosts, seed=seed)
-    config = SimConfig(hosts=hosts)
+    rng = random.Random(seed)
+    trace = [dataclasses.replace(j, timeout=None) if rng.random() < untimed else j for j in trace]
+    config = SimConfig(hosts=hosts, fair=FairPolicy(weight_s=12 * 3600.0) if fair else FairPolicy(),
+                       runner_type="instance" if fair else "group")
     lazy, eager = Simulator(trace, config, uses), EveryHost(trace, config, uses)
     lazy_result, eager_result = lazy.run(), eager.run()
     assert lazy.started == eager.started and lazy.placement == eager.placement

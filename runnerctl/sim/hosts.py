@@ -6,6 +6,8 @@ only by `Simulator`. Hosts are named as FOREIGN.csv names them: gpu-a ... gpu-z,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from runnerctl.controller.plan import SlotState
 from runnerctl.gpus.sim import count_snapshot
 from runnerctl.layout import plan_slots
@@ -58,6 +60,7 @@ class SimHost:
         self.protected: frozenset[int] = frozenset()
         self.boundary: tuple[int, bool, float, int] | None = None  # replan.boundary
         self.recheck_at = float("inf")  # plan.Plan.recheck_at: plan again then
+        self.singles: Mapping[int, str] = {}  # plan.Plan.singles of its last plan (replan.own_start)
         self.seen = 0  # Simulator._log: the changes its last plan saw (replan.sees)
         self.runner_of = {r.slot.name: r for r in self.runners}
         self.slot_of = {r.slot.name: r.slot for r in self.runners}

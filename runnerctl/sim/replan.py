@@ -8,9 +8,12 @@ leave the top of the queue or a claim go to the simulator's log; at a tick, `see
 from the log's new part whether any of them could change the host's plan. Where it says
 no, planning would give the same plan (tests/test_simulator_replan.py compares with
 planning every host at every tick). Backfill (`controller.backfill`) reads the time and
-the 1-GPU jobs' timeouts: a host with idle GPUs in a drained block has no `boundary`
-(any change may open or close a backfill single), and one whose plan keeps a backfill
-single open is planned again at the first beat after its `recheck_at`.
+the 1-GPU jobs' timeouts: a host with idle GPUs in a drained block whose drain end is
+known has no `boundary` (any change may open or close a backfill single), and one whose
+plan keeps a backfill single open is planned again at the first beat after its
+`recheck_at`. Fewer plans still: a plan that acted is not planned again where it is its
+own next plan (`_settled`), nor a host for its own 1-GPU job's start or end where the
+plan read back is provably its last one (`own_start`, `own_end`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from runnerctl.controller.claims import waiting
 from runnerctl.controller.plan import (
     Demand,
     Observed,
+    Plan,
     PlanPolicy,
     cuts_in,
     differences,
@@ -29,7 +33,7 @@ from runnerctl.controller.plan import (
     idle_claim,
     plan,
 )
-from runnerctl.sim.hosts import SimHost
+from runnerctl.sim.hosts import SimHost, SimRunner
 from runnerctl.tags import PRIORITY_RANK
 
 if TYPE_CHECKING:
@@ -99,7 +103,8 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
     idle = [owner[g] is None and not gated[g] for g in range(len(owner))]
     if any(idle[g] and g not in drained for g in range(len(owner))):
         return None
-    if policy.backfill_max_s and any(idle[g] for g in drained):
+    if policy.backfill_max_s and any(_may_backfill(host, host.slot_of[name].gpus, idle)
+                                     for name in host.reserved):
         return None  # a 1-GPU job coming or going may open or close a backfill single
     host.blocks, host.idle_slots = {}, {}
     if not drained and not any(gated):  # every block usable, none drained, nothing idle
@@ -121,6 +126,14 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
     return max(drain_order(demand_of(j), host.protected, policy) for j in host.reserved.values())
 
 
+def _may_backfill(host: SimHost, gpus: tuple[int, ...], idle: list[bool]) -> bool:
+    """Could `controller.backfill` open a single in this drained block? Only on an idle
+    GPU, and only if the drain's end is known: each job running on the block has an
+    `ends_by` (its timeout). Else it opens none there, whatever the queue or the time."""
+    return any(idle[g] for g in gpus) and all(r.ends_by is not None for r in host.runners
+                                              if r.job is not None and any(g in gpus for g in r.slot.gpus))
+
+
 def reconcile(sim: Simulator, now: float, host_no: int) -> None:
     """Plan one host the way the controller's loop does (plan, then `differences`), apply
     the runner changes and record what other hosts must see (claims, the replan log)."""
@@ -133,6 +146,7 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
     result = plan(observed, sim.config.plan_policy)
     sim.plans += 1
     host.recheck_at = float("inf") if result.recheck_at is None else result.recheck_at
+    host.singles = result.singles
     if result.recheck_at is not None:  # time alone closes a backfill single: a tick then
         sim._schedule_tick((result.recheck_at // sim.config.reconcile_s + 1) * sim.config.reconcile_s)
     pauses, resumes = differences(result.decisions, {s.slot.name: s.paused for s in observed.slots})
@@ -158,9 +172,14 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
         sim._dirty.discard(host_no)
         host.boundary = boundary(host, now, sim._demand_of, sim.config.plan_policy)
         return
-    host.reserved, host.protected = reserved, result.protected  # plan again next beat
+    settled = _settled(host, result, demand, elsewhere, sim.config.plan_policy)
+    host.reserved, host.protected = reserved, result.protected
     host.drained = drained
-    host.boundary = None
+    if settled:  # planning again with what it remembers now gives this plan
+        sim._dirty.discard(host_no)
+        host.boundary = boundary(host, now, sim._demand_of, sim.config.plan_policy)
+    else:  # plan again next beat
+        host.boundary = None
     sim._want_tick(now)
     claims = set(result.claims) | drained
     if claims != host.claimed:
@@ -173,3 +192,101 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
         sim._common = None
         sim._refresh_top()
         sim._log.extend(changed)  # other hosts' `elsewhere`
+
+
+def _settled(host: SimHost, result: Plan, demand: Iterable[Demand], elsewhere: frozenset[int],
+             policy: PlanPolicy) -> bool:
+    """After a plan that acted: is it its own next plan (a fixed point)? Of what the host
+    remembers (`host.reserved`, still what this plan read), `plan` reads its drains only
+    for jobs in the demand (`draining`, a drain that keeps its block, whether a lone
+    multi-GPU job is protected) and its protected jobs, which it returns as it read them
+    but for that lone job (added again if read again). Runners' paused states it does not
+    read; what it drained and claimed it gives again. So the next plan is this one if the
+    drains it returns are those it read (jobs gone from the demand left out) plus:
+    - idle blocks taken by jobs another host claimed: such a job never drains here and is
+      never protected here (`_Reserver`), so each job before it in claim order may cut in
+      on its block, as it may on an untaken one, and those after it find it taken;
+    - with one drain at most, a new drain on a block where no idle GPU was taken (no
+      single kept open, no idle block on it): read back, it only keeps jobs that may not
+      cut in on it from GPUs they did not take, earlier drain candidates (which found no
+      block) find fewer, and its job keeps it.
+    Then, as after a plan that changed nothing, only a change in its inputs plans the host
+    again (tests/test_simulator_replan.py compares with planning every host at every tick)."""
+    before, after = host.reserved, result.reserved
+    ids = {d.job_id for d in demand} if before else set()
+    kept = {name: job for name, job in before.items() if job in ids}
+    if any(after.get(name) != job for name, job in kept.items()):
+        return False
+    new = [name for name, job in after.items() if name not in kept and job not in elsewhere]
+    if not new:
+        return True
+    if len(new) > 1 or policy.max_draining != 1:
+        return False
+    block = host.slot_of[new[0]].gpus
+    owner = host.owner
+    if any(host.slot_of[name].gpus[0] in block for name in result.singles.values()):
+        return False
+    return not any(runner.slot.size > 1 and all(owner[g] is None for g in runner.slot.gpus)
+                   and any(g in block for g in runner.slot.gpus) for runner in host.runners)
+
+
+def own_start(sim: Simulator, now: float, host_no: int, job_id: int, runner: SimRunner | None) -> bool:
+    """A job just started on this host's open single: is the host's next plan its last
+    one (so it need not be planned for this)? Yes where that plan kept this very single
+    open for this job, the first 1-GPU job in claim order (`Plan.singles`: a job gets one
+    only if every 1-GPU job before it did), the host was not to be planned anyway, and
+    backfill can open nothing. Then the plan read back has the job gone and its GPU busy
+    instead of kept open, which `plan._Reserver` treats alike (no idle slot on it, the
+    same crowding and blocks used); jobs before it in claim order did not take that GPU
+    (or it would not have been idle for this one); no drain chooses its block by cost
+    (after a plan that changed nothing, or `_settled`, each drain keeps its block); and no
+    block on that GPU is reserved, so each runner gets the same decision."""
+    if runner is None or sim.config.policy != "dynamic" or sim.timed_multi:
+        return False  # a drain for a multi-GPU job with a timeout avoids kept singles, not busy GPUs
+    host = sim.hosts[host_no]
+    singles = host.singles
+    gpu = runner.slot.gpus[0]
+    if (host_no in sim._dirty or runner.slot.size != 1 or host.recheck_at != float("inf")
+            or not singles or next(iter(singles)) != job_id or singles[job_id] != runner.slot.name
+            or any(gpu in host.slot_of[name].gpus for name in host.reserved)):
+        return False
+    policy = sim.config.plan_policy
+    if policy.backfill_max_s:
+        idle = [owner is None and not host.gated(g, now) for g, owner in enumerate(host.owner)]
+        if any(_may_backfill(host, host.slot_of[name].gpus, idle) for name in host.reserved):
+            return False
+    host.singles = {job: name for job, name in singles.items() if job != job_id}
+    host.boundary = boundary(host, now, sim._demand_of, policy)
+    return True
+
+
+def own_end(sim: Simulator, now: float, host_no: int, runner: SimRunner | None) -> bool:
+    """A job just ended on this host's open single: is the host's next plan its last one
+    but for the single kept open (`Plan.singles`)? Yes where the host was not to be
+    planned anyway, backfill can open nothing, no block on the GPU is reserved, none on
+    it is now idle (free, no GPU closed), and the last plan kept no single open (so the
+    first 1-GPU job in claim order found none). Read back, jobs before that one do not
+    take the GPU (no idle block on it), that job keeps this single open, a GPU kept open
+    counts as a busy one for every later job (`own_start`), drains keep their blocks, and
+    each runner gets the same decision. Which job that is (the single it keeps is
+    remembered) is the queue's first without fair share; with it, the host is planned."""
+    if runner is None or sim.config.policy != "dynamic" or sim.fair.on:
+        return False
+    host = sim.hosts[host_no]
+    gpu = runner.slot.gpus[0]
+    if (host_no in sim._dirty or runner.slot.size != 1 or not runner.open or host.singles
+            or host.recheck_at != float("inf") or host.gated(gpu, now)
+            or any(gpu in host.slot_of[name].gpus for name in host.reserved)):
+        return False
+    idle = [o is None and not host.gated(g, now) for g, o in enumerate(host.owner)]
+    if any(other.slot.size > 1 and gpu in other.slot.gpus and all(idle[g] for g in other.slot.gpus)
+           for other in host.runners):
+        return False  # a block on it is usable and idle now: a multi-GPU job may take it
+    policy = sim.config.plan_policy
+    if policy.backfill_max_s:
+        if any(_may_backfill(host, host.slot_of[name].gpus, idle) for name in host.reserved):
+            return False
+    first = next(iter(sim.queue.by_urgency(1)), None)
+    host.singles = {} if first is None else {first: runner.slot.name}
+    host.boundary = boundary(host, now, sim._demand_of, policy)
+    return True

@@ -32,16 +32,17 @@ stand-by runner (`SimConfig.standby`, on by default); the reference policies are
 GitLab and drop nothing.
 
 `dynamic` calls `plan` for a host only when its inputs changed since its last plan
-(its jobs, its closed GPUs) or that plan acted; the plan is a pure function, so an
-unchanged input would give the same plan again. Demand is handed over as the top of
-the queue, which holds what `relevant_demand` keeps (the same plan as the whole
-queue). Jobs that enter or leave the top or a claim go to a log; at a tick, a host
-whose last plan changed nothing reads the log's new part and plans again only if one
-of those jobs could change that plan (`replan.sees`: a job it drains for or protects, one
-that may take one of its idle slots, or a new candidate before its last drain that
-finds a block it may take); else the plan would be the same, as the simulator's
-tests check by comparing starts, placements and runner actions with planning every
-host at every change.
+(its jobs, its closed GPUs) or that plan acted and is not its own next plan; the plan
+is a pure function, so an unchanged input would give the same plan again (a 1-GPU
+job's start or end on the host is no change where `replan.own_start`/`own_end` say so).
+Demand is handed over as the top of the queue, which holds what `relevant_demand`
+keeps (the same plan as the whole queue). Jobs that enter or leave the top or a
+claim go to a log; at a tick, a host whose last plan changed nothing reads the log's
+new part and plans again only if one of those jobs could change that plan
+(`replan.sees`: a job it drains for or protects, one that may take one of its idle
+slots, or a new candidate before its last drain that finds a block it may take); else
+the plan would be the same, as the simulator's tests check by comparing starts,
+placements and runner actions with planning every host at every change.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from runnerctl.sim.inputs import ForeignUse, SimConfig, TraceJob
 from runnerctl.sim.metrics import metrics
 from runnerctl.sim.queue import PendingQueue
 from runnerctl.sim.reference import REFERENCE, schedule
-from runnerctl.sim.replan import reconcile, sees
+from runnerctl.sim.replan import own_end, own_start, reconcile, sees
 
 __all__ = ["POLICIES", "REFERENCE", "ForeignUse", "SimConfig", "Simulator", "TraceJob"]
 
@@ -76,6 +77,7 @@ class Simulator:
             raise ValueError(f"unknown policy {config.policy!r}; one of {', '.join(POLICIES)}")
         self.config = config
         self.jobs = {j.job_id: j for j in jobs}
+        self.timed_multi = any(j.timeout is not None and j.gpus > 1 for j in self.jobs.values())  # own_start
         self.hosts = [SimHost(i, gpus=config.gpus_per_host, policy=config.policy)
                       for i in range(config.hosts)]
         self.queue = PendingQueue()
@@ -191,11 +193,13 @@ class Simulator:
             return  # still in use, or a later cool-down runs
         self._changed(now, a)
 
-    def _changed(self, now: float, host_no: int) -> None:
-        """Something on this host changed: its free GPUs, its plan, its runners' chances."""
+    def _changed(self, now: float, host_no: int, *, replan: bool = True) -> None:
+        """Something on this host changed: its free GPUs, its plan (unless `replan` is
+        False: `replan.own_start`), its runners' chances."""
         host = self.hosts[host_no]
         self.free_counts[host_no] = len(host.free_gpus(now))
-        self._dirty.add(host_no)
+        if replan:
+            self._dirty.add(host_no)
         self._want_tick(now)
         self._want_poll(now)
 
@@ -231,22 +235,24 @@ class Simulator:
         run = self.run_time(job_id)
         self.busy_gpu_s += self.jobs[job_id].gpus * run
         self._push(now + run, END, job_id, host_no)
-        self._changed(now, host_no)
+        self._changed(now, host_no, replan=not own_start(self, now, host_no, job_id, runner))
 
     def _finish(self, now: float, job_id: int, host_no: int) -> None:
         host = self.hosts[host_no]
         for g, owner in enumerate(host.owner):
             if owner == job_id:
                 host.owner[g] = None
+        ran = None
         for runner in host.runners:
             if runner.job == job_id:
                 runner.job = runner.started = runner.ends_by = None
                 runner.refresh()
                 if runner.open:
                     host.idle.add(runner.index)
+                ran = runner
         self.finished[job_id] = now
         self.fair.finished(self.jobs[job_id], now)
-        self._changed(now, host_no)
+        self._changed(now, host_no, replan=not own_end(self, now, host_no, ran))
 
     # -- scheduling of beats ----------------------------------------------------------
     def _want_poll(self, now: float) -> None:
