@@ -103,8 +103,7 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
     idle = [owner[g] is None and not gated[g] for g in range(len(owner))]
     if any(idle[g] and g not in drained for g in range(len(owner))):
         return None
-    if policy.backfill_max_s and any(_may_backfill(host, host.slot_of[name].gpus, idle)
-                                     for name in host.reserved):
+    if _backfill_here(host, idle, policy):
         return None  # a 1-GPU job coming or going may open or close a backfill single
     host.blocks, host.idle_slots = {}, {}
     if not drained and not any(gated):  # every block usable, none drained, nothing idle
@@ -124,6 +123,13 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
     if len(host.reserved) != policy.max_draining:
         return None
     return max(drain_order(demand_of(j), host.protected, policy) for j in host.reserved.values())
+
+
+def _backfill_here(host: SimHost, idle: list[bool], policy: PlanPolicy) -> bool:
+    """Could `controller.backfill` open anything on this host (`_may_backfill` on any of
+    its drained blocks)?"""
+    return bool(policy.backfill_max_s) and any(_may_backfill(host, host.slot_of[name].gpus, idle)
+                                               for name in host.reserved)
 
 
 def _may_backfill(host: SimHost, gpus: tuple[int, ...], idle: list[bool]) -> bool:
@@ -251,10 +257,9 @@ def own_start(sim: Simulator, now: float, host_no: int, job_id: int, runner: Sim
             or any(gpu in host.slot_of[name].gpus for name in host.reserved)):
         return False
     policy = sim.config.plan_policy
-    if policy.backfill_max_s:
-        idle = [owner is None and not host.gated(g, now) for g, owner in enumerate(host.owner)]
-        if any(_may_backfill(host, host.slot_of[name].gpus, idle) for name in host.reserved):
-            return False
+    idle = [owner is None and not host.gated(g, now) for g, owner in enumerate(host.owner)]
+    if _backfill_here(host, idle, policy):
+        return False
     host.singles = {job: name for job, name in singles.items() if job != job_id}
     host.boundary = boundary(host, now, sim._demand_of, policy)
     return True
@@ -283,9 +288,8 @@ def own_end(sim: Simulator, now: float, host_no: int, runner: SimRunner | None) 
            for other in host.runners):
         return False  # a block on it is usable and idle now: a multi-GPU job may take it
     policy = sim.config.plan_policy
-    if policy.backfill_max_s:
-        if any(_may_backfill(host, host.slot_of[name].gpus, idle) for name in host.reserved):
-            return False
+    if _backfill_here(host, idle, policy):
+        return False
     first = next(iter(sim.queue.by_urgency(1)), None)
     host.singles = {} if first is None else {first: runner.slot.name}
     host.boundary = boundary(host, now, sim._demand_of, policy)
