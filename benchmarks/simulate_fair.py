@@ -40,6 +40,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=400, help="background jobs (lab trace)")
     parser.add_argument("--fair-weight-h", type=float, default=12.0)
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
     args = parser.parse_args()
     background, foreign, flood, others = _trace(args.seed, args.jobs)
     hours = max(j.submit for j in background) / HOUR
@@ -82,7 +83,8 @@ def main() -> int:
                           f"{jain:.3f} ({'holds' if jain >= 0.8 else 'fails'} >= 0.8), without it "
                           f"{calm_jain:.3f}.")
     print("\n".join(checks))
-    write_section("simulate-fair", [*lines, "", *checks, "", NOTE])
+    if not args.no_write:
+        write_section("simulate-fair", [*lines, "", *checks, "", NOTE])
     return 0
 
 
