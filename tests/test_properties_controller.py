@@ -162,6 +162,40 @@ TestControllerProperties = ControllerMachine.TestCase
 TestControllerProperties.settings = settings(max_examples=EXAMPLES, stateful_step_count=20, deadline=None)
 
 
+class CappedMachine(ControllerMachine):
+    """The same, with the runners' maximum job timeouts set (random per slot size, from
+    GitLab's 10-minute minimum up), so the planner knows every pending job's bound and
+    every running job's end: jobs in age order, backfill into draining blocks. The jobs
+    here run 5-120 s, so every bound is 5 to 1,400 times their real length (estimates far
+    off; shorter is impossible: GitLab kills a job at its runner's maximum timeout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for size in (1, 2, 4, 8):  # short singles under long blocks: backfill can open
+            self.set_cap(size, 600 if size == 1 else 7200)
+
+    @rule(duration=st.integers(60, 120), short=st.integers(5, 60))
+    def drain_behind_a_quad(self, duration: int, short: int) -> None:
+        """A quad, then an 8-GPU job that drains the host behind it, then a short job that
+        may backfill the drained half (the case backfill exists for)."""
+        self.world.submit(4, float(duration))
+        self.advance(9)  # a controller death mid-tick restarts it, as in `advance`
+        self.world.submit(8, float(short))
+        self.world.submit(1, float(short))
+
+    @rule(size=st.sampled_from([1, 2, 4, 8]), seconds=st.sampled_from([600, 1200, 7200, 86400]))
+    def set_cap(self, size: int, seconds: int) -> None:
+        """An admin sets a maximum timeout on the host's `size`-GPU runners in GitLab."""
+        for name, runner_id in self.world.fleet.runner_ids.items():
+            if self.world.fleet.slots[name].size == size:
+                self.world.state.runners[runner_id].maximum_timeout = seconds
+
+
+TestCappedControllerProperties = CappedMachine.TestCase
+TestCappedControllerProperties.settings = settings(max_examples=EXAMPLES, stateful_step_count=20,
+                                                   deadline=None)
+
+
 def _config(tmp: Path, runner_ids: dict[str, int]) -> tuple[Path, Path]:
     (tmp / "runnerctl.toml").write_text('[host]\nname = "demo"\n[controller]\nprojects = [1]\n'
                                         'api_budget_per_min = 600\n')

@@ -115,7 +115,9 @@ class SimFleet:
         found = {}
         for job in self.jobs.values():
             user, url = self.gitlab.owner(job.job_id) or ("", "")
-            found[job.job_id] = LeasedJob(job.slot.name, job.slot.gpus, user, url, created_at=job.started)
+            runner = self.gitlab.runners.get(self.runner_ids[job.slot.name])
+            found[job.job_id] = LeasedJob(job.slot.name, job.slot.gpus, user, url, created_at=job.started,
+                                          timeout_s=None if runner is None else runner.job_timeout)
         return found
 
     def unreadable(self) -> dict[int, str]:
