@@ -17,9 +17,9 @@ p95 wait of every GPU count <= 2x easy-oracle's (at least a minute), longest 8-G
 The first table's `dynamic` knows every pending job's timeout from the trace
 (`SimConfig.pending_timeouts` "trace"), which no real controller can: GitLab's jobs API
 has none. A second table runs `dynamic` as a real controller could, against the same
-greedy and easy-oracle runs: "none" (no pending timeout known: runnerctl today) and
-"cap" (every runner's maximum timeout set to the trace's longest timeout, the lab's
-longest job class: every pending job ends by that). Writes both into
+greedy and easy-oracle runs: "none" (no pending timeout known: runnerctl today, its
+runners without a maximum job timeout) and "cap" (every runner's maximum timeout set to
+the trace's longest timeout, the lab's longest job class: every pending job ends by that). Writes both into
 benchmarks/RESULTS.md between the simulate-lab markers (not with --no-write).
 """
 
@@ -100,10 +100,11 @@ def main() -> int:
              "table above, where `dynamic` reads every pending job's timeout from the trace, is an "
              "upper bound. Here `dynamic` knows of pending jobs' timeouts only what runnerctl's "
              "controller can know (`runnerctl simulate --pending-timeouts`), against the same greedy "
-             "and easy-oracle runs: **`none` is what a real runnerctl achieves today** (its controller "
-             "reads no pending job's timeout: size credits, no backfill); `cap` is runnerctl with "
-             "every runner's maximum timeout set to the trace's longest timeout (the lab's longest "
-             "job class), so every pending job is known to end by it (age order; no "
+             "and easy-oracle runs: **`none` is what a real runnerctl achieves today with its runners "
+             "as it registers them**, without a maximum job timeout (its controller then knows no pending "
+             "job's timeout: size credits, no backfill); `cap` is runnerctl once every runner has one "
+             "maximum job timeout, the trace's longest timeout (the lab's longest job class), which its "
+             "controller reads, so every pending job is known to end by it (age order; no "
              "backfill either, as no running job ends later than the cap). The cap in these traces: "
              f"{', '.join(f'{c / 3600:g} h' for c in sorted(caps))}.", "",
              "| trace | seed | planner knows | " + HEADER, "|---|---|---|---|---|---|---|---|---|---|"]
@@ -114,8 +115,9 @@ def main() -> int:
 
 
 VARIANTS = ("trace", "none", "cap")  # SimConfig.pending_timeouts of dynamic's runs
-KNOWS = {"trace": "the trace's timeouts (an upper bound)", "none": "no pending timeout (runnerctl today)",
-         "cap": "the runners' cap"}
+KNOWS = {"trace": "the trace's timeouts (an upper bound)",
+         "none": "no pending timeout (runnerctl today, runners without a maximum timeout)",
+         "cap": "the runners' maximum timeout"}
 HEADER = ("makespan / greedy (<= 1.03) | makespan / easy-oracle (<= 1.06) | "
           "p95 wait dynamic / easy-oracle 1/2/4/8 (min) | worst p95 ratio (<= 2) | "
           "max 8-GPU wait / greedy's (<= 1/3) | easy-oracle's / greedy's | dropped |")

@@ -42,6 +42,10 @@ class Job:
     user: str
     image: str | None
     url: str = ""  # CI_JOB_URL: the job's page, shown on runnerctl's web page
+    timeout_s: int | None = None
+    """The job's timeout: gitlab-runner kills the job then. From the job response's
+    `runner_info.timeout`, which is also what gitlab-runner exports as CI_JOB_TIMEOUT
+    (gitlab-org/gitlab-runner common/build.go; common/build_test.go checks the two agree)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Job:
@@ -63,7 +67,17 @@ class Job:
         image = (data.get("image") or {}).get("name") if isinstance(data.get("image"), dict) else None
         return cls(id=job_id, pipeline_id=pick("CI_PIPELINE_ID"), project=pick("CI_PROJECT_PATH"),
                    user=pick("GITLAB_USER_LOGIN"), image=image or pick("CI_JOB_IMAGE") or None,
-                   url=pick("CI_JOB_URL"))
+                   url=pick("CI_JOB_URL"), timeout_s=_timeout(data, pick("CI_JOB_TIMEOUT")))
+
+
+def _timeout(data: Mapping[str, Any], variable: str) -> int | None:
+    """`runner_info.timeout` of the job response, else the CI_JOB_TIMEOUT variable;
+    None where neither is a positive number of seconds."""
+    info = data.get("runner_info")
+    raw = info.get("timeout") if isinstance(info, dict) else None
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0:
+        return raw
+    return int(variable) if variable.isdigit() and int(variable) > 0 else None
 
 
 @dataclasses.dataclass(frozen=True)

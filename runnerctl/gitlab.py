@@ -114,6 +114,7 @@ class PythonGitLab:
             id=int(attrs["id"]), description=str(attrs.get("description") or ""),
             paused=bool(attrs.get("paused", not attrs.get("active", True))),
             tags=tuple(attrs.get("tag_list") or ()), online=attrs.get("online"),
+            maximum_timeout=_seconds(attrs.get("maximum_timeout")),
         )
 
     def list_runners(self, runner_type: RunnerType) -> list[RunnerInfo]:
@@ -371,3 +372,8 @@ def exchange_oauth_code(url: str, *, client_id: str, secret: str, code: str, ver
                              hint="start the sign-in again; if it keeps failing, check [web] "
                                   "gitlab_oauth_client_id and $RUNNERCTL_GITLAB_OAUTH_SECRET")
     return token
+
+
+def _seconds(value: Any) -> int | None:
+    """A positive whole number of seconds from GitLab, else None (not set)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

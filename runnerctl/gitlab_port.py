@@ -37,6 +37,10 @@ class RunnerInfo:
     paused: bool
     tags: tuple[str, ...]
     online: bool | None = None
+    maximum_timeout: int | None = None
+    """The runner's maximum job timeout (s; None: not set): GitLab caps the timeout of
+    every job the runner takes at it (gitlabhq doc/ci/runners/configure_runners.md, "Set
+    the maximum job timeout"), so a job this runner may start ends by then."""
 
 
 @dataclasses.dataclass(frozen=True)

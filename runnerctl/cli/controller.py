@@ -272,7 +272,8 @@ def resume(**kwargs: object) -> None:
 @click.option("--pending-timeouts", type=click.Choice(PENDING_TIMEOUTS), default="trace", show_default=True,
               help="dynamic: what the planner knows of a waiting job's timeout. trace: the trace's "
                    "(more than a real controller knows: GitLab's jobs API has none); cap: "
-                   "--runner-max-timeout-s for every job; none: nothing (runnerctl without a cap).")
+                   "--runner-max-timeout-s for every job (runners with that maximum job timeout); "
+                   "none: nothing (runners without one).")
 @click.option("--runner-max-timeout-s", type=click.FloatRange(600, 1e9),
               help="The runners' maximum job timeout in seconds (GitLab: at least 600): every job "
                    "is killed at min(its timeout, this). [default: none]")

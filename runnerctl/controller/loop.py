@@ -19,7 +19,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from runnerctl.controller import act as acting
 from runnerctl.controller.claims import Claims
@@ -30,7 +30,7 @@ from runnerctl.controller.history import History
 from runnerctl.controller.liveness import Liveness
 from runnerctl.controller.observe import JobSource, RunnerCache, gate_step, nothing_is_ci
 from runnerctl.controller.orphans import OrphanAudit
-from runnerctl.controller.plan import Decision, Observed, Plan, PlanPolicy, SlotState
+from runnerctl.controller.plan import Decision, Demand, Observed, Plan, PlanPolicy, SlotState
 from runnerctl.controller.stats import ControllerStats
 from runnerctl.controller.store import Event, Store, Toggle
 from runnerctl.controller.toggles import Target, held_slots, toggle_status
@@ -247,16 +247,35 @@ class Controller:
         else:
             closed = {gpu: state.reason for gpu, state in self.gate.items() if state.closed}
         claimed = {job for job, host in self.wiring.store.claims(now).items() if host != self.host}
-        demand = self.demand.demand(self.host, self.fair.penalties(self.demand.jobs, now))
+        demand = self._timed(self.demand.demand(self.host, self.fair.penalties(self.demand.jobs, now)))
         elsewhere = frozenset(d.job_id for d in demand if d.job_id in claimed)
         started: dict[str, float] = {}  # slot -> when its latest job took its lease
+        ends: dict[str, list[float | None]] = {}  # slot -> when each of its jobs ends at the latest
         for job in self.wiring.jobs.leased().values():
             if job.created_at is not None:
                 started[job.slot] = max(started.get(job.slot, job.created_at), job.created_at)
+            ends.setdefault(job.slot, []).append(job.ends_by)
         states = tuple(SlotState(s, self.cache.paused.get(s.name) is not False, running.get(s.name, ()),
-                                 started.get(s.name)) for s in self._slots)
+                                 started.get(s.name), _latest(ends.get(s.name, ())))
+                       for s in self._slots)
         return Observed(states, closed, demand, self.drains, held_slots(toggles, self._slots), self.protected,
-                        elsewhere)
+                        elsewhere, now)
+
+    def _timed(self, demand: tuple[Demand, ...]) -> tuple[Demand, ...]:
+        """Pending jobs with the timeout they will have here at the most: GitLab's jobs
+        API does not say a pending job's timeout (lib/api/entities/ci/job_basic.rb), but
+        any job this host's N-GPU runners start is cut at their maximum timeout, where
+        every one of them has one (`RunnerCache.timeout_bound`). Else it stays unknown,
+        and the planner gives it no backfill and a size credit (controller/order.py)."""
+        names: dict[int, list[str]] = {}
+        for slot in self._slots:
+            names.setdefault(slot.size, []).append(slot.name)
+        bounds = {size: self.cache.timeout_bound(slot_names) for size, slot_names in names.items()}
+        timed = []
+        for d in demand:
+            bound = bounds.get(d.gpus)
+            timed.append(d if bound is None else dataclasses.replace(d, timeout_s=float(bound)))
+        return tuple(timed)
 
     def _acted(self, action: acting.Action, now: float) -> None:
         d = action.decision
@@ -322,3 +341,8 @@ def _slot_view(decision: Decision, cache: RunnerCache, running: Mapping[str, tup
     return SlotView(name, decision.slot.gpus, cache.ids.get(name, 0), state, cache.paused.get(name),
                     decision.reason, running.get(name, ()), cache.online.get(name))
 
+
+def _latest(ends: Iterable[float | None]) -> float | None:
+    """When the last of a slot's jobs ends at the latest; None if one end is unknown."""
+    known = list(ends)
+    return None if not known or None in known else max(e for e in known if e is not None)

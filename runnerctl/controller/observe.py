@@ -44,6 +44,12 @@ class LeasedJob:
     project: str = ""
     pipeline: str = ""
     created_at: float | None = None  # when prepare took the lease: the job holds GPUs since
+    timeout_s: int | None = None  # its GitLab timeout, as the lease recorded it
+
+    @property
+    def ends_by(self) -> float | None:
+        """When GitLab kills it at the latest (None: unknown)."""
+        return None if self.created_at is None or self.timeout_s is None else self.created_at + self.timeout_s
 
 
 class JobSource(Protocol):
@@ -110,7 +116,7 @@ class LeaseJobs:
             seen = found.get(job)
             gpus = (seen.gpus if seen else ()) + (lease.gpu,)
             found[job] = LeasedJob(lease.slot, gpus, lease.user, lease.url, lease.project,
-                                   lease.pipeline_id, lease.created_at)
+                                   lease.pipeline_id, lease.created_at, lease.timeout_s)
         return found
 
     def unreadable(self) -> dict[int, str]:
@@ -148,13 +154,15 @@ def nothing_is_ci(gpu: int, process: GpuProcess) -> bool:
 
 
 class RunnerCache:
-    """Last known `paused` of each runner and GitLab's `online` (gitlab-runner contacted
-    GitLab lately) (None = unknown), refreshed within budget."""
+    """Last known `paused` of each runner, GitLab's `online` (gitlab-runner contacted
+    GitLab lately) and the runner's maximum job timeout (None = unknown or not set),
+    refreshed within budget."""
 
     def __init__(self, runner_ids: Mapping[str, int]) -> None:
         self.ids = dict(runner_ids)
         self.paused: dict[str, bool | None] = {name: None for name in runner_ids}
         self.online: dict[str, bool | None] = {name: None for name in runner_ids}
+        self.max_timeout: dict[str, int | None] = {name: None for name in runner_ids}
         self._next = 0
 
     def sync_all(self, gitlab: GitLabPort) -> None:
@@ -177,10 +185,17 @@ class RunnerCache:
             if self.paused[name] is not None:
                 log.warning("runner %s (id %s) not found in GitLab; if it was deleted, run `runnerctl init`",
                             name, self.ids[name])
-            self.paused[name] = self.online[name] = None
+            self.paused[name] = self.online[name] = self.max_timeout[name] = None
             return
         self.paused[name] = info.paused
         self.online[name] = info.online
+        self.max_timeout[name] = info.maximum_timeout
+
+    def timeout_bound(self, names: Iterable[str]) -> int | None:
+        """The longest a job started by any of these runners can run: the largest of
+        their maximum timeouts, or None when one of them has none (or is unread)."""
+        caps = [self.max_timeout.get(name) for name in names]
+        return None if not caps or None in caps else max(c for c in caps if c is not None)
 
     def set(self, name: str, paused: bool | None) -> None:
         if name in self.paused:

@@ -98,7 +98,8 @@ class PlanPolicy:
     """Tunables of the planner (the defaults are what the benchmark measures).
 
     The size credits below apply to jobs whose timeout is unknown (`Demand.timeout_s`
-    None, as in the real controller today). A job with a known timeout gets none: it
+    None: in the real controller, unless its runners have a maximum job timeout,
+    docs/controller.md "Where the timeouts come from"). A job with a known timeout gets none: it
     waits in age order, as in EASY backfilling, because the credits let multi-GPU jobs
     that came later take GPUs ahead of older smaller ones for hours (on the lab traces of
     `benchmarks/simulate_lab.py`, where every job has a timeout, 1-GPU and 4-GPU p95

@@ -30,6 +30,8 @@ class SimGitLabState(Protocol):
     def request_job(self, runner_id: int) -> Any: ...
     def finish_job(self, job_id: int, status: str = ...) -> Any: ...
     def owner(self, job_id: int) -> tuple[str, str] | None: ...
+    @property
+    def runners(self) -> Mapping[int, Any]: ...
 
 
 class SimGpus:
@@ -179,8 +181,10 @@ class SimFleet:
 
         assert self._leases is not None
         me = os.getpid()
+        runner = self.gitlab.runners.get(self.runner_ids[slot.name])
         template = Lease(gpu=-1, job_id=str(job_id), slot=slot.name, driver="sim", owner_pid=me,
-                         owner_started=process_started(me) or 0.0, created_at=now)
+                         owner_started=process_started(me) or 0.0, created_at=now,
+                         timeout_s=None if runner is None else runner.job_timeout)
         if self._leases.try_acquire(slot.gpus, template):
             self.double_allocations += 1  # the real prepare would wait here
 

@@ -35,8 +35,6 @@ from runnerctl.sim.gitlab_state import GitLabState, SimJob, SimRunner
 
 Answer = tuple[int, Any, dict[str, str]]
 LEGACY_SYSTEM_ID = "<legacy>"
-DEFAULT_TIMEOUT_S = 3600
-"""A project's default job timeout (app/models/project_ci_cd_setting.rb, 60 minutes)."""
 TEXT = {"Content-Type": "text/plain"}
 
 
@@ -148,7 +146,7 @@ class RunnerApi:
         s = self.state
         project = s.directory.project(job.project_id)
         path = project.path_with_namespace if project else f"p{job.project_id}"
-        timeout = min(DEFAULT_TIMEOUT_S, runner.maximum_timeout or DEFAULT_TIMEOUT_S)
+        timeout = runner.job_timeout
         repo = f"{s.base_url}/{path}.git"
         sha = f"{job.pipeline_id:040x}"
         variables = {

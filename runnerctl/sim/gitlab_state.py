@@ -54,6 +54,8 @@ CANCELING_REASON = "no_updates_canceling"
 RUNNING_OUTDATED_S = 3600.0
 """drop_running_service.rb `BUILD_RUNNING_OUTDATED_TIMEOUT = 1.hour`."""
 RUNNING_REASON = "no_updates_running"
+DEFAULT_TIMEOUT_S = 3600
+"""A project's default job timeout (app/models/project_ci_cd_setting.rb, 60 minutes)."""
 FINAL = frozenset({"success", "failed", "canceled", "skipped"})
 LIVE = frozenset({"running", "canceling"})
 
@@ -75,6 +77,13 @@ class SimRunner:
     contacted_at: float | None = None
     token_expires_at: str | None = None
     creator: str = ""
+
+    @property
+    def job_timeout(self) -> int:
+        """The timeout of a job this runner takes: the project's (60 minutes by default,
+        app/models/project_ci_cd_setting.rb), cut at the runner's maximum timeout where
+        that is smaller (doc/ci/runners/configure_runners.md, "Set the maximum job timeout")."""
+        return min(DEFAULT_TIMEOUT_S, self.maximum_timeout or DEFAULT_TIMEOUT_S)
 
 
 @dataclasses.dataclass

@@ -13,9 +13,9 @@ job's timeout is once it runs, and what the planner may know of it while it wait
   by its timeout is what runnerctl's lease records (`SimRunner.ends_by`).
 - A pending job's timeout is not in GitLab's jobs API (gitlabhq
   lib/api/entities/ci/job_basic.rb has none), and before a runner picks it GitLab has
-  not computed it. What a controller can know is a bound: if it sets the same
-  `maximum_timeout` (GitLab: at least 10 minutes, app/models/ci/runner.rb) on every
-  runner it registers, no job runs longer than that cap.
+  not computed it. What a controller can know is a bound: where its runners all have
+  a `maximum_timeout` (GitLab: at least 10 minutes, app/models/ci/runner.rb; runnerctl's
+  controller reads it, docs/controller.md), no job runs longer than that cap.
 """
 
 from __future__ import annotations
@@ -79,9 +79,9 @@ class SimConfig:
     """What `dynamic`'s planner knows of a pending job's timeout (`Demand.timeout_s`):
     "trace": the timeout it will run under (the trace's, capped by the runners' cap):
     an upper bound on what runnerctl can do, as no real controller reads a pending job's
-    timeout from GitLab; "cap": `runner_max_timeout_s` for every job (runnerctl sets
-    that maximum timeout on its runners, so every job ends by it); "none": unknown
-    (runnerctl without a cap). Running jobs' timeouts are known in every mode
+    timeout from GitLab; "cap": `runner_max_timeout_s` for every job (runners that
+    all have that maximum timeout, which runnerctl's controller reads: every job ends by
+    it); "none": unknown (runners without a maximum timeout). Running jobs' timeouts are known in every mode
     (CI_JOB_TIMEOUT)."""
     runner_max_timeout_s: float | None = None
     """The runners' `maximum_timeout` (seconds), None: unset. GitLab runs every job at
