@@ -8,6 +8,7 @@ ends later than the cap) and GitLab kills every job at min(its timeout, cap)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from runnerctl.sim import replan
 from runnerctl.sim.hosts import SimRunner
 from runnerctl.sim.labtrace import lab_trace
 from runnerctl.sim.simulator import SimConfig, Simulator, TraceJob
+from runnerctl.sim.timeouts import job_timeouts, parse_runner_timeouts
 
 HOUR = 3600.0
 
@@ -41,20 +43,25 @@ class Recorded:
         monkeypatch.setattr(replan, "plan", plan)
 
 
-@pytest.mark.parametrize(("mode", "cap"), [("trace", None), ("none", None), ("cap", 2 * HOUR)])
+@pytest.mark.parametrize(("mode", "cap", "singles"), [
+    ("trace", None, None), ("none", None, None), ("cap", 2 * HOUR, None), ("cap", 8 * HOUR, 2 * HOUR)])
 def test_the_planner_sees_only_what_the_mode_allows_and_backfills_only_known_timeouts(
-        monkeypatch: pytest.MonkeyPatch, mode: str, cap: float | None) -> None:
+        monkeypatch: pytest.MonkeyPatch, mode: str, cap: float | None, singles: float | None) -> None:
     jobs, foreign = lab_trace(200, seed=1)
     recorded = Recorded(monkeypatch)
-    result = Simulator(jobs, SimConfig(pending_timeouts=mode, runner_max_timeout_s=cap), foreign).run()
+    config = SimConfig(pending_timeouts=mode, runner_max_timeout_s=cap,
+                       runner_max_timeout_by_gpus=() if singles is None else ((1, singles),))
+    result = Simulator(jobs, config, foreign).run()
     assert result["double_allocations"] == 0 and result["jobs_never_started"] == 0
     if mode == "trace":
         assert recorded.timeouts <= {j.timeout for j in jobs} and len(recorded.timeouts) > 1
         assert recorded.backfills > 0
     elif mode == "none":
         assert recorded.timeouts == {None} and recorded.backfills == 0
-    else:  # no running job ends later than the cap, so no drain ends late enough to backfill
+    elif singles is None:  # no running job ends later than the cap, so no drain ends late enough to backfill
         assert recorded.timeouts == {cap} and recorded.backfills == 0
+    else:  # 1-GPU jobs bounded by their runners' shorter cap backfill drains behind longer jobs
+        assert recorded.timeouts == {cap, singles} and recorded.backfills > 0
 
 
 def _credit_trace() -> list[TraceJob]:
@@ -118,10 +125,36 @@ def test_without_a_cap_running_jobs_keep_their_timeouts() -> None:
                for j in jobs)
 
 
+def test_runners_of_each_size_may_have_their_own_cap() -> None:
+    """A `gpus:N` job runs on an N-GPU runner: its runners' cap bounds it; a size whose
+    runners have none leaves its jobs' timeouts unknown to the planner."""
+    jobs = [TraceJob(1, 0.0, 1, 10.0, timeout=HOUR), TraceJob(2, 0.0, 2, 10.0, timeout=5 * HOUR),
+            TraceJob(3, 0.0, 4, 10.0), TraceJob(4, 0.0, 1, 10.0)]
+    config = SimConfig(pending_timeouts="cap", runner_max_timeout_by_gpus=((1, 1800.0), (2, 4 * HOUR)))
+    runs, known = job_timeouts(jobs, config)
+    assert runs == {1: 1800.0, 2: 4 * HOUR, 3: None, 4: 1800.0}
+    assert known == {1: 1800.0, 2: 4 * HOUR, 3: None, 4: 1800.0}
+    config = dataclasses.replace(config, runner_max_timeout_s=2 * HOUR)
+    assert job_timeouts(jobs, config)[0] == {1: 1800.0, 2: 4 * HOUR, 3: 2 * HOUR, 4: 1800.0}
+    assert job_timeouts(jobs, dataclasses.replace(config, pending_timeouts="trace"))[1][3] == 2 * HOUR
+    assert set(job_timeouts(jobs, dataclasses.replace(config, pending_timeouts="none"))[1].values()) == {None}
+
+
+def test_runner_timeouts_on_the_command_line() -> None:
+    assert parse_runner_timeouts("86400") == (86400.0, ())
+    assert parse_runner_timeouts("86400, 1=7200,2=3600") == (86400.0, ((1, 7200.0), (2, 3600.0)))
+    assert parse_runner_timeouts("1=7200") == (None, ((1, 7200.0),))
+    for bad in ("x", "a=7200", "0=7200", "1=", ""):
+        with pytest.raises(ValueError, match="runner maximum timeout"):
+            parse_runner_timeouts(bad)
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"pending_timeouts": "oracle"}, "unknown pending_timeouts 'oracle'"),
     ({"pending_timeouts": "cap"}, "needs the runners' maximum timeout"),
-    ({"runner_max_timeout_s": 60.0}, "at least 600 s"),
+    ({"runner_max_timeout_s": 60.0}, "at least 600"),
+    ({"runner_max_timeout_by_gpus": ((1, 599.0),)}, "at least 600"),
+    ({"runner_max_timeout_s": float("inf")}, "at least 600"),
 ])
 def test_bad_configurations_are_refused(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -135,6 +168,12 @@ def test_cli_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
                  "--runner-max-timeout-s", "3600"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["jobs_completed"] == 2 and result["makespan_s"] < 3700  # killed at the cap
-    assert main(["simulate", "--trace", str(trace), "--pending-timeouts", "cap"]) != 0
-    err = capsys.readouterr().err
-    assert "maximum timeout" in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
+    assert main(["simulate", "--trace", str(trace), "--json", "--pending-timeouts", "cap",
+                 "--runner-max-timeout-s", "2=600"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["makespan_s"] > 7000  # the 1-GPU job's runners have no cap: it runs to the end
+    for args in (["--pending-timeouts", "cap"], ["--runner-max-timeout-s", "1=60"],
+                 ["--runner-max-timeout-s", "1h"]):
+        assert main(["simulate", "--trace", str(trace), *args]) == 3
+        err = capsys.readouterr().err
+        assert "maximum timeout" in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2

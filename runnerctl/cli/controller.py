@@ -32,8 +32,8 @@ from runnerctl.controller.toggles import target_of
 from runnerctl.errors import ConfigError
 from runnerctl.settings import PathSettings, Settings
 from runnerctl.sim.fair import RUNNER_TYPES
-from runnerctl.sim.inputs import PENDING_TIMEOUTS
 from runnerctl.sim.simulator import POLICIES, SimConfig, Simulator
+from runnerctl.sim.timeouts import PENDING_TIMEOUTS, parse_runner_timeouts
 from runnerctl.sim.trace import read_foreign, read_jobs
 
 if TYPE_CHECKING:
@@ -274,13 +274,14 @@ def resume(**kwargs: object) -> None:
                    "(more than a real controller knows: GitLab's jobs API has none); cap: "
                    "--runner-max-timeout-s for every job (runners with that maximum job timeout); "
                    "none: nothing (runners without one).")
-@click.option("--runner-max-timeout-s", type=click.FloatRange(600, 1e9),
-              help="The runners' maximum job timeout in seconds (GitLab: at least 600): every job "
-                   "is killed at min(its timeout, this). [default: none]")
+@click.option("--runner-max-timeout-s", metavar="[N=]SECONDS,...",
+              help="The runners' maximum job timeout in seconds (GitLab: at least 600), for every "
+                   "runner, or N=SECONDS for the N-GPU ones (86400,1=7200): a job is killed at min(its "
+                   "timeout, its runner's). [default: none]")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, policy: str,
              runner_type: str, fair_weight_h: float, fair_half_life_h: float, pending_timeouts: str,
-             runner_max_timeout_s: float | None, as_json: bool) -> None:
+             runner_max_timeout_s: str | None, as_json: bool) -> None:
     """Replay a job trace on simulated hosts under a scheduling policy; print the outcome.
 
     GitLab's hourly cron runs too: `jobs_dropped` counts, by failure reason, the jobs it
@@ -301,9 +302,10 @@ def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, 
     uses = read_foreign(foreign, hosts=hosts, gpus_per_host=gpus_per_host) if foreign else []
     try:
         fair = FairPolicy(weight_s=fair_weight_h * 3600, half_life_s=fair_half_life_h * 3600)
+        cap, caps = parse_runner_timeouts(runner_max_timeout_s) if runner_max_timeout_s else (None, ())
         config = SimConfig(hosts=hosts, gpus_per_host=gpus_per_host, policy=policy,
                            runner_type=runner_type, fair=fair, pending_timeouts=pending_timeouts,
-                           runner_max_timeout_s=runner_max_timeout_s)
+                           runner_max_timeout_s=cap, runner_max_timeout_by_gpus=caps)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     try:

@@ -1,30 +1,17 @@
 """The simulator's inputs: trace jobs, foreign GPU use and the run's configuration.
 
-Kept apart from `simulator` (the event loop) so each stays small. Here too: what a
-job's timeout is once it runs, and what the planner may know of it while it waits
-(`job_timeouts`), by GitLab's rules:
-
-- A job's timeout is fixed only when a runner picks it: on the pending -> running
-  transition GitLab stores the smallest of the job's timeout (else the project's) and
-  the runner's `maximum_timeout` (gitlabhq app/models/ci/build.rb `after_transition
-  pending: :running` -> app/models/ci/build_metadata.rb `update_timeout_state`,
-  `timeout_with_highest_precedence`). gitlab-runner hands that value to the job as
-  `CI_JOB_TIMEOUT` (gitlab-org/gitlab-runner common/build.go), so a running job's end
-  by its timeout is what runnerctl's lease records (`SimRunner.ends_by`).
-- A pending job's timeout is not in GitLab's jobs API (gitlabhq
-  lib/api/entities/ci/job_basic.rb has none), and before a runner picks it GitLab has
-  not computed it. What a controller can know is a bound: where its runners all have
-  a `maximum_timeout` (GitLab: at least 10 minutes, app/models/ci/runner.rb; runnerctl's
-  controller reads it, docs/controller.md), no job runs longer than that cap.
+Kept apart from `simulator` (the event loop) so each stays small. What a job's timeout
+is once it runs, and what the planner knows of it while it waits: `timeouts`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import math
 
 from runnerctl.controller.fairshare import FairPolicy
 from runnerctl.controller.plan import PlanPolicy
+from runnerctl.sim.timeouts import MIN_RUNNER_TIMEOUT_S, PENDING_TIMEOUTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +42,6 @@ class ForeignUse:
     gpu: int
 
 
-PENDING_TIMEOUTS = ("trace", "cap", "none")
-"""What `dynamic`'s planner knows of a pending job's timeout (`SimConfig.pending_timeouts`)."""
-MIN_RUNNER_TIMEOUT_S = 600.0  # GitLab's least runner maximum_timeout (app/models/ci/runner.rb)
-
-
 @dataclasses.dataclass(frozen=True)
 class SimConfig:
     hosts: int = 1
@@ -76,42 +58,33 @@ class SimConfig:
     fair: FairPolicy = FairPolicy()  # dynamic: fair share between users and projects (off: weight 0)
     fair_update_s: float = 300.0  # dynamic: how often the controller reads usage again
     pending_timeouts: str = "trace"
-    """What `dynamic`'s planner knows of a pending job's timeout (`Demand.timeout_s`):
-    "trace": the timeout it will run under (the trace's, capped by the runners' cap):
-    an upper bound on what runnerctl can do, as no real controller reads a pending job's
-    timeout from GitLab; "cap": `runner_max_timeout_s` for every job (runners that
-    all have that maximum timeout, which runnerctl's controller reads: every job ends by
-    it); "none": unknown (runners without a maximum timeout). Running jobs' timeouts are known in every mode
-    (CI_JOB_TIMEOUT)."""
+    """What `dynamic`'s planner knows of a pending job's timeout (`Demand.timeout_s`;
+    `timeouts`): "trace": the timeout it will run under (the trace's, capped by its
+    runners' maximum timeout), an upper bound on what runnerctl can do, as no real
+    controller reads a pending job's timeout from GitLab; "cap": its runners' maximum
+    timeout (runners that have one, which runnerctl's controller reads: the job ends by
+    it); "none": unknown (runners without a maximum timeout). Running jobs' timeouts are
+    known in every mode (CI_JOB_TIMEOUT)."""
     runner_max_timeout_s: float | None = None
     """The runners' `maximum_timeout` (seconds), None: unset. GitLab runs every job at
-    most min(its timeout, this): jobs without a timeout in the trace get this one."""
+    most min(its timeout, its runner's): jobs without a timeout in the trace get this."""
+    runner_max_timeout_by_gpus: tuple[tuple[int, float], ...] = ()
+    """(GPUs, seconds): the maximum timeout of the runners of that size, where it is not
+    `runner_max_timeout_s` (a `gpus:N` job runs on an N-GPU runner)."""
 
     def __post_init__(self) -> None:
         if self.pending_timeouts not in PENDING_TIMEOUTS:
             raise ValueError(f"unknown pending_timeouts {self.pending_timeouts!r}; one of "
                              f"{', '.join(PENDING_TIMEOUTS)}")
-        if self.runner_max_timeout_s is not None and not self.runner_max_timeout_s >= MIN_RUNNER_TIMEOUT_S:
-            raise ValueError(f"runner maximum timeout {self.runner_max_timeout_s} s: GitLab needs at least "
-                             f"{MIN_RUNNER_TIMEOUT_S:.0f} s (10 minutes)")
-        if self.pending_timeouts == "cap" and self.runner_max_timeout_s is None:
+        caps = [self.runner_max_timeout_s, *(s for _, s in self.runner_max_timeout_by_gpus)]
+        for cap in caps:
+            if cap is not None and not MIN_RUNNER_TIMEOUT_S <= cap < math.inf:
+                raise ValueError(f"runner maximum timeout {cap:g} s: GitLab needs a number of seconds, "
+                                 f"at least {MIN_RUNNER_TIMEOUT_S:.0f} (10 minutes)")
+        if self.pending_timeouts == "cap" and caps == [None]:
             raise ValueError('pending_timeouts "cap" needs the runners\' maximum timeout '
                              "(runner_max_timeout_s; simulate --runner-max-timeout-s)")
 
-
-Timeouts = dict[int, float | None]
-
-
-def job_timeouts(jobs: Iterable[TraceJob], config: SimConfig) -> tuple[Timeouts, Timeouts]:
-    """Per job: the timeout it runs under (GitLab's min of its own and the runners'
-    `maximum_timeout`; None: neither), and what `dynamic`'s planner knows of it while it
-    is pending (`SimConfig.pending_timeouts`)."""
-    cap = config.runner_max_timeout_s
-    runs: Timeouts = {}
-    for job in jobs:
-        own = job.timeout
-        runs[job.job_id] = cap if own is None else own if cap is None else min(own, cap)
-    if config.pending_timeouts == "trace":
-        return runs, runs
-    known = cap if config.pending_timeouts == "cap" else None
-    return runs, dict.fromkeys(runs, known)
+    def runner_cap(self, gpus: int) -> float | None:
+        """The maximum timeout of the runners that take `gpus:N` jobs, if they have one."""
+        return dict(self.runner_max_timeout_by_gpus).get(gpus, self.runner_max_timeout_s)

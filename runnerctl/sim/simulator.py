@@ -25,7 +25,7 @@ duration: the limit no real controller reaches).
 A job runs for its duration, but at most its timeout (the trace's, capped by the runners'
 `maximum_timeout`: GitLab fails it then). What `dynamic`'s planner knows of a pending
 job's timeout (backfill: `controller.backfill`; age order: `controller.order`) is
-`SimConfig.pending_timeouts` (`inputs.job_timeouts`): by default the trace's, more than
+`SimConfig.pending_timeouts` (`timeouts.job_timeouts`): by default the trace's, more than
 a real controller can know; a running job's is always known (`SimRunner.ends_by`).
 
 GitLab's own rule against waiting jobs runs on its hourly cron (`gitlab_cron`): a job
@@ -58,11 +58,12 @@ from runnerctl.controller.plan import Demand
 from runnerctl.sim.fair import SimFair
 from runnerctl.sim.gitlab_cron import CRON_S, drop_stuck
 from runnerctl.sim.hosts import SimHost, SimRunner, host_name
-from runnerctl.sim.inputs import ForeignUse, SimConfig, TraceJob, job_timeouts
+from runnerctl.sim.inputs import ForeignUse, SimConfig, TraceJob
 from runnerctl.sim.metrics import metrics
 from runnerctl.sim.queue import PendingQueue
 from runnerctl.sim.reference import REFERENCE, schedule
 from runnerctl.sim.replan import own_end, own_start, reconcile, sees
+from runnerctl.sim.timeouts import job_timeouts
 
 __all__ = ["POLICIES", "REFERENCE", "ForeignUse", "SimConfig", "Simulator", "TraceJob"]
 
