@@ -31,6 +31,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs-per-host", type=int, default=600)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
     args = parser.parse_args()
     lines = ["## Scheduling policies in the simulator", "",
              f"`python benchmarks/simulate_policies.py` ({args.jobs_per_host} jobs per host, seed "
@@ -67,7 +68,8 @@ def main() -> int:
             print(row, flush=True)
         checks.append(_checks(f"{hosts}x8", results, len(jobs), sum(1 for j in jobs if j.gpus > 1)))
     print("\n".join(checks))
-    write_section("simulate-policies", [*lines, "", *checks])
+    if not args.no_write:
+        write_section("simulate-policies", [*lines, "", *checks])
     return 0
 
 

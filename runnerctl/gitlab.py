@@ -89,9 +89,11 @@ class PythonGitLab:
         self._retry_after = float(header) if header and header.isdigit() else None
 
     def create_runner(self, *, description: str, tags: list[str], paused: bool,
-                      scope: RunnerScope) -> CreatedRunner:
+                      scope: RunnerScope, maximum_timeout: int | None = None) -> CreatedRunner:
         fields = {**scope.create_fields(), "description": description, "paused": paused,
                   "tag_list": tags, "run_untagged": False, "locked": True}
+        if maximum_timeout is not None:
+            fields["maximum_timeout"] = maximum_timeout
         manager = CurrentUserRunnerManager(self._gl)
         created = self._call("create a runner", lambda: manager.create(fields, **_NO_RETRY))
         return CreatedRunner(id=int(created.id), token=str(created.token),
@@ -136,6 +138,10 @@ class PythonGitLab:
     def set_tags(self, runner_id: int, tags: list[str]) -> None:
         self._call(f"update runner {runner_id}",
                    lambda: self._gl.runners.update(runner_id, {"tag_list": tags}, **_NO_RETRY))
+
+    def set_maximum_timeout(self, runner_id: int, seconds: int) -> None:
+        self._call(f"update runner {runner_id}",
+                   lambda: self._gl.runners.update(runner_id, {"maximum_timeout": seconds}, **_NO_RETRY))
 
     def delete_runner(self, runner_id: int) -> None:
         try:

@@ -153,6 +153,7 @@ def mask_tokens(text: str) -> str:
 class RegistrationResult:
     created: list[str] = dataclasses.field(default_factory=list)
     retagged: list[str] = dataclasses.field(default_factory=list)
+    retimed: list[str] = dataclasses.field(default_factory=list)  # maximum job timeout set
     retired: list[str] = dataclasses.field(default_factory=list)
     unchanged: list[str] = dataclasses.field(default_factory=list)
     orphans: list[str] = dataclasses.field(default_factory=list)
@@ -176,11 +177,19 @@ def apply_registration(plan: RegistrationPlan, snapshot: GpuSnapshot,
                 created = _create(gitlab, slot, options)
                 values.update(credentials(created, now))
                 result.created.append(slot.name)
-            elif sorted(info.tags) != sorted(slot_tags(slot)):
-                gitlab.set_tags(runner_id, slot_tags(slot))
-                result.retagged.append(slot.name)
             else:
-                result.unchanged.append(slot.name)
+                changed = False
+                if sorted(info.tags) != sorted(slot_tags(slot)):
+                    gitlab.set_tags(runner_id, slot_tags(slot))
+                    result.retagged.append(slot.name)
+                    changed = True
+                timeout = max_timeout(slot, options)
+                if timeout is not None and info.maximum_timeout != timeout:
+                    gitlab.set_maximum_timeout(runner_id, timeout)
+                    result.retimed.append(slot.name)
+                    changed = True
+                if not changed:
+                    result.unchanged.append(slot.name)
             entries[slot.name] = values
         for slot in plan.create:
             created = _create(gitlab, slot, options)
@@ -221,7 +230,14 @@ def find_orphans(plan: RegistrationPlan, scope: RunnerScope, gitlab: GitLabPort)
 
 def _create(gitlab: GitLabPort, slot: Slot, options: RegistrationOptions) -> CreatedRunner:
     return gitlab.create_runner(description=slot.name, tags=slot_tags(slot),
-                                paused=slot.size > 1, scope=options.scope)
+                                paused=slot.size > 1, scope=options.scope,
+                                maximum_timeout=max_timeout(slot, options))
+
+
+def max_timeout(slot: Slot, options: RegistrationOptions) -> int | None:
+    """The maximum job timeout `[controller] runner_max_timeout_s` asks for on this slot's
+    runner (None: leave it as it is)."""
+    return options.settings.controller.runner_max_timeout_s.get(str(slot.size))
 
 
 def _write(config: RunnerConfigFile, entries: dict[str, dict[str, Any]], retired: set[str],

@@ -27,6 +27,9 @@ def _default_state_dir() -> str:
     return str(Path.home() / ".local" / "state" / "runnerctl")
 
 
+MIN_RUNNER_TIMEOUT_S = 600
+"""GitLab refuses a runner maximum timeout under 10 minutes (app/models/ci/runner.rb)."""
+
 @dataclasses.dataclass(frozen=True)
 class HostSettings:
     name: str = dataclasses.field(default_factory=socket.gethostname)
@@ -149,6 +152,12 @@ class ControllerSettings:
     """Fair share: GitLab user login -> shares (others have 1: equal by default)."""
     project_shares: dict[str, float] = dataclasses.field(default_factory=dict)
     """Fair share: project path (group/project) -> shares (others have 1)."""
+    runner_max_timeout_s: dict[str, int] = dataclasses.field(default_factory=dict)
+    """GPUs per slot ("1", "2", "4", "8") -> the maximum job timeout (s, at least 600)
+    `runnerctl init` sets on those runners in GitLab, which cuts every job they take at
+    it. The planner then knows how long a pending job can run: age order, and backfill
+    of short jobs into blocks drained behind long ones (docs/controller.md "Where the
+    timeouts come from"). A size not listed: its runners are left as they are."""
 
     def __post_init__(self) -> None:
         if not self.fair_half_life_h > 0:
@@ -159,6 +168,13 @@ class ControllerSettings:
                 if not (math.isfinite(share) and share > 0):
                     raise ConfigError(f"[controller] {table}: {key} must be a share more than 0, "
                                       f"not {share!r}")
+        for size, seconds in self.runner_max_timeout_s.items():
+            if not size.isdigit() or int(size) < 1:
+                raise ConfigError(f"[controller] runner_max_timeout_s: {size!r} is no number of GPUs "
+                                  "(use \"1\", \"2\", \"4\" or \"8\")")
+            if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds < MIN_RUNNER_TIMEOUT_S:
+                raise ConfigError(f"[controller] runner_max_timeout_s: {size} GPUs must be whole seconds, "
+                                  f"at least {MIN_RUNNER_TIMEOUT_S} (GitLab's minimum), not {seconds!r}")
         for name in ("history_retention_days", "events_retention_days", "unused_after_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"[controller] {name} must be more than 0, not {getattr(self, name)!r}")

@@ -13,7 +13,7 @@ import tomlkit
 from runnerctl.cli import main
 from runnerctl.sim.gitlab_server import Fault, GitLabServer
 from runnerctl.sim.gitlab_state import SimRunner
-from tests.conftest import token_file
+from tests.conftest import ADMIN_TOKEN, token_file
 
 
 def _init(server: GitLabServer, config: Path, gpus: str = "sim:8", *extra: str) -> int:
@@ -175,3 +175,40 @@ def test_a_create_whose_answer_was_lost_leaves_no_orphan(gitlab_server: GitLabSe
     gitlab_server.requests.clear()
     assert _init(gitlab_server, config, "sim:2") == 0
     assert gitlab_server.changing_requests() == []  # known runners are never taken for orphans
+
+
+def test_init_sets_the_runners_maximum_job_timeouts_and_leaves_sizes_not_listed(
+        gitlab_server: GitLabServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`[controller] runner_max_timeout_s`: GitLab cuts every job a runner takes at the
+    runner's maximum timeout, which is how the controller knows a pending job's bound
+    (docs/controller.md "Where the timeouts come from"). Set on create, and on runners
+    that exist, once; a size not listed keeps what an admin set in GitLab."""
+    config = tmp_path / "config.toml"
+    assert _init(gitlab_server, config) == 0
+    by_name = {r.description: r for r in _slot_runners(gitlab_server).values()}
+    by_name["runnerctl/gpu-a/gpu0-1"].maximum_timeout = 7200  # an admin's, in GitLab's settings
+    settings = tmp_path / "runnerctl.toml"
+    settings.write_text("[controller]\nrunner_max_timeout_s = { '1' = 3600, '8' = 172800 }\n")
+    capsys.readouterr()
+    assert _init(gitlab_server, config, "sim:8", "--config", str(settings)) == 0  # the later --config wins
+    assert "retimed     9" in capsys.readouterr().out
+    caps = {name.rsplit("/", 1)[1]: r.maximum_timeout for name, r in by_name.items()}
+    assert {caps[f"gpu{i}"] for i in range(8)} == {3600} and caps["gpu0-7"] == 172800
+    assert caps["gpu0-1"] == 7200 and caps["gpu4-7"] is None
+    gitlab_server.requests.clear()
+    assert _init(gitlab_server, config, "sim:8", "--config", str(settings)) == 0  # the later --config wins
+    assert gitlab_server.changing_requests() == []  # set once
+
+
+def test_gitlab_refuses_a_maximum_timeout_under_ten_minutes(gitlab_server: GitLabServer) -> None:
+    from runnerctl.errors import GitLabError
+    from runnerctl.gitlab import PythonGitLab
+    from runnerctl.gitlab_port import RunnerScope
+
+    gitlab = PythonGitLab(gitlab_server.url, ADMIN_TOKEN)
+    created = gitlab.create_runner(description="x", tags=["gpu"], paused=True, scope=RunnerScope(),
+                                   maximum_timeout=600)
+    assert gitlab_server.state.runners[created.id].maximum_timeout == 600
+    with pytest.raises(GitLabError, match="at least 10 minutes"):
+        gitlab.set_maximum_timeout(created.id, 599)
+    assert gitlab_server.state.runners[created.id].maximum_timeout == 600

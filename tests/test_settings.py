@@ -38,6 +38,8 @@ def test_values_override_defaults(tmp_path: Path) -> None:
         ("[controller]\nuser_shares = { ann = 0 }\n", "user_shares: ann must be a share more than 0"),
         ("[controller]\nproject_shares = { 'g/a' = 'many' }\n", "project_shares must be a table of float"),
         ("[controller]\nfair_weight_h = -1\n", "fair_weight_h must be a finite number"),
+        ("[controller]\nrunner_max_timeout_s = { '1' = 300 }\n", "at least 600 .GitLab's minimum"),
+        ("[controller]\nrunner_max_timeout_s = { single = 3600 }\n", "'single' is no number of GPUs"),
     ],
 )
 def test_bad_settings_name_the_problem(tmp_path: Path, text: str, needle: str) -> None:

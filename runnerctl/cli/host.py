@@ -154,8 +154,8 @@ def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: i
     for line in left_alone:
         click.echo(line)
     for label, names in (("created", result.created), ("retagged", result.retagged),
-                         ("retired", result.retired), ("unchanged", result.unchanged),
-                         ("orphans", result.orphans)):
+                         ("retimed", result.retimed), ("retired", result.retired),
+                         ("unchanged", result.unchanged), ("orphans", result.orphans)):
         if names:
             click.echo(f"{label:9} {len(names):3}  " + ", ".join(slot_key(n) for n in names))
     click.echo(f"wrote {config.path}" if (result.created or result.retired) else

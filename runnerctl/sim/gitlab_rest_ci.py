@@ -82,7 +82,8 @@ class CiRoutes:
             if method == "PUT" and not match.group(2):
                 s.update_runner(runner.id, paused=_bool(body.get("paused")),
                                 tags=_tags(body["tag_list"]) if "tag_list" in body else None,
-                                description=body.get("description"))
+                                description=body.get("description"),
+                                maximum_timeout=_max_timeout(body))
                 return 200, self.runner_detail(runner)
             if method == "DELETE" and not match.group(2):
                 s.delete_runner(runner.id)
@@ -131,7 +132,7 @@ class CiRoutes:
             project_id=project_id if kind == "project_type" else None,
             run_untagged=bool(_bool(body.get("run_untagged", True))),
             locked=bool(_bool(body.get("locked", False))),
-            maximum_timeout=_int(body.get("maximum_timeout")), creator=caller.username)
+            maximum_timeout=_max_timeout(body), creator=caller.username)
         return {"id": runner.id, "token": runner.token, "token_expires_at": None}
 
     def runner_brief(self, r: SimRunner) -> dict[str, Any]:
@@ -211,3 +212,13 @@ def _iso(ts: float | None) -> str | None:
 
 
 __all__ = ["ApiError", "CiRoutes"]
+
+
+def _max_timeout(body: dict[str, Any]) -> int | None:
+    """`maximum_timeout` of a runner create or update: Ci::Runner validates it at least
+    600 s (app/models/ci/runner.rb), and the API answers a failed validation with 400 and
+    the model's errors (`render_validation_error!`, lib/api/helpers.rb)."""
+    seconds = _int(body.get("maximum_timeout"))
+    if seconds is not None and seconds < 600:
+        raise ApiError(400, {"message": {"maximum_timeout": ["needs to be at least 10 minutes"]}})
+    return seconds

@@ -162,8 +162,11 @@ class GitLabState:
         return runner
 
     def update_runner(self, runner_id: int, *, paused: bool | None = None,
-                      tags: Iterable[str] | None = None, description: str | None = None) -> SimRunner:
+                      tags: Iterable[str] | None = None, description: str | None = None,
+                      maximum_timeout: int | None = None) -> SimRunner:
         runner = self.runners[runner_id]
+        if maximum_timeout is not None:
+            runner.maximum_timeout = maximum_timeout
         if paused is not None:
             runner.paused = paused
         if tags is not None:
