@@ -17,8 +17,8 @@ p95 wait of every GPU count <= 2x easy-oracle's (at least a minute), longest 8-G
 The first table's `dynamic` knows every pending job's timeout from the trace
 (`SimConfig.pending_timeouts` "trace"), which no real controller can: GitLab's jobs API
 has none. A second table runs `dynamic` as a real controller could, against the same
-greedy and easy-oracle runs: "none" (no pending timeout known: runnerctl today, its
-runners without a maximum job timeout) and "cap" (every runner's maximum timeout set to
+greedy and easy-oracle runs: "none" (no pending timeout known: runnerctl today by
+default, without `[controller] runner_max_timeout_s`) and "cap" (every runner's maximum timeout set to
 the trace's longest timeout, the lab's longest job class: every pending job ends by that),
 and "cap, 1-GPU 2 h" (the 1-GPU runners' cap at 2 h, so 1-GPU jobs may backfill; it
 kills longer 1-GPU jobs, and its references run with the same caps). Writes both into
@@ -99,14 +99,15 @@ def main() -> int:
              "table above, where `dynamic` reads every pending job's timeout from the trace, is an "
              "upper bound. Here `dynamic` knows of pending jobs' timeouts only what runnerctl's "
              "controller can know (`runnerctl simulate --pending-timeouts`), against the same greedy "
-             "and easy-oracle runs: **`none` is what a real runnerctl achieves today with its runners "
-             "as it registers them**, without a maximum job timeout (its controller then knows no pending "
-             "job's timeout: size credits, no backfill); `cap` is runnerctl once every runner has one "
-             "maximum job timeout, the trace's longest timeout (the lab's longest job class), which its "
-             "controller reads, so every pending job is known to end by it (age order; no "
+             "and easy-oracle runs: **`none` is what a real runnerctl achieves today with default "
+             "settings**, its runners without a maximum job timeout (its controller then knows no pending "
+             "job's timeout: size credits, no backfill); `cap` is runnerctl with `[controller] "
+             "runner_max_timeout_s` at the trace's longest timeout (the lab's longest job class) for every "
+             "size, which its runners then have, so every pending job is known to end by it (age order; no "
              "backfill either, as no running job ends later than the cap). The cap in these traces: "
              f"{', '.join(f'{c / 3600:g} h' for c in sorted(caps))}. `cap, 1-GPU 2 h` sets the 1-GPU "
-             "runners' maximum timeout to 2 h instead (`backfill_max_s`), so 1-GPU jobs may backfill "
+             "runners' maximum timeout to 2 h instead (`runner_max_timeout_s` \"1\" = 7200, "
+             "`backfill_max_s`), so 1-GPU jobs may backfill "
              "blocks drained behind longer jobs, as docs/controller.md suggests; it kills the 1-GPU "
              "jobs that would run longer (counted in the row) before their own timeout, and the "
              "references of that row run with the same caps.", "",
@@ -120,7 +121,7 @@ def main() -> int:
 
 VARIANTS = ("trace", "none", "cap", "cap, 1-GPU 2 h")  # what dynamic knows of pending jobs' timeouts
 KNOWS = {"trace": "the trace's timeouts (an upper bound)",
-         "none": "no pending timeout (runnerctl today, runners without a maximum timeout)",
+         "none": "no pending timeout (runnerctl today by default: no runner_max_timeout_s)",
          "cap": "the runners' maximum timeout",
          "cap, 1-GPU 2 h": "the runners' maximum timeouts, 2 h on 1-GPU runners"}
 SINGLES_CAP_S = 7200.0  # the 1-GPU runners' maximum timeout in the last variant (= PlanPolicy.backfill_max_s)

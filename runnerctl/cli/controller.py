@@ -271,13 +271,14 @@ def resume(**kwargs: object) -> None:
               help="dynamic: GPU use this many hours ago counts half in fair share.")
 @click.option("--pending-timeouts", type=click.Choice(PENDING_TIMEOUTS), default="trace", show_default=True,
               help="dynamic: what the planner knows of a waiting job's timeout. trace: the trace's "
-                   "(more than a real controller knows: GitLab's jobs API has none); cap: "
-                   "--runner-max-timeout-s for every job (runners with that maximum job timeout); "
-                   "none: nothing (runners without one).")
+                   "(more than a real controller knows: GitLab's jobs API has none); cap: its "
+                   "runners' --runner-max-timeout-s (runnerctl with [controller] runner_max_timeout_s); "
+                   "none: nothing (runnerctl without it).")
 @click.option("--runner-max-timeout-s", metavar="[N=]SECONDS,...",
               help="The runners' maximum job timeout in seconds (GitLab: at least 600), for every "
-                   "runner, or N=SECONDS for the N-GPU ones (86400,1=7200): a job is killed at min(its "
-                   "timeout, its runner's). [default: none]")
+                   "runner, or N=SECONDS for the N-GPU ones (86400,1=7200, as [controller] "
+                   "runner_max_timeout_s): a job is killed at min(its timeout, its runner's). "
+                   "[default: none]")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, policy: str,
              runner_type: str, fair_weight_h: float, fair_half_life_h: float, pending_timeouts: str,

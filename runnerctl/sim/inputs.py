@@ -80,7 +80,7 @@ class SimConfig:
         for cap in caps:
             if cap is not None and not MIN_RUNNER_TIMEOUT_S <= cap < math.inf:
                 raise ValueError(f"runner maximum timeout {cap:g} s: GitLab needs a number of seconds, "
-                                 f"at least {MIN_RUNNER_TIMEOUT_S:.0f} (10 minutes)")
+                                 f"at least {MIN_RUNNER_TIMEOUT_S} (10 minutes)")
         if self.pending_timeouts == "cap" and caps == [None]:
             raise ValueError('pending_timeouts "cap" needs the runners\' maximum timeout '
                              "(runner_max_timeout_s; simulate --runner-max-timeout-s)")

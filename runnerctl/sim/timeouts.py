@@ -21,12 +21,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from runnerctl.settings import MIN_RUNNER_TIMEOUT_S
+
 if TYPE_CHECKING:
     from runnerctl.sim.inputs import SimConfig, TraceJob
 
+__all__ = ["MIN_RUNNER_TIMEOUT_S", "PENDING_TIMEOUTS", "job_timeouts", "parse_runner_timeouts"]
+
 PENDING_TIMEOUTS = ("trace", "cap", "none")
 """What `dynamic`'s planner knows of a pending job's timeout (`SimConfig.pending_timeouts`)."""
-MIN_RUNNER_TIMEOUT_S = 600.0  # GitLab's least runner maximum_timeout (app/models/ci/runner.rb)
 
 Timeouts = dict[int, float | None]
 
