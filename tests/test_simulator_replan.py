@@ -49,17 +49,33 @@ def test_same_schedule_as_planning_every_host(jobs: int, hosts: int, foreign: in
     assert lazy.plans < eager.plans
 
 
-@pytest.mark.parametrize(("hosts", "seed", "untimed", "fair"), [
-    (1, 1, 0.0, False), (2, 2, 0.0, False), (4, 3, 0.0, False), (2, 4, 0.5, False), (3, 5, 0.3, True)])
-def test_same_schedule_with_backfill_on_lab_traces(hosts: int, seed: int, untimed: float, fair: bool) -> None:
+@pytest.mark.parametrize(("hosts", "seed", "untimed", "fair", "pending", "cap_h", "singles_h"), [
+    (1, 1, 0.0, False, "trace", None, None), (2, 2, 0.0, False, "trace", None, None),
+    (4, 3, 0.0, False, "trace", None, None), (2, 4, 0.5, False, "trace", None, None),
+    (3, 5, 0.3, True, "trace", None, None),
+    (2, 6, 0.3, False, "none", None, None), (3, 7, 0.0, True, "none", 4.0, None),
+    (2, 8, 0.3, False, "cap", 2.0, None), (3, 9, 0.0, True, "cap", 4.0, None),
+    (1, 10, 0.0, False, "cap", 0.5, None), (2, 11, 0.2, False, "trace", 3.0, None),
+    (2, 12, 0.0, False, "cap", 8.0, 2.0), (3, 13, 0.3, True, "cap", None, 1.5)])
+def test_same_schedule_with_backfill_on_lab_traces(hosts: int, seed: int, untimed: float, fair: bool,
+                                                   pending: str, cap_h: float | None,
+                                                   singles_h: float | None) -> None:
     """Lab-like traces have timeouts, so backfill (which reads the time) acts; with some
     timeouts unknown, drains whose end is unknown (no backfill there) mix with known ones;
-    fair share (instance runners) changes which job is first in the planner's order."""
+    fair share (instance runners) changes which job is first in the planner's order.
+    What the planner knows of pending jobs' timeouts (`SimConfig.pending_timeouts`):
+    nothing ("none": size credits, no backfill, running jobs' ends known), or the runners'
+    cap for every job ("cap": age order; GitLab kills jobs at the cap, so no drain ends
+    late enough to backfill, unless the 1-GPU runners' cap is shorter: `singles_h`; without
+    a cap for the others, their jobs' timeouts are unknown); a cap under "trace" shortens
+    the timeouts the planner sees."""
     trace, uses = lab_trace(150 * hosts, hosts=hosts, seed=seed)
     rng = random.Random(seed)
     trace = [dataclasses.replace(j, timeout=None) if rng.random() < untimed else j for j in trace]
     config = SimConfig(hosts=hosts, fair=FairPolicy(weight_s=12 * 3600.0) if fair else FairPolicy(),
-                       runner_type="instance" if fair else "group")
+                       runner_type="instance" if fair else "group", pending_timeouts=pending,
+                       runner_max_timeout_s=None if cap_h is None else cap_h * 3600,
+                       runner_max_timeout_by_gpus=() if singles_h is None else ((1, singles_h * 3600),))
     lazy, eager = Simulator(trace, config, uses), EveryHost(trace, config, uses)
     lazy_result, eager_result = lazy.run(), eager.run()
     assert lazy.started == eager.started and lazy.placement == eager.placement

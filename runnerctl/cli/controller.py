@@ -33,6 +33,7 @@ from runnerctl.errors import ConfigError
 from runnerctl.settings import PathSettings, Settings
 from runnerctl.sim.fair import RUNNER_TYPES
 from runnerctl.sim.simulator import POLICIES, SimConfig, Simulator
+from runnerctl.sim.timeouts import PENDING_TIMEOUTS, parse_runner_timeouts
 from runnerctl.sim.trace import read_foreign, read_jobs
 
 if TYPE_CHECKING:
@@ -268,9 +269,20 @@ def resume(**kwargs: object) -> None:
               help="dynamic: fair share, the most hours a heavy user's job counts younger (0: off).")
 @click.option("--fair-half-life-h", type=click.FloatRange(0.01, 100_000), default=168.0, show_default=True,
               help="dynamic: GPU use this many hours ago counts half in fair share.")
+@click.option("--pending-timeouts", type=click.Choice(PENDING_TIMEOUTS), default="trace", show_default=True,
+              help="dynamic: what the planner knows of a waiting job's timeout. trace: the trace's "
+                   "(more than a real controller knows: GitLab's jobs API has none); cap: its "
+                   "runners' --runner-max-timeout-s (runnerctl with [controller] runner_max_timeout_s); "
+                   "none: nothing (runnerctl without it).")
+@click.option("--runner-max-timeout-s", metavar="[N=]SECONDS,...",
+              help="The runners' maximum job timeout in seconds (GitLab: at least 600), for every "
+                   "runner, or N=SECONDS for the N-GPU ones (86400,1=7200, as [controller] "
+                   "runner_max_timeout_s): a job is killed at min(its timeout, its runner's). "
+                   "[default: none]")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, policy: str,
-             runner_type: str, fair_weight_h: float, fair_half_life_h: float, as_json: bool) -> None:
+             runner_type: str, fair_weight_h: float, fair_half_life_h: float, pending_timeouts: str,
+             runner_max_timeout_s: str | None, as_json: bool) -> None:
     """Replay a job trace on simulated hosts under a scheduling policy; print the outcome.
 
     GitLab's hourly cron runs too: `jobs_dropped` counts, by failure reason, the jobs it
@@ -279,9 +291,10 @@ def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, 
     backfilling that knows every job's duration: a limit, not a policy to deploy.
     `users` gives per user (column `user`, else `project`) GPU-hours, waits and mean
     slowdown; `jain_slowdown` is Jain's fairness index over those slowdowns. A job runs at
-    most its `timeout` (GitLab fails it then); `dynamic` backfills draining blocks with
-    1-GPU jobs whose timeouts end before the drain does. See docs/fairshare.md for
-    `--runner-type` and the fair-share options."""
+    most its `timeout`, capped by --runner-max-timeout-s (GitLab fails it then); `dynamic`
+    backfills draining blocks with 1-GPU jobs whose timeouts it knows (--pending-timeouts)
+    to end before the drain does. See docs/fairshare.md for `--runner-type` and the
+    fair-share options, docs/controller.md for what the planner knows of timeouts."""
     from runnerctl.gpus.sim import count_snapshot
     from runnerctl.layout import plan_slots
 
@@ -290,8 +303,13 @@ def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, 
     uses = read_foreign(foreign, hosts=hosts, gpus_per_host=gpus_per_host) if foreign else []
     try:
         fair = FairPolicy(weight_s=fair_weight_h * 3600, half_life_s=fair_half_life_h * 3600)
+        cap, caps = parse_runner_timeouts(runner_max_timeout_s) if runner_max_timeout_s else (None, ())
         config = SimConfig(hosts=hosts, gpus_per_host=gpus_per_host, policy=policy,
-                           runner_type=runner_type, fair=fair)
+                           runner_type=runner_type, fair=fair, pending_timeouts=pending_timeouts,
+                           runner_max_timeout_s=cap, runner_max_timeout_by_gpus=caps)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
         simulator = Simulator(jobs, config, uses)
     except ValueError as exc:
         raise ConfigError(str(exc), hint="check --hosts and --gpus-per-host against FOREIGN.csv") from None

@@ -33,7 +33,7 @@ class SimRunner:
         self.slot, self.index, self.open = slot, index, open_
         self.job: int | None = None
         self.started: float | None = None
-        self.ends_by: float | None = None  # start + its job's timeout, if the trace gives one
+        self.ends_by: float | None = None  # start + its timeout (CI_JOB_TIMEOUT), if it has one
         self.state = SlotState(slot, not open_)
 
     def refresh(self) -> None:

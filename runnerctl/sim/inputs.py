@@ -1,14 +1,17 @@
 """The simulator's inputs: trace jobs, foreign GPU use and the run's configuration.
 
-Kept apart from `simulator` (the event loop) so each stays small.
+Kept apart from `simulator` (the event loop) so each stays small. What a job's timeout
+is once it runs, and what the planner knows of it while it waits: `timeouts`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from runnerctl.controller.fairshare import FairPolicy
 from runnerctl.controller.plan import PlanPolicy
+from runnerctl.sim.timeouts import MIN_RUNNER_TIMEOUT_S, PENDING_TIMEOUTS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,3 +57,34 @@ class SimConfig:
     project) runners the oldest, "instance" runners fair by project."""
     fair: FairPolicy = FairPolicy()  # dynamic: fair share between users and projects (off: weight 0)
     fair_update_s: float = 300.0  # dynamic: how often the controller reads usage again
+    pending_timeouts: str = "trace"
+    """What `dynamic`'s planner knows of a pending job's timeout (`Demand.timeout_s`;
+    `timeouts`): "trace": the timeout it will run under (the trace's, capped by its
+    runners' maximum timeout), an upper bound on what runnerctl can do, as no real
+    controller reads a pending job's timeout from GitLab; "cap": its runners' maximum
+    timeout (runners that have one, which runnerctl's controller reads: the job ends by
+    it); "none": unknown (runners without a maximum timeout). Running jobs' timeouts are
+    known in every mode (CI_JOB_TIMEOUT)."""
+    runner_max_timeout_s: float | None = None
+    """The runners' `maximum_timeout` (seconds), None: unset. GitLab runs every job at
+    most min(its timeout, its runner's): jobs without a timeout in the trace get this."""
+    runner_max_timeout_by_gpus: tuple[tuple[int, float], ...] = ()
+    """(GPUs, seconds): the maximum timeout of the runners of that size, where it is not
+    `runner_max_timeout_s` (a `gpus:N` job runs on an N-GPU runner)."""
+
+    def __post_init__(self) -> None:
+        if self.pending_timeouts not in PENDING_TIMEOUTS:
+            raise ValueError(f"unknown pending_timeouts {self.pending_timeouts!r}; one of "
+                             f"{', '.join(PENDING_TIMEOUTS)}")
+        caps = [self.runner_max_timeout_s, *(s for _, s in self.runner_max_timeout_by_gpus)]
+        for cap in caps:
+            if cap is not None and not MIN_RUNNER_TIMEOUT_S <= cap < math.inf:
+                raise ValueError(f"runner maximum timeout {cap:g} s: GitLab needs a number of seconds, "
+                                 f"at least {MIN_RUNNER_TIMEOUT_S} (10 minutes)")
+        if self.pending_timeouts == "cap" and caps == [None]:
+            raise ValueError('pending_timeouts "cap" needs the runners\' maximum timeout '
+                             "(runner_max_timeout_s; simulate --runner-max-timeout-s)")
+
+    def runner_cap(self, gpus: int) -> float | None:
+        """The maximum timeout of the runners that take `gpus:N` jobs, if they have one."""
+        return dict(self.runner_max_timeout_by_gpus).get(gpus, self.runner_max_timeout_s)

@@ -22,8 +22,11 @@ may start it; a host keeps the claim of a job it drained for until the job start
 `fifo` (strict arrival order) and `easy-oracle` (EASY backfilling knowing every job's
 duration: the limit no real controller reaches).
 
-A job runs for its duration, but at most its `timeout` (GitLab fails it then); its
-timeout is what `dynamic`'s planner may know in advance (backfill: `controller.backfill`).
+A job runs for its duration, but at most its timeout (the trace's, capped by the runners'
+`maximum_timeout`: GitLab fails it then). What `dynamic`'s planner knows of a pending
+job's timeout (backfill: `controller.backfill`; age order: `controller.order`) is
+`SimConfig.pending_timeouts` (`timeouts.job_timeouts`): by default the trace's, more than
+a real controller can know; a running job's is always known (`SimRunner.ends_by`).
 
 GitLab's own rule against waiting jobs runs on its hourly cron (`gitlab_cron`): a job
 pending over an hour that no online, unpaused runner covers, and any job pending over
@@ -60,6 +63,7 @@ from runnerctl.sim.metrics import metrics
 from runnerctl.sim.queue import PendingQueue
 from runnerctl.sim.reference import REFERENCE, schedule
 from runnerctl.sim.replan import own_end, own_start, reconcile, sees
+from runnerctl.sim.timeouts import job_timeouts
 
 __all__ = ["POLICIES", "REFERENCE", "ForeignUse", "SimConfig", "Simulator", "TraceJob"]
 
@@ -77,7 +81,10 @@ class Simulator:
             raise ValueError(f"unknown policy {config.policy!r}; one of {', '.join(POLICIES)}")
         self.config = config
         self.jobs = {j.job_id: j for j in jobs}
-        self.timed_multi = any(j.timeout is not None and j.gpus > 1 for j in self.jobs.values())  # own_start
+        # per job: the timeout it runs under, and what the planner knows of it while pending
+        self.timeout, self.known_timeout = job_timeouts(self.jobs.values(), config)
+        self.timed_multi = any(self.known_timeout[j.job_id] is not None and j.gpus > 1
+                               for j in self.jobs.values())  # own_start
         self.hosts = [SimHost(i, gpus=config.gpus_per_host, policy=config.policy)
                       for i in range(config.hosts)]
         self.queue = PendingQueue()
@@ -171,7 +178,7 @@ class Simulator:
             job = self.jobs[a]
             if not self.queue:
                 self._queue_since = now
-            self.queue.add(a, job.gpus, job.priority, job.timeout is not None)
+            self.queue.add(a, job.gpus, job.priority, self.known_timeout[a] is not None)
             self._demand_changed = True
             if job.gpus > 1 and self.config.policy == "dynamic":  # its webhook wakes the loop
                 self._schedule_tick(now)
@@ -215,7 +222,7 @@ class Simulator:
             host.owner[g] = job_id
         self.placement[job_id] = (host_no, gpus)
         if runner is not None:
-            timeout = self.jobs[job_id].timeout
+            timeout = self.timeout[job_id]
             runner.job, runner.started = job_id, now
             runner.ends_by = None if timeout is None else now + timeout
             runner.refresh()
@@ -348,13 +355,13 @@ class Simulator:
         (what `relevant_demand` keeps); when they change, every host's demand may have
         changed."""
         top = {}
-        jobs, claims = self.jobs, self.claims
+        known, claims = self.known_timeout, self.claims
         for size, room in self._room.items():
             found: dict[int, None] = {}
             left = list(self.queue.counts(size))  # still to see: with a timeout, without
             kept, unclaimed = [0, 0], [0, 0]
             for job_id in self.fair.by_urgency(self, size):
-                kind = int(jobs[job_id].timeout is None)
+                kind = int(known[job_id] is None)
                 left[kind] -= 1
                 if kept[kind] < room or job_id not in claims:
                     found[job_id] = None
@@ -399,8 +406,8 @@ class Simulator:
         demand = self._demand.get(job_id)
         if demand is None:
             job = self.jobs[job_id]
-            demand = self._demand[job_id] = Demand(job_id, job.gpus, job.submit, job.priority, job.timeout,
-                                                   self.fair.fair_s(job))
+            demand = self._demand[job_id] = Demand(job_id, job.gpus, job.submit, job.priority,
+                                                   self.known_timeout[job_id], self.fair.fair_s(job))
         return demand
 
     def _fair_refresh(self) -> None:
@@ -415,8 +422,8 @@ class Simulator:
     def run_time(self, job_id: int) -> float:
         """How long a job runs: its duration, but GitLab fails it at its timeout ("The job,
         if running longer, times out": gitlabhq doc/ci/runners/configure_runners.md)."""
-        job = self.jobs[job_id]
-        return job.duration if job.timeout is None else min(job.duration, job.timeout)
+        job, timeout = self.jobs[job_id], self.timeout[job_id]
+        return job.duration if timeout is None else min(job.duration, timeout)
 
     # -- reference policies (runnerctl.sim.reference) ----------------------------------
     def start_reference(self, now: float, host_no: int, job_id: int) -> None:

@@ -1,0 +1,73 @@
+"""What a simulated job's timeout is once it runs, and what `dynamic`'s planner may know
+of it while it waits, by GitLab's rules (kept apart from the event loop, `simulator`):
+
+- A job's timeout is fixed only when a runner picks it: on the pending -> running
+  transition GitLab stores the smallest of the job's timeout (else the project's) and
+  the runner's `maximum_timeout` (gitlabhq app/models/ci/build.rb `after_transition
+  pending: :running` -> app/models/ci/build_metadata.rb `update_timeout_state`,
+  `timeout_with_highest_precedence`). gitlab-runner hands that value to the job as
+  `CI_JOB_TIMEOUT` (gitlab-org/gitlab-runner common/build.go), so a running job's end
+  by its timeout is what runnerctl's lease records (`SimRunner.ends_by`).
+- A pending job's timeout is not in GitLab's jobs API (gitlabhq
+  lib/api/entities/ci/job_basic.rb has none), and before a runner picks it GitLab has
+  not computed it. What a controller can know is a bound: where the runners that may
+  take it all have a `maximum_timeout` (GitLab: at least 10 minutes,
+  app/models/ci/runner.rb; runnerctl's controller reads it, docs/controller.md), the
+  job ends by it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from runnerctl.settings import MIN_RUNNER_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from runnerctl.sim.inputs import SimConfig, TraceJob
+
+__all__ = ["MIN_RUNNER_TIMEOUT_S", "PENDING_TIMEOUTS", "job_timeouts", "parse_runner_timeouts"]
+
+PENDING_TIMEOUTS = ("trace", "cap", "none")
+"""What `dynamic`'s planner knows of a pending job's timeout (`SimConfig.pending_timeouts`)."""
+
+Timeouts = dict[int, float | None]
+
+
+def job_timeouts(jobs: Iterable[TraceJob], config: SimConfig) -> tuple[Timeouts, Timeouts]:
+    """Per job: the timeout it runs under (GitLab's min of its own and its runners'
+    `maximum_timeout`; None: neither), and what `dynamic`'s planner knows of it while it
+    is pending (`SimConfig.pending_timeouts`)."""
+    jobs = list(jobs)
+    caps = {n: config.runner_cap(n) for n in {job.gpus for job in jobs}}
+    runs: Timeouts = {}
+    known: Timeouts = {}
+    for job in jobs:
+        own, cap = job.timeout, caps[job.gpus]
+        runs[job.job_id] = cap if own is None else own if cap is None else min(own, cap)
+        known[job.job_id] = cap
+    if config.pending_timeouts == "trace":
+        return runs, runs
+    return runs, known if config.pending_timeouts == "cap" else dict.fromkeys(runs)
+
+
+def parse_runner_timeouts(text: str) -> tuple[float | None, tuple[tuple[int, float], ...]]:
+    """`simulate --runner-max-timeout-s`: "SECONDS" for every runner, "N=SECONDS" for the
+    N-GPU runners, comma-separated ("86400,1=7200"). ValueError: one line saying why."""
+    default: float | None = None
+    by_gpus: dict[int, float] = {}
+    for part in (p.strip() for p in text.split(",")):
+        gpus, _, seconds = part.rpartition("=")
+        try:
+            value = float(seconds)
+            size = int(gpus) if gpus else None
+        except ValueError:
+            raise ValueError(f"runner maximum timeout {part!r}: give SECONDS or GPUS=SECONDS, "
+                             "comma-separated (86400,1=7200)") from None
+        if size is None:
+            default = value
+        elif size < 1:
+            raise ValueError(f"runner maximum timeout {part!r}: a GPU count is at least 1")
+        else:
+            by_gpus[size] = value
+    return default, tuple(sorted(by_gpus.items()))
