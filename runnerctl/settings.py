@@ -155,9 +155,11 @@ class ControllerSettings:
     runner_max_timeout_s: dict[str, int] = dataclasses.field(default_factory=dict)
     """GPUs per slot ("1", "2", "4", "8") -> the maximum job timeout (s, at least 600)
     `runnerctl init` sets on those runners in GitLab, which cuts every job they take at
-    it. The planner then knows how long a pending job can run: age order, and backfill
-    of short jobs into blocks drained behind long ones (docs/controller.md "Where the
-    timeouts come from"). A size not listed: its runners are left as they are."""
+    it. The planner then knows how long a pending job can run: age order instead of
+    size credits, and backfill of short jobs into blocks drained behind long ones; a
+    trade-off that pays where jobs run for hours, not for minutes-long jobs (measured in
+    docs/controller.md "Where the timeouts come from"). A size not listed: its runners
+    are left as they are."""
 
     def __post_init__(self) -> None:
         if not self.fair_half_life_h > 0:
