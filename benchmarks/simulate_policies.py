@@ -14,6 +14,7 @@ benchmarks/RESULTS.md between the simulate-policies markers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -32,6 +33,9 @@ def main() -> int:
     parser.add_argument("--jobs-per-host", type=int, default=600)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
+    parser.add_argument("--runner-max-timeout-s", type=int, default=None,
+                        help="every runner has this maximum job timeout, so the planner knows it "
+                             "for every pending job (docs/controller.md); implies --no-write")
     args = parser.parse_args()
     lines = ["## Scheduling policies in the simulator", "",
              f"`python benchmarks/simulate_policies.py` ({args.jobs_per_host} jobs per host, seed "
@@ -49,6 +53,10 @@ def main() -> int:
         results = {}
         configs = [(p, SimConfig(hosts=hosts, policy=p)) for p in POLICIES]
         configs.insert(1, (BARE, SimConfig(hosts=hosts, standby=False)))
+        if args.runner_max_timeout_s is not None:
+            configs = [(p, dataclasses.replace(c, pending_timeouts="cap",
+                                               runner_max_timeout_s=float(args.runner_max_timeout_s)))
+                       for p, c in configs]
         for policy, config in configs:
             started = time.process_time()
             results[policy] = (Simulator(jobs, config, foreign).run(), time.process_time() - started)
@@ -68,7 +76,7 @@ def main() -> int:
             print(row, flush=True)
         checks.append(_checks(f"{hosts}x8", results, len(jobs), sum(1 for j in jobs if j.gpus > 1)))
     print("\n".join(checks))
-    if not args.no_write:
+    if not args.no_write and args.runner_max_timeout_s is None:
         write_section("simulate-policies", [*lines, "", *checks])
     return 0
 

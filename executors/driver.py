@@ -77,7 +77,7 @@ def _timeout(data: Mapping[str, Any], variable: str) -> int | None:
     raw = info.get("timeout") if isinstance(info, dict) else None
     if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0:
         return raw
-    return int(variable) if variable.isdigit() and int(variable) > 0 else None
+    return int(variable) if variable.isascii() and variable.isdigit() and int(variable) > 0 else None
 
 
 @dataclasses.dataclass(frozen=True)

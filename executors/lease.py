@@ -72,7 +72,7 @@ class Lease:
     problem: str = ""  # set on a file that could not be read: it holds the GPU (fail closed)
     batch_job: str | None = None  # batch drivers: "<driver>:<scheduler's job id>"
     batch_gpus: str | None = None  # the GPU set the batch system gave the job (its CUDA_VISIBLE_DEVICES)
-    timeout_s: int | None = None  # the job's GitLab timeout: it ends by created_at + this
+    timeout_s: float | None = None  # the job's GitLab timeout: it ends by created_at + this
 
     @property
     def token(self) -> str:

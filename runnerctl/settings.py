@@ -29,6 +29,8 @@ def _default_state_dir() -> str:
 
 MIN_RUNNER_TIMEOUT_S = 600
 """GitLab refuses a runner maximum timeout under 10 minutes (app/models/ci/runner.rb)."""
+MAX_RUNNER_TIMEOUT_S = 2**31 - 1
+"""The largest GitLab can store (`ci_runners.maximum_timeout`, a 4-byte integer)."""
 
 @dataclasses.dataclass(frozen=True)
 class HostSettings:
@@ -158,8 +160,9 @@ class ControllerSettings:
     it. The planner then knows how long a pending job can run: age order instead of
     size credits, and backfill of short jobs into blocks drained behind long ones; a
     trade-off that pays where jobs run for hours, not for minutes-long jobs (measured in
-    docs/controller.md "Where the timeouts come from"). A size not listed: its runners
-    are left as they are."""
+    docs/controller.md "Where the timeouts come from"). List every size the host has:
+    the controller uses the bounds only when all sizes have one (`init` says so when
+    one is missing). A size not listed: its runners are left as they are."""
 
     def __post_init__(self) -> None:
         if not self.fair_half_life_h > 0:
@@ -170,13 +173,18 @@ class ControllerSettings:
                 if not (math.isfinite(share) and share > 0):
                     raise ConfigError(f"[controller] {table}: {key} must be a share more than 0, "
                                       f"not {share!r}")
+        caps = {}
         for size, seconds in self.runner_max_timeout_s.items():
-            if not size.isdigit() or int(size) < 1:
+            if not (size.isascii() and size.isdigit()) or int(size) < 1:
                 raise ConfigError(f"[controller] runner_max_timeout_s: {size!r} is no number of GPUs "
                                   "(use \"1\", \"2\", \"4\" or \"8\")")
-            if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds < MIN_RUNNER_TIMEOUT_S:
-                raise ConfigError(f"[controller] runner_max_timeout_s: {size} GPUs must be whole seconds, "
-                                  f"at least {MIN_RUNNER_TIMEOUT_S} (GitLab's minimum), not {seconds!r}")
+            if (isinstance(seconds, bool) or not isinstance(seconds, int)
+                    or not MIN_RUNNER_TIMEOUT_S <= seconds <= MAX_RUNNER_TIMEOUT_S):
+                raise ConfigError(f"[controller] runner_max_timeout_s: {size} GPUs must be whole seconds "
+                                  f"from {MIN_RUNNER_TIMEOUT_S} (GitLab's minimum) to "
+                                  f"{MAX_RUNNER_TIMEOUT_S}, not {seconds!r}")
+            caps[str(int(size))] = seconds  # "01" and "1" are one size
+        object.__setattr__(self, "runner_max_timeout_s", caps)
         for name in ("history_retention_days", "events_retention_days", "unused_after_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"[controller] {name} must be more than 0, not {getattr(self, name)!r}")

@@ -212,3 +212,14 @@ def test_gitlab_refuses_a_maximum_timeout_under_ten_minutes(gitlab_server: GitLa
     with pytest.raises(GitLabError, match="at least 10 minutes"):
         gitlab.set_maximum_timeout(created.id, 599)
     assert gitlab_server.state.runners[created.id].maximum_timeout == 600
+    with pytest.raises(GitLabError, match="Maximum timeout needs to be at least 10 minutes"):
+        gitlab.create_runner(description="y", tags=["gpu"], paused=True, scope=RunnerScope(),
+                             maximum_timeout=60)
+
+
+def test_init_notes_a_size_without_a_maximum_timeout(gitlab_server: GitLabServer, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    settings = tmp_path / "runnerctl.toml"
+    settings.write_text("[controller]\nrunner_max_timeout_s = { '1' = 7200, '8' = 172800 }\n")
+    assert _init(gitlab_server, tmp_path / "config.toml", "sim:8", "--config", str(settings)) == 0
+    assert "no entry for 2/4-GPU slots" in capsys.readouterr().out

@@ -10,6 +10,7 @@ the simulator alone, and the real controller never backfilled a draining block.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +28,7 @@ def test_the_job_timeout_comes_from_the_job_response_else_the_variable(tmp_path:
                                     "variables": [{"key": "CI_JOB_TIMEOUT", "value": "60"}]}))
     assert Job.from_env({"JOB_RESPONSE_FILE": str(response)}).timeout_s == 5400
     assert Job.from_env({"CUSTOM_ENV_CI_JOB_ID": "7", "CUSTOM_ENV_CI_JOB_TIMEOUT": "900"}).timeout_s == 900
-    for junk in ("", "0", "-5", "1h", "nan"):
+    for junk in ("", "0", "-5", "1h", "nan", "\u00b2"):  # a superscript two is a digit to str.isdigit
         env = {"CUSTOM_ENV_CI_JOB_ID": "7", "CUSTOM_ENV_CI_JOB_TIMEOUT": junk}
         assert Job.from_env(env).timeout_s is None
 
@@ -36,6 +37,7 @@ def test_a_lease_keeps_the_timeout_and_an_older_lease_without_one_still_reads() 
     fields = {"gpu": 2, "job_id": "7", "slot": "h/gpu2", "driver": "shell", "owner_pid": 1,
               "owner_started": 1.0, "created_at": 100.0}
     assert Lease.parse(2, json.dumps({**fields, "timeout_s": 3600})).timeout_s == 3600
+    assert Lease.parse(2, json.dumps({**fields, "timeout_s": 3600.0})).timeout_s == 3600  # a later writer's
     older = Lease.parse(2, json.dumps(fields))
     assert not older.problem and older.timeout_s is None
     assert Lease.parse(2, json.dumps({**fields, "timeout_s": "soon"})).problem  # held, fail closed
@@ -90,3 +92,30 @@ def test_a_short_job_backfills_a_block_drained_for_an_eight_gpu_job_only_when_it
     _until(world, lambda: eight in world.fleet.finished, 900)
     assert eight in world.fleet.finished  # and the drained job still ran
     assert world.fleet.double_allocations == 0
+
+
+def test_bounds_on_some_sizes_only_are_not_used_and_say_so_once(world: World,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Only the 1-GPU runners have a maximum timeout: a known timeout would take the size
+    credit from 1-GPU jobs alone, so the controller uses none, and warns once."""
+    _cap(world, 1, 600)
+    quad = world.submit(4, 300.0)
+    _until(world, lambda: quad in world.fleet.started, 120)
+    eight = world.submit(8, 60.0)
+    world.advance(15)
+    single = world.submit(1, 60.0)
+    with caplog.at_level(logging.WARNING, logger="runnerctl.controller.loop"):
+        _until(world, lambda: single in world.fleet.started, 600)
+    assert world.fleet.started[single] > world.fleet.started[eight]  # no backfill: as with no bounds
+    warned = [r for r in caplog.records if "maximum job timeout and others not" in r.getMessage()]
+    assert len(warned) == 1 and "1 GPUs" in warned[0].getMessage()
+
+
+def test_a_job_that_runs_into_its_runners_maximum_timeout_is_failed_there(world: World) -> None:
+    for size in (1, 2, 4, 8):
+        _cap(world, size, 600)
+    job = world.submit(1, 900.0)
+    _until(world, lambda: job in world.fleet.finished, 1000)
+    assert world.fleet.finished[job] - world.fleet.started[job] == pytest.approx(600, abs=3)
+    assert world.state.jobs[job].status == "failed"
+    assert world.state.jobs[job].failure_reason == "job_execution_timeout"

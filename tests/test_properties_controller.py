@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -174,14 +174,20 @@ class CappedMachine(ControllerMachine):
         for size in (1, 2, 4, 8):  # short singles under long blocks: backfill can open
             self.set_cap(size, 600 if size == 1 else 7200)
 
-    @rule(duration=st.integers(60, 120), short=st.integers(5, 60))
-    def drain_behind_a_quad(self, duration: int, short: int) -> None:
-        """A quad, then an 8-GPU job that drains the host behind it, then a short job that
-        may backfill the drained half (the case backfill exists for)."""
+    @rule(duration=st.integers(60, 120), short=st.integers(5, 60), singles=st.integers(1, 3))
+    def drain_behind_a_quad(self, duration: int, short: int, singles: int) -> None:
+        """A quad, then an 8-GPU job that drains the host behind it, then short jobs that
+        may backfill the drained half (the case backfill exists for). `event` counts the
+        examples where backfill opened a runner (hypothesis --hypothesis-show-statistics)."""
         self.world.submit(4, float(duration))
         self.advance(9)  # a controller death mid-tick restarts it, as in `advance`
         self.world.submit(8, float(short))
-        self.world.submit(1, float(short))
+        self.advance(9)  # the drain begins: the idle half is paused for the 8-GPU job
+        for _ in range(singles):
+            self.world.submit(1, float(short))
+        self.advance(12)
+        if any("backfill" in e.detail for e in self.world.store.events("demo", limit=50)):
+            event("backfill opened a runner")
 
     @rule(size=st.sampled_from([1, 2, 4, 8]), seconds=st.sampled_from([600, 1200, 7200, 86400]))
     def set_cap(self, size: int, seconds: int) -> None:

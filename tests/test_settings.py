@@ -38,7 +38,8 @@ def test_values_override_defaults(tmp_path: Path) -> None:
         ("[controller]\nuser_shares = { ann = 0 }\n", "user_shares: ann must be a share more than 0"),
         ("[controller]\nproject_shares = { 'g/a' = 'many' }\n", "project_shares must be a table of float"),
         ("[controller]\nfair_weight_h = -1\n", "fair_weight_h must be a finite number"),
-        ("[controller]\nrunner_max_timeout_s = { '1' = 300 }\n", "at least 600 .GitLab's minimum"),
+        ("[controller]\nrunner_max_timeout_s = { '1' = 300 }\n", "from 600 .GitLab's minimum."),
+        ("[controller]\nrunner_max_timeout_s = { '8' = 99999999999 }\n", "to 2147483647, not 99999999999"),
         ("[controller]\nrunner_max_timeout_s = { single = 3600 }\n", "'single' is no number of GPUs"),
     ],
 )
@@ -47,3 +48,9 @@ def test_bad_settings_name_the_problem(tmp_path: Path, text: str, needle: str) -
     path.write_text(text)
     with pytest.raises(ConfigError, match=needle):
         load_settings(path)
+
+
+def test_runner_timeout_sizes_are_numbers_of_gpus(tmp_path: Path) -> None:
+    path = tmp_path / "runnerctl.toml"
+    path.write_text("[controller]\nrunner_max_timeout_s = { '01' = 3600, '8' = 86400 }\n")
+    assert load_settings(path).controller.runner_max_timeout_s == {"1": 3600, "8": 86400}

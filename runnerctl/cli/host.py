@@ -19,7 +19,7 @@ from runnerctl.errors import ConfigError, ExitCode, RunnerctlError
 from runnerctl.gitlab import REQUIRED_SCOPE, PythonGitLab, RunnerScope
 from runnerctl.gpus import open_gpu_source
 from runnerctl.layout import MIG_HINT, mig_gpus, plan_slots, slot_tags
-from runnerctl.model import GpuSnapshot, slot_key
+from runnerctl.model import GpuSnapshot, Slot, slot_key
 from runnerctl.registration import (
     EXECUTORS,
     RegistrationOptions,
@@ -140,7 +140,7 @@ def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: i
                                   scope=scope, gpu_source=spec, settings=settings,
                                   settings_path=str(settings_path), optuna_storage=optuna_storage)
     plan = plan_registration(snapshot, config.owned_entries())
-    left_alone = mig_note(snapshot)
+    left_alone = [*mig_note(snapshot), *_timeout_note(plan.slots, settings)]
     if dry_run:
         click.echo("\n".join(f"# {line}" for line in [*plan.describe(), *left_alone]))
         click.echo(f"# config.toml for {config.path}:")
@@ -350,3 +350,12 @@ def _check_gitlab(gitlab: PythonGitLab, entries: dict[str, dict[str, Any]], repo
         report(False, f"GitLab {gitlab.url}: {exc.message}", exc.hint or "")
 
 
+def _timeout_note(slots: tuple[Slot, ...], settings: Settings) -> list[str]:
+    """A line when `runner_max_timeout_s` names some of the host's slot sizes but not all:
+    the controller then uses none of them (`Controller._timed`)."""
+    caps = settings.controller.runner_max_timeout_s
+    missing = sorted({s.size for s in slots} - {int(size) for size in caps})
+    if not caps or not missing:
+        return []
+    return [f"note: runner_max_timeout_s has no entry for {'/'.join(map(str, missing))}-GPU slots; the "
+            "controller uses runners' maximum timeouts only when every size has one"]

@@ -8,14 +8,16 @@ kept open while the pending 1-GPU jobs GitLab would hand out next are short enou
 
 - The drain's expected end is the latest `ends_by` (start + GitLab timeout) of the jobs
   still running on the block; GitLab kills a job at its timeout, so it is an upper
-  bound. Unknown for any of them: no backfill there.
+  bound of its script's end (its after_script, up to 5 minutes, and cleanup still hold
+  the GPUs after it: DESIGN.md section 6). Unknown for any of them: no backfill there.
 - With F idle singles open anyway and B backfill singles, GitLab hands out the F + B
   oldest pending 1-GPU jobs (`order.handout_order`: not the planner's urgency, which
   counts priority and fair share, unknown to GitLab); each must have a known
   `timeout_s` that ends by `now` + timeout before the drain's expected end, and at most
   `PlanPolicy.backfill_max_s`. The last bound holds whatever the estimates are: a
   backfilled job is killed at its timeout, so it delays the drained job by at most
-  `backfill_max_s` even if every running job ends far sooner than its timeout.
+  `backfill_max_s` (plus its after_script and cleanup) even if every running job ends
+  far sooner than its timeout.
 - Fewer such jobs pending than open singles: none (a job arriving later could land).
 - Smaller blocks the same way (`_blocks`, first, biggest first): a block smaller than the
   drained one, all on its idle GPUs (a pair or a quad of a host drained for an 8-GPU

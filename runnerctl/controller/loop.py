@@ -93,6 +93,7 @@ class Controller:
         self._slots: tuple[Slot, ...] = ()
         self._synced = False
         self._published = False  # the inventory toggles are checked against (store.save_inventory)
+        self._partial_caps_logged = False  # runners' maximum timeouts on some sizes only
         self.stats = ControllerStats()  # counters for the exporter, fed once per tick
         self.on_tick: list[Callable[[ControllerView], None]] = []  # e.g. dcgm job mapping files
         self._failing: set[str] = set()  # side tasks failing now (logged once)
@@ -265,12 +266,23 @@ class Controller:
         """Pending jobs with the timeout they will have here at the most: GitLab's jobs
         API does not say a pending job's timeout (lib/api/entities/ci/job_basic.rb), but
         any job this host's N-GPU runners start is cut at their maximum timeout, where
-        every one of them has one (`RunnerCache.timeout_bound`). Else it stays unknown,
-        and the planner gives it no backfill and a size credit (controller/order.py)."""
+        every one of them has one (`RunnerCache.timeout_bound`). All sizes or none: a
+        known timeout takes a job's size credit away (controller/order.py), so bounds on
+        some sizes only would let the unbounded sizes' jobs, still credited, jump ahead of
+        the bounded ones (8-GPU jobs behind credited 4-GPU ones). Unknown,
+        the planner gives a job no backfill and a size credit."""
         names: dict[int, list[str]] = {}
         for slot in self._slots:
             names.setdefault(slot.size, []).append(slot.name)
         bounds = {size: self.cache.timeout_bound(slot_names) for size, slot_names in names.items()}
+        if None in bounds.values():
+            partial = sorted(size for size, bound in bounds.items() if bound is not None)
+            if partial and not self._partial_caps_logged:
+                log.warning("runners of %s GPUs have a maximum job timeout and others not: the planner "
+                            "uses none (set runner_max_timeout_s for every size, then `runnerctl init`)",
+                            "/".join(map(str, partial)))
+            self._partial_caps_logged = bool(partial)
+            return demand
         timed = []
         for d in demand:
             bound = bounds.get(d.gpus)

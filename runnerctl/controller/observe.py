@@ -44,7 +44,7 @@ class LeasedJob:
     project: str = ""
     pipeline: str = ""
     created_at: float | None = None  # when prepare took the lease: the job holds GPUs since
-    timeout_s: int | None = None  # its GitLab timeout, as the lease recorded it
+    timeout_s: float | None = None  # its GitLab timeout, as the lease recorded it
 
     @property
     def ends_by(self) -> float | None:

@@ -28,7 +28,7 @@ GIB = 1024**3
 
 class SimGitLabState(Protocol):
     def request_job(self, runner_id: int) -> Any: ...
-    def finish_job(self, job_id: int, status: str = ...) -> Any: ...
+    def finish_job(self, job_id: int, status: str = ..., *, failure_reason: str | None = ...) -> Any: ...
     def owner(self, job_id: int) -> tuple[str, str] | None: ...
     @property
     def runners(self) -> Mapping[int, Any]: ...
@@ -76,6 +76,8 @@ class RunningJob:
     slot: Slot
     started: float
     ends: float
+    timeout_s: float | None = None  # fixed when its runner took it, as GitLab and the lease do
+    killed: bool = False  # it ran into its timeout: GitLab fails it
 
 
 class SimFleet:
@@ -115,9 +117,8 @@ class SimFleet:
         found = {}
         for job in self.jobs.values():
             user, url = self.gitlab.owner(job.job_id) or ("", "")
-            runner = self.gitlab.runners.get(self.runner_ids[job.slot.name])
             found[job.job_id] = LeasedJob(job.slot.name, job.slot.gpus, user, url, created_at=job.started,
-                                          timeout_s=None if runner is None else runner.job_timeout)
+                                          timeout_s=job.timeout_s)
         return found
 
     def unreadable(self) -> dict[int, str]:
@@ -156,9 +157,14 @@ class SimFleet:
             self.double_allocations += 1
         if any(g in self.gpus.foreign for g in slot.gpus):
             self.foreign_collisions += 1
+        runner = self.gitlab.runners.get(self.runner_ids[slot.name])
+        timeout = None if runner is None else float(runner.job_timeout)  # fixed as it starts
         if self._leases is not None:  # as the executor's prepare stage does (S2)
-            self._take_leases(slot, job_id, now)
-        job = RunningJob(job_id, slot, now, now + self.duration_of(job_id))
+            self._take_leases(slot, job_id, now, timeout)
+        duration = self.duration_of(job_id)
+        killed = timeout is not None and duration > timeout  # GitLab fails it at its timeout
+        run_s = timeout if killed and timeout is not None else duration
+        job = RunningJob(job_id, slot, now, now + run_s, timeout, killed)
         self.jobs[slot.name] = job
         for g in slot.gpus:
             self.holder[g] = job_id
@@ -175,18 +181,19 @@ class SimFleet:
         self.finished[job.job_id] = now
         if self._leases is not None:
             self._leases.release(str(job.job_id))
-        self.gitlab.finish_job(job.job_id, "success")
+        if job.killed:  # gitlab-runner reports the timeout (common/build.go: JobExecutionTimeout)
+            self.gitlab.finish_job(job.job_id, "failed", failure_reason="job_execution_timeout")
+        else:
+            self.gitlab.finish_job(job.job_id, "success")
         self.on_change("finish", job, now)
 
-    def _take_leases(self, slot: Slot, job_id: int, now: float) -> None:
+    def _take_leases(self, slot: Slot, job_id: int, now: float, timeout: float | None) -> None:
         from runnerctl.executors.lease import Lease, process_started
 
         assert self._leases is not None
         me = os.getpid()
-        runner = self.gitlab.runners.get(self.runner_ids[slot.name])
         template = Lease(gpu=-1, job_id=str(job_id), slot=slot.name, driver="sim", owner_pid=me,
-                         owner_started=process_started(me) or 0.0, created_at=now,
-                         timeout_s=None if runner is None else runner.job_timeout)
+                         owner_started=process_started(me) or 0.0, created_at=now, timeout_s=timeout)
         if self._leases.try_acquire(slot.gpus, template):
             self.double_allocations += 1  # the real prepare would wait here
 

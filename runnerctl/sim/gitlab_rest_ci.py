@@ -132,7 +132,7 @@ class CiRoutes:
             project_id=project_id if kind == "project_type" else None,
             run_untagged=bool(_bool(body.get("run_untagged", True))),
             locked=bool(_bool(body.get("locked", False))),
-            maximum_timeout=_max_timeout(body), creator=caller.username)
+            maximum_timeout=_max_timeout(body, create=True), creator=caller.username)
         return {"id": runner.id, "token": runner.token, "token_expires_at": None}
 
     def runner_brief(self, r: SimRunner) -> dict[str, Any]:
@@ -214,11 +214,23 @@ def _iso(ts: float | None) -> str | None:
 __all__ = ["ApiError", "CiRoutes"]
 
 
-def _max_timeout(body: dict[str, Any]) -> int | None:
-    """`maximum_timeout` of a runner create or update: Ci::Runner validates it at least
-    600 s (app/models/ci/runner.rb), and the API answers a failed validation with 400 and
-    the model's errors (`render_validation_error!`, lib/api/helpers.rb)."""
-    seconds = _int(body.get("maximum_timeout"))
-    if seconds is not None and seconds < 600:
+
+def _max_timeout(body: dict[str, Any], *, create: bool = False) -> int | None:
+    """`maximum_timeout` of a runner create or update. Grape checks the type (Integer:
+    "maximum_timeout is invalid"); Ci::Runner validates it at least 600 s
+    (app/models/ci/runner.rb). A failed validation: `PUT /runners/:id` answers 400 with
+    the model's errors (`render_validation_error!`, lib/api/ci/runners.rb), `POST
+    /user/runners` 400 with them as one sentence (`bad_request!(result.errors.to_sentence)`,
+    lib/api/user_runners.rb)."""
+    raw = body.get("maximum_timeout")
+    if raw is None or raw == "":
+        return None
+    try:
+        seconds = int(raw)
+    except (TypeError, ValueError):
+        raise invalid("maximum_timeout is invalid") from None
+    if seconds < 600:
+        if create:
+            raise bad_request("Maximum timeout needs to be at least 10 minutes")
         raise ApiError(400, {"message": {"maximum_timeout": ["needs to be at least 10 minutes"]}})
     return seconds
