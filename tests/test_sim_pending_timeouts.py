@@ -126,16 +126,19 @@ def test_without_a_cap_running_jobs_keep_their_timeouts() -> None:
 
 
 def test_runners_of_each_size_may_have_their_own_cap() -> None:
-    """A `gpus:N` job runs on an N-GPU runner: its runners' cap bounds it; a size whose
-    runners have none leaves its jobs' timeouts unknown to the planner."""
+    """A `gpus:N` job runs on an N-GPU runner: its runners' cap bounds it. The planner
+    knows the bounds only when the runners of every slot size have one, as the
+    controller (`Controller._timed`): bounds on some sizes would take the size credit
+    from those jobs alone."""
     jobs = [TraceJob(1, 0.0, 1, 10.0, timeout=HOUR), TraceJob(2, 0.0, 2, 10.0, timeout=5 * HOUR),
             TraceJob(3, 0.0, 4, 10.0), TraceJob(4, 0.0, 1, 10.0)]
     config = SimConfig(pending_timeouts="cap", runner_max_timeout_by_gpus=((1, 1800.0), (2, 4 * HOUR)))
     runs, known = job_timeouts(jobs, config)
     assert runs == {1: 1800.0, 2: 4 * HOUR, 3: None, 4: 1800.0}
-    assert known == {1: 1800.0, 2: 4 * HOUR, 3: None, 4: 1800.0}
+    assert known == dict.fromkeys(runs)  # the 4- and 8-GPU runners have none
     config = dataclasses.replace(config, runner_max_timeout_s=2 * HOUR)
     assert job_timeouts(jobs, config)[0] == {1: 1800.0, 2: 4 * HOUR, 3: 2 * HOUR, 4: 1800.0}
+    assert job_timeouts(jobs, config)[1] == {1: 1800.0, 2: 4 * HOUR, 3: 2 * HOUR, 4: 1800.0}
     assert job_timeouts(jobs, dataclasses.replace(config, pending_timeouts="trace"))[1][3] == 2 * HOUR
     assert set(job_timeouts(jobs, dataclasses.replace(config, pending_timeouts="none"))[1].values()) == {None}
 

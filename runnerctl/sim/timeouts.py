@@ -13,7 +13,8 @@ of it while it waits, by GitLab's rules (kept apart from the event loop, `simula
   not computed it. What a controller can know is a bound: where the runners that may
   take it all have a `maximum_timeout` (GitLab: at least 10 minutes,
   app/models/ci/runner.rb; runnerctl's controller reads it, docs/controller.md), the
-  job ends by it.
+  job ends by it. The controller uses those bounds only when the runners of every slot
+  size of a host have one (`Controller._timed`), and so does the planner here.
 """
 
 from __future__ import annotations
@@ -40,12 +41,15 @@ def job_timeouts(jobs: Iterable[TraceJob], config: SimConfig) -> tuple[Timeouts,
     is pending (`SimConfig.pending_timeouts`)."""
     jobs = list(jobs)
     caps = {n: config.runner_cap(n) for n in {job.gpus for job in jobs}}
+    per_host = config.gpus_per_host  # its slots (layout.plan_slots): singles, pairs, quads, ..., whole
+    slot_sizes = {n for n in (1, 2, 4, 8, 16) if n <= per_host} | {per_host}
+    every_size = all(config.runner_cap(n) is not None for n in slot_sizes)
     runs: Timeouts = {}
     known: Timeouts = {}
     for job in jobs:
         own, cap = job.timeout, caps[job.gpus]
         runs[job.job_id] = cap if own is None else own if cap is None else min(own, cap)
-        known[job.job_id] = cap
+        known[job.job_id] = cap if every_size else None
     if config.pending_timeouts == "trace":
         return runs, runs
     return runs, known if config.pending_timeouts == "cap" else dict.fromkeys(runs)
