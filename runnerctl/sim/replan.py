@@ -196,6 +196,7 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
         changed = claims.symmetric_difference(host.claimed)
         host.claimed = claims
         sim._common = None
+        sim.top.stale.update(sim.jobs[j].gpus for j in changed)
         sim._refresh_top()
         sim._log.extend(changed)  # other hosts' `elsewhere`
 
