@@ -35,9 +35,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
 
 from runnerctl.controller.backfill import backfill
+from runnerctl.controller.decide import Decision as Decision
+from runnerctl.controller.decide import decide
 from runnerctl.controller.order import cuts_in as cuts_in
 from runnerctl.controller.order import drain_order as drain_order
 from runnerctl.controller.order import handout_order
@@ -75,6 +76,11 @@ class Demand:
     @functools.cached_property
     def urgency(self) -> tuple[int, float, int]:
         return PRIORITY_RANK.get(self.priority, 1), self.created_at + self.fair_s, self.job_id
+
+    @functools.cached_property
+    def credited(self) -> dict[float, tuple[int, float, int]]:
+        """`order._credited` per credit, once computed (a job is read by many plans)."""
+        return {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,12 +126,6 @@ class PlanPolicy:
     a backfilled job can delay the drained job, whatever the estimates. 0: none."""
 
 
-class Decision(NamedTuple):  # a tuple: plans are made often (the simulator), keep them cheap
-    slot: Slot
-    open: bool
-    reason: str
-
-
 @dataclasses.dataclass(frozen=True)
 class Plan:
     decisions: tuple[Decision, ...]
@@ -163,7 +163,7 @@ def plan(observed: Observed, policy: PlanPolicy = PlanPolicy()) -> Plan:
     reservations = reserver.run()
     first = reserver.first_open()  # singles open in a drain: its block waits for them too
     held_by = {**busy, **{s.gpus[0]: [s.name] for s in reserver.usable.get(1, ()) if s.name in first}}
-    decisions = _opened(_decide(observed, held_by if first else busy, reservations), first)
+    decisions = _opened(decide(observed, held_by if first else busy, reservations), first)
     opened, recheck = backfill(observed, busy, reservations, decisions, policy)
     decisions = _opened(decisions, opened)
     reserved = {name: job for name, (_, job) in reservations.items()}
@@ -267,8 +267,12 @@ class _Reserver:
 
     def _idle(self) -> None:
         avail = {g for slots in self.usable.values() for s in slots for g in s.gpus if g not in self.busy}
+        if not avail:
+            return
+        # a size without an idle slot now has none later (`avail` only shrinks): its jobs need no claim order
+        sizes = {size for size, slots in self.usable.items() if any(avail.issuperset(s.gpus) for s in slots)}
         no_idle: set[int] = set()
-        for job_id in sorted(self.demand, key=self.claim) if avail else ():
+        for job_id in sorted((j for j, d in self.demand.items() if d.gpus in sizes), key=self.claim):
             size = self.demand[job_id].gpus
             if size in no_idle:
                 continue
@@ -366,48 +370,3 @@ class _Reserver:
         youngest = max((s.started_at or 0.0 for s in states), default=0.0)
         used = sum(1 for g in block.gpus if g in busy or g in self.owner or g in self.kept_open)
         return used, youngest, jobs, block.gpus
-
-
-def _decide(observed: Observed, busy: Mapping[int, list[str]],
-            reservations: Mapping[str, tuple[Slot, int]]) -> tuple[Decision, ...]:
-    closed, held = observed.closed, observed.held
-    reserved_gpus = {g: name for name, (slot, _) in reservations.items() for g in slot.gpus}
-    decisions = []
-    for state in observed.slots:
-        slot = state.slot
-        shut = [g for g in slot.gpus if g in closed] if closed else None
-        if shut:
-            decisions.append(Decision(slot, False, f"GPU {shut[0]} closed: {closed[shut[0]]}"))
-        elif held and slot.name in held:
-            decisions.append(Decision(slot, False, held[slot.name]))
-        else:
-            decisions.append(_open_or_not(slot, busy, reservations, reserved_gpus))
-    return tuple(decisions)
-
-
-def _open_or_not(slot: Slot, busy: Mapping[int, list[str]], reservations: Mapping[str, tuple[Slot, int]],
-                 reserved_gpus: Mapping[int, str]) -> Decision:
-    """A slot on open GPUs: opened when reserved and free, or a free single not drained."""
-    name, gpus = slot.name, slot.gpus
-    if reservations:  # reserved_gpus too
-        reservation = reservations.get(name)
-        if reservation is not None:
-            others = _others(name, gpus, busy)
-            job = reservation[1]
-            if others:
-                return Decision(slot, False, f"draining for job {job}: waiting on {', '.join(others)}")
-            return Decision(slot, True, f"open for job {job}")
-        blocking = sorted({reserved_gpus[g] for g in gpus if g in reserved_gpus})
-        if blocking:
-            return Decision(slot, False, f"drained for {blocking[0]}")
-    if len(gpus) > 1:
-        return Decision(slot, False, "no pending job needs this block")
-    holders = busy.get(gpus[0]) if busy else None  # a single: its one GPU
-    if holders and any(h != name for h in holders):
-        return Decision(slot, False, f"GPU in use by {min(h for h in holders if h != name)}")
-    return Decision(slot, True, "free")
-
-
-def _others(name: str, gpus: tuple[int, ...], busy: Mapping[int, list[str]]) -> list[str]:
-    """The other slots whose running jobs are on these GPUs."""
-    return sorted({h for g in gpus for h in busy.get(g, ()) if h != name}) if busy else []
