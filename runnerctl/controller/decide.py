@@ -32,6 +32,7 @@ def decide(observed: Observed, busy: Mapping[int, list[str]],
     another slot's job runs on its GPU."""
     closed, held = observed.closed, observed.held
     reserved_gpus = {g: name for name, (block, _) in reservations.items() for g in block.gpus}
+    only = f"drained for {next(iter(reservations))}" if len(reservations) == 1 else None
     decisions: list[Decision] = []
     append = decisions.append
     for state in observed.slots:
@@ -56,9 +57,9 @@ def decide(observed: Observed, busy: Mapping[int, list[str]],
                 else:
                     append(Decision(slot, True, f"open for job {job}"))
                 continue
-            blocking = [reserved_gpus[g] for g in gpus if g in reserved_gpus]
-            if blocking:
-                append(Decision(slot, False, f"drained for {min(blocking)}"))
+            if not reserved_gpus.keys().isdisjoint(gpus):  # the first block (by name) it lies in
+                why = only or f"drained for {min(reserved_gpus[g] for g in gpus if g in reserved_gpus)}"
+                append(Decision(slot, False, why))
                 continue
         if len(gpus) > 1:
             append(Decision(slot, False, NO_DEMAND))

@@ -272,14 +272,17 @@ class _Reserver:
         # a size without an idle slot now has none later (`avail` only shrinks): its jobs need no claim order
         sizes = {size for size, slots in self.usable.items() if any(avail.issuperset(s.gpus) for s in slots)}
         no_idle: set[int] = set()
+        draining = self.draining
         for job_id in sorted((j for j, d in self.demand.items() if d.gpus in sizes), key=self.claim):
             size = self.demand[job_id].gpus
             if size in no_idle:
                 continue
-            idle = [s for s in self.usable.get(size, ()) if avail.issuperset(s.gpus)
-                    and all(self._may_cut_in(job_id, g) for g in s.gpus if g in self.draining)]
+            idle = [s for s in self.usable[size] if avail.issuperset(s.gpus)
+                    and (not draining or all(self._may_cut_in(job_id, g) for g in s.gpus if g in draining))]
             if not idle:
                 no_idle.add(size)
+                if len(no_idle) == len(sizes):
+                    break  # no later job finds one either
                 continue
             if size == 1:
                 chosen = max(idle, key=self._crowding)
@@ -289,6 +292,8 @@ class _Reserver:
                 chosen = min(idle, key=self._cost)
                 self._reserve(chosen, job_id)
             avail.difference_update(chosen.gpus)
+            if not avail:
+                break  # no later job finds an idle slot
 
     def _may_cut_in(self, job_id: int, gpu: int) -> bool:
         """May this job take a GPU that a block holds for another job (draining since an
@@ -357,10 +362,21 @@ class _Reserver:
         """Busy or taken GPUs in the blocks around a single: using a GPU in a crowded
         block leaves whole idle blocks for multi-GPU jobs (best fit)."""
         gpu = single.gpus[0]
-        around = sum(1 for size, blocks in self.usable.items() if size > 1 for b in blocks
-                     if gpu in b.gpus for g in b.gpus
-                     if g in self.busy or g in self.owner or g in self.kept_open)
+        busy, owner, kept_open = self.busy, self.owner, self.kept_open
+        around = sum(1 for gpus in self.blocks_of.get(gpu, ()) for g in gpus
+                     if g in busy or g in owner or g in kept_open)
         return around, -gpu
+
+    @functools.cached_property
+    def blocks_of(self) -> dict[int, list[tuple[int, ...]]]:
+        """GPU -> the GPUs of each usable block on it (`_crowding`)."""
+        found: dict[int, list[tuple[int, ...]]] = {}
+        for size, blocks in self.usable.items():
+            if size > 1:
+                for block in blocks:
+                    for g in block.gpus:
+                        found.setdefault(g, []).append(block.gpus)
+        return found
 
     def _cost(self, block: Slot) -> tuple[int, float, int, tuple[int, ...]]:
         busy = self.busy

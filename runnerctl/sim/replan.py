@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from runnerctl.controller.claims import waiting
 from runnerctl.controller.plan import (
     Demand,
     Observed,
@@ -58,28 +57,29 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
     policy, claims, top, idle = sim.config.plan_policy, sim.claims, sim.top_ids, host.idle_slots
     protected = host.protected
     own, jobs, demand_of = (*host.protected, *host.reserved.values()), sim.jobs, sim._demand_of
+
+    def claim(job_id: int) -> tuple[int, float, int]:
+        return idle_claim(demand_of(job_id), policy)
+
     for job_id in changed:
         if job_id in own:
             if job_id in host.claimed and claims.get(job_id) == host_no and job_id in sim.queue:
                 continue  # its own either way, claimed since before its last plan (no other host may)
             return True
         gpus = jobs[job_id].gpus
-        if idle and gpus in idle and _may_take(idle[gpus], demand_of(job_id), protected, demand_of, policy):
+        if idle and gpus in idle and _may_take(idle[gpus], demand_of(job_id), protected, demand_of, claim):
             return True
         if gpus > 1 and job_id in top and claims.get(job_id, host_no) == host_no \
                 and drain_order(demand_of(job_id), protected, policy) < last \
-                and _may_take(host.blocks.get(gpus, ()), demand_of(job_id), protected, demand_of, policy):
+                and _may_take(host.blocks.get(gpus, ()), demand_of(job_id), protected, demand_of, claim):
             return True
     return False
 
 
 def _may_take(slots: Iterable[tuple[int, ...]], demand: Demand, protected: frozenset[int],
-              demand_of: Callable[[int], Demand], policy: PlanPolicy) -> bool:
-    """Of these slots, each given as the jobs drained for on its GPUs: is there one that
-    this job may take from each of them (`plan.cuts_in`)?"""
-    def claim(job_id: int) -> tuple[int, float, int]:
-        return idle_claim(demand_of(job_id), policy)
-
+              demand_of: Callable[[int], Demand], claim: Callable[[int], tuple[int, float, int]]) -> bool:
+    """Of these slots, each given as the jobs drained for on its GPUs (the distinct such
+    sets: `boundary`): is there one that this job may take from each of them (`plan.cuts_in`)?"""
     return any(all(cuts_in(demand, demand_of(other), protected, claim) for other in holders)
                for holders in slots)
 
@@ -115,9 +115,9 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
                 continue  # not usable
             holders = tuple({drained[g] for g in gpus if g in drained})
             if len(gpus) > 1:
-                host.blocks.setdefault(len(gpus), []).append(holders)
+                host.blocks.setdefault(len(gpus), set()).add(holders)
             if all(idle[g] for g in gpus):
-                host.idle_slots.setdefault(len(gpus), []).append(holders)
+                host.idle_slots.setdefault(len(gpus), set()).add(holders)
     if not host.reserved:
         return EVERYTHING
     if len(host.reserved) != policy.max_draining:
@@ -145,7 +145,8 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
     the runner changes and record what other hosts must see (claims, the replan log)."""
     host = sim.hosts[host_no]
     host.seen = sim._logged + len(sim._log)
-    closed = {g: "foreign" for g in range(len(host.owner)) if host.gated(g, now)}
+    foreign, until = host.foreign, host.closed_until  # SimHost.gated, inline
+    closed = {g: "foreign" for g in range(len(foreign)) if foreign[g] or until[g] > now}
     demand, elsewhere = sim._host_demand(host_no)
     observed = Observed(tuple(r.state for r in host.runners), closed, demand, host.reserved,
                         protected=host.protected, elsewhere=elsewhere, now=now)
@@ -155,11 +156,12 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
     host.singles = result.singles
     if result.recheck_at is not None:  # time alone closes a backfill single: a tick then
         sim._schedule_tick((result.recheck_at // sim.config.reconcile_s + 1) * sim.config.reconcile_s)
-    pauses, resumes = differences(result.decisions, {s.slot.name: s.paused for s in observed.slots})
+    pauses, resumes = differences(result.decisions, host.paused)
     by_name = host.runner_of
     for decision in [*pauses, *resumes]:
         runner = by_name[decision.slot.name]
         runner.open = decision.open
+        host.paused[decision.slot.name] = not decision.open
         runner.refresh()
         if runner.open and runner.job is None:
             host.idle.add(runner.index)
@@ -171,8 +173,10 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
     reserved = dict(result.reserved)
     for name, job_id in reserved.items():
         sim.first_block.setdefault(job_id, (host_no, by_name[name].slot.gpus))
-    drained = host.drained | {reserved[name] for name in waiting(observed, result)
-                              if reserved[name] in result.claims} if reserved else host.drained
+    owner = host.owner  # a GPU has an owner while a runner's job runs on it: `claims.waiting`
+    drained = host.drained | {job for name, job in reserved.items() if job in result.claims
+                              and any(owner[g] is not None for g in host.slot_of[name].gpus)} \
+        if reserved else host.drained
     if (not pauses and not resumes and reserved == host.reserved and result.protected == host.protected
             and drained == host.drained):
         sim._dirty.discard(host_no)
