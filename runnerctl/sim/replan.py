@@ -105,24 +105,35 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
         return None
     if _backfill_here(host, idle, policy):
         return None  # a 1-GPU job coming or going may open or close a backfill single
-    host.blocks, host.idle_slots = {}, {}
     if not drained and not any(gated):  # every block usable, none drained, nothing idle
-        host.blocks = host.all_blocks
+        host.blocks, host.idle_slots = host.all_blocks, {}
     else:
-        for runner in host.runners:
-            gpus = runner.slot.gpus
-            if any(gated[g] for g in gpus):
-                continue  # not usable
-            holders = tuple({drained[g] for g in gpus if g in drained})
-            if len(gpus) > 1:
-                host.blocks.setdefault(len(gpus), set()).add(holders)
-            if all(idle[g] for g in gpus):
-                host.idle_slots.setdefault(len(gpus), set()).add(holders)
+        key = (tuple(host.reserved.items()), tuple(gated), tuple(idle))
+        if host.read_last[0] != key:  # else the same as last time
+            host.read_last = key, *_read(host, drained, gated, idle)
+        host.blocks, host.idle_slots = host.read_last[1], host.read_last[2]
     if not host.reserved:
         return EVERYTHING
     if len(host.reserved) != policy.max_draining:
         return None
     return max(drain_order(demand_of(j), host.protected, policy) for j in host.reserved.values())
+
+
+def _read(host: SimHost, drained: dict[int, int], gated: list[bool],
+          idle: list[bool]) -> tuple[dict[int, set[tuple[int, ...]]], dict[int, set[tuple[int, ...]]]]:
+    """`boundary`'s blocks and idle slots of the host, each with the jobs drained for on it."""
+    blocks: dict[int, set[tuple[int, ...]]] = {}
+    idle_slots: dict[int, set[tuple[int, ...]]] = {}
+    for runner in host.runners:
+        gpus = runner.slot.gpus
+        if any(gated[g] for g in gpus):
+            continue  # not usable
+        holders = tuple({drained[g] for g in gpus if g in drained})
+        if len(gpus) > 1:
+            blocks.setdefault(len(gpus), set()).add(holders)
+        if all(idle[g] for g in gpus):
+            idle_slots.setdefault(len(gpus), set()).add(holders)
+    return blocks, idle_slots
 
 
 def _backfill_here(host: SimHost, idle: list[bool], policy: PlanPolicy) -> bool:
