@@ -34,18 +34,18 @@ def decide(observed: Observed, busy: Mapping[int, list[str]],
     reserved_gpus = {g: name for name, (block, _) in reservations.items() for g in block.gpus}
     only = f"drained for {next(iter(reservations))}" if len(reservations) == 1 else None
     decisions: list[Decision] = []
-    append = decisions.append
+    append, new = decisions.append, tuple.__new__  # Decision(...) without its Python-level __new__
     for state in observed.slots:
         slot = state.slot
         gpus = slot.gpus
         if closed:
             shut = [g for g in gpus if g in closed]
             if shut:
-                append(Decision(slot, False, f"GPU {shut[0]} closed: {closed[shut[0]]}"))
+                append(new(Decision, (slot, False, f"GPU {shut[0]} closed: {closed[shut[0]]}")))
                 continue
         name = slot.name
         if held and name in held:
-            append(Decision(slot, False, held[name]))
+            append(new(Decision, (slot, False, held[name])))
             continue
         if reservations:
             reservation = reservations.get(name)
@@ -53,20 +53,21 @@ def decide(observed: Observed, busy: Mapping[int, list[str]],
                 others = sorted({h for g in gpus for h in busy.get(g, ()) if h != name}) if busy else None
                 job = reservation[1]
                 if others:
-                    append(Decision(slot, False, f"draining for job {job}: waiting on {', '.join(others)}"))
+                    why = f"draining for job {job}: waiting on {', '.join(others)}"
+                    append(new(Decision, (slot, False, why)))
                 else:
-                    append(Decision(slot, True, f"open for job {job}"))
+                    append(new(Decision, (slot, True, f"open for job {job}")))
                 continue
             if not reserved_gpus.keys().isdisjoint(gpus):  # the first block (by name) it lies in
                 why = only or f"drained for {min(reserved_gpus[g] for g in gpus if g in reserved_gpus)}"
-                append(Decision(slot, False, why))
+                append(new(Decision, (slot, False, why)))
                 continue
         if len(gpus) > 1:
-            append(Decision(slot, False, NO_DEMAND))
+            append(new(Decision, (slot, False, NO_DEMAND)))
             continue
         holders = busy.get(gpus[0]) if busy else None  # a single: its one GPU
         if holders and any(h != name for h in holders):
-            append(Decision(slot, False, f"GPU in use by {min(h for h in holders if h != name)}"))
+            append(new(Decision, (slot, False, f"GPU in use by {min(h for h in holders if h != name)}")))
         else:
-            append(Decision(slot, True, "free"))
+            append(new(Decision, (slot, True, "free")))
     return tuple(decisions)

@@ -233,7 +233,12 @@ class _Reserver:
         self.first: dict[str, tuple[int, int]] = {}  # single left open under a drain -> (GPU, job)
         sizes = {len(s.slot.gpus) for s in observed.slots}
         away = observed.elsewhere  # not waiting for this host: another one drains for them
-        multi = [d.job_id for d in observed.demand if d.gpus > 1 and d.gpus in sizes and d.job_id not in away]
+        multi = []  # the multi-GPU jobs waiting for this host, up to a second one
+        for d in observed.demand:
+            if d.gpus > 1 and d.gpus in sizes and d.job_id not in away:
+                multi.append(d.job_id)
+                if len(multi) > 1:
+                    break
         self.protected = {j for j in observed.protected
                           if j in self.demand and self.demand[j].gpus > 1 and j not in away}
         if len(multi) == 1 and multi[0] not in observed.reserved.values():

@@ -159,7 +159,7 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
     foreign, until = host.foreign, host.closed_until  # SimHost.gated, inline
     closed = {g: "foreign" for g in range(len(foreign)) if foreign[g] or until[g] > now}
     demand, elsewhere = sim._host_demand(host_no)
-    observed = Observed(tuple(r.state for r in host.runners), closed, demand, host.reserved,
+    observed = Observed(tuple([r.state for r in host.runners]), closed, demand, host.reserved,
                         protected=host.protected, elsewhere=elsewhere, now=now)
     result = plan(observed, sim.config.plan_policy)
     sim.plans += 1

@@ -329,13 +329,15 @@ class Simulator:
         for host_no, host in enumerate(self.hosts):
             if host.recheck_at < now:  # a backfill single's time is up (replan.reconcile)
                 dirty.add(host_no)
-            if host_no not in dirty and host.seen < self._logged + len(log):
-                if sees(host, host_no, log[host.seen - self._logged:], self):
-                    dirty.add(host_no)
-                else:
-                    host.seen = self._logged + len(log)
-            if host_no in dirty:
-                reconcile(self, now, host_no)
+            elif host_no not in dirty:
+                logged = self._logged + len(log)
+                if host.seen >= logged:
+                    continue
+                if not sees(host, host_no, log[host.seen - self._logged:], self):
+                    host.seen = logged
+                    continue
+                dirty.add(host_no)
+            reconcile(self, now, host_no)
         if log:  # what every host has seen is dropped
             seen = min(host.seen for host in self.hosts)
             del log[:seen - self._logged]
