@@ -220,9 +220,10 @@ class _Reserver:
         self.observed, self.busy, self.policy = observed, busy, policy
         self.usable: dict[int, list[Slot]] = {}
         closed, held = observed.closed, observed.held
+        shut = closed.keys()
         for state in observed.slots:
             slot = state.slot
-            if not (held and slot.name in held) and not (closed and any(g in closed for g in slot.gpus)):
+            if not (held and slot.name in held) and (not closed or shut.isdisjoint(slot.gpus)):
                 self.usable.setdefault(len(slot.gpus), []).append(slot)
         self.demand = {d.job_id: d for d in observed.demand}
         self.claims: dict[int, tuple[int, float, int]] = {}
