@@ -55,24 +55,25 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
     if last is None:
         return True
     policy, claims, top, idle = sim.config.plan_policy, sim.claims, sim.top_ids, host.idle_slots
-    protected = host.protected
-    own, jobs, demand_of = (*host.protected, *host.reserved.values()), sim.jobs, sim._demand_of
+    protected, drains, blocks = host.protected, host.reserved.values(), host.blocks
+    jobs, demand_of = sim.jobs, sim._demand_of
 
     def claim(job_id: int) -> tuple[int, float, int]:
         return idle_claim(demand_of(job_id), policy)
 
     for job_id in changed:
-        if job_id in own:
+        if job_id in protected or job_id in drains:
             if job_id in host.claimed and claims.get(job_id) == host_no and job_id in sim.queue:
                 continue  # its own either way, claimed since before its last plan (no other host may)
             return True
         gpus = jobs[job_id].gpus
         if idle and gpus in idle and _may_take(idle[gpus], demand_of(job_id), protected, demand_of, claim):
             return True
-        if gpus > 1 and job_id in top and claims.get(job_id, host_no) == host_no \
-                and drain_order(demand_of(job_id), protected, policy) < last \
-                and _may_take(host.blocks.get(gpus, ()), demand_of(job_id), protected, demand_of, claim):
-            return True
+        if gpus > 1 and job_id in top and claims.get(job_id, host_no) == host_no:
+            demand = demand_of(job_id)
+            if drain_order(demand, protected, policy) < last \
+                    and _may_take(blocks.get(gpus, ()), demand, protected, demand_of, claim):
+                return True
     return False
 
 
