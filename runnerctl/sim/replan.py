@@ -54,9 +54,13 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
     last = host.boundary
     if last is None:
         return True
-    policy, claims, top, idle = sim.config.plan_policy, sim.claims, sim.top_ids, host.idle_slots
+    policy, claims, idle = sim.config.plan_policy, sim.claims, host.idle_slots
     protected, drains, blocks = host.protected, host.reserved.values(), host.blocks
-    jobs, demand_of = sim.jobs, sim._demand_of
+    demand_of = sim._demand_of
+    at = sim._logged + len(sim._log)
+    if sim.sees_read[0] != at:  # read again after each change of the top or of a claim
+        sim.sees_read = at, {}
+    read = sim.sees_read[1]
 
     def claim(job_id: int) -> tuple[int, float, int]:
         return idle_claim(demand_of(job_id), policy)
@@ -66,15 +70,27 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
             if job_id in host.claimed and claims.get(job_id) == host_no and job_id in sim.queue:
                 continue  # its own either way, claimed since before its last plan (no other host may)
             return True
-        gpus = jobs[job_id].gpus
+        found = read.get(job_id)
+        if found is None:
+            found = read[job_id] = _read_job(sim, job_id)
+        gpus, order, claimer = found
         if idle and gpus in idle and _may_take(idle[gpus], demand_of(job_id), protected, demand_of, claim):
             return True
-        if gpus > 1 and job_id in top and claims.get(job_id, host_no) == host_no:
-            demand = demand_of(job_id)
-            if drain_order(demand, protected, policy) < last \
-                    and _may_take(blocks.get(gpus, ()), demand, protected, demand_of, claim):
-                return True
+        if order is not None and order < last and (claimer is None or claimer == host_no) \
+                and _may_take(blocks.get(gpus, ()), demand_of(job_id), protected, demand_of, claim):
+            return True
     return False
+
+
+def _read_job(sim: Simulator, job_id: int) -> tuple[int, Boundary | None, int | None]:
+    """What `sees` reads of a job, the same for every host while the top of the queue and
+    the claims stay as they are: its GPUs, its place in `drain_order` if it is a multi-GPU
+    job at the top (not protected: `sees` handles a host's protected jobs before), and the
+    host that claimed it, if any."""
+    gpus = sim.jobs[job_id].gpus
+    at_top = gpus > 1 and job_id in sim.top_ids
+    order = drain_order(sim._demand_of(job_id), frozenset(), sim.config.plan_policy) if at_top else None
+    return gpus, order, sim.claims.get(job_id)
 
 
 def _may_take(slots: Iterable[tuple[int, ...]], demand: Demand, protected: frozenset[int],
