@@ -272,7 +272,7 @@ class _Reserver:
         return self.reservations
 
     def _idle(self) -> None:
-        avail = {g for slots in self.usable.values() for s in slots for g in s.gpus if g not in self.busy}
+        avail = set().union(*(s.gpus for slots in self.usable.values() for s in slots)).difference(self.busy)
         if not avail:
             return
         # a size without an idle slot now has none later (`avail` only shrinks): its jobs need no claim order
@@ -321,8 +321,9 @@ class _Reserver:
         singles = self.kept_open if demand.timeout_s is not None else None
         first = {g for g, job in singles.items()  # kept for a job that goes first
                  if cuts_in(self.demand[job], demand, self.protected, self.claim)} if singles else set()
+        held = self.owner.keys() | self.draining.keys()  # GPUs a block holds for some job
         candidates = [s for s in self.usable.get(demand.gpus, ())
-                      if all(self._may_cut_in(demand.job_id, g) for g in s.gpus)]
+                      if held.isdisjoint(s.gpus) or all(self._may_cut_in(demand.job_id, g) for g in s.gpus)]
         clear = [c for c in candidates if first.isdisjoint(c.gpus)] if first else candidates
         if not candidates:
             return False
