@@ -70,9 +70,8 @@ class SimHost:
         self.blocks: dict[int, set[tuple[int, ...]]] = {}
         self.idle_slots: dict[int, set[tuple[int, ...]]] = {}
         self.all_blocks: dict[int, set[tuple[int, ...]]] = {}  # each block size, nothing drained
-        # the last (drains, GPUs closed, GPUs idle) that `blocks` and `idle_slots` were read for, and those
-        self.read_last: tuple[object, dict[int, set[tuple[int, ...]]], dict[int, set[tuple[int, ...]]]] = \
-            (None, {}, {})
+        # (drains, GPUs closed, GPUs idle) -> the `blocks` and `idle_slots` read for them (replan.boundary)
+        self.read: dict[object, tuple[dict[int, set[tuple[int, ...]]], dict[int, set[tuple[int, ...]]]]] = {}
         for runner in self.runners:
             if runner.slot.size > 1:
                 self.all_blocks.setdefault(runner.slot.size, set()).add(())

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from runnerctl.sim.simulator import Simulator
 
 Boundary = tuple[int, bool, float, int]  # a place in `drain_order`
+READ_KEPT = 64  # `boundary`: the reads kept per host (its states recur as jobs come and go)
 EVERYTHING: Boundary = (len(PRIORITY_RANK), False, float("inf"), 0)  # after every place
 
 
@@ -116,8 +117,9 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
         if all(owner[g] is None for g in gpus):
             return None  # open on idle GPUs
         drained.update((g, job_id) for g in gpus)
-    gated = [host.gated(g, now) for g in range(len(owner))]
-    idle = [owner[g] is None and not gated[g] for g in range(len(owner))]
+    # SimHost.gated and the idle GPUs, inline
+    gated = [bool(n) or until > now for n, until in zip(host.foreign, host.closed_until, strict=True)]
+    idle = [o is None and not shut for o, shut in zip(owner, gated, strict=True)]
     if any(idle[g] and g not in drained for g in range(len(owner))):
         return None
     if _backfill_here(host, idle, policy):
@@ -126,9 +128,12 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
         host.blocks, host.idle_slots = host.all_blocks, {}
     else:
         key = (tuple(host.reserved.items()), tuple(gated), tuple(idle))
-        if host.read_last[0] != key:  # else the same as last time
-            host.read_last = key, *_read(host, drained, gated, idle)
-        host.blocks, host.idle_slots = host.read_last[1], host.read_last[2]
+        found = host.read.get(key)
+        if found is None:  # else read for the same drains, closed and idle GPUs before
+            if len(host.read) >= READ_KEPT:
+                host.read.clear()
+            found = host.read[key] = _read(host, drained, gated, idle)
+        host.blocks, host.idle_slots = found
     if not host.reserved:
         return EVERYTHING
     if len(host.reserved) != policy.max_draining:
