@@ -268,7 +268,7 @@ class Simulator:
 
     def _schedule_tick(self, at: float) -> None:
         """A controller tick at `at`, unless one comes by then anyway."""
-        if not any(t <= at for t in self._ticks):
+        if min(self._ticks, default=float("inf")) > at:
             self._ticks.add(at)
             self._push(at, TICK)
 
