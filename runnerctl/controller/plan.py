@@ -279,7 +279,9 @@ class _Reserver:
         sizes = {size for size, slots in self.usable.items() if any(avail.issuperset(s.gpus) for s in slots)}
         no_idle: set[int] = set()
         draining = self.draining
-        for job_id in sorted((j for j, d in self.demand.items() if d.gpus in sizes), key=self.claim):
+        policy = self.policy  # in claim order (`claim`; each key ends with its job id, so none tie)
+        order = sorted([(idle_claim(d, policy), j) for j, d in self.demand.items() if d.gpus in sizes])
+        for _, job_id in order:
             size = self.demand[job_id].gpus
             if size in no_idle:
                 continue

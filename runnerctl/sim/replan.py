@@ -56,7 +56,8 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
     if last is None:
         return True
     policy, claims, idle = sim.config.plan_policy, sim.claims, host.idle_slots
-    protected, drains, blocks = host.protected, host.reserved.values(), host.blocks
+    protected, blocks = host.protected, host.blocks
+    own = protected.union(host.reserved.values()) if host.reserved else protected  # drained for or protected
     demand_of = sim._demand_of
     at = sim._logged + len(sim._log)
     if sim.sees_read[0] != at:  # read again after each change of the top or of a claim
@@ -67,7 +68,7 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
         return idle_claim(demand_of(job_id), policy)
 
     for job_id in changed:
-        if job_id in protected or job_id in drains:
+        if job_id in own:
             if job_id in host.claimed and claims.get(job_id) == host_no and job_id in sim.queue:
                 continue  # its own either way, claimed since before its last plan (no other host may)
             return True
