@@ -61,8 +61,12 @@ def _credited(demand: Demand, credit_s: float) -> tuple[int, float, int]:
     with estimates, age alone)."""
     if demand.timeout_s is not None:
         return demand.urgency
-    rank, created, job_id = demand.urgency
-    return rank, created - credit_s * (demand.gpus - 1), job_id
+    memo = demand.credited
+    found = memo.get(credit_s)
+    if found is None:
+        rank, created, job_id = demand.urgency
+        found = memo[credit_s] = rank, created - credit_s * (demand.gpus - 1), job_id
+    return found
 
 
 def relevant_demand(demand: Iterable[Demand], slots: Iterable[Slot], protected: Iterable[int] = (),

@@ -35,9 +35,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
 
 from runnerctl.controller.backfill import backfill
+from runnerctl.controller.decide import Decision as Decision
+from runnerctl.controller.decide import decide
 from runnerctl.controller.order import cuts_in as cuts_in
 from runnerctl.controller.order import drain_order as drain_order
 from runnerctl.controller.order import handout_order
@@ -75,6 +76,11 @@ class Demand:
     @functools.cached_property
     def urgency(self) -> tuple[int, float, int]:
         return PRIORITY_RANK.get(self.priority, 1), self.created_at + self.fair_s, self.job_id
+
+    @functools.cached_property
+    def credited(self) -> dict[float, tuple[int, float, int]]:
+        """`order._credited` per credit, once computed (a job is read by many plans)."""
+        return {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,12 +127,6 @@ class PlanPolicy:
     a backfilled job can delay the drained job, whatever the estimates. 0: none."""
 
 
-class Decision(NamedTuple):  # a tuple: plans are made often (the simulator), keep them cheap
-    slot: Slot
-    open: bool
-    reason: str
-
-
 @dataclasses.dataclass(frozen=True)
 class Plan:
     decisions: tuple[Decision, ...]
@@ -164,7 +164,7 @@ def plan(observed: Observed, policy: PlanPolicy = PlanPolicy()) -> Plan:
     reservations = reserver.run()
     first = reserver.first_open()  # singles open in a drain: its block waits for them too
     held_by = {**busy, **{s.gpus[0]: [s.name] for s in reserver.usable.get(1, ()) if s.name in first}}
-    decisions = _opened(_decide(observed, held_by if first else busy, reservations), first)
+    decisions = _opened(decide(observed, held_by if first else busy, reservations), first)
     opened, recheck = backfill(observed, busy, reservations, decisions, policy)
     decisions = _opened(decisions, opened)
     reserved = {name: job for name, (_, job) in reservations.items()}
@@ -221,9 +221,10 @@ class _Reserver:
         self.observed, self.busy, self.policy = observed, busy, policy
         self.usable: dict[int, list[Slot]] = {}
         closed, held = observed.closed, observed.held
+        shut = closed.keys()
         for state in observed.slots:
             slot = state.slot
-            if not (held and slot.name in held) and not (closed and any(g in closed for g in slot.gpus)):
+            if not (held and slot.name in held) and (not closed or shut.isdisjoint(slot.gpus)):
                 self.usable.setdefault(len(slot.gpus), []).append(slot)
         self.demand = {d.job_id: d for d in observed.demand}
         self.claims: dict[int, tuple[int, float, int]] = {}
@@ -234,7 +235,12 @@ class _Reserver:
         self.first: dict[str, tuple[int, int]] = {}  # single left open under a drain -> (GPU, job)
         sizes = {len(s.slot.gpus) for s in observed.slots}
         away = observed.elsewhere  # not waiting for this host: another one drains for them
-        multi = [d.job_id for d in observed.demand if d.gpus > 1 and d.gpus in sizes and d.job_id not in away]
+        multi = []  # the multi-GPU jobs waiting for this host, up to a second one
+        for d in observed.demand:
+            if d.gpus > 1 and d.gpus in sizes and d.job_id not in away:
+                multi.append(d.job_id)
+                if len(multi) > 1:
+                    break
         self.protected = {j for j in observed.protected
                           if j in self.demand and self.demand[j].gpus > 1 and j not in away}
         if len(multi) == 1 and multi[0] not in observed.reserved.values():
@@ -267,16 +273,25 @@ class _Reserver:
         return self.reservations
 
     def _idle(self) -> None:
-        avail = {g for slots in self.usable.values() for s in slots for g in s.gpus if g not in self.busy}
+        avail = set().union(*(s.gpus for slots in self.usable.values() for s in slots)).difference(self.busy)
+        if not avail:
+            return
+        # a size without an idle slot now has none later (`avail` only shrinks): its jobs need no claim order
+        sizes = {size for size, slots in self.usable.items() if any(avail.issuperset(s.gpus) for s in slots)}
         no_idle: set[int] = set()
-        for job_id in sorted(self.demand, key=self.claim) if avail else ():
+        draining = self.draining
+        policy = self.policy  # in claim order (`claim`; each key ends with its job id, so none tie)
+        order = sorted([(idle_claim(d, policy), j) for j, d in self.demand.items() if d.gpus in sizes])
+        for _, job_id in order:
             size = self.demand[job_id].gpus
             if size in no_idle:
                 continue
-            idle = [s for s in self.usable.get(size, ()) if avail.issuperset(s.gpus)
-                    and all(self._may_cut_in(job_id, g) for g in s.gpus if g in self.draining)]
+            idle = [s for s in self.usable[size] if avail.issuperset(s.gpus)
+                    and (not draining or all(self._may_cut_in(job_id, g) for g in s.gpus if g in draining))]
             if not idle:
                 no_idle.add(size)
+                if len(no_idle) == len(sizes):
+                    break  # no later job finds one either
                 continue
             if size == 1:
                 chosen = max(idle, key=self._crowding)
@@ -286,6 +301,8 @@ class _Reserver:
                 chosen = min(idle, key=self._cost)
                 self._reserve(chosen, job_id)
             avail.difference_update(chosen.gpus)
+            if not avail:
+                break  # no later job finds an idle slot
 
     def _may_cut_in(self, job_id: int, gpu: int) -> bool:
         """May this job take a GPU that a block holds for another job (draining since an
@@ -307,8 +324,9 @@ class _Reserver:
         singles = self.kept_open if demand.timeout_s is not None else None
         first = {g for g, job in singles.items()  # kept for a job that goes first
                  if cuts_in(self.demand[job], demand, self.protected, self.claim)} if singles else set()
+        held = self.owner.keys() | self.draining.keys()  # GPUs a block holds for some job
         candidates = [s for s in self.usable.get(demand.gpus, ())
-                      if all(self._may_cut_in(demand.job_id, g) for g in s.gpus)]
+                      if held.isdisjoint(s.gpus) or all(self._may_cut_in(demand.job_id, g) for g in s.gpus)]
         clear = [c for c in candidates if first.isdisjoint(c.gpus)] if first else candidates
         if not candidates:
             return False
@@ -354,10 +372,21 @@ class _Reserver:
         """Busy or taken GPUs in the blocks around a single: using a GPU in a crowded
         block leaves whole idle blocks for multi-GPU jobs (best fit)."""
         gpu = single.gpus[0]
-        around = sum(1 for size, blocks in self.usable.items() if size > 1 for b in blocks
-                     if gpu in b.gpus for g in b.gpus
-                     if g in self.busy or g in self.owner or g in self.kept_open)
+        busy, owner, kept_open = self.busy, self.owner, self.kept_open
+        around = sum(1 for gpus in self.blocks_of.get(gpu, ()) for g in gpus
+                     if g in busy or g in owner or g in kept_open)
         return around, -gpu
+
+    @functools.cached_property
+    def blocks_of(self) -> dict[int, list[tuple[int, ...]]]:
+        """GPU -> the GPUs of each usable block on it (`_crowding`)."""
+        found: dict[int, list[tuple[int, ...]]] = {}
+        for size, blocks in self.usable.items():
+            if size > 1:
+                for block in blocks:
+                    for g in block.gpus:
+                        found.setdefault(g, []).append(block.gpus)
+        return found
 
     def _cost(self, block: Slot) -> tuple[int, float, int, tuple[int, ...]]:
         busy = self.busy
@@ -367,48 +396,3 @@ class _Reserver:
         youngest = max((s.started_at or 0.0 for s in states), default=0.0)
         used = sum(1 for g in block.gpus if g in busy or g in self.owner or g in self.kept_open)
         return used, youngest, jobs, block.gpus
-
-
-def _decide(observed: Observed, busy: Mapping[int, list[str]],
-            reservations: Mapping[str, tuple[Slot, int]]) -> tuple[Decision, ...]:
-    closed, held = observed.closed, observed.held
-    reserved_gpus = {g: name for name, (slot, _) in reservations.items() for g in slot.gpus}
-    decisions = []
-    for state in observed.slots:
-        slot = state.slot
-        shut = [g for g in slot.gpus if g in closed] if closed else None
-        if shut:
-            decisions.append(Decision(slot, False, f"GPU {shut[0]} closed: {closed[shut[0]]}"))
-        elif held and slot.name in held:
-            decisions.append(Decision(slot, False, held[slot.name]))
-        else:
-            decisions.append(_open_or_not(slot, busy, reservations, reserved_gpus))
-    return tuple(decisions)
-
-
-def _open_or_not(slot: Slot, busy: Mapping[int, list[str]], reservations: Mapping[str, tuple[Slot, int]],
-                 reserved_gpus: Mapping[int, str]) -> Decision:
-    """A slot on open GPUs: opened when reserved and free, or a free single not drained."""
-    name, gpus = slot.name, slot.gpus
-    if reservations:  # reserved_gpus too
-        reservation = reservations.get(name)
-        if reservation is not None:
-            others = _others(name, gpus, busy)
-            job = reservation[1]
-            if others:
-                return Decision(slot, False, f"draining for job {job}: waiting on {', '.join(others)}")
-            return Decision(slot, True, f"open for job {job}")
-        blocking = sorted({reserved_gpus[g] for g in gpus if g in reserved_gpus})
-        if blocking:
-            return Decision(slot, False, f"drained for {blocking[0]}")
-    if len(gpus) > 1:
-        return Decision(slot, False, "no pending job needs this block")
-    holders = busy.get(gpus[0]) if busy else None  # a single: its one GPU
-    if holders and any(h != name for h in holders):
-        return Decision(slot, False, f"GPU in use by {min(h for h in holders if h != name)}")
-    return Decision(slot, True, "free")
-
-
-def _others(name: str, gpus: tuple[int, ...], busy: Mapping[int, list[str]]) -> list[str]:
-    """The other slots whose running jobs are on these GPUs."""
-    return sorted({h for g in gpus for h in busy.get(g, ()) if h != name}) if busy else []

@@ -63,14 +63,18 @@ class SimHost:
         self.singles: Mapping[int, str] = {}  # plan.Plan.singles of its last plan (replan.own_start)
         self.seen = 0  # Simulator._log: the changes its last plan saw (replan.sees)
         self.runner_of = {r.slot.name: r for r in self.runners}
+        self.paused = {r.slot.name: not r.open for r in self.runners}  # as GitLab has them (replan.reconcile)
         self.slot_of = {r.slot.name: r.slot for r in self.runners}
-        # replan.boundary: size -> per usable block (or idle slot), the jobs drained for on it
-        self.blocks: dict[int, list[tuple[int, ...]]] = {}
-        self.idle_slots: dict[int, list[tuple[int, ...]]] = {}
-        self.all_blocks: dict[int, list[tuple[int, ...]]] = {}  # each block, nothing drained
+        # replan.boundary: size -> the jobs drained for on a usable block (or idle slot), each
+        # such set once (what `replan.sees` reads is whether some block may be taken)
+        self.blocks: dict[int, set[tuple[int, ...]]] = {}
+        self.idle_slots: dict[int, set[tuple[int, ...]]] = {}
+        self.all_blocks: dict[int, set[tuple[int, ...]]] = {}  # each block size, nothing drained
+        # (drains, GPUs closed, GPUs idle) -> the `blocks` and `idle_slots` read for them (replan.boundary)
+        self.read: dict[object, tuple[dict[int, set[tuple[int, ...]]], dict[int, set[tuple[int, ...]]]]] = {}
         for runner in self.runners:
             if runner.slot.size > 1:
-                self.all_blocks.setdefault(runner.slot.size, []).append(())
+                self.all_blocks.setdefault(runner.slot.size, set()).add(())
 
     def gated(self, gpu: int, now: float) -> bool:
         return bool(self.foreign[gpu]) or self.closed_until[gpu] > now

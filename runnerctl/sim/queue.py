@@ -10,7 +10,7 @@ is urgency order and insertion-ordered dicts are enough.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 from runnerctl.tags import PRIORITY_RANK
 
@@ -61,6 +61,15 @@ class PendingQueue:
         """Pending jobs of `gpus` GPUs: (with a timeout, without one)."""
         untimed = len(self._untimed.get(gpus, ()))
         return len(self._arrival.get(gpus, ())) - untimed, untimed
+
+    def untimed(self, gpus: int) -> Collection[int]:
+        """Pending jobs of `gpus` GPUs without a timeout."""
+        return self._untimed.get(gpus, ())
+
+    def one_rank(self, gpus: int) -> bool:
+        """Are the pending jobs of `gpus` GPUs all of one priority (so urgency order,
+        without fair share, is arrival order)?"""
+        return sum(1 for jobs in self._urgent.get(gpus, ()) if jobs) <= 1
 
     def sizes(self) -> list[int]:
         return [g for g, jobs in self._arrival.items() if jobs]

@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from runnerctl.controller.claims import waiting
 from runnerctl.controller.plan import (
     Demand,
     Observed,
@@ -40,6 +39,7 @@ if TYPE_CHECKING:
     from runnerctl.sim.simulator import Simulator
 
 Boundary = tuple[int, bool, float, int]  # a place in `drain_order`
+READ_KEPT = 64  # `boundary`: the reads kept per host (its states recur as jobs come and go)
 EVERYTHING: Boundary = (len(PRIORITY_RANK), False, float("inf"), 0)  # after every place
 
 
@@ -55,31 +55,50 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
     last = host.boundary
     if last is None:
         return True
-    policy, claims, top, idle = sim.config.plan_policy, sim.claims, sim.top_ids, host.idle_slots
-    protected = host.protected
-    own, jobs, demand_of = (*host.protected, *host.reserved.values()), sim.jobs, sim._demand_of
+    policy, claims, idle = sim.config.plan_policy, sim.claims, host.idle_slots
+    protected, blocks = host.protected, host.blocks
+    own = protected.union(host.reserved.values()) if host.reserved else protected  # drained for or protected
+    demand_of = sim._demand_of
+    at = sim._logged + len(sim._log)
+    if sim.sees_read[0] != at:  # read again after each change of the top or of a claim
+        sim.sees_read = at, {}
+    read = sim.sees_read[1]
+
+    def claim(job_id: int) -> tuple[int, float, int]:
+        return idle_claim(demand_of(job_id), policy)
+
     for job_id in changed:
         if job_id in own:
             if job_id in host.claimed and claims.get(job_id) == host_no and job_id in sim.queue:
                 continue  # its own either way, claimed since before its last plan (no other host may)
             return True
-        gpus = jobs[job_id].gpus
-        if idle and gpus in idle and _may_take(idle[gpus], demand_of(job_id), protected, demand_of, policy):
+        found = read.get(job_id)
+        if found is None:
+            found = read[job_id] = _read_job(sim, job_id)
+        gpus, order, claimer = found
+        if idle and gpus in idle and _may_take(idle[gpus], demand_of(job_id), protected, demand_of, claim):
             return True
-        if gpus > 1 and job_id in top and claims.get(job_id, host_no) == host_no \
-                and drain_order(demand_of(job_id), protected, policy) < last \
-                and _may_take(host.blocks.get(gpus, ()), demand_of(job_id), protected, demand_of, policy):
+        if order is not None and order < last and (claimer is None or claimer == host_no) \
+                and _may_take(blocks.get(gpus, ()), demand_of(job_id), protected, demand_of, claim):
             return True
     return False
 
 
-def _may_take(slots: Iterable[tuple[int, ...]], demand: Demand, protected: frozenset[int],
-              demand_of: Callable[[int], Demand], policy: PlanPolicy) -> bool:
-    """Of these slots, each given as the jobs drained for on its GPUs: is there one that
-    this job may take from each of them (`plan.cuts_in`)?"""
-    def claim(job_id: int) -> tuple[int, float, int]:
-        return idle_claim(demand_of(job_id), policy)
+def _read_job(sim: Simulator, job_id: int) -> tuple[int, Boundary | None, int | None]:
+    """What `sees` reads of a job, the same for every host while the top of the queue and
+    the claims stay as they are: its GPUs, its place in `drain_order` if it is a multi-GPU
+    job at the top (not protected: `sees` handles a host's protected jobs before), and the
+    host that claimed it, if any."""
+    gpus = sim.jobs[job_id].gpus
+    at_top = gpus > 1 and job_id in sim.top_ids
+    order = drain_order(sim._demand_of(job_id), frozenset(), sim.config.plan_policy) if at_top else None
+    return gpus, order, sim.claims.get(job_id)
 
+
+def _may_take(slots: Iterable[tuple[int, ...]], demand: Demand, protected: frozenset[int],
+              demand_of: Callable[[int], Demand], claim: Callable[[int], tuple[int, float, int]]) -> bool:
+    """Of these slots, each given as the jobs drained for on its GPUs (the distinct such
+    sets: `boundary`): is there one that this job may take from each of them (`plan.cuts_in`)?"""
     return any(all(cuts_in(demand, demand_of(other), protected, claim) for other in holders)
                for holders in slots)
 
@@ -99,30 +118,45 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
         if all(owner[g] is None for g in gpus):
             return None  # open on idle GPUs
         drained.update((g, job_id) for g in gpus)
-    gated = [host.gated(g, now) for g in range(len(owner))]
-    idle = [owner[g] is None and not gated[g] for g in range(len(owner))]
+    # SimHost.gated and the idle GPUs, inline
+    gated = [bool(n) or until > now for n, until in zip(host.foreign, host.closed_until, strict=True)]
+    idle = [o is None and not shut for o, shut in zip(owner, gated, strict=True)]
     if any(idle[g] and g not in drained for g in range(len(owner))):
         return None
     if _backfill_here(host, idle, policy):
         return None  # a 1-GPU job coming or going may open or close a backfill single
-    host.blocks, host.idle_slots = {}, {}
     if not drained and not any(gated):  # every block usable, none drained, nothing idle
-        host.blocks = host.all_blocks
+        host.blocks, host.idle_slots = host.all_blocks, {}
     else:
-        for runner in host.runners:
-            gpus = runner.slot.gpus
-            if any(gated[g] for g in gpus):
-                continue  # not usable
-            holders = tuple({drained[g] for g in gpus if g in drained})
-            if len(gpus) > 1:
-                host.blocks.setdefault(len(gpus), []).append(holders)
-            if all(idle[g] for g in gpus):
-                host.idle_slots.setdefault(len(gpus), []).append(holders)
+        key = (tuple(host.reserved.items()), tuple(gated), tuple(idle))
+        found = host.read.get(key)
+        if found is None:  # else read for the same drains, closed and idle GPUs before
+            if len(host.read) >= READ_KEPT:
+                host.read.clear()
+            found = host.read[key] = _read(host, drained, gated, idle)
+        host.blocks, host.idle_slots = found
     if not host.reserved:
         return EVERYTHING
     if len(host.reserved) != policy.max_draining:
         return None
     return max(drain_order(demand_of(j), host.protected, policy) for j in host.reserved.values())
+
+
+def _read(host: SimHost, drained: dict[int, int], gated: list[bool],
+          idle: list[bool]) -> tuple[dict[int, set[tuple[int, ...]]], dict[int, set[tuple[int, ...]]]]:
+    """`boundary`'s blocks and idle slots of the host, each with the jobs drained for on it."""
+    blocks: dict[int, set[tuple[int, ...]]] = {}
+    idle_slots: dict[int, set[tuple[int, ...]]] = {}
+    for runner in host.runners:
+        gpus = runner.slot.gpus
+        if any(gated[g] for g in gpus):
+            continue  # not usable
+        holders = tuple({drained[g] for g in gpus if g in drained})
+        if len(gpus) > 1:
+            blocks.setdefault(len(gpus), set()).add(holders)
+        if all(idle[g] for g in gpus):
+            idle_slots.setdefault(len(gpus), set()).add(holders)
+    return blocks, idle_slots
 
 
 def _backfill_here(host: SimHost, idle: list[bool], policy: PlanPolicy) -> bool:
@@ -145,9 +179,10 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
     the runner changes and record what other hosts must see (claims, the replan log)."""
     host = sim.hosts[host_no]
     host.seen = sim._logged + len(sim._log)
-    closed = {g: "foreign" for g in range(len(host.owner)) if host.gated(g, now)}
+    foreign, until = host.foreign, host.closed_until  # SimHost.gated, inline
+    closed = {g: "foreign" for g in range(len(foreign)) if foreign[g] or until[g] > now}
     demand, elsewhere = sim._host_demand(host_no)
-    observed = Observed(tuple(r.state for r in host.runners), closed, demand, host.reserved,
+    observed = Observed(tuple([r.state for r in host.runners]), closed, demand, host.reserved,
                         protected=host.protected, elsewhere=elsewhere, now=now)
     result = plan(observed, sim.config.plan_policy)
     sim.plans += 1
@@ -155,11 +190,12 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
     host.singles = result.singles
     if result.recheck_at is not None:  # time alone closes a backfill single: a tick then
         sim._schedule_tick((result.recheck_at // sim.config.reconcile_s + 1) * sim.config.reconcile_s)
-    pauses, resumes = differences(result.decisions, {s.slot.name: s.paused for s in observed.slots})
+    pauses, resumes = differences(result.decisions, host.paused)
     by_name = host.runner_of
     for decision in [*pauses, *resumes]:
         runner = by_name[decision.slot.name]
         runner.open = decision.open
+        host.paused[decision.slot.name] = not decision.open
         runner.refresh()
         if runner.open and runner.job is None:
             host.idle.add(runner.index)
@@ -171,8 +207,10 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
     reserved = dict(result.reserved)
     for name, job_id in reserved.items():
         sim.first_block.setdefault(job_id, (host_no, by_name[name].slot.gpus))
-    drained = host.drained | {reserved[name] for name in waiting(observed, result)
-                              if reserved[name] in result.claims} if reserved else host.drained
+    owner = host.owner  # a GPU has an owner while a runner's job runs on it: `claims.waiting`
+    drained = host.drained | {job for name, job in reserved.items() if job in result.claims
+                              and any(owner[g] is not None for g in host.slot_of[name].gpus)} \
+        if reserved else host.drained
     if (not pauses and not resumes and reserved == host.reserved and result.protected == host.protected
             and drained == host.drained):
         sim._dirty.discard(host_no)
@@ -196,6 +234,7 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
         changed = claims.symmetric_difference(host.claimed)
         host.claimed = claims
         sim._common = None
+        sim.top.stale.update(sim.jobs[j].gpus for j in changed)
         sim._refresh_top()
         sim._log.extend(changed)  # other hosts' `elsewhere`
 

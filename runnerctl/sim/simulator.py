@@ -62,8 +62,9 @@ from runnerctl.sim.inputs import ForeignUse, SimConfig, TraceJob
 from runnerctl.sim.metrics import metrics
 from runnerctl.sim.queue import PendingQueue
 from runnerctl.sim.reference import REFERENCE, schedule
-from runnerctl.sim.replan import own_end, own_start, reconcile, sees
+from runnerctl.sim.replan import Boundary, own_end, own_start, reconcile, sees
 from runnerctl.sim.timeouts import job_timeouts
+from runnerctl.sim.top import QueueTop
 
 __all__ = ["POLICIES", "REFERENCE", "ForeignUse", "SimConfig", "Simulator", "TraceJob"]
 
@@ -109,13 +110,13 @@ class Simulator:
         self._ticks: set[float] = set()  # scheduled controller ticks
         self._last_poll = self._last_tick = float("-inf")
         self._dirty: set[int] = set(range(config.hosts))
-        self._demand_changed = True
-        self._top: dict[int, tuple[int, ...]] = {}
         self.top_ids: frozenset[int] = frozenset()
         # multi-GPU jobs that came into or left the top or a claim, oldest first: a host
         # not dirty plans again at a tick only if those since its last plan matter (replan.sees)
         self._log: list[int] = []
         self._logged = 0  # jobs dropped from the log's start (every host has seen them)
+        # replan.sees: what it read of the logged jobs (their size, place, claim), and at which log length
+        self.sees_read: tuple[int, dict[int, tuple[int, Boundary | None, int | None]]] = (-1, {})
         # the top jobs' demand, their ids, those claimed (same for every host; see _host_demand)
         self._common: tuple[tuple[Demand, ...], frozenset[int], frozenset[int]] | None = None
         self._demand: dict[int, Demand] = {}
@@ -123,7 +124,7 @@ class Simulator:
         self._queued_beats = 0  # reconcile beats with jobs pending (demand polls per host)
         sizes = {r.slot.size for h in self.hosts for r in h.runners}
         self._slots = [r.slot for r in self.hosts[0].runners] if self.hosts else []
-        self._room = {n: 1 + sum(1 for s in self._slots if s.size == n) for n in sizes}
+        self.top = QueueTop({n: 1 + sum(1 for s in self._slots if s.size == n) for n in sizes})
         for job in sorted(self.jobs.values(), key=lambda j: (j.submit, j.job_id)):
             self._push(job.submit, ARRIVE, job.job_id)
         for use in foreign:
@@ -179,7 +180,7 @@ class Simulator:
             if not self.queue:
                 self._queue_since = now
             self.queue.add(a, job.gpus, job.priority, self.known_timeout[a] is not None)
-            self._demand_changed = True
+            self.top.stale.add(job.gpus)
             if job.gpus > 1 and self.config.policy == "dynamic":  # its webhook wakes the loop
                 self._schedule_tick(now)
             self._want_tick(now)
@@ -230,7 +231,7 @@ class Simulator:
         self.queue.remove(job_id)
         if not self.queue:
             self._count_beats(now)
-        self._demand_changed = True
+        self.top.stale.add(self.jobs[job_id].gpus)
         claimer = self.claims.pop(job_id, None)
         self._common = None
         if claimer is not None:
@@ -274,7 +275,7 @@ class Simulator:
 
     def _schedule_tick(self, at: float) -> None:
         """A controller tick at `at`, unless one comes by then anyway."""
-        if not any(t <= at for t in self._ticks):
+        if min(self._ticks, default=float("inf")) > at:
             self._ticks.add(at)
             self._push(at, TICK)
 
@@ -295,7 +296,8 @@ class Simulator:
             if claimer is not None:
                 self.hosts[claimer].claimed.discard(job_id)
                 self.hosts[claimer].drained.discard(job_id)
-            self._demand_changed, self._common = True, None
+            self.top.stale.add(self.jobs[job_id].gpus)
+            self._common = None
             self._dirty.update(range(len(self.hosts)))
             self._want_tick(now)
         if not self.queue and self._queue_since is not None:
@@ -328,60 +330,35 @@ class Simulator:
     def _tick(self, now: float) -> None:
         self._last_tick = now
         self._ticks.discard(now)
+        self.sees_read = (-1, {})  # jobs may have started or been claimed or dropped since
         if self.fair.refresh(self, now):
             self._fair_refresh()
-        if self._demand_changed:
-            self._demand_changed = False
+        if self.top.stale:
             self._refresh_top()
         log, dirty = self._log, self._dirty
         for host_no, host in enumerate(self.hosts):
             if host.recheck_at < now:  # a backfill single's time is up (replan.reconcile)
                 dirty.add(host_no)
-            if host_no not in dirty and host.seen < self._logged + len(log):
-                if sees(host, host_no, log[host.seen - self._logged:], self):
-                    dirty.add(host_no)
-                else:
-                    host.seen = self._logged + len(log)
-            if host_no in dirty:
-                reconcile(self, now, host_no)
+            elif host_no not in dirty:
+                logged = self._logged + len(log)
+                if host.seen >= logged:
+                    continue
+                if not sees(host, host_no, log[host.seen - self._logged:], self):
+                    host.seen = logged
+                    continue
+                dirty.add(host_no)
+            reconcile(self, now, host_no)
         if log:  # what every host has seen is dropped
             seen = min(host.seen for host in self.hosts)
             del log[:seen - self._logged]
             self._logged = seen
 
     def _refresh_top(self) -> None:
-        """Per size, the most urgent jobs with a timeout and those without, and the oldest
-        (GitLab's order): as many as a host has slots for, and as many again unclaimed
-        (what `relevant_demand` keeps); when they change, every host's demand may have
-        changed."""
-        top = {}
-        known, claims = self.known_timeout, self.claims
-        for size, room in self._room.items():
-            found: dict[int, None] = {}
-            left = list(self.queue.counts(size))  # still to see: with a timeout, without
-            kept, unclaimed = [0, 0], [0, 0]
-            for job_id in self.fair.by_urgency(self, size):
-                kind = int(known[job_id] is None)
-                left[kind] -= 1
-                if kept[kind] < room or job_id not in claims:
-                    found[job_id] = None
-                    kept[kind] += 1
-                    unclaimed[kind] += job_id not in claims
-                if all(not left[k] or (kept[k] >= room and unclaimed[k] >= room) for k in (0, 1)):
-                    break
-            kept, unclaimed = [0], [0]
-            for job_id in self.queue.by_arrival(size):
-                if kept[0] < room or job_id not in claims:
-                    found[job_id] = None
-                    kept[0] += 1
-                    unclaimed[0] += job_id not in claims
-                    if kept[0] >= room and unclaimed[0] >= room:
-                        break
-            top[size] = tuple(found)
-        if top != self._top:
-            changed = {j for n in top for j in set(top[n]).symmetric_difference(self._top.get(n, ()))}
-            self._top = top
-            self.top_ids = frozenset(j for jobs in top.values() for j in jobs)
+        """Cut the top of the queue again where its jobs changed (`top.QueueTop`); when
+        the cut changes, every host's demand may have changed."""
+        changed = self.top.refresh(self)
+        if changed is not None:
+            self.top_ids = self.top.ids
             self._common = None
             self._log.extend(changed)
 
@@ -393,7 +370,7 @@ class Simulator:
         (the cut of the superset is the same cut)."""
         host = self.hosts[host_no]
         if self._common is None:
-            ids = frozenset(j for top in self._top.values() for j in top)
+            ids = frozenset(j for top in self.top.by_size.values() for j in top)
             self._common = (tuple(self._demand_of(j) for j in ids), ids, ids.intersection(self.claims))
         demand, ids, claimed = self._common
         own = [j for j in (*host.claimed, *host.protected)
@@ -414,7 +391,8 @@ class Simulator:
         """Fair-share penalties were read again: every job's demand, the top's order and
         every host's plan may change, so nothing remembered of them holds."""
         self._demand.clear()
-        self._common, self._demand_changed = None, True
+        self._common = None
+        self.top.stale.update(self.top.room)
         self._dirty.update(range(len(self.hosts)))
         for host in self.hosts:
             host.boundary = None
