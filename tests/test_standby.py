@@ -85,7 +85,9 @@ def long_world(tmp_path: Path) -> Iterator[World]:
 
 
 def _drain_behind_three_hour_jobs(world: World, *, hours: float) -> int:
-    """Eight 1-GPU jobs of 3 h take the host, then an 8-GPU job waits for all of them."""
+    """Eight 1-GPU jobs of 3 h take the host, then an 8-GPU job waits for all of them (the
+    project's job timeout raised to 4 h, or GitLab would fail them at 60 minutes)."""
+    world.state.project_timeout_s = 4 * 3600
     for _ in range(8):
         world.submit(1, 3 * HOUR)
     world.advance(40, step=5)

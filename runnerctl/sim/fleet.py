@@ -32,6 +32,8 @@ class SimGitLabState(Protocol):
     def owner(self, job_id: int) -> tuple[str, str] | None: ...
     @property
     def runners(self) -> Mapping[int, Any]: ...
+    @property
+    def project_timeout_s(self) -> int: ...
 
 
 class SimGpus:
@@ -158,7 +160,8 @@ class SimFleet:
         if any(g in self.gpus.foreign for g in slot.gpus):
             self.foreign_collisions += 1
         runner = self.gitlab.runners.get(self.runner_ids[slot.name])
-        timeout = None if runner is None else float(runner.job_timeout)  # fixed as it starts
+        # fixed as it starts, as GitLab does (build_metadata.rb update_timeout_state)
+        timeout = None if runner is None else float(runner.job_timeout(self.gitlab.project_timeout_s))
         if self._leases is not None:  # as the executor's prepare stage does (S2)
             self._take_leases(slot, job_id, now, timeout)
         duration = self.duration_of(job_id)

@@ -146,7 +146,7 @@ class RunnerApi:
         s = self.state
         project = s.directory.project(job.project_id)
         path = project.path_with_namespace if project else f"p{job.project_id}"
-        timeout = runner.job_timeout
+        timeout = runner.job_timeout(s.project_timeout_s)
         repo = f"{s.base_url}/{path}.git"
         sha = f"{job.pipeline_id:040x}"
         variables = {

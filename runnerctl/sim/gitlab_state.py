@@ -78,12 +78,11 @@ class SimRunner:
     token_expires_at: str | None = None
     creator: str = ""
 
-    @property
-    def job_timeout(self) -> int:
-        """The timeout of a job this runner takes: the project's (60 minutes by default,
-        app/models/project_ci_cd_setting.rb), cut at the runner's maximum timeout where
-        that is smaller (doc/ci/runners/configure_runners.md, "Set the maximum job timeout")."""
-        return min(DEFAULT_TIMEOUT_S, self.maximum_timeout or DEFAULT_TIMEOUT_S)
+    def job_timeout(self, project_timeout_s: int = DEFAULT_TIMEOUT_S) -> int:
+        """The timeout of a job this runner takes: the project's (`GitLabState.
+        project_timeout_s`), cut at the runner's maximum timeout where that is smaller
+        (doc/ci/runners/configure_runners.md, "Set the maximum job timeout")."""
+        return min(project_timeout_s, self.maximum_timeout or project_timeout_s)
 
 
 @dataclasses.dataclass
@@ -135,6 +134,9 @@ class GitLabState:
         self.directory = directory or Directory()
         self.legacy_failure_reasons = legacy_failure_reasons
         self.drop_silent_running = drop_silent_running
+        self.project_timeout_s = DEFAULT_TIMEOUT_S
+        """Every project's CI/CD job timeout: 60 minutes unless a project sets more or less
+        (app/models/project_ci_cd_setting.rb; Settings > CI/CD > General pipelines)."""
         self.runners: dict[int, SimRunner] = {}
         self.managers: dict[tuple[int, str], SimManager] = {}
         self.jobs: dict[int, SimJob] = {}
