@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from runnerctl.sim.gitlab_server import GitLabServer
+from runnerctl.sim.world import World
 
 ADMIN_TOKEN = "glpat-runnerctl-test"
 
@@ -55,3 +56,16 @@ def spawned() -> Iterator[list[subprocess.Popen[bytes]]]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 child.kill()
         psutil.wait_procs(children, timeout=10)
+
+
+@pytest.fixture
+def lease_world(tmp_path: Path) -> Iterator[World]:
+    """A controller against the HTTP GitLab whose runner stand-ins take real lease files,
+    which the controller reads running jobs from (`LeaseJobs`), as in production."""
+    from runnerctl.settings import ControllerSettings
+    from runnerctl.sim.world import PROJECT, build_world
+
+    w = build_world(tmp_path / "store", settings=ControllerSettings(projects=(PROJECT,)),
+                    lease_dir=tmp_path / "state")
+    yield w
+    w.close()

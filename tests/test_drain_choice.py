@@ -7,23 +7,18 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from runnerctl.executors.lease import Lease, LeaseTable, new_nonce, process_started
 from runnerctl.model import slot_key
-from runnerctl.settings import ControllerSettings
-from runnerctl.sim.world import PROJECT, World, build_world
+from runnerctl.sim.world import World
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    w = build_world(tmp_path / "store", settings=ControllerSettings(projects=(PROJECT,)),
-                    lease_dir=tmp_path / "state")
-    yield w
-    w.close()
+def world(lease_world: World) -> World:
+    return lease_world
 
 
 def _lease(world: World, tmp_path: Path, job_id: int, gpu: int, started: float) -> None:

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from runnerctl.executors.driver import Job
 from runnerctl.executors.lease import Lease
-from runnerctl.settings import ControllerSettings
-from runnerctl.sim.world import PROJECT, World, build_world
+from runnerctl.sim.world import World
 
 
 def test_the_job_timeout_comes_from_the_job_response_else_the_variable(tmp_path: Path) -> None:
@@ -44,11 +42,8 @@ def test_a_lease_keeps_the_timeout_and_an_older_lease_without_one_still_reads() 
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    w = build_world(tmp_path / "store", settings=ControllerSettings(projects=(PROJECT,)),
-                    lease_dir=tmp_path / "state")
-    yield w
-    w.close()
+def world(lease_world: World) -> World:
+    return lease_world
 
 
 def _cap(world: World, size: int, seconds: int) -> None:

@@ -184,7 +184,7 @@ class SimFleet:
         self.finished[job.job_id] = now
         if self._leases is not None:
             self._leases.release(str(job.job_id))
-        if job.killed:  # gitlab-runner reports the timeout (common/build.go: JobExecutionTimeout)
+        if job.killed:  # gitlab-runner reports the timeout (common/network.go: JobExecutionTimeout)
             self.gitlab.finish_job(job.job_id, "failed", failure_reason="job_execution_timeout")
         else:
             self.gitlab.finish_job(job.job_id, "success")
