@@ -17,10 +17,11 @@ import pytest
 from runnerctl.cli import main
 from runnerctl.controller.plan import Observed, Plan, PlanPolicy
 from runnerctl.sim import replan
+from runnerctl.sim.gitlab_state import SimRunner as GitLabRunner
 from runnerctl.sim.hosts import SimRunner
 from runnerctl.sim.labtrace import lab_trace
 from runnerctl.sim.simulator import SimConfig, Simulator, TraceJob
-from runnerctl.sim.timeouts import job_timeouts, parse_runner_timeouts
+from runnerctl.sim.timeouts import gitlab_timeout, job_timeouts, parse_runner_timeouts
 
 HOUR = 3600.0
 
@@ -180,3 +181,17 @@ def test_cli_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         assert main(["simulate", "--trace", str(trace), *args]) == 3
         err = capsys.readouterr().err
         assert "maximum timeout" in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
+
+
+def test_gitlab_timeout_is_the_smaller_of_job_and_runner_and_the_fake_gitlab_uses_it() -> None:
+    assert gitlab_timeout(None, None) is None
+    assert gitlab_timeout(3600, None) == 3600
+    assert gitlab_timeout(None, 600) == 600
+    assert gitlab_timeout(3600, 600) == 600
+    assert gitlab_timeout(600, 3600) == 600
+    runner = GitLabRunner(id=1, description="gpu0", runner_type="group_type", tags=frozenset(),
+                          paused=False, token="t", created_at=0.0)
+    assert runner.job_timeout(3600) == 3600  # none set: the project's
+    runner.maximum_timeout = 900
+    assert runner.job_timeout(3600) == 900
+    assert runner.job_timeout(600) == 600

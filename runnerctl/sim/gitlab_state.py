@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from runnerctl.sim.gitlab_directory import Directory
+from runnerctl.sim.timeouts import gitlab_timeout
 
 Clock = Callable[[], float]
 ONLINE_WINDOW_S = 7200.0
@@ -81,8 +82,9 @@ class SimRunner:
     def job_timeout(self, project_timeout_s: int = DEFAULT_TIMEOUT_S) -> int:
         """The timeout of a job this runner takes: the project's (`GitLabState.
         project_timeout_s`), cut at the runner's maximum timeout where that is smaller
-        (doc/ci/runners/configure_runners.md, "Set the maximum job timeout")."""
-        return min(project_timeout_s, self.maximum_timeout or project_timeout_s)
+        (doc/ci/runners/configure_runners.md, "Set the maximum job timeout"; the rule is
+        `sim.timeouts.gitlab_timeout`)."""
+        return int(gitlab_timeout(project_timeout_s, self.maximum_timeout or None) or project_timeout_s)
 
 
 @dataclasses.dataclass

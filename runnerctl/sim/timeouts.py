@@ -27,12 +27,23 @@ from runnerctl.settings import MIN_RUNNER_TIMEOUT_S
 if TYPE_CHECKING:
     from runnerctl.sim.inputs import SimConfig, TraceJob
 
-__all__ = ["MIN_RUNNER_TIMEOUT_S", "PENDING_TIMEOUTS", "job_timeouts", "parse_runner_timeouts"]
+__all__ = ["MIN_RUNNER_TIMEOUT_S", "PENDING_TIMEOUTS", "gitlab_timeout", "job_timeouts",
+           "parse_runner_timeouts"]
 
 PENDING_TIMEOUTS = ("trace", "cap", "none")
 """What `dynamic`'s planner knows of a pending job's timeout (`SimConfig.pending_timeouts`)."""
 
 Timeouts = dict[int, float | None]
+
+
+def gitlab_timeout(own: float | None, cap: float | None) -> float | None:
+    """The timeout GitLab fixes as a runner picks a job: the job's own (else its
+    project's), cut at the runner's `maximum_timeout` where that is smaller
+    (app/models/ci/build_metadata.rb `timeout_with_highest_precedence`). None: neither.
+    The simulator and the fake GitLab (`SimRunner.job_timeout`) both use this."""
+    if own is None:
+        return cap
+    return own if cap is None else min(own, cap)
 
 
 def job_timeouts(jobs: Iterable[TraceJob], config: SimConfig) -> tuple[Timeouts, Timeouts]:
@@ -47,8 +58,8 @@ def job_timeouts(jobs: Iterable[TraceJob], config: SimConfig) -> tuple[Timeouts,
     runs: Timeouts = {}
     known: Timeouts = {}
     for job in jobs:
-        own, cap = job.timeout, caps[job.gpus]
-        runs[job.job_id] = cap if own is None else own if cap is None else min(own, cap)
+        cap = caps[job.gpus]
+        runs[job.job_id] = gitlab_timeout(job.timeout, cap)
         known[job.job_id] = cap if every_size else None
     if config.pending_timeouts == "trace":
         return runs, runs
