@@ -33,13 +33,15 @@ OTHERS = ("other1", "other2", "other3")
 def main() -> int:
     from results_md import write_section
 
-    from runnerctl.controller.fairshare import FairPolicy
+    from runnerctl.controller.fairshare import QUEUE_STEP_S, FairPolicy
     from runnerctl.sim.simulator import SimConfig, Simulator
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=400, help="background jobs (lab trace)")
     parser.add_argument("--fair-weight-h", type=float, default=12.0)
+    parser.add_argument("--queue-step-min", type=float, default=QUEUE_STEP_S / 60,
+                        help="fair share's queue step: minutes younger per GPU held or asked for ahead")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
     args = parser.parse_args()
     background, foreign, flood, others = _trace(args.seed, args.jobs)
@@ -60,7 +62,8 @@ def main() -> int:
     for runner_type in ("group", "instance"):
         for weight_h in (0.0, args.fair_weight_h):
             config = SimConfig(hosts=2, runner_type=runner_type,
-                               fair=FairPolicy(weight_s=weight_h * HOUR))
+                               fair=FairPolicy(weight_s=weight_h * HOUR,
+                                              queue_step_s=args.queue_step_min * 60))
             started = time.process_time()
             calm = Simulator(_numbered([*background, *others]), config, foreign).run()
             loud = Simulator(_numbered([*background, *flood, *others]), config, foreign).run()
