@@ -1,6 +1,7 @@
 """Fair share under a flood, for group and instance runners, fair share on and off.
 
-    python benchmarks/simulate_fair.py [--seed 5] [--jobs 400]
+    python benchmarks/simulate_fair.py [--seed 5] [--jobs 400] [--fair-weight-h 12]
+                                       [--queue-step-min 5] [--no-write]
 
 A lab background on 2 hosts x 8 GPUs (`runnerctl.sim.labtrace`: its users but the
 sweeper, each their own project, heavy-tailed durations with timeouts, foreign use,
@@ -51,19 +52,21 @@ def main() -> int:
              f"on 2x8 GPUs with foreign use: {len(background)} jobs of `runnerctl.sim.labtrace`'s users "
              f"but the sweeper, each their own project, offered load 0.8; a quarter in, "
              f"one user submits {len(flood)} 1-GPU jobs at once, three others {len(others)} jobs in "
-             f"all; fair share: weight {args.fair_weight_h:g} h, half-life 7 days). `others p95` is the "
+             f"all; fair share: weight {args.fair_weight_h:g} h, half-life 7 days, queue step "
+             f"{args.queue_step_min:g} min per GPU). `others p95` is the "
              "three others' p95 wait; the ratio divides it by the same configuration's figure "
              "without the flood (acceptance: at most 1.5). Jain's index is over every user's mean "
-             "bounded slowdown (acceptance: at least 0.8).", "",
+             "bounded slowdown (acceptance: at least 0.8). Fair share `usage only` is the same "
+             "weight without the queue share (`--queue-step-min 0`, fair share before it).", "",
              "| runners | fair share | others p95 wait, no flood (s) | with flood (s) | ratio | "
              "Jain, no flood | Jain, flood | flood user's p50 wait (h) | makespan (h) | sim time (s) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     checks = []
     for runner_type in ("group", "instance"):
-        for weight_h in (0.0, args.fair_weight_h):
+        for label, weight_h, step_min in (("off", 0.0, 0.0), ("usage only", args.fair_weight_h, 0.0),
+                                          ("on", args.fair_weight_h, args.queue_step_min)):
             config = SimConfig(hosts=2, runner_type=runner_type,
-                               fair=FairPolicy(weight_s=weight_h * HOUR,
-                                              queue_step_s=args.queue_step_min * 60))
+                               fair=FairPolicy(weight_s=weight_h * HOUR, queue_step_s=step_min * 60))
             started = time.process_time()
             calm = Simulator(_numbered([*background, *others]), config, foreign).run()
             loud = Simulator(_numbered([*background, *flood, *others]), config, foreign).run()
@@ -74,13 +77,13 @@ def main() -> int:
             assert isinstance(users, dict)
             jain = float(loud["jain_slowdown"])  # type: ignore[arg-type]
             calm_jain = float(calm["jain_slowdown"])  # type: ignore[arg-type]
-            row = (f"| {runner_type} | {'on' if weight_h else 'off'} | {calm_p95:.0f} | {loud_p95:.0f} | "
+            row = (f"| {runner_type} | {label} | {calm_p95:.0f} | {loud_p95:.0f} | "
                    f"{ratio:.2f} | {calm_jain:.3f} | {jain:.3f} | "
                    f"{users['flood']['wait_p50_s'] / HOUR:.1f} | "
                    f"{float(loud['makespan_s']) / HOUR:.1f} | {cpu:.1f} |")  # type: ignore[arg-type]
             lines.append(row)
             print(row, flush=True)
-            checks.append(f"- {runner_type} runners, fair share {'on' if weight_h else 'off'}: others' p95 "
+            checks.append(f"- {runner_type} runners, fair share {label}: others' p95 "
                           f"ratio {ratio:.2f} ({'holds' if ratio <= 1.5 else 'fails'} <= 1.5), "
                           f"Jain with the flood "
                           f"{jain:.3f} ({'holds' if jain >= 0.8 else 'fails'} >= 0.8), without it "
