@@ -5,6 +5,7 @@ controller and the simulator both call."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from pathlib import Path
@@ -157,3 +158,24 @@ def test_the_controller_and_the_simulator_give_the_same_fair_s(tmp_path: Path) -
     simulated = {j: sim.fair.fair_s(sim.jobs[j]) for j, *_ in waiting}
     assert simulated == pytest.approx(controller, rel=1e-9, abs=1e-6)
     assert len(set(round(v) for v in controller.values())) == len(waiting)  # the check tells them apart
+
+
+def test_simulate_command_takes_the_queue_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`runnerctl simulate --fair-queue-step-min`: with 0 (usage only, read every 5
+    minutes) the 2-GPU job waits behind the flood's second round; by default it counts the
+    flood at once and starts after the first."""
+    from runnerctl.cli import main
+
+    trace = tmp_path / "jobs.csv"
+    rows = ["job_id,submit_time,gpus,duration,project,priority,user,timeout"]
+    rows += [f"{i},0,1,200,flood,normal,fay,3600" for i in range(1, 41)]
+    rows.append("50,60,2,600,other,normal,ola,3600")
+    trace.write_text("\n".join(rows) + "\n")
+    waits = {}
+    for step in ("0", "5"):
+        assert main(["simulate", "--trace", str(trace), "--runner-type", "instance", "--fair-weight-h", "12",
+                     "--fair-queue-step-min", step, "--json"]) == 0
+        waits[step] = json.loads(capsys.readouterr().out)["users"]["ola"]["wait_p50_s"]
+    assert waits["5"] < 200 < 340 < waits["0"]
+    assert main(["simulate", "--trace", str(trace), "--fair-queue-step-min", "-1"]) == 2
+    assert "fair-queue-step-min" in capsys.readouterr().err
