@@ -14,8 +14,14 @@ without use, 1/2 at exactly one's share, towards 0 far above it. It is computed 
 job's user and for its project; the penalty is `weight_s * (1 - (F_user + F_project) / 2)`,
 in [0, weight_s).
 
-Pure: no I/O and no clock; the controller (from its job history) and the simulator
-(from the jobs it started) hand in spans of use and the time now.
+Usage counts a new user's flood only as its jobs run, so the queue share counts the work
+a user and project have now as well (`queue_share_s`: GPUs running plus GPUs of their
+pending jobs ahead, `queue_step_s` each), and `fair_seconds` combines both under
+`weight_s` for every pending job.
+
+Pure: no I/O and no clock; the controller (from its job history and GitLab's pending
+jobs) and the simulator (from the jobs it started and its queue) hand in spans of use,
+the jobs running and pending, and the time now.
 """
 
 from __future__ import annotations

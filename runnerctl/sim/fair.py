@@ -51,7 +51,7 @@ class SimFair:
         self.penalties = Penalties(self.usage, self.policy)
         self.next_at = float("-inf")
         self.held: dict[int, Queued] = {}  # jobs running now (queue share)
-        self.table: dict[int, float] = {}  # pending job id -> fair_s, as of the last tick
+        self.table: dict[int, float] = {}  # job id -> fair_s, as of the last tick it was pending
         self.running: dict[str, int] = {}  # project -> jobs running (instance runners' order)
 
     def started(self, job: TraceJob, now: float) -> None:
@@ -77,9 +77,11 @@ class SimFair:
         read = now >= self.next_at
         if read:
             self._read(sim, now)
-        before, pending = self.table, [_queued(sim.jobs[j]) for j in sim.queue]
-        self.table = fair_seconds(self.penalties, pending, self.held.values())
-        return read or any(before.get(j, s) != s for j, s in self.table.items())
+        pending = [_queued(sim.jobs[j]) for j in sim.queue]
+        fresh = fair_seconds(self.penalties, pending, self.held.values())
+        changed = any(self.table.get(j, s) != s for j, s in fresh.items())
+        self.table.update(fresh)  # a job that left keeps its last value (the change log may read it)
+        return read or changed
 
     def _read(self, sim: Simulator, now: float) -> None:
         self.next_at = now + self.update_s
