@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runnerctl.controller import jobs_store
 from runnerctl.controller.demand import PendingJob
@@ -80,6 +82,35 @@ def test_fair_s_is_bounded_by_the_weight_and_grows_with_usage_and_queue() -> Non
     assert fair_seconds(_no_usage(FairPolicy(queue_step_s=STEP)), flood, ()) == {}  # off by default
     with pytest.raises(ConfigError, match="fair_queue_step_min"):
         ControllerSettings(fair_queue_step_min=-1.0)
+
+
+_JOB = st.tuples(st.sampled_from(["ann", "bob", "cat"]), st.sampled_from(["a", "b"]),
+                 st.sampled_from([1, 2, 4, 8]), st.floats(0, 10 * HOUR))
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(pending=st.lists(_JOB, max_size=60), running=st.lists(_JOB, max_size=20),
+       used=st.lists(_JOB, max_size=5), weight_h=st.floats(0.1, 48), step_min=st.floats(0, 120))
+def test_no_job_counts_more_than_the_weight_younger_and_a_users_jobs_keep_their_order(
+        pending: list[tuple[str, str, int, float]], running: list[tuple[str, str, int, float]],
+        used: list[tuple[str, str, int, float]], weight_h: float, step_min: float) -> None:
+    """Whatever waits and runs: every pending job's fair_s is in [0, weight] (so a job
+    that waited the weight longer than any other goes first: none starves), and a user's
+    jobs of one project keep their age order."""
+    policy = FairPolicy(weight_s=weight_h * HOUR, queue_step_s=step_min * 60)
+    now = 10 * HOUR
+    usage = Usage.of([Span(u, p, g, t - HOUR, t) for u, p, g, t in used], now, policy.half_life_s)
+    jobs = [Queued(i, u, p, g, t) for i, (u, p, g, t) in enumerate(pending)]
+    fair = fair_seconds(Penalties(usage, policy, users={j.user for j in jobs},
+                                  projects={j.project for j in jobs}),
+                        jobs, [Queued(1000 + i, u, p, g, t) for i, (u, p, g, t) in enumerate(running)])
+    assert set(fair) == {j.job_id for j in jobs}
+    assert all(0.0 <= s <= policy.weight_s for s in fair.values())
+    for a in jobs:
+        for b in jobs:
+            same = (a.user, a.project) == (b.user, b.project)
+            if same and (a.created_at, a.job_id) < (b.created_at, b.job_id):
+                assert a.created_at + fair[a.job_id] <= b.created_at + fair[b.job_id] + 1e-6
 
 
 def test_the_planner_drains_for_the_other_users_younger_job() -> None:
