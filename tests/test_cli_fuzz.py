@@ -85,7 +85,7 @@ def test_simulate_never_raises_on_any_trace(tmp_path: Path, jobs: bytes, foreign
 
 OPTIONS = {
     "simulate": ["--trace", "--foreign", "--hosts", "--gpus-per-host", "--policy", "--json", "--runner-type",
-                 "--fair-weight-h", "--fair-half-life-h"],
+                 "--fair-weight-h", "--fair-half-life-h", "--fair-queue-step-min"],
     "render": ["-i", "-o", "--input", "--output"],
     "pause": ["--gpu", "--slot", "--host", "--why", "--who", "--host-name"],
     "drain": ["--gpu", "--slot", "--host", "--why", "--who", "--host-name"],

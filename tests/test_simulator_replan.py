@@ -81,3 +81,26 @@ def test_same_schedule_with_backfill_on_lab_traces(hosts: int, seed: int, untime
     assert lazy.started == eager.started and lazy.placement == eager.placement
     assert lazy.actions == eager.actions and lazy_result == eager_result
     assert lazy.plans < eager.plans
+
+
+@pytest.mark.parametrize(("runner_type", "seed"), [("instance", 1), ("group", 5)])
+def test_same_schedule_with_fair_share_and_a_flood(runner_type: str, seed: int) -> None:
+    """Fair share on with a new user's flood (issue 16): its queue share changes jobs'
+    `fair_s` whenever a job of a user with pending jobs ends, and every host is planned
+    again then; the schedule is still the one of planning every host at every tick."""
+    trace, uses = lab_trace(200, hosts=2, seed=seed)
+    at = max(j.submit for j in trace) / 4
+    trace += [TraceJob(10_000 + i, at, 1, 600.0 + 60 * i, project="flood", timeout=4 * 3600.0)
+              for i in range(80)]
+    trace += [TraceJob(20_000 + i, at + 60.0 * i, 1 + i % 2, 900.0, project=f"other{i % 3}",
+                       timeout=4 * 3600.0) for i in range(6)]
+    config = SimConfig(hosts=2, runner_type=runner_type, fair=FairPolicy(weight_s=12 * 3600.0))
+    lazy, eager = Simulator(trace, config, uses), EveryHost(trace, config, uses)
+    lazy_result, eager_result = lazy.run(), eager.run()
+    assert lazy.started == eager.started and lazy.placement == eager.placement
+    assert lazy.actions == eager.actions and lazy_result == eager_result
+    assert lazy.plans < eager.plans
+    unqueued = Simulator(trace, dataclasses.replace(config, fair=FairPolicy(weight_s=12 * 3600.0,
+                                                                            queue_step_s=0.0)), uses)
+    unqueued.run()
+    assert unqueued.started != lazy.started  # the queue share changed the schedule

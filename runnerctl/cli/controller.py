@@ -269,6 +269,9 @@ def resume(**kwargs: object) -> None:
               help="dynamic: fair share, the most hours a heavy user's job counts younger (0: off).")
 @click.option("--fair-half-life-h", type=click.FloatRange(0.01, 100_000), default=168.0, show_default=True,
               help="dynamic: GPU use this many hours ago counts half in fair share.")
+@click.option("--fair-queue-step-min", type=click.FloatRange(0, 100_000), default=5.0, show_default=True,
+              help="dynamic: fair share's queue share, minutes younger per GPU a job's user runs "
+                   "or waits for in older jobs.")
 @click.option("--pending-timeouts", type=click.Choice(PENDING_TIMEOUTS), default="trace", show_default=True,
               help="dynamic: what the planner knows of a waiting job's timeout. trace: the trace's "
                    "(more than a real controller knows: GitLab's jobs API has none); cap: its "
@@ -281,7 +284,8 @@ def resume(**kwargs: object) -> None:
                    "[default: none]")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, policy: str,
-             runner_type: str, fair_weight_h: float, fair_half_life_h: float, pending_timeouts: str,
+             runner_type: str, fair_weight_h: float, fair_half_life_h: float, fair_queue_step_min: float,
+             pending_timeouts: str,
              runner_max_timeout_s: str | None, as_json: bool) -> None:
     """Replay a job trace on simulated hosts under a scheduling policy; print the outcome.
 
@@ -302,7 +306,8 @@ def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, 
     jobs = read_jobs(trace, sizes=sizes)
     uses = read_foreign(foreign, hosts=hosts, gpus_per_host=gpus_per_host) if foreign else []
     try:
-        fair = FairPolicy(weight_s=fair_weight_h * 3600, half_life_s=fair_half_life_h * 3600)
+        fair = FairPolicy(weight_s=fair_weight_h * 3600, half_life_s=fair_half_life_h * 3600,
+                          queue_step_s=fair_queue_step_min * 60)
         cap, caps = parse_runner_timeouts(runner_max_timeout_s) if runner_max_timeout_s else (None, ())
         config = SimConfig(hosts=hosts, gpus_per_host=gpus_per_host, policy=policy,
                            runner_type=runner_type, fair=fair, pending_timeouts=pending_timeouts,

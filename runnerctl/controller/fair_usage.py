@@ -3,7 +3,9 @@
 Why a module: `fairshare` is pure; this one reads the store (every host's job history,
 `jobs_store.jobs`, one query) at most once per `REFRESH_S`, so fair share costs the tick
 nothing most of the time. Use older than ten half-lives weighs under 0.1 % and is not
-read. A job's user is its GitLab login, its project the project's path (as the history
+read. The same read gives the jobs running on every host (those not ended), which the
+queue share counts with the pending jobs (up to `REFRESH_S` old) (`fairshare.fair_seconds`, as the simulator
+does). A job's user is its GitLab login, its project the project's path (as the history
 records it from CI_PROJECT_PATH or the job's page); `[controller] user_shares` and
 `project_shares` name them so.
 """
@@ -14,23 +16,28 @@ from collections.abc import Iterable
 
 from runnerctl.controller import jobs_store
 from runnerctl.controller.demand import PendingJob
-from runnerctl.controller.fairshare import FairPolicy, Penalties, Span, Usage
+from runnerctl.controller.fairshare import FairPolicy, Penalties, Queued, Span, Usage, fair_seconds
 from runnerctl.controller.history import project_of
 from runnerctl.controller.store import Store
 from runnerctl.settings import ControllerSettings
 
 REFRESH_S = 60.0
+ALIVE_S = 600.0
+"""An open history row counts as a running job if its host sampled it this recently (a
+host that went away leaves its rows open)."""
 
 
 def policy_of(settings: ControllerSettings) -> FairPolicy:
     return FairPolicy(weight_s=settings.fair_weight_h * 3600, half_life_s=settings.fair_half_life_h * 3600,
-                      user_shares=settings.user_shares, project_shares=settings.project_shares)
+                      user_shares=settings.user_shares, project_shares=settings.project_shares,
+                      queue_step_s=settings.fair_queue_step_min * 60)
 
 
 class FairShare:
     def __init__(self, store: Store, settings: ControllerSettings) -> None:
         self.store, self.policy = store, policy_of(settings)
         self.usage: Usage | None = None
+        self.running: tuple[Queued, ...] = ()  # jobs running at the last read (queue share)
         self._read_at = float("-inf")
 
     def penalties(self, pending: Iterable[PendingJob], now: float) -> dict[int, float]:
@@ -39,13 +46,20 @@ class FairShare:
             return {}
         if self.usage is None or now - self._read_at >= REFRESH_S:
             since = now - 10 * self.policy.half_life_s
-            spans = (Span(r.user, r.project, len(r.gpus), r.started_at, r.ended_at)
-                     for r in jobs_store.jobs(self.store, since=since))
+            records = jobs_store.jobs(self.store, since=since)
+            spans = (Span(r.user, r.project, len(r.gpus), r.started_at, r.ended_at) for r in records)
             self.usage, self._read_at = Usage.of(spans, now, self.policy.half_life_s), now
-        jobs = [(j.job_id, j.user or "", _project(j)) for j in pending]
-        table = Penalties(self.usage, self.policy, users={user for _, user, _ in jobs},
-                          projects={project for _, _, project in jobs})
-        return {job_id: table.penalty_s(user, project) for job_id, user, project in jobs}
+            self.running = tuple(Queued(r.job_id, r.user, r.project, len(r.gpus), r.started_at)
+                                 for r in records if r.ended_at is None and now - r.seen_at < ALIVE_S)
+        jobs = [queued(j) for j in pending]
+        table = Penalties(self.usage, self.policy, users={j.user for j in jobs},
+                          projects={j.project for j in jobs})
+        return fair_seconds(table, jobs, self.running)
+
+
+def queued(job: PendingJob) -> Queued:
+    """A pending job as fair share counts it: its GitLab login and project path."""
+    return Queued(job.job_id, job.user or "", _project(job), job.gpus, job.created_at)
 
 
 def _project(job: PendingJob) -> str:

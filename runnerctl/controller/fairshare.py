@@ -14,17 +14,24 @@ without use, 1/2 at exactly one's share, towards 0 far above it. It is computed 
 job's user and for its project; the penalty is `weight_s * (1 - (F_user + F_project) / 2)`,
 in [0, weight_s).
 
-Pure: no I/O and no clock; the controller (from its job history) and the simulator
-(from the jobs it started) hand in spans of use and the time now.
+Usage counts a new user's flood only as its jobs run, so the queue share counts the work
+a user and project have now as well (`queue_share_s`: GPUs running plus GPUs of their
+pending jobs ahead, `queue_step_s` each), and `fair_seconds` combines both under
+`weight_s` for every pending job.
+
+Pure: no I/O and no clock; the controller (from its job history and GitLab's pending
+jobs) and the simulator (from the jobs it started and its queue) hand in spans of use,
+the jobs running and pending, and the time now.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 DAY_S = 86400.0
+QUEUE_STEP_S = 300.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +45,9 @@ class FairPolicy:
     user_shares: Mapping[str, float] = dataclasses.field(default_factory=dict)
     project_shares: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """Shares by user login / project path; unnamed ones have 1 (equal by default)."""
+    queue_step_s: float = QUEUE_STEP_S
+    """Queue share: seconds younger per GPU that the job's user (and project) holds in
+    running jobs and asks for in pending jobs ahead of it (`queue_share_s`)."""
 
     @property
     def on(self) -> bool:
@@ -139,3 +149,60 @@ class Penalties:
                 found = self.policy.weight_s * (1.0 - (fu + fp) / 2.0)
             self._cache[(user, project)] = found
         return found
+
+
+@dataclasses.dataclass(frozen=True)
+class Queued:
+    """A pending or running job as the queue share counts it."""
+
+    job_id: int
+    user: str
+    project: str
+    gpus: int
+    created_at: float = 0.0
+
+
+def queue_share_s(pending: Iterable[Queued], running: Iterable[Queued], step_s: float) -> dict[int, float]:
+    """Job id -> seconds a pending job counts younger for the work its user and project
+    have now: `step_s` x the mean, over its user and its project, of the GPUs they hold in
+    running jobs plus those they ask for in pending jobs ahead of it (created earlier;
+    ties by id). So a user's k-th pending 1-GPU job counts about k steps younger: the
+    jobs of users who wait with few interleave with a flood's (round robin by GPUs).
+    Usage (`Penalties`) builds up only as jobs run; this counts them from submission, as
+    Slurm's fair-share counts a running job's use as it accrues and GitLab's instance
+    runners count each project's running builds (module `runnerctl.sim.fair`).
+
+    Within one user the order stays age order, and a job's value changes only when one
+    of its user's or project's jobs ends, leaves the queue unstarted, or starts ahead of
+    an older one of theirs."""
+    by_user: dict[str, int] = {}
+    by_project: dict[str, int] = {}
+    for job in running:
+        by_user[job.user] = by_user.get(job.user, 0) + job.gpus
+        by_project[job.project] = by_project.get(job.project, 0) + job.gpus
+    found: dict[int, float] = {}
+    for job in sorted(pending, key=lambda j: (j.created_at, j.job_id)):
+        user, project = by_user.get(job.user, 0), by_project.get(job.project, 0)
+        found[job.job_id] = step_s * (user + project) / 2.0
+        by_user[job.user] = user + job.gpus
+        by_project[job.project] = project + job.gpus
+    return found
+
+
+def fair_seconds(penalties: Penalties, pending: Sequence[Queued],
+                 running: Iterable[Queued]) -> dict[int, float]:
+    """Job id -> `Demand.fair_s` for each pending job: `weight_s - (weight_s - usage) *
+    e^(-queue / weight_s)`, from its user's and project's usage penalty (`Penalties`) and
+    its queue share (`queue_share_s`). About `usage + queue` while both are small; always
+    under `weight_s` (no job waits more than that for fair share), and still larger for
+    more usage or more queue when both are large (a plain sum capped at `weight_s` would
+    give every busy user the cap, and age order again). Empty when fair share is off.
+    The controller (pending jobs from GitLab, running ones from the job history) and the
+    simulator both call this."""
+    policy = penalties.policy
+    if not policy.on:
+        return {}
+    weight = policy.weight_s
+    queue = queue_share_s(pending, running, policy.queue_step_s)
+    return {job.job_id: weight - (weight - penalties.penalty_s(job.user, job.project))
+            * math.exp(-queue[job.job_id] / weight) for job in pending}

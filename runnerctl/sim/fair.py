@@ -6,8 +6,10 @@ on the event loop and this one touch it only through a few hooks.
 - Fair share (`SimConfig.fair`, off by default): decayed GPU use per user and project of
   the jobs started (`runnerctl.controller.fairshare.Usage`), read again every
   `SimConfig.fair_update_s` at a controller tick, as the controller reads its job
-  history; each pending job's `Demand.fair_s` comes from it. When the penalties change,
-  so may every host's plan and the order of the queue's top: the simulator then plans
+  history; each pending job's `Demand.fair_s` comes from it and, at every tick, from the
+  queue (`fairshare.queue_share_s`: the jobs its user and project run and wait with
+  ahead of it), through `fairshare.fair_seconds` as in the controller. When a job's
+  `fair_s` changes, so may every host's plan and the order of the queue's top: the simulator then plans
   every host again (`Simulator._fair_refresh`), and the top is cut in the planner's own
   order (`Demand.urgency`, fair share included), not arrival order.
 - Runner type (`SimConfig.runner_type`): which pending job GitLab hands to a polling
@@ -25,7 +27,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from runnerctl.controller.fairshare import Penalties, Span, Usage
+from runnerctl.controller.fairshare import Penalties, Queued, Span, Usage, fair_seconds
 from runnerctl.tags import PRIORITY_RANK
 
 if TYPE_CHECKING:
@@ -48,23 +50,40 @@ class SimFair:
         self.spans: dict[int, Span] = {}  # jobs that ran since the last read
         self.penalties = Penalties(self.usage, self.policy)
         self.next_at = float("-inf")
+        self.held: dict[int, Queued] = {}  # jobs running now (queue share)
+        self.table: dict[int, float] = {}  # job id -> fair_s, as of the last tick it was pending
         self.running: dict[str, int] = {}  # project -> jobs running (instance runners' order)
 
     def started(self, job: TraceJob, now: float) -> None:
         self.running[job.project] = self.running.get(job.project, 0) + 1
         if self.on:
             self.spans[job.job_id] = Span(job.owner, job.project, job.gpus, now)
+            self.held[job.job_id] = _queued(job)
 
     def finished(self, job: TraceJob, now: float) -> None:
         self.running[job.project] -= 1
+        self.held.pop(job.job_id, None)
         span = self.spans.get(job.job_id)
         if span is not None:
             self.spans[job.job_id] = dataclasses.replace(span, end=now)
 
     def refresh(self, sim: Simulator, now: float) -> bool:
-        """Read usage again if `fair_update_s` passed; True if the penalties may differ."""
-        if not self.on or now < self.next_at:
+        """At a controller tick: read usage again if `fair_update_s` passed, and every
+        pending job's `fair_s` from it and the queue (`fairshare.fair_seconds`, as the
+        controller does at each tick); True if a job's `fair_s` may differ from what the
+        simulator remembers (a new job's is new)."""
+        if not self.on:
             return False
+        read = now >= self.next_at
+        if read:
+            self._read(sim, now)
+        pending = [_queued(sim.jobs[j]) for j in sim.queue]
+        fresh = fair_seconds(self.penalties, pending, self.held.values())
+        changed = any(self.table.get(j, s) != s for j, s in fresh.items())
+        self.table.update(fresh)  # a job that left keeps its last value (the change log may read it)
+        return read or changed
+
+    def _read(self, sim: Simulator, now: float) -> None:
         self.next_at = now + self.update_s
         last = self.usage.at
         self.usage.decay_to(now)
@@ -75,10 +94,10 @@ class SimFair:
         pending = [sim.jobs[j] for j in sim.queue]
         self.penalties = Penalties(self.usage, self.policy, users={j.owner for j in pending},
                                    projects={j.project for j in pending})
-        return True
 
     def fair_s(self, job: TraceJob) -> float:
-        return self.penalties.penalty_s(job.owner, job.project) if self.on else 0.0
+        """The job's `Demand.fair_s` as of the last tick (a pending job's is read only at a tick)."""
+        return self.table[job.job_id] if self.on else 0.0
 
     def by_urgency(self, sim: Simulator, gpus: int) -> Iterable[int]:
         """Pending jobs of `gpus` GPUs in the planner's order (`Demand.urgency`)."""
@@ -100,3 +119,7 @@ class SimFair:
             if best is None or key < best:
                 best = key
         return None if best is None else best[1]
+
+
+def _queued(job: TraceJob) -> Queued:
+    return Queued(job.job_id, job.owner, job.project, job.gpus, job.submit)
