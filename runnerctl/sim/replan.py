@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 Boundary = tuple[int, bool, float, int]  # a place in `drain_order`
 READ_KEPT = 64  # `boundary`: the reads kept per host (its states recur as jobs come and go)
 EVERYTHING: Boundary = (len(PRIORITY_RANK), False, float("inf"), 0)  # after every place
+JobRead = tuple[int, Boundary | None, int | None]  # `_read_job`
+SliceRead = tuple[frozenset[int], set[int], Boundary | None]  # `_read_slice`
+SeesRead = tuple[int, dict[int, JobRead], dict[int, SliceRead]]  # Simulator.sees_read: at which log length
 
 
 def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) -> bool:
@@ -61,8 +64,16 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
     demand_of = sim._demand_of
     at = sim._logged + len(sim._log)
     if sim.sees_read[0] != at:  # read again after each change of the top or of a claim
-        sim.sees_read = at, {}
-    read = sim.sees_read[1]
+        sim.sees_read = at, {}, {}
+    read, slices = sim.sees_read[1], sim.sees_read[2]
+    whole = slices.get(host.seen)  # what the hosts that read the log from here read of it
+    if whole is None:
+        whole = slices[host.seen] = _read_slice(sim, changed, read)
+    ids, sizes, first = whole
+    if (own.isdisjoint(ids) and host.claimed.isdisjoint(ids) and (not idle or idle.keys().isdisjoint(sizes))
+            and (first is None or not first < last)):
+        return False  # the loop below finds nothing: no job of the host's own, none that fits an
+        # idle slot, none claimed by it, and none unclaimed before its last drain
 
     def claim(job_id: int) -> tuple[int, float, int]:
         return idle_claim(demand_of(job_id), policy)
@@ -84,7 +95,22 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
     return False
 
 
-def _read_job(sim: Simulator, job_id: int) -> tuple[int, Boundary | None, int | None]:
+def _read_slice(sim: Simulator, changed: Iterable[int], read: dict[int, JobRead]) -> SliceRead:
+    """What `sees` reads of a part of the log, the same for every host that reads that part:
+    its jobs, their sizes, and the first place in `drain_order` among those no host claimed."""
+    ids, sizes, first = frozenset(changed), set(), None
+    for job_id in ids:
+        found = read.get(job_id)
+        if found is None:
+            found = read[job_id] = _read_job(sim, job_id)
+        gpus, order, claimer = found
+        sizes.add(gpus)
+        if order is not None and claimer is None and (first is None or order < first):
+            first = order
+    return ids, sizes, first
+
+
+def _read_job(sim: Simulator, job_id: int) -> JobRead:
     """What `sees` reads of a job, the same for every host while the top of the queue and
     the claims stay as they are: its GPUs, its place in `drain_order` if it is a multi-GPU
     job at the top (not protected: `sees` handles a host's protected jobs before), and the
