@@ -54,7 +54,14 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
     and so do those after it of its size), and is no candidate to drain there now (gone,
     or claimed by another host: a candidate that left had failed to drain, or came after
     the last drain), or one after `boundary` in `drain_order` (`plan._Reserver.run` reads
-    no further) or that finds no block it may take."""
+    no further) or that finds no block it may take.
+
+    A 1-GPU job where every idle slot is a single and no multi-GPU job's timeout is
+    known changes only which job a single is kept for (`Plan.singles`, then unknown:
+    None): decisions open a single outside the drains and close one inside either way
+    (`decide`; singles kept in a drain matter only to a drain for a job whose timeout is
+    known, `_Reserver._drain`), no multi-GPU job can use its GPU (no idle block), and the
+    drains keep their blocks."""
     last = host.boundary
     if last is None:
         return True
@@ -78,6 +85,7 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
     def claim(job_id: int) -> tuple[int, float, int]:
         return idle_claim(demand_of(job_id), policy)
 
+    only_singles = idle.keys() == {1} and not sim.timed_multi  # see the docstring's last paragraph
     for job_id in changed:
         if job_id in own:
             if job_id in host.claimed and claims.get(job_id) == host_no and job_id in sim.queue:
@@ -87,6 +95,9 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
         if found is None:
             found = read[job_id] = _read_job(sim, job_id)
         gpus, order, claimer = found
+        if only_singles and gpus == 1:
+            host.singles = None  # which 1-GPU job keeps which single: all it could change
+            continue
         if idle and gpus in idle and _may_take(idle[gpus], demand_of(job_id), protected, demand_of, claim):
             return True
         if order is not None and order < last and (claimer is None or claimer == host_no) \
@@ -347,8 +358,8 @@ def own_end(sim: Simulator, now: float, host_no: int, runner: SimRunner | None) 
         return False
     host = sim.hosts[host_no]
     gpu = runner.slot.gpus[0]
-    if (host_no in sim._dirty or runner.slot.size != 1 or not runner.open or host.singles
-            or host.recheck_at != float("inf") or host.gated(gpu, now)
+    if (host_no in sim._dirty or runner.slot.size != 1 or not runner.open
+            or host.singles is None or host.singles or host.recheck_at != float("inf") or host.gated(gpu, now)
             or any(gpu in host.slot_of[name].gpus for name in host.reserved)):
         return False
     idle = [o is None and not host.gated(g, now) for g, o in enumerate(host.owner)]
