@@ -142,27 +142,27 @@ def _may_take(slots: Iterable[tuple[int, ...]], demand: Demand, protected: froze
 
 def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
              policy: PlanPolicy) -> Boundary | None:
-    """After a plan that changed nothing (`sees`), if no block is open on idle GPUs and
-    backfill can open nothing: how far in `drain_order` it read, to its last drain if it
-    drained as many blocks as it may, everything if it drained none (each candidate
-    failed); else None (a drain may have given way to a later one). Notes the blocks and
-    the idle slots with the jobs drained for on their GPUs: an idle slot outside every
-    drain has none, so any job of its size may take it (`sees` plans again for it), and
-    a job of a size with no idle slot takes nothing in `plan._Reserver._idle`."""
+    """After a plan that changed nothing (`sees`), if each idle GPU lies in a block
+    drained for a job (still busy, so no block opened on idle GPUs, and only a job that
+    may cut in takes an idle slot): how far in `drain_order` it read, to its last drain
+    if it drained as many blocks as it may, everything if it drained none (each
+    candidate failed); else None (a drain may have given way to a later one). Notes the
+    blocks and the idle slots with the jobs drained for on their GPUs."""
     owner = host.owner
-    drained: dict[int, int] = {}  # GPU -> the job a block on it is reserved for (`_Reserver.draining`)
-    drains = []  # those with a busy GPU: drains (the others are idle blocks taken, open now)
+    drained: dict[int, int] = {}
     for name, job_id in host.reserved.items():
         gpus = host.slot_of[name].gpus
-        if any(owner[g] is not None for g in gpus):
-            drains.append(job_id)
+        if all(owner[g] is None for g in gpus):
+            return None  # open on idle GPUs
         drained.update((g, job_id) for g in gpus)
     # SimHost.gated and the idle GPUs, inline
     gated = [bool(n) or until > now for n, until in zip(host.foreign, host.closed_until, strict=True)]
     idle = [o is None and not shut for o, shut in zip(owner, gated, strict=True)]
+    if any(idle[g] and g not in drained for g in range(len(owner))):
+        return None
     if _backfill_here(host, idle, policy):
         return None  # a 1-GPU job coming or going may open or close a backfill single
-    if not drained and not any(gated) and not any(idle):  # every block usable, none drained, nothing idle
+    if not drained and not any(gated):  # every block usable, none drained, nothing idle
         host.blocks, host.idle_slots = host.all_blocks, {}
     else:
         key = (tuple(host.reserved.items()), tuple(gated), tuple(idle))
@@ -172,11 +172,11 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
                 host.read.clear()
             found = host.read[key] = _read(host, drained, gated, idle)
         host.blocks, host.idle_slots = found
-    if not drains:
+    if not host.reserved:
         return EVERYTHING
-    if len(drains) != policy.max_draining:
+    if len(host.reserved) != policy.max_draining:
         return None
-    return max(drain_order(demand_of(j), host.protected, policy) for j in drains)
+    return max(drain_order(demand_of(j), host.protected, policy) for j in host.reserved.values())
 
 
 def _read(host: SimHost, drained: dict[int, int], gated: list[bool],
@@ -205,13 +205,10 @@ def _backfill_here(host: SimHost, idle: list[bool], policy: PlanPolicy) -> bool:
 
 def _may_backfill(host: SimHost, gpus: tuple[int, ...], idle: list[bool]) -> bool:
     """Could `controller.backfill` open a single in this drained block? Only on an idle
-    GPU, and only if the drain's end is known: a job runs on the block (else it opens
-    now) and each such job has an `ends_by` (its timeout). Else it opens none there,
-    whatever the queue or the time."""
-    if not any(idle[g] for g in gpus):
-        return False
-    running = [r for r in host.runners if r.job is not None and any(g in gpus for g in r.slot.gpus)]
-    return bool(running) and all(r.ends_by is not None for r in running)
+    GPU, and only if the drain's end is known: each job running on the block has an
+    `ends_by` (its timeout). Else it opens none there, whatever the queue or the time."""
+    return any(idle[g] for g in gpus) and all(r.ends_by is not None for r in host.runners
+                                              if r.job is not None and any(g in gpus for g in r.slot.gpus))
 
 
 def reconcile(sim: Simulator, now: float, host_no: int) -> None:
