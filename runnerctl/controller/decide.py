@@ -38,11 +38,10 @@ def decide(observed: Observed, busy: Mapping[int, list[str]],
     for state in observed.slots:
         slot = state.slot
         gpus = slot.gpus
-        if closed:
-            shut = [g for g in gpus if g in closed]
-            if shut:
-                append(new(Decision, (slot, False, f"GPU {shut[0]} closed: {closed[shut[0]]}")))
-                continue
+        if closed and not closed.keys().isdisjoint(gpus):
+            shut = next(g for g in gpus if g in closed)
+            append(new(Decision, (slot, False, f"GPU {shut} closed: {closed[shut]}")))
+            continue
         name = slot.name
         if held and name in held:
             append(new(Decision, (slot, False, held[name])))

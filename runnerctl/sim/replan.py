@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 Boundary = tuple[int, bool, float, int]  # a place in `drain_order`
 READ_KEPT = 64  # `boundary`: the reads kept per host (its states recur as jobs come and go)
 EVERYTHING: Boundary = (len(PRIORITY_RANK), False, float("inf"), 0)  # after every place
+JobRead = tuple[int, Boundary | None, int | None]  # `_read_job`
+SliceRead = tuple[frozenset[int], set[int], Boundary | None]  # `_read_slice`
+SeesRead = tuple[int, dict[int, JobRead], dict[int, SliceRead]]  # Simulator.sees_read: at which log length
 
 
 def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) -> bool:
@@ -51,7 +54,14 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
     and so do those after it of its size), and is no candidate to drain there now (gone,
     or claimed by another host: a candidate that left had failed to drain, or came after
     the last drain), or one after `boundary` in `drain_order` (`plan._Reserver.run` reads
-    no further) or that finds no block it may take."""
+    no further) or that finds no block it may take.
+
+    A 1-GPU job where every idle slot is a single and no multi-GPU job's timeout is
+    known changes only which job a single is kept for (`Plan.singles`, then unknown:
+    None): decisions open a single outside the drains and close one inside either way
+    (`decide`; singles kept in a drain matter only to a drain for a job whose timeout is
+    known, `_Reserver._drain`), no multi-GPU job can use its GPU (no idle block), and the
+    drains keep their blocks."""
     last = host.boundary
     if last is None:
         return True
@@ -61,12 +71,21 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
     demand_of = sim._demand_of
     at = sim._logged + len(sim._log)
     if sim.sees_read[0] != at:  # read again after each change of the top or of a claim
-        sim.sees_read = at, {}
-    read = sim.sees_read[1]
+        sim.sees_read = at, {}, {}
+    read, slices = sim.sees_read[1], sim.sees_read[2]
+    whole = slices.get(host.seen)  # what the hosts that read the log from here read of it
+    if whole is None:
+        whole = slices[host.seen] = _read_slice(sim, changed, read)
+    ids, sizes, first = whole
+    if (own.isdisjoint(ids) and host.claimed.isdisjoint(ids) and (not idle or idle.keys().isdisjoint(sizes))
+            and (first is None or not first < last)):
+        return False  # the loop below finds nothing: no job of the host's own, none that fits an
+        # idle slot, none claimed by it, and none unclaimed before its last drain
 
     def claim(job_id: int) -> tuple[int, float, int]:
         return idle_claim(demand_of(job_id), policy)
 
+    only_singles = idle.keys() == {1} and not sim.timed_multi  # see the docstring's last paragraph
     for job_id in changed:
         if job_id in own:
             if job_id in host.claimed and claims.get(job_id) == host_no and job_id in sim.queue:
@@ -76,6 +95,9 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
         if found is None:
             found = read[job_id] = _read_job(sim, job_id)
         gpus, order, claimer = found
+        if only_singles and gpus == 1:
+            host.singles = None  # which 1-GPU job keeps which single: all it could change
+            continue
         if idle and gpus in idle and _may_take(idle[gpus], demand_of(job_id), protected, demand_of, claim):
             return True
         if order is not None and order < last and (claimer is None or claimer == host_no) \
@@ -84,7 +106,22 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
     return False
 
 
-def _read_job(sim: Simulator, job_id: int) -> tuple[int, Boundary | None, int | None]:
+def _read_slice(sim: Simulator, changed: Iterable[int], read: dict[int, JobRead]) -> SliceRead:
+    """What `sees` reads of a part of the log, the same for every host that reads that part:
+    its jobs, their sizes, and the first place in `drain_order` among those no host claimed."""
+    ids, sizes, first = frozenset(changed), set(), None
+    for job_id in ids:
+        found = read.get(job_id)
+        if found is None:
+            found = read[job_id] = _read_job(sim, job_id)
+        gpus, order, claimer = found
+        sizes.add(gpus)
+        if order is not None and claimer is None and (first is None or order < first):
+            first = order
+    return ids, sizes, first
+
+
+def _read_job(sim: Simulator, job_id: int) -> JobRead:
     """What `sees` reads of a job, the same for every host while the top of the queue and
     the claims stay as they are: its GPUs, its place in `drain_order` if it is a multi-GPU
     job at the top (not protected: `sees` handles a host's protected jobs before), and the
@@ -318,8 +355,8 @@ def own_end(sim: Simulator, now: float, host_no: int, runner: SimRunner | None) 
         return False
     host = sim.hosts[host_no]
     gpu = runner.slot.gpus[0]
-    if (host_no in sim._dirty or runner.slot.size != 1 or not runner.open or host.singles
-            or host.recheck_at != float("inf") or host.gated(gpu, now)
+    if (host_no in sim._dirty or runner.slot.size != 1 or not runner.open
+            or host.singles is None or host.singles or host.recheck_at != float("inf") or host.gated(gpu, now)
             or any(gpu in host.slot_of[name].gpus for name in host.reserved)):
         return False
     idle = [o is None and not host.gated(g, now) for g, o in enumerate(host.owner)]

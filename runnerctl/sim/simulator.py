@@ -62,7 +62,7 @@ from runnerctl.sim.inputs import ForeignUse, SimConfig, TraceJob
 from runnerctl.sim.metrics import metrics
 from runnerctl.sim.queue import PendingQueue
 from runnerctl.sim.reference import REFERENCE, schedule
-from runnerctl.sim.replan import Boundary, own_end, own_start, reconcile, sees
+from runnerctl.sim.replan import SeesRead, own_end, own_start, reconcile, sees
 from runnerctl.sim.timeouts import job_timeouts
 from runnerctl.sim.top import QueueTop
 
@@ -116,7 +116,7 @@ class Simulator:
         self._log: list[int] = []
         self._logged = 0  # jobs dropped from the log's start (every host has seen them)
         # replan.sees: what it read of the logged jobs (their size, place, claim), and at which log length
-        self.sees_read: tuple[int, dict[int, tuple[int, Boundary | None, int | None]]] = (-1, {})
+        self.sees_read: SeesRead = (-1, {}, {})
         # the top jobs' demand, their ids, those claimed (same for every host; see _host_demand)
         self._common: tuple[tuple[Demand, ...], frozenset[int], frozenset[int]] | None = None
         self._demand: dict[int, Demand] = {}
@@ -330,7 +330,7 @@ class Simulator:
     def _tick(self, now: float) -> None:
         self._last_tick = now
         self._ticks.discard(now)
-        self.sees_read = (-1, {})  # jobs may have started or been claimed or dropped since
+        self.sees_read = (-1, {}, {})  # jobs may have started or been claimed or dropped since
         if self.fair.refresh(self, now):
             self._fair_refresh()
         if self.top.stale:
