@@ -119,7 +119,7 @@ NOTE = ("The reference rows are policies without runners or fair share (`greedy`
         "flood's pending jobs from the moment they are submitted (its k-th job about k steps "
         "younger), and the others' p95 comes to about 1.1x their figure without the flood. "
         "Jain's index with the flood falls as fair share protects the others (0.85 off, 0.77 "
-        "usage only, 0.73 with the queue share, instance runners): it is over users' mean "
+        "usage only, 0.725 with the queue share, instance runners): it is over users' mean "
         "bounded slowdowns, and the flood's slowdown, the largest, grows when its jobs wait "
         "behind everyone else's (its many short jobs wait hours), while the others' shrink. "
         "So no configuration here holds both bounds. With group runners GitLab hands every "

@@ -156,7 +156,8 @@ def _record(job_id: int, user: str, project: str, gpus: int, start: float, end: 
 def test_the_controller_and_the_simulator_give_the_same_fair_s(tmp_path: Path) -> None:
     """The same past, running and pending jobs, read by the controller (job history in its
     store, pending jobs from GitLab) and by the simulator (its started jobs and queue):
-    the same `fair_s` for every pending job."""
+    the same `fair_s` for every pending job, at a usage read and between two (a job that
+    started counts as running at once, once even while an older poll still lists it)."""
     now = time.time()
     ran = [(1, "ann", "g/a", 4, now - 5 * HOUR, now - 2 * HOUR),
            (2, "bob", "g/b", 1, now - HOUR, now - 600.0), (3, "ann", "g/a", 2, now - 1800.0, None),
@@ -167,16 +168,29 @@ def test_the_controller_and_the_simulator_give_the_same_fair_s(tmp_path: Path) -
     settings = ControllerSettings(fair_weight_h=6.0, fair_half_life_h=24.0)
     store = Store.open(state_dir=tmp_path)
     jobs_store.save_jobs(store, [_record(*r, now=now) for r in ran])
-    pending = [PendingJob(j, 7, gpus, created, "normal", None, f"https://gitlab.example/{project}/-/jobs/{j}",
-                          user) for j, user, project, gpus, created in waiting]
-    controller = FairShare(store, settings).penalties(pending, now)
+
+    def pending_job(j: int, user: str, project: str, gpus: int, created: float) -> PendingJob:
+        url = f"https://gitlab.example/{project}/-/jobs/{j}"
+        return PendingJob(j, 7, gpus, created, "normal", None, url, user)
+
+    pending = [pending_job(*w) for w in waiting]
+    fair = FairShare(store, settings)
+    controller = fair.penalties(pending, now)
+    # 30 s later, between two usage reads: ann's job 10 started (its host wrote its row),
+    # eve's job 15 arrived; GitLab's list may still show job 10 pending (an older poll)
+    later = now + 30.0
+    jobs_store.save_jobs(store, [_record(10, "ann", "g/a", 1, later, None, now=later)])
+    eve = (15, "eve", "g/e", 1, later - 10.0)
+    fresh = [pending_job(*w) for w in [*waiting[1:], eve]]
+    controller_later = fair.penalties(fresh, later)
+    controller_stale = fair.penalties([pending[0], *fresh], later)
     store.close()
 
     t0 = now - 10 * HOUR  # the simulator's clock starts at 0
     trace = [TraceJob(j, start - t0, gpus, HOUR, project=project, user=user)
              for j, user, project, gpus, start, _ in ran]
     trace += [TraceJob(j, created - t0, gpus, HOUR, project=project, user=user)
-              for j, user, project, gpus, created in waiting]
+              for j, user, project, gpus, created in [*waiting, eve]]
     config = SimConfig(fair=FairPolicy(weight_s=6 * HOUR, half_life_s=24 * HOUR))
     sim = Simulator(trace, config)
     for j, _, _, _, start, end in ran:
@@ -190,23 +204,46 @@ def test_the_controller_and_the_simulator_give_the_same_fair_s(tmp_path: Path) -
     assert simulated == pytest.approx(controller, rel=1e-9, abs=1e-6)
     assert len(set(round(v) for v in controller.values())) == len(waiting)  # the check tells them apart
 
+    sim.fair.started(sim.jobs[10], later - t0)
+    sim.queue.remove(10)
+    sim.queue.add(15, 1, "normal")
+    assert sim.fair.refresh(sim, later - t0)  # job 10 now runs, eve waits: values moved
+    simulated = {j: sim.fair.fair_s(sim.jobs[j]) for j in controller_later}
+    assert simulated == pytest.approx(controller_later, rel=1e-9, abs=1e-6)
+    assert controller_later[11] != pytest.approx(controller[11])  # eve counts among those present
+    assert controller_later[12] > controller[12]  # ann's job 10 runs: counted at once, not a minute later
+    del controller_stale[10]
+    assert controller_stale == pytest.approx(controller_later, rel=1e-9, abs=1e-6)  # job 10 counted once
+
 
 def test_simulate_command_takes_the_queue_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`runnerctl simulate --fair-queue-step-min`: with 0 (usage only, read every 5
-    minutes) the 2-GPU job waits behind the flood's second round; by default it counts the
-    flood at once and starts after the first."""
+    """`runnerctl simulate --fair-queue-step-min`: with 0 (usage only, read once a minute as
+    the controller reads it) the 2-GPU job waits behind the flood's second round, which
+    starts at 30 s before usage is read again at 60 s; by default it counts the flood at
+    once and starts as the first round ends."""
     from runnerctl.cli import main
 
     trace = tmp_path / "jobs.csv"
     rows = ["job_id,submit_time,gpus,duration,project,priority,user,timeout"]
-    rows += [f"{i},0,1,200,flood,normal,fay,3600" for i in range(1, 41)]
-    rows.append("50,60,2,600,other,normal,ola,3600")
+    rows += [f"{i},0,1,30,flood,normal,fay,3600" for i in range(1, 41)]
+    rows.append("50,5,2,600,other,normal,ola,3600")
     trace.write_text("\n".join(rows) + "\n")
     waits = {}
     for step in ("0", "5"):
         assert main(["simulate", "--trace", str(trace), "--runner-type", "instance", "--fair-weight-h", "12",
                      "--fair-queue-step-min", step, "--json"]) == 0
         waits[step] = json.loads(capsys.readouterr().out)["users"]["ola"]["wait_p50_s"]
-    assert waits["5"] < 200 < 340 < waits["0"]
+    assert waits["5"] < 30 < 50 < waits["0"]
     assert main(["simulate", "--trace", str(trace), "--fair-queue-step-min", "-1"]) == 2
     assert "fair-queue-step-min" in capsys.readouterr().err
+
+
+def test_a_running_row_counts_while_its_host_samples_it_within_three_ticks(tmp_path: Path) -> None:
+    """A host samples its open rows once a tick: with a long `interval_s` a row stays
+    "running" for three ticks, not only the 10-minute floor."""
+    store = Store.open(state_dir=tmp_path)
+    try:
+        assert FairShare(store, ControllerSettings(fair_weight_h=1.0)).alive_s == 600.0
+        assert FairShare(store, ControllerSettings(fair_weight_h=1.0, interval_s=900.0)).alive_s == 2700.0
+    finally:
+        store.close()

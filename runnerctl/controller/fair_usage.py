@@ -1,11 +1,12 @@
 """The controller's fair share: each pending job's `Demand.fair_s` from the job history.
 
 Why a module: `fairshare` is pure; this one reads the store (every host's job history,
-`jobs_store.jobs`, one query) at most once per `REFRESH_S`, so fair share costs the tick
-nothing most of the time. Use older than ten half-lives weighs under 0.1 % and is not
-read. The same read gives the jobs running on every host (those not ended), which the
-queue share counts with the pending jobs (up to `REFRESH_S` old) (`fairshare.fair_seconds`, as the simulator
-does). A job's user is its GitLab login, its project the project's path (as the history
+`jobs_store.jobs`, one query) at most once per `REFRESH_S` for usage. Use older than ten
+half-lives weighs under 0.1 % and is not read. The queue share counts the jobs running
+on every host with the pending ones, so those are read at every tick (the open rows,
+`jobs_store.open_jobs`: one indexed query): a job that just started leaves GitLab's
+pending list and must count as running at once, as in the simulator
+(`fairshare.fair_seconds`). A job's user is its GitLab login, its project the project's path (as the history
 records it from CI_PROJECT_PATH or the job's page); `[controller] user_shares` and
 `project_shares` name them so.
 """
@@ -24,7 +25,8 @@ from runnerctl.settings import ControllerSettings
 REFRESH_S = 60.0
 ALIVE_S = 600.0
 """An open history row counts as a running job if its host sampled it this recently (a
-host that went away leaves its rows open)."""
+host that went away leaves its rows open); at least three of the controller's ticks
+(`[controller] interval_s`), since a host samples its rows once a tick."""
 
 
 def policy_of(settings: ControllerSettings) -> FairPolicy:
@@ -36,8 +38,8 @@ def policy_of(settings: ControllerSettings) -> FairPolicy:
 class FairShare:
     def __init__(self, store: Store, settings: ControllerSettings) -> None:
         self.store, self.policy = store, policy_of(settings)
+        self.alive_s = max(ALIVE_S, 3 * settings.interval_s)
         self.usage: Usage | None = None
-        self.running: tuple[Queued, ...] = ()  # jobs running at the last read (queue share)
         self._read_at = float("-inf")
 
     def penalties(self, pending: Iterable[PendingJob], now: float) -> dict[int, float]:
@@ -46,15 +48,15 @@ class FairShare:
             return {}
         if self.usage is None or now - self._read_at >= REFRESH_S:
             since = now - 10 * self.policy.half_life_s
-            records = jobs_store.jobs(self.store, since=since)
-            spans = (Span(r.user, r.project, len(r.gpus), r.started_at, r.ended_at) for r in records)
+            spans = (Span(r.user, r.project, len(r.gpus), r.started_at, r.ended_at)
+                     for r in jobs_store.jobs(self.store, since=since))
             self.usage, self._read_at = Usage.of(spans, now, self.policy.half_life_s), now
-            self.running = tuple(Queued(r.job_id, r.user, r.project, len(r.gpus), r.started_at)
-                                 for r in records if r.ended_at is None and now - r.seen_at < ALIVE_S)
+        running = [Queued(r.job_id, r.user, r.project, len(r.gpus), r.started_at)
+                   for r in jobs_store.open_jobs(self.store) if now - r.seen_at < self.alive_s]
         jobs = [queued(j) for j in pending]
         table = Penalties(self.usage, self.policy, users={j.user for j in jobs},
                           projects={j.project for j in jobs})
-        return fair_seconds(table, jobs, self.running)
+        return fair_seconds(table, jobs, running)
 
 
 def queued(job: PendingJob) -> Queued:

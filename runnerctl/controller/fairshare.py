@@ -174,18 +174,22 @@ def queue_share_s(pending: Iterable[Queued], running: Iterable[Queued], step_s: 
 
     Within one user the order stays age order, and a job's value changes only when one
     of its user's or project's jobs ends, leaves the queue unstarted, or starts ahead of
-    an older one of theirs."""
+    an older one of theirs. A job both running and pending (the controller's list of
+    pending jobs is a poll older than the host's lease) counts once, as running."""
     by_user: dict[str, int] = {}
     by_project: dict[str, int] = {}
+    held: set[int] = set()
     for job in running:
+        held.add(job.job_id)
         by_user[job.user] = by_user.get(job.user, 0) + job.gpus
         by_project[job.project] = by_project.get(job.project, 0) + job.gpus
     found: dict[int, float] = {}
     for job in sorted(pending, key=lambda j: (j.created_at, j.job_id)):
         user, project = by_user.get(job.user, 0), by_project.get(job.project, 0)
         found[job.job_id] = step_s * (user + project) / 2.0
-        by_user[job.user] = user + job.gpus
-        by_project[job.project] = project + job.gpus
+        if job.job_id not in held:  # one that started is still pending in an older poll: once
+            by_user[job.user] = user + job.gpus
+            by_project[job.project] = project + job.gpus
     return found
 
 

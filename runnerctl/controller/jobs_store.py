@@ -100,11 +100,13 @@ def save_jobs(store: Store, records: Iterable[JobRecord]) -> None:
                         f"ON CONFLICT (host, job_id) DO UPDATE SET {updates}", row)
 
 
-def open_jobs(store: Store, host: str) -> list[JobRecord]:
-    """The host's jobs not yet closed (running when its controller last looked)."""
+def open_jobs(store: Store, host: str | None = None) -> list[JobRecord]:
+    """The host's jobs not yet closed (running when its controller last looked); every
+    host's when `host` is None (fair share's queue share reads them each tick)."""
+    where, params = ("AND host = ? ", (host,)) if host is not None else ("", ())
     with store.transaction() as cur:
-        rows = cur.query(f"SELECT {', '.join(_COLUMNS)} FROM job_history WHERE host = ? AND ended_at IS NULL "
-                         "ORDER BY job_id", (host,))
+        rows = cur.query(f"SELECT {', '.join(_COLUMNS)} FROM job_history WHERE ended_at IS NULL {where}"
+                         "ORDER BY host, job_id", params)
     return [_record(r) for r in rows]
 
 

@@ -49,6 +49,7 @@ class SimFair:
         self.usage = Usage(config.fair.half_life_s)
         self.spans: dict[int, Span] = {}  # jobs that ran since the last read
         self.penalties = Penalties(self.usage, self.policy)
+        self.present: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
         self.next_at = float("-inf")
         self.held: dict[int, Queued] = {}  # jobs running now (queue share)
         self.table: dict[int, float] = {}  # job id -> fair_s, as of the last tick it was pending
@@ -69,21 +70,26 @@ class SimFair:
 
     def refresh(self, sim: Simulator, now: float) -> bool:
         """At a controller tick: read usage again if `fair_update_s` passed, and every
-        pending job's `fair_s` from it and the queue (`fairshare.fair_seconds`, as the
-        controller does at each tick); True if a job's `fair_s` may differ from what the
-        simulator remembers (a new job's is new)."""
+        pending job's `fair_s` from it, the users and projects waiting now and the queue
+        (`fairshare.fair_seconds`), as the controller does at each tick; True if a job
+        the simulator remembers now has another `fair_s` (a new job has no remembered
+        value: nothing planned from it yet)."""
         if not self.on:
             return False
         read = now >= self.next_at
         if read:
-            self._read(sim, now)
+            self._read(now)
         pending = [_queued(sim.jobs[j]) for j in sim.queue]
+        present = (frozenset(j.user for j in pending), frozenset(j.project for j in pending))
+        if read or present != self.present:
+            self.present = present
+            self.penalties = Penalties(self.usage, self.policy, users=present[0], projects=present[1])
         fresh = fair_seconds(self.penalties, pending, self.held.values())
         changed = any(self.table.get(j, s) != s for j, s in fresh.items())
         self.table.update(fresh)  # a job that left keeps its last value (the change log may read it)
         return read or changed
 
-    def _read(self, sim: Simulator, now: float) -> None:
+    def _read(self, now: float) -> None:
         self.next_at = now + self.update_s
         last = self.usage.at
         self.usage.decay_to(now)
@@ -91,9 +97,6 @@ class SimFair:
             self.usage.add(span, since=last)
             if span.end is not None:
                 del self.spans[job_id]
-        pending = [sim.jobs[j] for j in sim.queue]
-        self.penalties = Penalties(self.usage, self.policy, users={j.owner for j in pending},
-                                   projects={j.project for j in pending})
 
     def fair_s(self, job: TraceJob) -> float:
         """The job's `Demand.fair_s` as of the last tick (a pending job's is read only at a tick)."""

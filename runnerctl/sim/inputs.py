@@ -56,7 +56,7 @@ class SimConfig:
     """Which job GitLab hands a polling runner (`runnerctl.sim.fair`): "group" (and
     project) runners the oldest, "instance" runners fair by project."""
     fair: FairPolicy = FairPolicy()  # dynamic: fair share between users and projects (off: weight 0)
-    fair_update_s: float = 300.0  # dynamic: how often the controller reads usage again
+    fair_update_s: float = 60.0  # dynamic: how often the controller reads usage again (fair_usage.REFRESH_S)
     pending_timeouts: str = "trace"
     """What `dynamic`'s planner knows of a pending job's timeout (`Demand.timeout_s`;
     `timeouts`): "trace": the timeout it will run under (the trace's, capped by its
