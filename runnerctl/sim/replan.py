@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from runnerctl.controller.claims import waiting
 from runnerctl.controller.plan import (
     Demand,
     Observed,
@@ -216,8 +217,7 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
     the runner changes and record what other hosts must see (claims, the replan log)."""
     host = sim.hosts[host_no]
     host.seen = sim._logged + len(sim._log)
-    foreign, until = host.foreign, host.closed_until  # SimHost.gated, inline
-    closed = {g: "foreign" for g in range(len(foreign)) if foreign[g] or until[g] > now}
+    closed = {g: "foreign" for g in range(len(host.owner)) if host.gated(g, now)}
     demand, elsewhere = sim._host_demand(host_no)
     observed = Observed(tuple([r.state for r in host.runners]), closed, demand, host.reserved,
                         protected=host.protected, elsewhere=elsewhere, now=now)
@@ -244,10 +244,8 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
     reserved = dict(result.reserved)
     for name, job_id in reserved.items():
         sim.first_block.setdefault(job_id, (host_no, by_name[name].slot.gpus))
-    owner = host.owner  # a GPU has an owner while a runner's job runs on it: `claims.waiting`
-    drained = host.drained | {job for name, job in reserved.items() if job in result.claims
-                              and any(owner[g] is not None for g in host.slot_of[name].gpus)} \
-        if reserved else host.drained
+    drained = host.drained | {reserved[name] for name in waiting(observed, result)
+                              if reserved[name] in result.claims} if reserved else host.drained
     if (not pauses and not resumes and reserved == host.reserved and result.protected == host.protected
             and drained == host.drained):
         sim._dirty.discard(host_no)
