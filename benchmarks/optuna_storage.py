@@ -54,7 +54,8 @@ The configurations (`--configs`), all measured in the same run:
   host only), the cheapest storage there is, as the reference;
 - `sqlite`: plain Optuna on a SQLite file next to it (not in the default set).
 
-PostgreSQL is a server started by runnerctl (`runnerctl.postgres`) in a scratch
+Needs the `test` (or `optuna`) and `bench` extras (`pip install -e '.[test,bench]'`; `bench` is
+grpcio for `grpc-pg`). PostgreSQL is a server started by runnerctl (`runnerctl.postgres`) in a scratch
 directory (`--scratch DIR` puts it on the disk your workers would use; default: a
 temporary directory); the run measures that disk's fsync time first. The table goes
 into benchmarks/RESULTS.md between the optuna-storage markers (`--no-write` leaves it).
@@ -64,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import os
 import shutil
 import socket
@@ -231,8 +233,12 @@ def postgres(scratch: Path) -> Iterator[tuple[str, int, str]]:
 
 
 @contextmanager
-def grpc_proxy(url: str) -> Iterator[tuple[str, int]]:
-    """Optuna's gRPC proxy in front of `url`, in its own process; yields grpc:HOST:PORT and its pid."""
+def grpc_proxy(url: str, wanted: bool) -> Iterator[tuple[str, int]]:
+    """Optuna's gRPC proxy in front of `url`, in its own process; yields grpc:HOST:PORT and its pid
+    (nothing starts unless `wanted`)."""
+    if not wanted:
+        yield "", 0
+        return
     port = _free_port()
     code = ("import optuna, sys; optuna.logging.set_verbosity(optuna.logging.ERROR); "
             "optuna.storages.run_grpc_proxy_server(optuna.storages.get_storage(sys.argv[1]), "
@@ -340,6 +346,9 @@ def main() -> int:
     unknown = [c for c in configs if c not in LABELS]
     if unknown:
         parser.error(f"unknown configuration {unknown[0]!r}; choose from {', '.join(LABELS)}")
+    if "grpc-pg" in configs and importlib.util.find_spec("grpc") is None:
+        parser.error("grpc-pg needs grpcio: pip install -e '.[test,bench]' (or leave grpc-pg "
+                     "out of --configs)")
     scratch = Path(tempfile.mkdtemp(prefix="optuna-bench-", dir=args.scratch))
     os.chmod(scratch, 0o755)  # the server runs as the postgres user when we are root
     runs: list[Run] = []
@@ -348,7 +357,8 @@ def main() -> int:
     print(f"scratch {scratch}: fsync {fsync:.2f} ms (median of 50)", flush=True)
     workers = Workers(max(counts))
     try:
-        with postgres(scratch) as (pg_url, pg_pid, pg_admin), grpc_proxy(pg_url) as (grpc_url, grpc_pid):
+        with postgres(scratch) as (pg_url, pg_pid, pg_admin), \
+                grpc_proxy(pg_url, "grpc-pg" in configs) as (grpc_url, grpc_pid):
             journal_pg = pg_url.replace("postgresql+psycopg://", "journal+postgresql://", 1)
             targets = {"journal-pg": Target(journal_pg, journal_pg, (pg_pid,)),
                        "rdb-pg": Target(pg_url, pg_url, (pg_pid,)),
