@@ -1,18 +1,20 @@
 """dynamic against greedy and easy-oracle on lab-like traces (issue 16), in one run.
 
-    python benchmarks/simulate_lab.py [--jobs-per-host 200] [--seeds 1,2,3] [--shapes diurnal,flat]
+    python benchmarks/simulate_lab.py [--jobs-per-host 200] [--seeds 1,2,3] [--shapes diurnal,flat,philly]
                                       [--no-write]
 
 Traces from `runnerctl.sim.labtrace.lab_trace` (heavy-tailed durations, bursts of 50
 1-GPU jobs, five users with their own job mixes, timeouts, foreign use, offered load
-0.85 on average) on 1 x 8, 2 x 8 and 4 x 8 GPUs, in two shapes: `diurnal` (a lab's
-working day: about 1.8 offered in working hours, 0.1 of that rate at night) and
-`flat` (arrivals uniform over the span). For each shape, trace and seed: dynamic's makespan as a
-ratio of greedy's and of easy-oracle's (both measured in the same run), its p95 wait
-per GPU count against easy-oracle's, its longest 8-GPU wait against greedy's (and
-easy-oracle's against greedy's, what a clairvoyant reservation gets), and issue 16's
-first acceptance point checked: makespan <= 1.03x greedy's and <= 1.06x easy-oracle's,
-p95 wait of every GPU count <= 2x easy-oracle's (at least a minute), longest 8-GPU wait <= 1/3 of greedy's.
+0.85 on average) on 1 x 8, 2 x 8 and 4 x 8 GPUs, in three shapes: `diurnal` (a lab's
+working day: about 1.8 offered in working hours, 0.1 of that rate at night), `flat`
+(arrivals uniform over the span) and `philly` (flat, with run times drawn from a
+production GPU cluster's: the Philly trace's, `runnerctl.sim.philly`). For each shape,
+trace and seed: dynamic's makespan as a ratio of greedy's and of easy-oracle's (both
+measured in the same run), its p95 wait per GPU count against easy-oracle's, its longest
+8-GPU wait against greedy's (and easy-oracle's against greedy's, what a clairvoyant
+reservation gets), and issue 16's first acceptance point checked: makespan <= 1.03x
+greedy's and <= 1.06x easy-oracle's, p95 wait of every GPU count <= 2x easy-oracle's (at
+least a minute), longest 8-GPU wait <= 1/3 of greedy's.
 
 The first table's `dynamic` knows every pending job's timeout from the trace
 (`SimConfig.pending_timeouts` "trace"), which no real controller can: GitLab's jobs API
@@ -50,20 +52,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs-per-host", type=int, default=200)
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated trace seeds")
-    parser.add_argument("--shapes", default="diurnal,flat", help="comma-separated: diurnal, flat")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated: {', '.join(SHAPES)}")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md as it is")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     shapes = args.shapes.split(",")
-    if not shapes or any(s not in ("diurnal", "flat") for s in shapes):
-        parser.error("--shapes takes diurnal and/or flat, comma-separated")
+    if not shapes or any(s not in SHAPES for s in shapes):
+        parser.error(f"--shapes takes {', '.join(SHAPES)}, comma-separated")
     lines = ["## Lab-like traces: dynamic against greedy and easy-oracle", "",
              f"`python benchmarks/simulate_lab.py` ({args.jobs_per_host} jobs per host, seeds "
              f"{args.seeds}; `runnerctl.sim.labtrace`: lognormal durations with sigma 1.5-1.8 killed at "
              "their timeout, bursts of 50 1-GPU jobs, five users, 4 foreign uses per host, offered "
              "load 0.85 on average; `diurnal`: arrivals on a working day, 09:00-19:00 on weekdays at 10 "
              "times the rate of other hours, so about 1.8 offered in working hours; `flat`: uniform "
-             "arrivals). Waits in minutes; p95 per GPU count 1/2/4/8 as dynamic / easy-oracle; "
+             "arrivals; `philly`: uniform arrivals, and each job's run time drawn from the Philly "
+             "trace's job run times (`runnerctl.sim.philly`, sigma about 2.0) scaled to its user's "
+             "median). Waits in minutes; p95 per GPU count 1/2/4/8 as dynamic / easy-oracle; "
              "a check is `ok` when issue 16's bound holds. `dynamic` here reads every pending job's "
              "timeout from the trace, which no real controller can (the next table).", "",
              "| trace | seed | " + HEADER, "|---|---|---|---|---|---|---|---|---|"]
@@ -75,7 +79,8 @@ def main() -> int:
         for hosts in (1, 2, 4):
             for seed in seeds:
                 jobs, foreign = lab_trace(args.jobs_per_host * hosts, hosts=hosts, seed=seed,
-                                          diurnal=shape == "diurnal")
+                                          diurnal=shape == "diurnal",
+                                          durations="philly" if shape == "philly" else "lognormal")
                 cap = max(j.timeout or 0.0 for j in jobs)
                 caps.add(cap)
                 for variant, (result, refs, knows) in _variants(jobs, foreign, hosts=hosts, cap=cap).items():
@@ -119,6 +124,7 @@ def main() -> int:
     return 0
 
 
+SHAPES = ("diurnal", "flat", "philly")  # arrivals on a working day or flat; Philly run times
 VARIANTS = ("trace", "none", "cap", "cap, 1-GPU 2 h")  # what dynamic knows of pending jobs' timeouts
 KNOWS = {"trace": "the trace's timeouts (an upper bound)",
          "none": "no pending timeout (runnerctl today by default: no runner_max_timeout_s)",

@@ -5,12 +5,16 @@ foreign use, offered load below 1, and (diurnal) a working day."""
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 
+from runnerctl.sim.inputs import TraceJob
 from runnerctl.sim.labtrace import MAX_S, MIN_S, QUIET, arrival_rate, lab_trace
+from runnerctl.sim.philly import MEDIAN_S, QUANTILES, philly_duration
 
 
 def test_a_lab_trace_is_heavy_tailed_bursty_and_below_capacity() -> None:
@@ -53,3 +57,36 @@ def test_a_diurnal_trace_is_busy_in_working_hours_and_quiet_at_night() -> None:
     assert day_load > 1.4  # well above capacity by day, 0.85 on average
     assert arrival_rate(0) == QUIET and arrival_rate(1) == 1.0 and arrival_rate(11) == QUIET  # 08, 09, 19 h
     assert arrival_rate(4 * 24 + 1) == 1.0 and arrival_rate(5 * 24 + 1) == QUIET  # Friday, Saturday 09 h
+
+
+def test_philly_durations_follow_the_trace_scaled_to_each_users_median() -> None:
+    """`runnerctl.sim.philly`: the Philly trace's run times, as percentiles."""
+    rng = random.Random(11)
+    draws = sorted(philly_duration(rng) for _ in range(40_000))
+    for percent in (10, 50, 90, 99):  # within a percentile of the trace's own
+        value = draws[len(draws) * percent // 100]
+        assert QUANTILES[2 * percent - 2] <= value <= QUANTILES[2 * percent + 2], percent
+    scaled = sorted(philly_duration(rng, 600.0) for _ in range(20_000))
+    assert 0.9 * 600 < scaled[10_000] < 1.1 * 600  # a user's median, the trace's shape
+    assert scaled[19_800] / scaled[10_000] > 100  # p99 over 100x the median: sigma about 2
+    assert MEDIAN_S == 1186 and len(QUANTILES) == 201 and list(QUANTILES) == sorted(QUANTILES)
+
+
+def test_a_philly_lab_trace_keeps_users_sizes_and_timeouts_with_a_heavier_tail() -> None:
+    jobs, _ = lab_trace(1000, hosts=2, seed=5, durations="philly")
+    lognormal, _ = lab_trace(1000, hosts=2, seed=5)
+    assert all(j.timeout is not None and MIN_S <= j.duration <= min(j.timeout, MAX_S) for j in jobs)
+    assert {j.user for j in jobs} == {j.user for j in lognormal} and {j.gpus for j in jobs} == {1, 2, 4, 8}
+    def share(trace: list[TraceJob], test: Callable[[TraceJob], bool]) -> float:
+        return sum(map(test, trace)) / len(trace)
+
+    def short(j: TraceJob) -> bool:
+        return j.duration == MIN_S
+
+    def killed(j: TraceJob) -> bool:
+        return j.duration == j.timeout
+
+    assert share(jobs, short) > 1.5 * share(lognormal, short)  # the trace's failures at start-up
+    assert share(jobs, killed) > share(lognormal, killed)  # and its longer tail, cut at the timeouts
+    with pytest.raises(ValueError, match="durations"):
+        lab_trace(100, durations="weibull")

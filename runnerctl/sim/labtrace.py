@@ -32,6 +32,11 @@ so the parameters below are chosen, not derived: sigma 1.5 (the issue's floor) t
   0.85 the offered load in working hours is about 1.8: queues build up by day and
   drain at night. (Measured: greedy's 8-GPU jobs then wait no longer than other
   policies', as everyone waits for the night; docs/controller.md.)
+- Durations with a measured tail: `durations="philly"` draws each job's run time from
+  the Philly trace's distribution of job run times (`runnerctl.sim.philly`: sigma about
+  2.0, 10 % of jobs ending within a minute, the longest tenth holding 89 % of the run
+  time), scaled to the user's median; the rest (users, sizes, timeouts, bursts,
+  arrivals) is as above.
 """
 
 from __future__ import annotations
@@ -41,12 +46,14 @@ import math
 import random
 
 from runnerctl.sim.inputs import ForeignUse, TraceJob
+from runnerctl.sim.philly import philly_duration
 
 MIN_S, MAX_S = 60.0, 3 * 86400.0  # durations clipped to 1 minute .. 3 days
 TIMEOUT_MIN_S, TIMEOUT_MAX_S = 600.0, 3 * 86400.0  # GitLab's bounds on a job timeout
 WORK_HOURS = (9, 19)  # the working day (diurnal traces), hours of a weekday
 QUIET = 0.1  # arrival rate outside working hours and at weekends, relative to inside
 START_HOUR = 8  # the trace's time 0: a Monday, 08:00
+DURATIONS = ("lognormal", "philly")  # where run times come from (`lab_trace`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,13 +77,16 @@ USERS = (
 
 
 def lab_trace(n: int, *, hosts: int = 1, gpus: int = 8, load: float = 0.85, seed: int = 0,
-              foreign_per_host: int = 4, diurnal: bool = False,
+              foreign_per_host: int = 4, diurnal: bool = False, durations: str = "lognormal",
               users: tuple[LabUser, ...] = USERS) -> tuple[list[TraceJob], list[ForeignUse]]:
     """About `n` jobs (whole bursts) from `users` on `hosts` x `gpus` GPUs, offered at
     `load` times the cluster's GPU-time over the trace's span, and foreign uses;
-    sessions arrive uniformly over the span, or on a daily cycle if `diurnal`."""
+    sessions arrive uniformly over the span, or on a daily cycle if `diurnal`; run times
+    lognormal with each user's sigma, or from the Philly trace (`durations="philly"`)."""
     if not 0 < load <= 10 or n < 1 or hosts < 1 or gpus < 1:
         raise ValueError("lab_trace needs n, hosts, gpus >= 1 and 0 < load <= 10")
+    if durations not in DURATIONS:
+        raise ValueError(f"lab_trace durations: {' or '.join(DURATIONS)}, not {durations!r}")
     rng = random.Random(seed)
     weights = [u.share for u in users]
     sessions: list[tuple[LabUser, list[tuple[int, float, float]]]] = []
@@ -89,7 +99,8 @@ def lab_trace(n: int, *, hosts: int = 1, gpus: int = 8, load: float = 0.85, seed
         sizes, size_weights = zip(*user.sizes, strict=True)
         for _ in range(user.burst):
             size = min(rng.choices(sizes, size_weights)[0], gpus)
-            duration = rng.lognormvariate(math.log(user.median_s), user.sigma)
+            duration = (philly_duration(rng, user.median_s) if durations == "philly"
+                        else rng.lognormvariate(math.log(user.median_s), user.sigma))
             duration = min(max(duration, MIN_S), MAX_S, timeout)  # killed at its timeout
             batch.append((size, round(duration, 3), timeout))
             work += size * duration
