@@ -124,15 +124,11 @@ class PlanPolicy:
     of small ones; a small credit, as whole-host drains idle the most GPUs)."""
     backfill_max_s: float = 7200.0
     """Backfill (`controller.backfill`) only jobs whose timeout is at most this: the most
-    a backfilled job can delay the drained job, whatever the estimates. 0: no backfill
-    at all (smaller blocks neither)."""
+    a backfilled job can delay the drained job, whatever the estimates. 0: none at all."""
     backfill_blocks_max_s: float = 10800.0
-    """The same bound for smaller blocks (a pair or quad in a drained block, `backfill._blocks`).
-    Longer than the singles': on the lab traces 2-GPU and 4-GPU jobs with 2-3 h timeouts
-    (the 2.7 h of one user's) waited behind whole-host drains at 2 h (diurnal 4 x 8 GPUs,
-    seed 1: 4-GPU p95 wait 462 min, 348 with 3 h, easy-oracle's 191; 2 x 8, seed 1: makespan
-    1.063x greedy's, 1.024x), while 3 h for singles too undid the first (long singles in
-    a drained quad keep 4-GPU jobs out of it; docs/controller.md)."""
+    """The same for smaller blocks (a pair or quad in a drained block): 3 h lets the lab
+    traces' 2.7 h 2- and 4-GPU jobs use drained hosts; 3 h for singles too would let long
+    1-GPU jobs keep 4-GPU ones out of drained quads (docs/controller.md, "Backfill bounds")."""
 
 
 @dataclasses.dataclass(frozen=True)
