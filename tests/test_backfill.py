@@ -3,7 +3,8 @@ GPU of a block drained for an 8-GPU job stays open while the 1-GPU jobs GitLab w
 hand it end, by their timeouts, before the drain is expected to end (a smaller block
 likewise for jobs of its size); every invariant
 holds with estimates wrong by 10x either way, and a backfilled job never has a timeout
-above `backfill_max_s` (the most it can delay the drained job)."""
+above `backfill_max_s` (the most it can delay the drained job; `backfill_blocks_max_s`
+for smaller blocks)."""
 
 from __future__ import annotations
 
@@ -89,6 +90,25 @@ def test_smaller_blocks_backfill_a_drain_too() -> None:
                   Demand(4, 1, 3.0, timeout_s=600.0)) == {"gpu4-5", "gpu6", "gpu7"}
 
 
+def test_smaller_blocks_take_jobs_up_to_their_own_bound() -> None:
+    """Blocks backfill jobs with timeouts up to `backfill_blocks_max_s` (3 h), singles
+    only up to `backfill_max_s` (2 h): behind a drain that ends in 5 h, a 4-GPU job with a
+    2.7 h timeout takes the idle quad, a 1-GPU job with the same timeout takes no single,
+    and neither does a quad for a 4-GPU job over 3 h."""
+    busy = dict.fromkeys(range(4), NOW + 5 * 3600)
+
+    def opened(*jobs: Demand, policy: PlanPolicy | None = None) -> set[str]:
+        observed = Observed(_states(busy), demand=(Demand(1, 8, 0.0), *jobs), now=NOW)
+        result = plan(observed, policy or PlanPolicy())
+        assert result.reserved == {SLOTS[-1].name: 1}
+        return {s.key for s in result.open_slots() if not set(s.gpus) & set(busy)}
+
+    assert opened(Demand(2, 4, 1.0, timeout_s=9600.0)) == {"gpu4-7"}
+    assert opened(Demand(2, 1, 1.0, timeout_s=9600.0)) == set()  # over the singles' 2 h
+    assert opened(Demand(2, 4, 1.0, timeout_s=11_000.0)) == set()  # over the blocks' 3 h
+    assert opened(Demand(2, 4, 1.0, timeout_s=9600.0), policy=PlanPolicy(backfill_max_s=0)) == set()
+
+
 def test_backfill_checks_the_jobs_gitlab_hands_out_not_the_fair_share_order() -> None:
     """Issue 16 review, C: GitLab hands an open runner the oldest pending job of its size,
     whatever fair share says; a pair must not open because a younger short job ranks
@@ -155,8 +175,9 @@ def test_invariants_hold_with_estimates_wrong_by_10x(running: dict[int, float | 
         handed = sorted((d for d in demand if d.gpus == size), key=lambda d: (d.created_at, d.job_id))
         handed = handed[:idle_open]
         assert len(handed) == idle_open  # as many jobs pending as open idle slots of that size
-        assert all(d.timeout_s is not None and d.timeout_s <= policy.backfill_max_s
-                   and NOW + d.timeout_s <= end for d in handed)
+        bound = policy.backfill_max_s if size == 1 else policy.backfill_blocks_max_s
+        assert all(d.timeout_s is not None and d.timeout_s <= bound and NOW + d.timeout_s <= end
+                   for d in handed)
     assert result.recheck_at is not None and result.recheck_at >= NOW
 
 
@@ -185,7 +206,8 @@ class Watched(Simulator):
 def test_in_the_simulator_estimates_10x_off_keep_invariants_and_the_bound() -> None:
     """Half the jobs' timeouts 10x their durations (over-estimates), or a tenth (GitLab
     kills them then): no double allocation, no foreign collision, nothing dropped, and a
-    job that starts inside a drained block has a timeout within `backfill_max_s`."""
+    job that starts inside a drained block has a timeout within `backfill_max_s` (a single) or
+    `backfill_blocks_max_s` (a smaller block)."""
     policy = PlanPolicy()
     for factor, seed in ((10.0, 1), (0.1, 2)):
         jobs = _wrong_by(factor, seed)
@@ -197,5 +219,7 @@ def test_in_the_simulator_estimates_10x_off_keep_invariants_and_the_bound() -> N
         backfilled = getattr(sim, "backfilled", [])
         assert backfilled, "the trace should give backfill a chance"
         by_id = {j.job_id: j for j in jobs}
-        assert all((by_id[j].timeout or 0) <= policy.backfill_max_s  # or it goes first (issue 16 review A)
-                   or (by_id[j].submit, j) < (by_id[d].submit, d) for j, d in backfilled)
+        bounds = {1: policy.backfill_max_s}  # singles; smaller blocks: backfill_blocks_max_s
+        assert all((by_id[j].timeout or 0) <= bounds.get(by_id[j].gpus, policy.backfill_blocks_max_s)
+                   or (by_id[j].submit, j) < (by_id[d].submit, d)  # or it goes first (issue 16 review A)
+                   for j, d in backfilled)

@@ -22,9 +22,10 @@ kept open while the pending 1-GPU jobs GitLab would hand out next are short enou
 - Smaller blocks the same way (`_blocks`, first, biggest first): a block smaller than the
   drained one, all on its idle GPUs (a pair or a quad of a host drained for an 8-GPU
   job), opens while the pending jobs of its size that GitLab would hand out (it hands an
-  open N-GPU block runner the oldest pending `gpus:N` job) end in time; singles then
-  only on the idle GPUs left. On the lab traces, 2-GPU jobs on one host waited up to
-  2.9x easy-oracle's p95 behind drains without it (docs/controller.md).
+  open N-GPU block runner the oldest pending `gpus:N` job) end in time, with timeouts
+  at most `PlanPolicy.backfill_blocks_max_s` (3 h; singles 2 h); singles then only on
+  the idle GPUs left. On the lab traces, 2-GPU jobs on one host waited up to 2.9x
+  easy-oracle's p95 behind drains without it (docs/controller.md).
 
 Singles are added in order of their block's expected end, latest first; `recheck_at` is
 when the oldest of those jobs would no longer end in time (time alone closes a backfill
@@ -105,8 +106,9 @@ def _blocks(observed: Observed, busy: Mapping[int, list[str]], reservations: Map
             opened: dict[str, str]) -> float:
     """The same for blocks smaller than the drained one, all on its idle GPUs, biggest
     first: with F idle open blocks of that size and B backfill ones, the F + B oldest
-    pending jobs of that size (`handout_order`) must each end in time. Adds to `opened`; returns when
-    the first of them would no longer end in time (infinity if none opened)."""
+    pending jobs of that size (`handout_order`) must each end in time, their timeouts at most
+    `backfill_blocks_max_s`. Adds to `opened`; returns when the first of them would no
+    longer end in time (infinity if none opened)."""
     now = observed.now
     assert now is not None
     closed, held = observed.closed, observed.held
@@ -135,7 +137,7 @@ def _blocks(observed: Observed, busy: Mapping[int, list[str]], reservations: Map
             if len(timeouts) < count or any(t is None for t in timeouts):
                 break
             longest = max(t for t in timeouts if t is not None)
-            if longest > policy.backfill_max_s or now + longest > end:
+            if longest > policy.backfill_blocks_max_s or now + longest > end:
                 break
             opened[slot.name] = f"backfill for job {job}'s drain: pending {size}-GPU jobs end by {end:.0f}"
             taken.update(slot.gpus)
