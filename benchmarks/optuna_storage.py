@@ -76,7 +76,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -233,12 +233,8 @@ def postgres(scratch: Path) -> Iterator[tuple[str, int, str]]:
 
 
 @contextmanager
-def grpc_proxy(url: str, wanted: bool) -> Iterator[tuple[str, int]]:
-    """Optuna's gRPC proxy in front of `url`, in its own process; yields grpc:HOST:PORT and its pid
-    (nothing starts unless `wanted`)."""
-    if not wanted:
-        yield "", 0
-        return
+def grpc_proxy(url: str) -> Iterator[tuple[str, int]]:
+    """Optuna's gRPC proxy in front of `url`, in its own process; yields grpc:HOST:PORT and its pid."""
     port = _free_port()
     code = ("import optuna, sys; optuna.logging.set_verbosity(optuna.logging.ERROR); "
             "optuna.storages.run_grpc_proxy_server(optuna.storages.get_storage(sys.argv[1]), "
@@ -357,8 +353,8 @@ def main() -> int:
     print(f"scratch {scratch}: fsync {fsync:.2f} ms (median of 50)", flush=True)
     workers = Workers(max(counts))
     try:
-        with postgres(scratch) as (pg_url, pg_pid, pg_admin), \
-                grpc_proxy(pg_url, "grpc-pg" in configs) as (grpc_url, grpc_pid):
+        proxy = grpc_proxy if "grpc-pg" in configs else lambda _url: nullcontext(("", 0))
+        with postgres(scratch) as (pg_url, pg_pid, pg_admin), proxy(pg_url) as (grpc_url, grpc_pid):
             journal_pg = pg_url.replace("postgresql+psycopg://", "journal+postgresql://", 1)
             targets = {"journal-pg": Target(journal_pg, journal_pg, (pg_pid,)),
                        "rdb-pg": Target(pg_url, pg_url, (pg_pid,)),

@@ -116,7 +116,7 @@ def main() -> int:
              "runners' maximum timeout to 2 h instead (`runner_max_timeout_s` \"1\" = 7200, "
              "`backfill_max_s`), so 1-GPU jobs may backfill "
              "blocks drained behind longer jobs, as docs/controller.md suggests; it kills the 1-GPU "
-             "jobs that would run longer (counted in the row) before their own timeout, and the "
+             "jobs that would run longer (the trace's count in the row) before their own timeout, and the "
              "references of that row run with the same caps. `caps by size` also caps the 2- and "
              "4-GPU runners, at 3 h (`backfill_blocks_max_s`), so pairs and quads may backfill as well "
              "(the 8-GPU runners keep the trace's longest timeout); its references likewise.", "",
@@ -157,7 +157,7 @@ def _variants(jobs: list[TraceJob], foreign: list[ForeignUse], *, hosts: int,
     by_size = dataclasses.replace(capped, runner_max_timeout_by_gpus=(
         (1, SINGLES_CAP_S), (2, BLOCKS_CAP_S), (4, BLOCKS_CAP_S)))
 
-    def killed(caps: dict[int, float]) -> int:
+    def over(caps: dict[int, float]) -> int:  # jobs of the trace that run longer than their cap
         return sum(min(j.duration, j.timeout or j.duration) > caps.get(j.gpus, cap) for j in jobs)
 
     def capped_refs(config: SimConfig) -> dict[str, Result]:
@@ -167,9 +167,9 @@ def _variants(jobs: list[TraceJob], foreign: list[ForeignUse], *, hosts: int,
             "none": (run(dataclasses.replace(base, pending_timeouts="none")), refs, "none"),
             "cap": (run(capped), refs, "cap"),
             "cap, 1-GPU 2 h": (run(singles), capped_refs(singles),
-                               f"cap, 1-GPU 2 h ({killed({1: SINGLES_CAP_S})} killed)"),
+                               f"cap, 1-GPU 2 h ({over({1: SINGLES_CAP_S})} over the cap)"),
             "caps by size": (run(by_size), capped_refs(by_size),
-                             f"caps by size ({killed(dict(by_size.runner_max_timeout_by_gpus))} killed)")}
+                             f"caps by size ({over(dict(by_size.runner_max_timeout_by_gpus))} over a cap)")}
 HEADER = ("makespan / greedy (<= 1.03) | makespan / easy-oracle (<= 1.06) | "
           "p95 wait dynamic / easy-oracle 1/2/4/8 (min) | worst p95 ratio (<= 2) | "
           "max 8-GPU wait / greedy's (<= 1/3) | easy-oracle's / greedy's | dropped |")

@@ -144,8 +144,8 @@ def test_invariants_hold_with_estimates_wrong_by_10x(running: dict[int, float | 
     """Timeouts (estimates) 10x off a job's true duration either way, drains' expected
     ends anywhere: S1 and the gate hold, backfill changes no reservation, opens only
     singles and smaller blocks on idle open GPUs of draining blocks, for jobs of their
-    size GitLab would hand out whose timeouts are at most `backfill_max_s` and end
-    before the drain's expected end."""
+    size GitLab would hand out whose timeouts are at most `backfill_max_s` (singles) or
+    `backfill_blocks_max_s` (smaller blocks) and end before the drain's expected end."""
     ones = [Demand(10 + i, 1, 10.0 + i, timeout_s=t * error[i], fair_s=3000.0 * (i % 3 == 0))
             for i, t in enumerate(true_s)]
     demand = (*(Demand(1 + i, n, float(i), timeout_s=multi_s[i]) for i, n in enumerate(multi)), *ones)

@@ -69,14 +69,17 @@ def test_philly_durations_follow_the_trace_scaled_to_each_users_median() -> None
     scaled = sorted(philly_duration(rng, 600.0) for _ in range(20_000))
     assert 0.9 * 600 < scaled[10_000] < 1.1 * 600  # a user's median, the trace's shape
     assert scaled[19_800] / scaled[10_000] > 100  # p99 over 100x the median: sigma about 2
-    assert MEDIAN_S == 1186 and len(QUANTILES) == 201 and list(QUANTILES) == sorted(QUANTILES)
+    assert len(QUANTILES) == 201 and list(QUANTILES) == sorted(QUANTILES) and MEDIAN_S == QUANTILES[100]
 
 
 def test_a_philly_lab_trace_keeps_users_sizes_and_timeouts_with_a_heavier_tail() -> None:
     jobs, _ = lab_trace(1000, hosts=2, seed=5, durations="philly")
     lognormal, _ = lab_trace(1000, hosts=2, seed=5)
     assert all(j.timeout is not None and MIN_S <= j.duration <= min(j.timeout, MAX_S) for j in jobs)
-    assert {j.user for j in jobs} == {j.user for j in lognormal} and {j.gpus for j in jobs} == {1, 2, 4, 8}
+    same = [(j.gpus, j.user, j.timeout) for j in lognormal]
+    assert [(j.gpus, j.user, j.timeout) for j in jobs] == same  # the same jobs, other run times
+    assert sum(j.duration != k.duration for j, k in zip(jobs, lognormal, strict=True)) > 0.9 * len(jobs)
+
     def share(trace: list[TraceJob], test: Callable[[TraceJob], bool]) -> float:
         return sum(map(test, trace)) / len(trace)
 

@@ -126,9 +126,9 @@ class PlanPolicy:
     """Backfill (`controller.backfill`) only jobs whose timeout is at most this: the most
     a backfilled job can delay the drained job, whatever the estimates. 0: none at all."""
     backfill_blocks_max_s: float = 10800.0
-    """The same for smaller blocks (a pair or quad in a drained block): 3 h lets the lab
-    traces' 2.7 h 2- and 4-GPU jobs use drained hosts; 3 h for singles too would let long
-    1-GPU jobs keep 4-GPU ones out of drained quads (docs/controller.md, "Backfill bounds")."""
+    """The same for smaller blocks in a drained block (`backfill_max_s` 0 turns these off
+    too): 3 h lets the lab traces' 2.7 h 2- and 4-GPU jobs use drained hosts; 3 h for
+    singles would let long 1-GPU jobs keep 4-GPU ones out (docs/controller.md)."""
 
 
 @dataclasses.dataclass(frozen=True)

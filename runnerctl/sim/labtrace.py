@@ -34,9 +34,13 @@ so the parameters below are chosen, not derived: sigma 1.5 (the issue's floor) t
   policies', as everyone waits for the night; docs/controller.md.)
 - Durations with a measured tail: `durations="philly"` draws each job's run time from
   the Philly trace's distribution of job run times (`runnerctl.sim.philly`: sigma about
-  2.0, 10 % of jobs ending within a minute, the longest tenth holding 89 % of the run
-  time), scaled to the user's median; the rest (users, sizes, timeouts, bursts,
-  arrivals) is as above.
+  2.0, the longest tenth of the jobs holding 89 % of the run time), scaled to the user's
+  median, from a random stream of its own: the jobs, users, sizes, bursts and timeouts
+  are those of the lognormal trace with the same seed, and arrivals spread over the span
+  their work needs at the same load. Scaled to medians of 5 to 90 minutes, with the
+  1-minute floor and each user's timeout, 21-28 % of the jobs run a minute and 10-15 %
+  end at their timeout (the benchmark's traces): the trace's multi-day tail is cut
+  there, as GitLab would cut it.
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ def lab_trace(n: int, *, hosts: int = 1, gpus: int = 8, load: float = 0.85, seed
     if durations not in DURATIONS:
         raise ValueError(f"lab_trace durations: {' or '.join(DURATIONS)}, not {durations!r}")
     rng = random.Random(seed)
+    philly = random.Random(f"philly-{seed}") if durations == "philly" else None
     weights = [u.share for u in users]
     sessions: list[tuple[LabUser, list[tuple[int, float, float]]]] = []
     work = 0.0
@@ -99,8 +104,9 @@ def lab_trace(n: int, *, hosts: int = 1, gpus: int = 8, load: float = 0.85, seed
         sizes, size_weights = zip(*user.sizes, strict=True)
         for _ in range(user.burst):
             size = min(rng.choices(sizes, size_weights)[0], gpus)
-            duration = (philly_duration(rng, user.median_s) if durations == "philly"
-                        else rng.lognormvariate(math.log(user.median_s), user.sigma))
+            duration = rng.lognormvariate(math.log(user.median_s), user.sigma)
+            if philly is not None:  # drawn beside the lognormal one: the same jobs otherwise
+                duration = philly_duration(philly, user.median_s)
             duration = min(max(duration, MIN_S), MAX_S, timeout)  # killed at its timeout
             batch.append((size, round(duration, 3), timeout))
             work += size * duration

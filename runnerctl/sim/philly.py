@@ -1,14 +1,15 @@
 """Job run times of a production GPU cluster, for lab traces with a measured tail.
 
-The Philly trace (Microsoft's multi-tenant GPU clusters; Jeon et al., "Analysis
-of Large-Scale Multi-Tenant GPU Clusters for DNN Training Workloads", USENIX ATC '19;
-published at github.com/msr-fiddle/philly-traces) holds each job's run time. Its full
-archive is too large for the search tools here, but a list of its 83,154 job run times
-in seconds is published beside the Alibaba PAI GPU trace, for comparing the two
-(github.com/alibaba/clusterdata, `cluster-trace-gpu-v2020/analysis/philly_runtime.csv`,
-read with the search tool's fetch on 2026-11-24). `QUANTILES` are its 0th, 0.5th, ...,
-100th percentiles (linear interpolation between the sorted run times, rounded to whole
-seconds), so a draw from them follows that distribution to within half a percentile.
+The Philly trace (Microsoft's multi-tenant GPU clusters; Jeon et al., "Analysis of
+Large-Scale Multi-Tenant GPU Clusters for DNN Training Workloads", USENIX ATC '19;
+github.com/msr-fiddle/philly-traces) holds each job's run time. A list of its 83,154 job
+run times in seconds is published beside the Alibaba PAI GPU trace, for comparing the
+two: github.com/alibaba/clusterdata at commit 4453045c01f58e2241e963293d2e707a5f64a0f1,
+`cluster-trace-gpu-v2020/analysis/philly_runtime.csv` (a `runtime` header, one number a
+line). `QUANTILES` are its 0th, 0.5th, ..., 100th percentiles: with the run times sorted
+as `v` (n of them), percentile p is `v[i] + (v[i + 1] - v[i]) * f` where `i + f = p / 100
+* (n - 1)`, rounded to whole seconds; so a draw from them follows that distribution to
+within half a percentile.
 
 What it says: median 1,186 s (20 minutes); 10 % of jobs end within 61 s (failures at
 start-up); p90 3.6 h, p99 3.3 days, the longest 54 days; the longest tenth of the jobs
@@ -54,4 +55,3 @@ def philly_duration(rng: random.Random, median_s: float = MEDIAN_S) -> float:
     else:
         value = math.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * frac)
     return value * median_s / MEDIAN_S
-
