@@ -47,11 +47,12 @@ SliceRead = tuple[frozenset[int], set[int], Boundary | None]  # `_read_slice`
 SeesRead = tuple[int, dict[int, JobRead], dict[int, SliceRead]]  # Simulator.sees_read: at which log length
 
 
-def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) -> bool:
-    """Could these jobs' arrival in, or leaving, this host's demand or its `elsewhere`
-    change its plan? Not if its last plan changed nothing (`boundary` set) and each job
-    is neither drained for nor protected there (or is its own claim either way), could
-    take no idle slot there (`plan._Reserver._idle`: one that cannot fails in any order,
+def sees(host: SimHost, host_no: int, sim: Simulator) -> bool:
+    """Could the jobs logged since its last plan (`Simulator._log` from `host.seen`), by
+    their arrival in, or leaving, this host's demand or its `elsewhere`, change its
+    plan? Not if its last plan changed nothing (`boundary` set) and each job is neither
+    drained for nor protected there (or is its own claim either way), could take no
+    idle slot there (`plan._Reserver._idle`: one that cannot fails in any order,
     and so do those after it of its size), and is no candidate to drain there now (gone,
     or claimed by another host: a candidate that left had failed to drain, or came after
     the last drain), or one after `boundary` in `drain_order` (`plan._Reserver.run` reads
@@ -66,28 +67,29 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
     last = host.boundary
     if last is None:
         return True
-    policy, claims, idle = sim.config.plan_policy, sim.claims, host.idle_slots
-    protected, blocks = host.protected, host.blocks
-    own = protected.union(host.reserved.values()) if host.reserved else protected  # drained for or protected
-    demand_of = sim._demand_of
-    at = sim._logged + len(sim._log)
+    log, start = sim._log, host.seen - sim._logged  # its new part: log[start:]
+    at = sim._logged + len(log)
     if sim.sees_read[0] != at:  # read again after each change of the top or of a claim
         sim.sees_read = at, {}, {}
     read, slices = sim.sees_read[1], sim.sees_read[2]
     whole = slices.get(host.seen)  # what the hosts that read the log from here read of it
     if whole is None:
-        whole = slices[host.seen] = _read_slice(sim, changed, read)
+        whole = slices[host.seen] = _read_slice(sim, log[start:], read)
     ids, sizes, first = whole
-    if (own.isdisjoint(ids) and host.claimed.isdisjoint(ids) and (not idle or idle.keys().isdisjoint(sizes))
-            and (first is None or not first < last)):
-        return False  # the loop below finds nothing: no job of the host's own, none that fits an
-        # idle slot, none claimed by it, and none unclaimed before its last drain
+    protected, idle = host.protected, host.idle_slots
+    if ((first is None or not first < last) and (not idle or idle.keys().isdisjoint(sizes))
+            and protected.isdisjoint(ids) and host.claimed.isdisjoint(ids)
+            and (not host.reserved or ids.isdisjoint(host.reserved.values()))):
+        return False  # the loop below finds nothing: none unclaimed before its last drain, none
+        # that fits an idle slot, no job of the host's own (drained for or protected), none claimed by it
+    policy, claims, blocks, demand_of = sim.config.plan_policy, sim.claims, host.blocks, sim._demand_of
+    own = protected.union(host.reserved.values()) if host.reserved else protected  # drained for or protected
 
     def claim(job_id: int) -> tuple[int, float, int]:
         return idle_claim(demand_of(job_id), policy)
 
     only_singles = idle.keys() == {1} and not sim.timed_multi  # see the docstring's last paragraph
-    for job_id in changed:
+    for job_id in log[start:]:
         if job_id in own:
             if job_id in host.claimed and claims.get(job_id) == host_no and job_id in sim.queue:
                 continue  # its own either way, claimed since before its last plan (no other host may)

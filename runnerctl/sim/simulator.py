@@ -343,7 +343,7 @@ class Simulator:
                 logged = self._logged + len(log)
                 if host.seen >= logged:
                     continue
-                if not sees(host, host_no, log[host.seen - self._logged:], self):
+                if not sees(host, host_no, self):
                     host.seen = logged
                     continue
                 dirty.add(host_no)
