@@ -322,21 +322,33 @@ def own_start(sim: Simulator, now: float, host_no: int, job_id: int, runner: Sim
     same crowding and blocks used); jobs before it in claim order did not take that GPU
     (or it would not have been idle for this one); no drain chooses its block by cost
     (after a plan that changed nothing, or `_settled`, each drain keeps its block); and no
-    block on that GPU is reserved, so each runner gets the same decision."""
+    block on that GPU is reserved, so each runner gets the same decision.
+
+    Also yes, whichever 1-GPU job started on whichever single (GitLab hands the oldest
+    job to the first runner that polls, so in a fleet a host's single often gets another
+    job than the one its plan kept it for), where no GPU of the host is idle now. The
+    last plan then had this GPU as its only idle one: no idle block, a single kept for
+    at most one job; the plan read back has nothing idle, keeps no single (`Plan.singles`
+    empty whatever it was, even unknown) and reads no 1-GPU job (only `_Reserver._idle`
+    and backfill read them, and a drain reads kept singles only for a job with a known
+    timeout); the drains keep their blocks as above."""
     if runner is None or sim.config.policy != "dynamic" or sim.timed_multi:
         return False  # a drain for a multi-GPU job with a timeout avoids kept singles, not busy GPUs
     host = sim.hosts[host_no]
     singles = host.singles
     gpu = runner.slot.gpus[0]
     if (host_no in sim._dirty or runner.slot.size != 1 or host.recheck_at != float("inf")
-            or not singles or next(iter(singles)) != job_id or singles[job_id] != runner.slot.name
             or any(gpu in host.slot_of[name].gpus for name in host.reserved)):
         return False
-    policy = sim.config.plan_policy
     idle = [owner is None and not host.gated(g, now) for g, owner in enumerate(host.owner)]
+    full = not any(idle)
+    if not full and (not singles or next(iter(singles)) != job_id or singles[job_id] != runner.slot.name):
+        return False
+    policy = sim.config.plan_policy
     if _backfill_here(host, idle, policy):
         return False
-    host.singles = {job: name for job, name in singles.items() if job != job_id}
+    kept = {} if full or singles is None else singles  # full: the plan read back keeps no single
+    host.singles = {job: name for job, name in kept.items() if job != job_id}
     host.boundary = boundary(host, now, sim._demand_of, policy)
     return True
 
