@@ -362,23 +362,35 @@ def own_end(sim: Simulator, now: float, host_no: int, runner: SimRunner | None) 
     take the GPU (no idle block on it), that job keeps this single open, a GPU kept open
     counts as a busy one for every later job (`own_start`), drains keep their blocks, and
     each runner gets the same decision. Which job that is (the single it keeps is
-    remembered) is the queue's first without fair share; with it, the host is planned."""
-    if runner is None or sim.config.policy != "dynamic" or sim.fair.on:
+    remembered) is the queue's first without fair share; with it, the host is planned.
+
+    Also yes, but for which singles are kept (then unknown: None), on any single, open or
+    drained, where no block of the host is idle now and no multi-GPU job's timeout is
+    known. Read back, no multi-GPU job finds an idle block (`_Reserver._idle`), so 1-GPU
+    jobs may keep other singles than before and nothing else: a drain reads kept singles
+    only for a job with a known timeout, and keeps its block; a reserved block on the GPU
+    still waits for another job on it (it is not idle) and its singles stay drained; a
+    single outside the reserved blocks opens as it was, free as it was with its own job."""
+    if runner is None or sim.config.policy != "dynamic":
         return False
     host = sim.hosts[host_no]
     gpu = runner.slot.gpus[0]
-    if (host_no in sim._dirty or runner.slot.size != 1 or not runner.open
-            or host.singles is None or host.singles or host.recheck_at != float("inf") or host.gated(gpu, now)
-            or any(gpu in host.slot_of[name].gpus for name in host.reserved)):
+    if (host_no in sim._dirty or runner.slot.size != 1 or host.recheck_at != float("inf")
+            or host.gated(gpu, now)):
         return False
     idle = [o is None and not host.gated(g, now) for g, o in enumerate(host.owner)]
-    if any(other.slot.size > 1 and gpu in other.slot.gpus and all(idle[g] for g in other.slot.gpus)
-           for other in host.runners):
-        return False  # a block on it is usable and idle now: a multi-GPU job may take it
+    known = (runner.open and host.singles is not None and not host.singles and not sim.fair.on
+             and not any(gpu in host.slot_of[name].gpus for name in host.reserved))
+    if any(other.slot.size > 1 and (gpu in other.slot.gpus or not known)
+           and all(idle[g] for g in other.slot.gpus) for other in host.runners):
+        return False  # a block (on it) is usable and idle now: a multi-GPU job may take it
     policy = sim.config.plan_policy
-    if _backfill_here(host, idle, policy):
+    if (not known and sim.timed_multi) or _backfill_here(host, idle, policy):
         return False
-    first = next(iter(sim.queue.by_urgency(1)), None)
-    host.singles = {} if first is None else {first: runner.slot.name}
+    if known:
+        first = next(iter(sim.queue.by_urgency(1)), None)
+        host.singles = {} if first is None else {first: runner.slot.name}
+    else:
+        host.singles = None
     host.boundary = boundary(host, now, sim._demand_of, policy)
     return True
