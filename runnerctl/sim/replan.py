@@ -331,7 +331,13 @@ def own_start(sim: Simulator, now: float, host_no: int, job_id: int, runner: Sim
     at most one job; the plan read back has nothing idle, keeps no single (`Plan.singles`
     empty whatever it was, even unknown) and reads no 1-GPU job (only `_Reserver._idle`
     and backfill read them, and a drain reads kept singles only for a job with a known
-    timeout); the drains keep their blocks as above."""
+    timeout); the drains keep their blocks as above.
+
+    Else yes but for which singles are kept (then unknown: None) where no block of the
+    host is idle now. This single was open, so no block on its GPU was reserved; the last
+    plan then reserved no idle block (one on this GPU would have closed this single, and
+    the others are as they were, not idle), the plan read back reserves none either, and
+    only which 1-GPU jobs keep which singles may change; decisions are as above."""
     if runner is None or sim.config.policy != "dynamic" or sim.timed_multi:
         return False  # a drain for a multi-GPU job with a timeout avoids kept singles, not busy GPUs
     host = sim.hosts[host_no]
@@ -342,13 +348,15 @@ def own_start(sim: Simulator, now: float, host_no: int, job_id: int, runner: Sim
         return False
     idle = [owner is None and not host.gated(g, now) for g, owner in enumerate(host.owner)]
     full = not any(idle)
-    if not full and (not singles or next(iter(singles)) != job_id or singles[job_id] != runner.slot.name):
-        return False
+    kept = {} if full or singles is None else singles  # full: the plan read back keeps no single
+    known = full or (bool(kept) and next(iter(kept)) == job_id and kept[job_id] == runner.slot.name)
+    if not known and any(other.slot.size > 1 and all(idle[g] for g in other.slot.gpus)
+                         for other in host.runners):
+        return False  # a multi-GPU job may take an idle block, or may have (the docstring's last paragraph)
     policy = sim.config.plan_policy
     if _backfill_here(host, idle, policy):
         return False
-    kept = {} if full or singles is None else singles  # full: the plan read back keeps no single
-    host.singles = {job: name for job, name in kept.items() if job != job_id}
+    host.singles = {job: name for job, name in kept.items() if job != job_id} if known else None
     host.boundary = boundary(host, now, sim._demand_of, policy)
     return True
 
