@@ -60,7 +60,7 @@ class SimHost:
         self.protected: frozenset[int] = frozenset()
         self.boundary: tuple[int, bool, float, int] | None = None  # replan.boundary
         self.recheck_at = float("inf")  # plan.Plan.recheck_at: plan again then
-        self.singles: Mapping[int, str] | None = {}  # plan.Plan.singles of its last plan (replan.own_start;
+        self.singles: Mapping[int, str] | None = {}  # plan.Plan.singles of its last plan (own.own_start;
         # None: unknown, replan.sees skipped a plan that could change only it)
         self.seen = 0  # Simulator._log: the changes its last plan saw (replan.sees)
         self.runner_of = {r.slot.name: r for r in self.runners}

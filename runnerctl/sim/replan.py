@@ -12,8 +12,8 @@ the 1-GPU jobs' timeouts: a host with idle GPUs in a drained block whose drain e
 known has no `boundary` (any change may open or close a backfill single), and one whose
 plan keeps a backfill single open is planned again at the first beat after its
 `recheck_at`. Fewer plans still: a plan that acted is not planned again where it is its
-own next plan (`_settled`), nor a host for its own 1-GPU job's start or end where the
-plan read back is provably its last one (`own_start`, `own_end`).
+own next plan (`_settled`), nor a host for its own job's start or end where the plan
+read back is provably its last one (`sim.own`: `own_start`, `own_end`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from runnerctl.controller.plan import (
     idle_claim,
     plan,
 )
-from runnerctl.sim.hosts import SimHost, SimRunner
+from runnerctl.sim.hosts import SimHost
 from runnerctl.tags import PRIORITY_RANK
 
 if TYPE_CHECKING:
@@ -101,10 +101,10 @@ def sees(host: SimHost, host_no: int, sim: Simulator) -> bool:
         if only_singles and gpus == 1:
             host.singles = None  # which 1-GPU job keeps which single: all it could change
             continue
-        if idle and gpus in idle and _may_take(idle[gpus], demand_of(job_id), protected, demand_of, claim):
+        if idle and gpus in idle and may_take(idle[gpus], demand_of(job_id), protected, demand_of, claim):
             return True
         if order is not None and order < last and (claimer is None or claimer == host_no) \
-                and _may_take(blocks.get(gpus, ()), demand_of(job_id), protected, demand_of, claim):
+                and may_take(blocks.get(gpus, ()), demand_of(job_id), protected, demand_of, claim):
             return True
     return False
 
@@ -135,7 +135,7 @@ def _read_job(sim: Simulator, job_id: int) -> JobRead:
     return gpus, order, sim.claims.get(job_id)
 
 
-def _may_take(slots: Iterable[tuple[int, ...]], demand: Demand, protected: frozenset[int],
+def may_take(slots: Iterable[tuple[int, ...]], demand: Demand, protected: frozenset[int],
               demand_of: Callable[[int], Demand], claim: Callable[[int], tuple[int, float, int]]) -> bool:
     """Of these slots, each given as the jobs drained for on its GPUs (the distinct such
     sets: `boundary`): is there one that this job may take from each of them (`plan.cuts_in`)?"""
@@ -163,7 +163,7 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
     idle = [o is None and not shut for o, shut in zip(owner, gated, strict=True)]
     if any(idle[g] and g not in drained for g in range(len(owner))):
         return None
-    if _backfill_here(host, idle, policy):
+    if backfill_here(host, idle, policy):
         return None  # a 1-GPU job coming or going may open or close a backfill single
     if not drained and not any(gated):  # every block usable, none drained, nothing idle
         host.blocks, host.idle_slots = host.all_blocks, {}
@@ -199,7 +199,7 @@ def _read(host: SimHost, drained: dict[int, int], gated: list[bool],
     return blocks, idle_slots
 
 
-def _backfill_here(host: SimHost, idle: list[bool], policy: PlanPolicy) -> bool:
+def backfill_here(host: SimHost, idle: list[bool], policy: PlanPolicy) -> bool:
     """Could `controller.backfill` open anything on this host (`_may_backfill` on any of
     its drained blocks)?"""
     return bool(policy.backfill_max_s) and any(_may_backfill(host, host.slot_of[name].gpus, idle)
@@ -310,95 +310,3 @@ def _settled(host: SimHost, result: Plan, demand: Iterable[Demand], elsewhere: f
         return False
     return not any(runner.slot.size > 1 and all(owner[g] is None for g in runner.slot.gpus)
                    and any(g in block for g in runner.slot.gpus) for runner in host.runners)
-
-
-def own_start(sim: Simulator, now: float, host_no: int, job_id: int, runner: SimRunner | None) -> bool:
-    """A job just started on this host's open single: is the host's next plan its last
-    one (so it need not be planned for this)? Yes where that plan kept this very single
-    open for this job, the first 1-GPU job in claim order (`Plan.singles`: a job gets one
-    only if every 1-GPU job before it did), the host was not to be planned anyway, and
-    backfill can open nothing. Then the plan read back has the job gone and its GPU busy
-    instead of kept open, which `plan._Reserver` treats alike (no idle slot on it, the
-    same crowding and blocks used); jobs before it in claim order did not take that GPU
-    (or it would not have been idle for this one); no drain chooses its block by cost
-    (after a plan that changed nothing, or `_settled`, each drain keeps its block); and no
-    block on that GPU is reserved, so each runner gets the same decision.
-
-    Also yes, whichever 1-GPU job started on whichever single (GitLab hands the oldest
-    job to the first runner that polls, so in a fleet a host's single often gets another
-    job than the one its plan kept it for), where no GPU of the host is idle now. The
-    last plan then had this GPU as its only idle one: no idle block, a single kept for
-    at most one job; the plan read back has nothing idle, keeps no single (`Plan.singles`
-    empty whatever it was, even unknown) and reads no 1-GPU job (only `_Reserver._idle`
-    and backfill read them, and a drain reads kept singles only for a job with a known
-    timeout); the drains keep their blocks as above.
-
-    Else yes but for which singles are kept (then unknown: None) where no block of the
-    host is idle now. This single was open, so no block on its GPU was reserved; the last
-    plan then reserved no idle block (one on this GPU would have closed this single, and
-    the others are as they were, not idle), the plan read back reserves none either, and
-    only which 1-GPU jobs keep which singles may change; decisions are as above."""
-    if runner is None or sim.config.policy != "dynamic" or sim.timed_multi:
-        return False  # a drain for a multi-GPU job with a timeout avoids kept singles, not busy GPUs
-    host = sim.hosts[host_no]
-    singles = host.singles
-    gpu = runner.slot.gpus[0]
-    if (host_no in sim._dirty or runner.slot.size != 1 or host.recheck_at != float("inf")
-            or any(gpu in host.slot_of[name].gpus for name in host.reserved)):
-        return False
-    idle = [owner is None and not host.gated(g, now) for g, owner in enumerate(host.owner)]
-    full = not any(idle)
-    kept = {} if full or singles is None else singles  # full: the plan read back keeps no single
-    known = full or (bool(kept) and next(iter(kept)) == job_id and kept[job_id] == runner.slot.name)
-    if not known and any(other.slot.size > 1 and all(idle[g] for g in other.slot.gpus)
-                         for other in host.runners):
-        return False  # a multi-GPU job may take an idle block, or may have (the docstring's last paragraph)
-    policy = sim.config.plan_policy
-    if _backfill_here(host, idle, policy):
-        return False
-    host.singles = {job: name for job, name in kept.items() if job != job_id} if known else None
-    host.boundary = boundary(host, now, sim._demand_of, policy)
-    return True
-
-
-def own_end(sim: Simulator, now: float, host_no: int, runner: SimRunner | None) -> bool:
-    """A job just ended on this host's open single: is the host's next plan its last one
-    but for the single kept open (`Plan.singles`)? Yes where the host was not to be
-    planned anyway, backfill can open nothing, no block on the GPU is reserved, none on
-    it is now idle (free, no GPU closed), and the last plan kept no single open (so the
-    first 1-GPU job in claim order found none). Read back, jobs before that one do not
-    take the GPU (no idle block on it), that job keeps this single open, a GPU kept open
-    counts as a busy one for every later job (`own_start`), drains keep their blocks, and
-    each runner gets the same decision. Which job that is (the single it keeps is
-    remembered) is the queue's first without fair share; with it, the host is planned.
-
-    Also yes, but for which singles are kept (then unknown: None), on any single, open or
-    drained, where no block of the host is idle now and no multi-GPU job's timeout is
-    known. Read back, no multi-GPU job finds an idle block (`_Reserver._idle`), so 1-GPU
-    jobs may keep other singles than before and nothing else: a drain reads kept singles
-    only for a job with a known timeout, and keeps its block; a reserved block on the GPU
-    still waits for another job on it (it is not idle) and its singles stay drained; a
-    single outside the reserved blocks opens as it was, free as it was with its own job."""
-    if runner is None or sim.config.policy != "dynamic":
-        return False
-    host = sim.hosts[host_no]
-    gpu = runner.slot.gpus[0]
-    if (host_no in sim._dirty or runner.slot.size != 1 or host.recheck_at != float("inf")
-            or host.gated(gpu, now)):
-        return False
-    idle = [o is None and not host.gated(g, now) for g, o in enumerate(host.owner)]
-    known = (runner.open and host.singles is not None and not host.singles and not sim.fair.on
-             and not any(gpu in host.slot_of[name].gpus for name in host.reserved))
-    if any(other.slot.size > 1 and (gpu in other.slot.gpus or not known)
-           and all(idle[g] for g in other.slot.gpus) for other in host.runners):
-        return False  # a block (on it) is usable and idle now: a multi-GPU job may take it
-    policy = sim.config.plan_policy
-    if (not known and sim.timed_multi) or _backfill_here(host, idle, policy):
-        return False
-    if known:
-        first = next(iter(sim.queue.by_urgency(1)), None)
-        host.singles = {} if first is None else {first: runner.slot.name}
-    else:
-        host.singles = None
-    host.boundary = boundary(host, now, sim._demand_of, policy)
-    return True
