@@ -97,7 +97,7 @@ def own_end(sim: Simulator, now: float, host_no: int, runner: SimRunner | None) 
         return False
     if runner.slot.size == 1 and _single_end(sim, now, host, runner):
         return True
-    return _drained_end(sim, now, host_no)
+    return _drained_end(sim, now, host_no, runner)
 
 
 def _single_end(sim: Simulator, now: float, host: SimHost, runner: SimRunner) -> bool:
@@ -123,16 +123,20 @@ def _single_end(sim: Simulator, now: float, host: SimHost, runner: SimRunner) ->
     return True
 
 
-def _drained_end(sim: Simulator, now: float, host_no: int) -> bool:
-    """`own_end` for a job on any runner, where every idle GPU of the host now lies in a
-    drained block that still waits for a job on it and backfill opens nothing (`boundary`
-    is known), no multi-GPU job's timeout is known, and no multi-GPU job of the host's
-    demand may take an idle slot (`replan.sees`; one it drains for or protects is counted as
-    one that may): read back, no multi-GPU job takes an idle slot (`_Reserver._idle`),
-    1-GPU jobs may keep other singles than before (then unknown: None), all of them in
-    drains, which keep their blocks, and each runner gets the same decision (drained)."""
+def _drained_end(sim: Simulator, now: float, host_no: int, runner: SimRunner) -> bool:
+    """`own_end` for a job on a single, or on a block that lies in a drained block, where
+    the plan's reading ends where it ended (`boundary` is known: every idle block lies
+    in a drained block that still waits for a job on it, and backfill opens nothing), no
+    multi-GPU job's timeout is known, and no multi-GPU job of the host's demand may take
+    an idle slot (`replan.sees`; one it drains for or protects is counted as one that
+    may): read back, no multi-GPU job takes an idle slot (`_Reserver._idle`), 1-GPU jobs
+    may keep other singles than before (then unknown: None), drains keep their blocks,
+    and each runner gets the same decision: the ended job's single opens or stays
+    drained as before, and its block's GPUs stay drained (a block outside the drains
+    would leave its singles, closed while it ran, to open)."""
     host = sim.hosts[host_no]
-    if sim.timed_multi:
+    if sim.timed_multi or runner.slot.size > 1 and any(
+            all(g not in host.slot_of[name].gpus for name in host.reserved) for g in runner.slot.gpus):
         return False
     policy, demand_of = sim.config.plan_policy, sim._demand_of
     last = boundary(host, now, demand_of, policy)

@@ -145,12 +145,17 @@ def may_take(slots: Iterable[tuple[int, ...]], demand: Demand, protected: frozen
 
 def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
              policy: PlanPolicy) -> Boundary | None:
-    """After a plan that changed nothing (`sees`), if each idle GPU lies in a block
+    """After a plan that changed nothing (`sees`), if each idle block lies in a block
     drained for a job (still busy, so no block opened on idle GPUs, and only a job that
-    may cut in takes an idle slot): how far in `drain_order` it read, to its last drain
+    may cut in takes an idle block): how far in `drain_order` it read, to its last drain
     if it drained as many blocks as it may, everything if it drained none (each
-    candidate failed); else None (a drain may have given way to a later one). Notes the
-    blocks and the idle slots with the jobs drained for on their GPUs."""
+    candidate failed); else None (with an idle block outside the drains, a job that
+    takes it may make a drain give way to a later one). Notes the blocks and the idle
+    slots with the jobs drained for on their GPUs. An idle GPU outside the drains in no
+    idle block is a single that opens whichever 1-GPU job it is kept for, and that no
+    multi-GPU job takes; a job that may take it is one that may change the plan (`sees`),
+    but for a 1-GPU job where only singles are idle and no multi-GPU job's timeout is
+    known (which job keeps which single changes, nothing else: `sees`)."""
     owner = host.owner
     drained: dict[int, int] = {}
     for name, job_id in host.reserved.items():
@@ -161,11 +166,12 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
     # SimHost.gated and the idle GPUs, inline
     gated = [bool(n) or until > now for n, until in zip(host.foreign, host.closed_until, strict=True)]
     idle = [o is None and not shut for o, shut in zip(owner, gated, strict=True)]
-    if any(idle[g] and g not in drained for g in range(len(owner))):
-        return None
+    if any(runner.slot.size > 1 and all(idle[g] for g in runner.slot.gpus)
+           and any(g not in drained for g in runner.slot.gpus) for runner in host.runners):
+        return None  # an idle block outside the drains
     if backfill_here(host, idle, policy):
         return None  # a 1-GPU job coming or going may open or close a backfill single
-    if not drained and not any(gated):  # every block usable, none drained, nothing idle
+    if not drained and not any(gated) and not any(idle):  # every block usable, none drained, nothing idle
         host.blocks, host.idle_slots = host.all_blocks, {}
     else:
         key = (tuple(host.reserved.items()), tuple(gated), tuple(idle))
