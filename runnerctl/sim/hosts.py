@@ -73,9 +73,12 @@ class SimHost:
         self.all_blocks: dict[int, set[tuple[int, ...]]] = {}  # each block size, nothing drained
         # (drains, GPUs closed, GPUs idle) -> the `blocks` and `idle_slots` read for them (replan.boundary)
         self.read: dict[object, tuple[dict[int, set[tuple[int, ...]]], dict[int, set[tuple[int, ...]]]]] = {}
+        self.blocks_on: list[list[tuple[int, ...]]] = [[] for _ in range(gpus)]  # GPU -> the blocks on it
         for runner in self.runners:
             if runner.slot.size > 1:
                 self.all_blocks.setdefault(runner.slot.size, set()).add(())
+                for g in runner.slot.gpus:
+                    self.blocks_on[g].append(runner.slot.gpus)
 
     def gated(self, gpu: int, now: float) -> bool:
         return bool(self.foreign[gpu]) or self.closed_until[gpu] > now

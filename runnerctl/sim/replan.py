@@ -166,8 +166,8 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
     # SimHost.gated and the idle GPUs, inline
     gated = [bool(n) or until > now for n, until in zip(host.foreign, host.closed_until, strict=True)]
     idle = [o is None and not shut for o, shut in zip(owner, gated, strict=True)]
-    if any(runner.slot.size > 1 and all(idle[g] for g in runner.slot.gpus)
-           and any(g not in drained for g in runner.slot.gpus) for runner in host.runners):
+    if any(all(idle[g] for g in block) for gpu, free in enumerate(idle) if free and gpu not in drained
+           for block in host.blocks_on[gpu]):
         return None  # an idle block outside the drains
     if backfill_here(host, idle, policy):
         return None  # a 1-GPU job coming or going may open or close a backfill single
