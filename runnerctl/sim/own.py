@@ -32,8 +32,8 @@ def own_start(sim: Simulator, now: float, host_no: int, job_id: int, runner: Sim
     instead of kept open, which `plan._Reserver` treats alike (no idle slot on it, the
     same crowding and blocks used); jobs before it in claim order did not take that GPU
     (or it would not have been idle for this one); no drain chooses its block by cost
-    (after a plan that changed nothing, or `replan._settled`, each drain keeps its block); and no
-    block on that GPU is reserved, so each runner gets the same decision.
+    (after a plan that changed nothing, or `replan._settled`, each drain keeps its
+    block); and no block on that GPU is reserved, so each runner gets the same decision.
 
     Also yes, whichever 1-GPU job started on whichever single (GitLab hands the oldest
     job to the first runner that polls, so in a fleet a host's single often gets another
