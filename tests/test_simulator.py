@@ -11,8 +11,10 @@ import pytest
 from runnerctl.cli import main
 from runnerctl.controller.plan import Demand, relevant_demand
 from runnerctl.errors import ConfigError
-from runnerctl.sim.gitlab_state import OUTDATED_REASON, STUCK_REASON
-from runnerctl.sim.hosts import host_name
+from runnerctl.layout import slot_tags
+from runnerctl.sim.gitlab_cron import drop_stuck, job_tags
+from runnerctl.sim.gitlab_state import OUTDATED_REASON, STUCK_REASON, GitLabState
+from runnerctl.sim.hosts import SimHost, host_name
 from runnerctl.sim.simulator import POLICIES, ForeignUse, SimConfig, Simulator, TraceJob
 from runnerctl.sim.trace import read_foreign, read_jobs, synthetic
 
@@ -108,6 +110,34 @@ def test_a_job_covered_but_never_served_is_dropped_after_a_day() -> None:
     sim = Simulator([TraceJob(1, 10.0, 8, 60.0)], SimConfig(), [ForeignUse(0.0, 2 * 86400.0, 0, 3)])
     result = sim.run()
     assert sim.dropped == {1: (90000.0, OUTDATED_REASON)} and result["jobs_never_started"] == 1
+
+
+def test_the_cron_answers_for_each_job_as_for_the_one_of_its_kind_shown() -> None:
+    """`drop_stuck` shows GitLab one pending job per tag set and age band (over a day or
+    not): the same drops, reasons and order as showing it every job."""
+    hosts = [SimHost(i, gpus=8, policy="static-partition") for i in range(2)]
+    hosts[1].runners[0].open = False  # its quad paused: 4-GPU jobs are stuck too
+    now = 3 * 86400.0
+    pending = [(j, now - age, gpus, priority) for j, (age, gpus, priority) in enumerate(
+        [(7200.0, 8, "normal"), (100.0, 8, "normal"), (2 * 86400.0, 1, "normal"), (5000.0, 1, "high"),
+         (90000.0, 8, "high"), (9000.0, 4, "normal"), (3700.0, 8, "normal"), (86000.0, 2, "low")], start=1)]
+    clock = [now]
+    state = GitLabState(clock=lambda: clock[0])
+    for host in hosts:
+        for runner in host.runners:
+            made = state.create_runner(description=runner.slot.name, tags=slot_tags(runner.slot),
+                                       paused=not runner.open)
+            state.heartbeat(made)
+    ids = {}
+    for job_id, submit, gpus, priority in pending:
+        if now - submit > 3600.0:
+            clock[0] = submit
+            ids[state.enqueue_job(project_id=1, tags=job_tags(gpus, priority)).id] = job_id
+    clock[0] = now
+    each = [(ids[job.id], str(job.failure_reason)) for job in state.drop_stuck_jobs()]
+    assert drop_stuck(hosts, pending, now, standby=False) == each
+    assert [job for job, _ in each] == [1, 3, 5, 7]  # 6: the first host's quad serves it
+    assert {reason for _, reason in each} == {STUCK_REASON, OUTDATED_REASON}
 
 
 def test_hosts_beyond_gpu_z_and_foreign_use_on_a_missing_host(tmp_path: Path,

@@ -53,16 +53,22 @@ def backfill(observed: Observed, busy: Mapping[int, list[str]], reservations: Ma
     now = observed.now
     if now is None or not policy.backfill_max_s or not reservations or not busy:
         return {}, None
-    ends_by = {s.slot.name: s.ends_by for s in observed.slots}
+    ends_by = {s.slot.name: s.ends_by for s in observed.slots if s.ends_by is not None}
+    if not ends_by:
+        return {}, None  # no running job's end is known, so no drain's
     closed, held = observed.closed, observed.held
-    drain_end: dict[int, tuple[float, int]] = {}  # idle GPU of a draining block -> (expected end, job)
-    kept = {d.slot.gpus[0] for d in decisions if d.open and len(d.slot.gpus) == 1}  # in a drain: `plan`
+    known: list[tuple[Slot, int, float]] = []  # each drain whose end is known: (block, job, expected end)
     for block, job in reservations.values():
         holders = {h for g in block.gpus for h in busy.get(g, ())}
         ends = [ends_by.get(h) for h in holders]
         if not holders or any(e is None for e in ends):
             continue  # opens now, or its end is unknown
-        end = max(e for e in ends if e is not None)
+        known.append((block, job, max(e for e in ends if e is not None)))
+    if not known:
+        return {}, None
+    drain_end: dict[int, tuple[float, int]] = {}  # idle GPU of a draining block -> (expected end, job)
+    kept = {d.slot.gpus[0] for d in decisions if d.open and len(d.slot.gpus) == 1}  # in a drain: `plan`
+    for block, job, end in known:
         drain_end.update((g, (end, job)) for g in block.gpus if g not in busy and g not in kept)
     if not drain_end:
         return {}, None

@@ -97,8 +97,9 @@ def waiting(observed: Observed, result: Plan) -> set[str]:
     """The reserved blocks that must wait: a job (another runner's, or one GitLab handed
     the block's own runner) still runs on some of their GPUs."""
     busy = {g for s in observed.slots if s.running_jobs for g in s.slot.gpus}
-    gpus = {d.slot.name: d.slot.gpus for d in result.decisions}
-    return {name for name in result.reserved if not busy.isdisjoint(gpus[name])}
+    reserved = result.reserved
+    return {d.slot.name for d in result.decisions
+            if d.slot.name in reserved and not busy.isdisjoint(d.slot.gpus)}
 
 
 def told_before(store: Store, host: str, drains: Mapping[str, int]) -> dict[str, tuple[int, str]]:

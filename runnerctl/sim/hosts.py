@@ -60,7 +60,7 @@ class SimHost:
         self.protected: frozenset[int] = frozenset()
         self.boundary: tuple[int, bool, float, int] | None = None  # replan.boundary
         self.recheck_at = float("inf")  # plan.Plan.recheck_at: plan again then
-        self.singles: Mapping[int, str] | None = {}  # plan.Plan.singles of its last plan (replan.own_start;
+        self.singles: Mapping[int, str] | None = {}  # plan.Plan.singles of its last plan (own.own_start;
         # None: unknown, replan.sees skipped a plan that could change only it)
         self.seen = 0  # Simulator._log: the changes its last plan saw (replan.sees)
         self.runner_of = {r.slot.name: r for r in self.runners}
@@ -73,9 +73,12 @@ class SimHost:
         self.all_blocks: dict[int, set[tuple[int, ...]]] = {}  # each block size, nothing drained
         # (drains, GPUs closed, GPUs idle) -> the `blocks` and `idle_slots` read for them (replan.boundary)
         self.read: dict[object, tuple[dict[int, set[tuple[int, ...]]], dict[int, set[tuple[int, ...]]]]] = {}
+        self.blocks_on: list[list[tuple[int, ...]]] = [[] for _ in range(gpus)]  # GPU -> the blocks on it
         for runner in self.runners:
             if runner.slot.size > 1:
                 self.all_blocks.setdefault(runner.slot.size, set()).add(())
+                for g in runner.slot.gpus:
+                    self.blocks_on[g].append(runner.slot.gpus)
 
     def gated(self, gpu: int, now: float) -> bool:
         return bool(self.foreign[gpu]) or self.closed_until[gpu] > now

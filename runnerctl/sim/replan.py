@@ -12,8 +12,8 @@ the 1-GPU jobs' timeouts: a host with idle GPUs in a drained block whose drain e
 known has no `boundary` (any change may open or close a backfill single), and one whose
 plan keeps a backfill single open is planned again at the first beat after its
 `recheck_at`. Fewer plans still: a plan that acted is not planned again where it is its
-own next plan (`_settled`), nor a host for its own 1-GPU job's start or end where the
-plan read back is provably its last one (`own_start`, `own_end`).
+own next plan (`_settled`), nor a host for its own job's start or end where the plan
+read back is provably its last one (`sim.own`: `own_start`, `own_end`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from runnerctl.controller.plan import (
     idle_claim,
     plan,
 )
-from runnerctl.sim.hosts import SimHost, SimRunner
+from runnerctl.sim.hosts import SimHost
 from runnerctl.tags import PRIORITY_RANK
 
 if TYPE_CHECKING:
@@ -47,11 +47,12 @@ SliceRead = tuple[frozenset[int], set[int], Boundary | None]  # `_read_slice`
 SeesRead = tuple[int, dict[int, JobRead], dict[int, SliceRead]]  # Simulator.sees_read: at which log length
 
 
-def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) -> bool:
-    """Could these jobs' arrival in, or leaving, this host's demand or its `elsewhere`
-    change its plan? Not if its last plan changed nothing (`boundary` set) and each job
-    is neither drained for nor protected there (or is its own claim either way), could
-    take no idle slot there (`plan._Reserver._idle`: one that cannot fails in any order,
+def sees(host: SimHost, host_no: int, sim: Simulator) -> bool:
+    """Could the jobs logged since its last plan (`Simulator._log` from `host.seen`), by
+    their arrival in, or leaving, this host's demand or its `elsewhere`, change its
+    plan? Not if its last plan changed nothing (`boundary` set) and each job is neither
+    drained for nor protected there (or is its own claim either way), could take no
+    idle slot there (`plan._Reserver._idle`: one that cannot fails in any order,
     and so do those after it of its size), and is no candidate to drain there now (gone,
     or claimed by another host: a candidate that left had failed to drain, or came after
     the last drain), or one after `boundary` in `drain_order` (`plan._Reserver.run` reads
@@ -66,28 +67,29 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
     last = host.boundary
     if last is None:
         return True
-    policy, claims, idle = sim.config.plan_policy, sim.claims, host.idle_slots
-    protected, blocks = host.protected, host.blocks
-    own = protected.union(host.reserved.values()) if host.reserved else protected  # drained for or protected
-    demand_of = sim._demand_of
-    at = sim._logged + len(sim._log)
+    log, start = sim._log, host.seen - sim._logged  # its new part: log[start:]
+    at = sim._logged + len(log)
     if sim.sees_read[0] != at:  # read again after each change of the top or of a claim
         sim.sees_read = at, {}, {}
     read, slices = sim.sees_read[1], sim.sees_read[2]
     whole = slices.get(host.seen)  # what the hosts that read the log from here read of it
     if whole is None:
-        whole = slices[host.seen] = _read_slice(sim, changed, read)
+        whole = slices[host.seen] = _read_slice(sim, log[start:], read)
     ids, sizes, first = whole
-    if (own.isdisjoint(ids) and host.claimed.isdisjoint(ids) and (not idle or idle.keys().isdisjoint(sizes))
-            and (first is None or not first < last)):
-        return False  # the loop below finds nothing: no job of the host's own, none that fits an
-        # idle slot, none claimed by it, and none unclaimed before its last drain
+    protected, idle = host.protected, host.idle_slots
+    if ((first is None or not first < last) and (not idle or idle.keys().isdisjoint(sizes))
+            and protected.isdisjoint(ids) and host.claimed.isdisjoint(ids)
+            and (not host.reserved or ids.isdisjoint(host.reserved.values()))):
+        return False  # the loop below finds nothing: none unclaimed before its last drain, none
+        # that fits an idle slot, no job of the host's own (drained for or protected), none claimed by it
+    policy, claims, blocks, demand_of = sim.config.plan_policy, sim.claims, host.blocks, sim._demand_of
+    own = protected.union(host.reserved.values()) if host.reserved else protected  # drained for or protected
 
     def claim(job_id: int) -> tuple[int, float, int]:
         return idle_claim(demand_of(job_id), policy)
 
     only_singles = idle.keys() == {1} and not sim.timed_multi  # see the docstring's last paragraph
-    for job_id in changed:
+    for job_id in log[start:]:
         if job_id in own:
             if job_id in host.claimed and claims.get(job_id) == host_no and job_id in sim.queue:
                 continue  # its own either way, claimed since before its last plan (no other host may)
@@ -99,10 +101,10 @@ def sees(host: SimHost, host_no: int, changed: Iterable[int], sim: Simulator) ->
         if only_singles and gpus == 1:
             host.singles = None  # which 1-GPU job keeps which single: all it could change
             continue
-        if idle and gpus in idle and _may_take(idle[gpus], demand_of(job_id), protected, demand_of, claim):
+        if idle and gpus in idle and may_take(idle[gpus], demand_of(job_id), protected, demand_of, claim):
             return True
         if order is not None and order < last and (claimer is None or claimer == host_no) \
-                and _may_take(blocks.get(gpus, ()), demand_of(job_id), protected, demand_of, claim):
+                and may_take(blocks.get(gpus, ()), demand_of(job_id), protected, demand_of, claim):
             return True
     return False
 
@@ -133,7 +135,7 @@ def _read_job(sim: Simulator, job_id: int) -> JobRead:
     return gpus, order, sim.claims.get(job_id)
 
 
-def _may_take(slots: Iterable[tuple[int, ...]], demand: Demand, protected: frozenset[int],
+def may_take(slots: Iterable[tuple[int, ...]], demand: Demand, protected: frozenset[int],
               demand_of: Callable[[int], Demand], claim: Callable[[int], tuple[int, float, int]]) -> bool:
     """Of these slots, each given as the jobs drained for on its GPUs (the distinct such
     sets: `boundary`): is there one that this job may take from each of them (`plan.cuts_in`)?"""
@@ -143,12 +145,17 @@ def _may_take(slots: Iterable[tuple[int, ...]], demand: Demand, protected: froze
 
 def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
              policy: PlanPolicy) -> Boundary | None:
-    """After a plan that changed nothing (`sees`), if each idle GPU lies in a block
+    """After a plan that changed nothing (`sees`), if each idle block lies in a block
     drained for a job (still busy, so no block opened on idle GPUs, and only a job that
-    may cut in takes an idle slot): how far in `drain_order` it read, to its last drain
+    may cut in takes an idle block): how far in `drain_order` it read, to its last drain
     if it drained as many blocks as it may, everything if it drained none (each
-    candidate failed); else None (a drain may have given way to a later one). Notes the
-    blocks and the idle slots with the jobs drained for on their GPUs."""
+    candidate failed); else None (with an idle block outside the drains, a job that
+    takes it may make a drain give way to a later one). Notes the blocks and the idle
+    slots with the jobs drained for on their GPUs. An idle GPU outside the drains in no
+    idle block is a single that opens whichever 1-GPU job it is kept for, and that no
+    multi-GPU job takes; a job that may take it is one that may change the plan (`sees`),
+    but for a 1-GPU job where only singles are idle and no multi-GPU job's timeout is
+    known (which job keeps which single changes, nothing else: `sees`)."""
     owner = host.owner
     drained: dict[int, int] = {}
     for name, job_id in host.reserved.items():
@@ -159,11 +166,12 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
     # SimHost.gated and the idle GPUs, inline
     gated = [bool(n) or until > now for n, until in zip(host.foreign, host.closed_until, strict=True)]
     idle = [o is None and not shut for o, shut in zip(owner, gated, strict=True)]
-    if any(idle[g] and g not in drained for g in range(len(owner))):
-        return None
-    if _backfill_here(host, idle, policy):
+    if any(all(idle[g] for g in block) for gpu, free in enumerate(idle) if free and gpu not in drained
+           for block in host.blocks_on[gpu]):
+        return None  # an idle block outside the drains
+    if backfill_here(host, idle, policy):
         return None  # a 1-GPU job coming or going may open or close a backfill single
-    if not drained and not any(gated):  # every block usable, none drained, nothing idle
+    if not drained and not any(gated) and not any(idle):  # every block usable, none drained, nothing idle
         host.blocks, host.idle_slots = host.all_blocks, {}
     else:
         key = (tuple(host.reserved.items()), tuple(gated), tuple(idle))
@@ -197,7 +205,7 @@ def _read(host: SimHost, drained: dict[int, int], gated: list[bool],
     return blocks, idle_slots
 
 
-def _backfill_here(host: SimHost, idle: list[bool], policy: PlanPolicy) -> bool:
+def backfill_here(host: SimHost, idle: list[bool], policy: PlanPolicy) -> bool:
     """Could `controller.backfill` open anything on this host (`_may_backfill` on any of
     its drained blocks)?"""
     return bool(policy.backfill_max_s) and any(_may_backfill(host, host.slot_of[name].gpus, idle)
@@ -308,63 +316,3 @@ def _settled(host: SimHost, result: Plan, demand: Iterable[Demand], elsewhere: f
         return False
     return not any(runner.slot.size > 1 and all(owner[g] is None for g in runner.slot.gpus)
                    and any(g in block for g in runner.slot.gpus) for runner in host.runners)
-
-
-def own_start(sim: Simulator, now: float, host_no: int, job_id: int, runner: SimRunner | None) -> bool:
-    """A job just started on this host's open single: is the host's next plan its last
-    one (so it need not be planned for this)? Yes where that plan kept this very single
-    open for this job, the first 1-GPU job in claim order (`Plan.singles`: a job gets one
-    only if every 1-GPU job before it did), the host was not to be planned anyway, and
-    backfill can open nothing. Then the plan read back has the job gone and its GPU busy
-    instead of kept open, which `plan._Reserver` treats alike (no idle slot on it, the
-    same crowding and blocks used); jobs before it in claim order did not take that GPU
-    (or it would not have been idle for this one); no drain chooses its block by cost
-    (after a plan that changed nothing, or `_settled`, each drain keeps its block); and no
-    block on that GPU is reserved, so each runner gets the same decision."""
-    if runner is None or sim.config.policy != "dynamic" or sim.timed_multi:
-        return False  # a drain for a multi-GPU job with a timeout avoids kept singles, not busy GPUs
-    host = sim.hosts[host_no]
-    singles = host.singles
-    gpu = runner.slot.gpus[0]
-    if (host_no in sim._dirty or runner.slot.size != 1 or host.recheck_at != float("inf")
-            or not singles or next(iter(singles)) != job_id or singles[job_id] != runner.slot.name
-            or any(gpu in host.slot_of[name].gpus for name in host.reserved)):
-        return False
-    policy = sim.config.plan_policy
-    idle = [owner is None and not host.gated(g, now) for g, owner in enumerate(host.owner)]
-    if _backfill_here(host, idle, policy):
-        return False
-    host.singles = {job: name for job, name in singles.items() if job != job_id}
-    host.boundary = boundary(host, now, sim._demand_of, policy)
-    return True
-
-
-def own_end(sim: Simulator, now: float, host_no: int, runner: SimRunner | None) -> bool:
-    """A job just ended on this host's open single: is the host's next plan its last one
-    but for the single kept open (`Plan.singles`)? Yes where the host was not to be
-    planned anyway, backfill can open nothing, no block on the GPU is reserved, none on
-    it is now idle (free, no GPU closed), and the last plan kept no single open (so the
-    first 1-GPU job in claim order found none). Read back, jobs before that one do not
-    take the GPU (no idle block on it), that job keeps this single open, a GPU kept open
-    counts as a busy one for every later job (`own_start`), drains keep their blocks, and
-    each runner gets the same decision. Which job that is (the single it keeps is
-    remembered) is the queue's first without fair share; with it, the host is planned."""
-    if runner is None or sim.config.policy != "dynamic" or sim.fair.on:
-        return False
-    host = sim.hosts[host_no]
-    gpu = runner.slot.gpus[0]
-    if (host_no in sim._dirty or runner.slot.size != 1 or not runner.open
-            or host.singles is None or host.singles or host.recheck_at != float("inf") or host.gated(gpu, now)
-            or any(gpu in host.slot_of[name].gpus for name in host.reserved)):
-        return False
-    idle = [o is None and not host.gated(g, now) for g, o in enumerate(host.owner)]
-    if any(other.slot.size > 1 and gpu in other.slot.gpus and all(idle[g] for g in other.slot.gpus)
-           for other in host.runners):
-        return False  # a block on it is usable and idle now: a multi-GPU job may take it
-    policy = sim.config.plan_policy
-    if _backfill_here(host, idle, policy):
-        return False
-    first = next(iter(sim.queue.by_urgency(1)), None)
-    host.singles = {} if first is None else {first: runner.slot.name}
-    host.boundary = boundary(host, now, sim._demand_of, policy)
-    return True

@@ -37,7 +37,7 @@ GitLab and drop nothing.
 `dynamic` calls `plan` for a host only when its inputs changed since its last plan
 (its jobs, its closed GPUs) or that plan acted and is not its own next plan; the plan
 is a pure function, so an unchanged input would give the same plan again (a 1-GPU
-job's start or end on the host is no change where `replan.own_start`/`own_end` say so).
+job's start or end on the host is no change where `own.own_start`/`own_end` say so).
 Demand is handed over as the top of the queue, which holds what `relevant_demand`
 keeps (the same plan as the whole queue). Jobs that enter or leave the top or a
 claim go to a log; at a tick, a host whose last plan changed nothing reads the log's
@@ -60,9 +60,10 @@ from runnerctl.sim.gitlab_cron import CRON_S, drop_stuck
 from runnerctl.sim.hosts import SimHost, SimRunner, host_name
 from runnerctl.sim.inputs import ForeignUse, SimConfig, TraceJob
 from runnerctl.sim.metrics import metrics
+from runnerctl.sim.own import own_end, own_start
 from runnerctl.sim.queue import PendingQueue
 from runnerctl.sim.reference import REFERENCE, schedule
-from runnerctl.sim.replan import SeesRead, own_end, own_start, reconcile, sees
+from runnerctl.sim.replan import SeesRead, reconcile, sees
 from runnerctl.sim.timeouts import job_timeouts
 from runnerctl.sim.top import QueueTop
 
@@ -203,7 +204,7 @@ class Simulator:
 
     def _changed(self, now: float, host_no: int, *, replan: bool = True) -> None:
         """Something on this host changed: its free GPUs, its plan (unless `replan` is
-        False: `replan.own_start`), its runners' chances."""
+        False: `own.own_start`), its runners' chances."""
         host = self.hosts[host_no]
         self.free_counts[host_no] = len(host.free_gpus(now))
         if replan:
@@ -343,7 +344,7 @@ class Simulator:
                 logged = self._logged + len(log)
                 if host.seen >= logged:
                     continue
-                if not sees(host, host_no, log[host.seen - self._logged:], self):
+                if not sees(host, host_no, self):
                     host.seen = logged
                     continue
                 dirty.add(host_no)
