@@ -83,6 +83,23 @@ def test_same_schedule_with_backfill_on_lab_traces(hosts: int, seed: int, untime
     assert lazy.plans < eager.plans
 
 
+@pytest.mark.parametrize(("hosts", "seed", "durations", "pending"), [
+    (2, 14, "lognormal", "cap"), (3, 15, "philly", "cap"), (2, 16, "philly", "trace")])
+def test_same_schedule_with_caps_by_size_and_philly_run_times(hosts: int, seed: int, durations: str,
+                                                              pending: str) -> None:
+    """The runners' caps at the backfill bounds (2 h on 1-GPU, 3 h on 2- and 4-GPU runners,
+    `simulate_lab.py`'s `caps by size`), so pairs and quads backfill on known caps, and the
+    Philly trace's run times (`lab_trace(durations="philly")`)."""
+    trace, uses = lab_trace(150 * hosts, hosts=hosts, seed=seed, durations=durations)
+    config = SimConfig(hosts=hosts, pending_timeouts=pending, runner_max_timeout_s=8 * 3600.0,
+                       runner_max_timeout_by_gpus=((1, 7200.0), (2, 10800.0), (4, 10800.0)))
+    lazy, eager = Simulator(trace, config, uses), EveryHost(trace, config, uses)
+    lazy_result, eager_result = lazy.run(), eager.run()
+    assert lazy.started == eager.started and lazy.placement == eager.placement
+    assert lazy.actions == eager.actions and lazy_result == eager_result
+    assert lazy.plans < eager.plans
+
+
 @pytest.mark.parametrize(("runner_type", "seed"), [("instance", 1), ("group", 5)])
 def test_same_schedule_with_fair_share_and_a_flood(runner_type: str, seed: int) -> None:
     """Fair share on with a new user's flood (issue 16): its queue share changes jobs'

@@ -8,9 +8,9 @@ leave the top of the queue or a claim go to the simulator's log; at a tick, `see
 from the log's new part whether any of them could change the host's plan. Where it says
 no, planning would give the same plan (tests/test_simulator_replan.py compares with
 planning every host at every tick). Backfill (`controller.backfill`) reads the time and
-the 1-GPU jobs' timeouts: a host with idle GPUs in a drained block whose drain end is
-known has no `boundary` (any change may open or close a backfill single), and one whose
-plan keeps a backfill single open is planned again at the first beat after its
+pending jobs' timeouts: a host with idle GPUs in a drained block whose drain end is
+known has no `boundary` (any change may open or close a backfill single, pair or quad),
+and one whose plan keeps a backfill slot open is planned again at the first beat after its
 `recheck_at`. Fewer plans still: a plan that acted is not planned again where it is its
 own next plan (`_settled`), nor a host for its own job's start or end where the plan
 read back is provably its last one (`sim.own`: `own_start`, `own_end`).
@@ -213,9 +213,10 @@ def backfill_here(host: SimHost, idle: list[bool], policy: PlanPolicy) -> bool:
 
 
 def _may_backfill(host: SimHost, gpus: tuple[int, ...], idle: list[bool]) -> bool:
-    """Could `controller.backfill` open a single in this drained block? Only on an idle
-    GPU, and only if the drain's end is known: each job running on the block has an
-    `ends_by` (its timeout). Else it opens none there, whatever the queue or the time."""
+    """Could `controller.backfill` open a slot (a single, or a smaller block) in this
+    drained block? Only on an idle GPU, and only if the drain's end is known: each job
+    running on the block has an `ends_by` (its timeout). Else it opens none there,
+    whatever the queue or the time."""
     return any(idle[g] for g in gpus) and all(r.ends_by is not None for r in host.runners
                                               if r.job is not None and any(g in gpus for g in r.slot.gpus))
 
