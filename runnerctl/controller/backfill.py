@@ -64,8 +64,6 @@ def backfill(observed: Observed, busy: Mapping[int, list[str]], reservations: Ma
         if not holders or any(e is None for e in ends):
             continue  # opens now, or its end is unknown
         known.append((block, job, max(e for e in ends if e is not None)))
-    if not known:
-        return {}, None
     drain_end: dict[int, tuple[float, int]] = {}  # idle GPU of a draining block -> (expected end, job)
     kept = {d.slot.gpus[0] for d in decisions if d.open and len(d.slot.gpus) == 1}  # in a drain: `plan`
     for block, job, end in known:

@@ -6,9 +6,9 @@ half-lives weighs under 0.1 % and is not read. The queue share counts the jobs r
 on every host with the pending ones, so those are read at every tick (the open rows,
 `jobs_store.open_jobs`: one indexed query): a job that just started leaves GitLab's
 pending list and must count as running at once, as in the simulator
-(`fairshare.fair_seconds`). A job's user is its GitLab login, its project the project's path (as the history
-records it from CI_PROJECT_PATH or the job's page); `[controller] user_shares` and
-`project_shares` name them so.
+(`fairshare.fair_seconds`). A job's user is its GitLab login, its project the project's
+path (as the history records it from CI_PROJECT_PATH or the job's page);
+`[controller] user_shares` and `project_shares` name them so.
 """
 
 from __future__ import annotations
