@@ -19,8 +19,9 @@ least a minute), longest 8-GPU wait <= 1/3 of greedy's.
 The first table's `dynamic` knows every pending job's timeout from the trace
 (`SimConfig.pending_timeouts` "trace"), which no real controller can: GitLab's jobs API
 has none. A second table runs `dynamic` as a real controller could, against the same
-greedy and easy-oracle runs: "none" (no pending timeout known: runnerctl today by
-default, without `[controller] runner_max_timeout_s`) and "cap" (every runner's maximum timeout set to
+greedy and easy-oracle runs: "none" (no pending timeout known: runnerctl by default,
+without `[controller] runner_max_timeout_s`, with run-time estimates from its job
+history), "none, no history" (the same before any history) and "cap" (every runner's maximum timeout set to
 the trace's longest timeout, the lab's longest job class: every pending job ends by that),
 "cap, 1-GPU 2 h" (the 1-GPU runners' cap at 2 h, so 1-GPU jobs may backfill; it
 kills longer 1-GPU jobs, and its references run with the same caps) and "caps by size"
@@ -106,9 +107,13 @@ def main() -> int:
              "table above, where `dynamic` reads every pending job's timeout from the trace, is an "
              "upper bound. Here `dynamic` knows of pending jobs' timeouts only what runnerctl's "
              "controller can know (`runnerctl simulate --pending-timeouts`), against the same greedy "
-             "and easy-oracle runs: **`none` is what a real runnerctl achieves today with default "
+             "and easy-oracle runs: **`none` is what a real runnerctl achieves with default "
              "settings**, its runners without a maximum job timeout (its controller then knows no pending "
-             "job's timeout: size credits, no backfill); `cap` is runnerctl with `[controller] "
+             "job's timeout: no backfill, and size credits only for jobs whose project and job name "
+             "never ran over 30 minutes lately, `controller.estimates`; each user's jobs of one "
+             "size share a name here); `none, no history` is the same controller before any job of "
+             "a name ended (size credits for all, as runnerctl before run-time estimates); `cap` is "
+             "runnerctl with `[controller] "
              "runner_max_timeout_s` at the trace's longest timeout (the lab's longest job class) for every "
              "size, which its runners then have, so every pending job is known to end by it (age order; no "
              "backfill either, as no running job ends later than the cap). The cap in these traces: "
@@ -130,9 +135,11 @@ def main() -> int:
 
 SHAPES = ("diurnal", "flat", "philly")  # arrivals on a working day or flat; Philly run times
 # what dynamic knows of pending jobs' timeouts
-VARIANTS = ("trace", "none", "cap", "cap, 1-GPU 2 h", "caps by size")
+VARIANTS = ("trace", "none", "none, no history", "cap", "cap, 1-GPU 2 h", "caps by size")
 KNOWS = {"trace": "the trace's timeouts (an upper bound)",
-         "none": "no pending timeout (runnerctl today by default: no runner_max_timeout_s)",
+         "none": "no pending timeout, run times from its history (runnerctl's defaults: no "
+                 "runner_max_timeout_s)",
+         "none, no history": "no pending timeout and no history (a controller's first day)",
          "cap": "the runners' maximum timeout",
          "cap, 1-GPU 2 h": "the runners' maximum timeouts, 2 h on 1-GPU runners",
          "caps by size": "the runners' maximum timeouts, 2 h on 1-GPU, 3 h on 2- and 4-GPU runners"}
@@ -165,6 +172,8 @@ def _variants(jobs: list[TraceJob], foreign: list[ForeignUse], *, hosts: int,
 
     return {"trace": (run(base), refs, "trace"),
             "none": (run(dataclasses.replace(base, pending_timeouts="none")), refs, "none"),
+            "none, no history": (run(dataclasses.replace(base, pending_timeouts="none", history=False)),
+                                 refs, "none, no history"),
             "cap": (run(capped), refs, "cap"),
             "cap, 1-GPU 2 h": (run(singles), capped_refs(singles),
                                f"cap, 1-GPU 2 h ({over({1: SINGLES_CAP_S})} over the cap)"),

@@ -46,6 +46,7 @@ class Job:
     """The job's timeout: gitlab-runner kills the job then. From the job response's
     `runner_info.timeout`, which is also what gitlab-runner exports as CI_JOB_TIMEOUT
     (gitlab-org/gitlab-runner common/build.go; common/build_test.go checks the two agree)."""
+    name: str = ""  # CI_JOB_NAME: the job's key in .gitlab-ci.yml (the run-time history's key)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Job:
@@ -67,7 +68,8 @@ class Job:
         image = (data.get("image") or {}).get("name") if isinstance(data.get("image"), dict) else None
         return cls(id=job_id, pipeline_id=pick("CI_PIPELINE_ID"), project=pick("CI_PROJECT_PATH"),
                    user=pick("GITLAB_USER_LOGIN"), image=image or pick("CI_JOB_IMAGE") or None,
-                   url=pick("CI_JOB_URL"), timeout_s=_timeout(data, pick("CI_JOB_TIMEOUT")))
+                   url=pick("CI_JOB_URL"), timeout_s=_timeout(data, pick("CI_JOB_TIMEOUT")),
+                   name=pick("CI_JOB_NAME"))
 
 
 def _timeout(data: Mapping[str, Any], variable: str) -> int | None:

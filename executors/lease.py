@@ -73,6 +73,7 @@ class Lease:
     batch_job: str | None = None  # batch drivers: "<driver>:<scheduler's job id>"
     batch_gpus: str | None = None  # the GPU set the batch system gave the job (its CUDA_VISIBLE_DEVICES)
     timeout_s: float | None = None  # the job's GitLab timeout: it ends by created_at + this
+    job_name: str = ""  # CI_JOB_NAME (the job history's run-time estimates read it)
 
     @property
     def token(self) -> str:

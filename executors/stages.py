@@ -77,7 +77,7 @@ def prepare(ctx: StageContext, driver: Driver) -> None:
                      owner_pid=owner, owner_started=process_started(owner) or 0.0,
                      created_at=time.time(), pipeline_id=ctx.job.pipeline_id,
                      project=ctx.job.project, user=ctx.job.user, url=ctx.job.url, nonce=new_nonce(),
-                     timeout_s=ctx.job.timeout_s)
+                     timeout_s=ctx.job.timeout_s, job_name=ctx.job.name)
     wait_s = ctx.settings.executor.gate_wait_s
     deadline = time.monotonic() + wait_s
     try:

@@ -3,7 +3,6 @@ planner each pending job's `fair_s` (runnerctl/controller/fair_usage.py)."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -14,9 +13,9 @@ from runnerctl.controller.demand import PendingJob
 from runnerctl.controller.fair_usage import FairShare
 from runnerctl.controller.jobs_store import JobRecord
 from runnerctl.controller.store import Store
-from runnerctl.executors.lease import Lease, LeaseTable, new_nonce, process_started
 from runnerctl.settings import ControllerSettings
-from runnerctl.sim.world import PROJECT, build_world
+from runnerctl.sim.world import PROJECT
+from tests.gpu_procs import busy_world
 
 HOUR = 3600.0
 
@@ -55,16 +54,9 @@ def test_the_controller_drains_for_the_light_users_job(tmp_path: Path, weight_h:
     bob's does."""
     now = time.time()
     settings = ControllerSettings(projects=(PROJECT,), fair_weight_h=weight_h)
-    world = build_world(tmp_path / "store", settings=settings, lease_dir=tmp_path / "state", start=now)
+    world = busy_world(tmp_path, settings, now)
     try:
         jobs_store.save_jobs(world.store, [_record(1, "ann", "any", now)])
-        me = os.getpid()
-        for gpu in range(8):
-            slot = next(name for name in world.controller.cache.ids if name.endswith(f"/gpu{gpu}"))
-            lease = Lease(gpu=-1, job_id=str(100 + gpu), slot=slot, driver="shell", owner_pid=me,
-                          owner_started=process_started(me) or 0.0, created_at=now - 60, user="cat",
-                          nonce=new_nonce())
-            LeaseTable(tmp_path / "state").acquire((gpu,), lease, wait_s=0)
         jobs = {"ann": world.submit(4, 600.0, user="ann"), "bob": world.submit(4, 600.0, user="bob")}
         world.advance(10, step=5.0)
         drains = [e for e in world.store.events(world.controller.host) if e.kind == "drain"]

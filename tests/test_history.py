@@ -282,3 +282,38 @@ def test_history_on_a_shared_postgresql_store(pg_server: PostgresServer) -> None
     finally:
         for store in stores:
             store.close()
+
+
+def test_the_job_name_comes_from_the_lease_when_the_job_was_never_seen_pending(tmp_path: Path) -> None:
+    store = Store.open(state_dir=tmp_path)
+    history = History(store, "h", ControllerSettings())
+    snapshot = count_snapshot("h", 2)
+    named = LeasedJob("runnerctl/h/gpu0", (0,), "ann", created_at=0.0, name="train")
+    older = LeasedJob("runnerctl/h/gpu1", (1,), "bob", created_at=0.0)  # an older executor's lease
+    history.tick({1: named, 2: older}, snapshot, 0.0, lambda *e: None)
+    history.tick({}, snapshot, 5.0, lambda *e: None)
+    assert {r.job_id: r.name for r in jobs_store.jobs(store)} == {1: "train", 2: ""}
+    store.close()
+
+
+@pytest.mark.parametrize("freed", [True, False])
+def test_a_freed_job_ends_by_the_tick_that_heard_its_status(tmp_path: Path, freed: bool) -> None:
+    """The orphan audit frees a lease minutes after its job ended in GitLab; the webhook
+    heard at the job's end says when it ended. A job that was not freed keeps its
+    lease's end (a `canceled` job's processes may hold the GPUs until its lease goes)."""
+    store = Store.open(state_dir=tmp_path)
+    history = History(store, "h", ControllerSettings())
+    snapshot = count_snapshot("h", 1)
+    lease = LeasedJob("runnerctl/h/gpu0", (0,), "ann", created_at=0.0, name="train")
+    for t in (0.0, 5.0, 100.0):
+        heard = {7: "success"} if t == 100.0 else None  # the job's webhook
+        history.tick({7: lease}, snapshot, t, lambda *e: None, outcomes=heard)
+    for t in (105.0, 520.0):
+        history.tick({7: lease}, snapshot, t, lambda *e: None)
+    if freed:
+        history.freed.add(7)
+    history.tick({}, snapshot, 525.0, lambda *e: None)
+    [record] = jobs_store.jobs(store)
+    assert record.outcome == "success"
+    assert record.ended_at == (100.0 if freed else 522.5)
+    store.close()

@@ -121,3 +121,20 @@ def test_same_schedule_with_fair_share_and_a_flood(runner_type: str, seed: int) 
                                                                             queue_step_s=0.0)), uses)
     unqueued.run()
     assert unqueued.started != lazy.started  # the queue share changed the schedule
+
+
+def test_the_simulator_counts_run_times_as_the_controller_does() -> None:
+    """Without timeouts known, the lab trace's long jobs lose their size credits once
+    their history says so: the same schedule with every host planned at every tick
+    (test_simulator_replan's reference), and another than without history."""
+    trace, uses = lab_trace(300, hosts=2, load=0.9, seed=3, foreign_per_host=2)
+    config = SimConfig(hosts=2, pending_timeouts="none")
+    lazy, eager = Simulator(trace, config, uses), EveryHost(trace, config, uses)
+    assert lazy.run() == eager.run()
+    assert lazy.started == eager.started and lazy.placement == eager.placement
+    flipped = {key for key in {(j.project, j.name) for j in trace if j.gpus > 1}
+               if (lazy.run_times.estimate(key) or 0.0) > PlanPolicy().credit_estimate_max_s}
+    assert flipped, "no history crossed the bound"
+    blind = Simulator(trace, SimConfig(hosts=2, pending_timeouts="none", history=False), uses)
+    blind.run()
+    assert blind.started != lazy.started

@@ -256,7 +256,7 @@ def resume(**kwargs: object) -> None:
 
 @click.command()
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
-              help="JOBS.csv: job_id,submit_time,gpus,duration[,project,priority,user,timeout].")
+              help="JOBS.csv: job_id,submit_time,gpus,duration[,project,priority,user,timeout,name].")
 @click.option("--foreign", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="FOREIGN.csv: start,duration,host,gpu (hosts gpu-a, gpu-b, ..., gpu-z, gpu-aa, ...).")
 @click.option("--hosts", type=click.IntRange(1, 1000), default=1, show_default=True)
@@ -282,11 +282,15 @@ def resume(**kwargs: object) -> None:
                    "runner, or N=SECONDS for the N-GPU ones (86400,1=7200, as [controller] "
                    "runner_max_timeout_s): a job is killed at min(its timeout, its runner's). "
                    "[default: none]")
+@click.option("--history/--no-history", default=True, show_default=True,
+              help="dynamic: read how long a waiting job may run from the jobs of its project "
+                   "and name (column `name`) that ended, as the controller does from its job "
+                   "history: a multi-GPU job one of whose latest runs took over 30 minutes gets "
+                   "no size credit. --no-history: a controller's first day.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, policy: str,
              runner_type: str, fair_weight_h: float, fair_half_life_h: float, fair_queue_step_min: float,
-             pending_timeouts: str,
-             runner_max_timeout_s: str | None, as_json: bool) -> None:
+             pending_timeouts: str, runner_max_timeout_s: str | None, history: bool, as_json: bool) -> None:
     """Replay a job trace on simulated hosts under a scheduling policy; print the outcome.
 
     GitLab's hourly cron runs too: `jobs_dropped` counts, by failure reason, the jobs it
@@ -311,6 +315,7 @@ def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, 
         cap, caps = parse_runner_timeouts(runner_max_timeout_s) if runner_max_timeout_s else (None, ())
         config = SimConfig(hosts=hosts, gpus_per_host=gpus_per_host, policy=policy,
                            runner_type=runner_type, fair=fair, pending_timeouts=pending_timeouts,
+                           history=history,
                            runner_max_timeout_s=cap, runner_max_timeout_by_gpus=caps)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

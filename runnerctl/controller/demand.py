@@ -155,10 +155,13 @@ class DemandTracker:
             found = list(self._jobs.values())
         return sorted(found, key=lambda j: (PRIORITY_RANK[j.priority], j.created_at))
 
-    def demand(self, host: str, fair: Mapping[int, float] | None = None) -> tuple[Demand, ...]:
-        """Pending jobs for this host; `fair`: job id -> seconds it counts younger (fair share)."""
-        fair = fair or {}
-        return tuple(Demand(j.job_id, j.gpus, j.created_at, j.priority, fair_s=fair.get(j.job_id, 0.0))
+    def demand(self, host: str, fair: Mapping[int, float] | None = None,
+               estimates: Mapping[int, float] | None = None) -> tuple[Demand, ...]:
+        """Pending jobs for this host; `fair`: job id -> seconds it counts younger (fair
+        share); `estimates`: job id -> its expected run time (`controller.estimates`)."""
+        fair, estimates = fair or {}, estimates or {}
+        return tuple(Demand(j.job_id, j.gpus, j.created_at, j.priority, fair_s=fair.get(j.job_id, 0.0),
+                            estimate_s=estimates.get(j.job_id))
                      for j in self.jobs if j.host in (None, host))
 
     def poll(self, gitlab: GitLabPort) -> None:

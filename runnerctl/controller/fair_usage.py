@@ -61,9 +61,9 @@ class FairShare:
 
 def queued(job: PendingJob) -> Queued:
     """A pending job as fair share counts it: its GitLab login and project path."""
-    return Queued(job.job_id, job.user or "", _project(job), job.gpus, job.created_at)
+    return Queued(job.job_id, job.user or "", project_path(job), job.gpus, job.created_at)
 
 
-def _project(job: PendingJob) -> str:
+def project_path(job: PendingJob) -> str:
     """The job's project as the history names it: its path from the job's page, else its id."""
     return project_of(job.web_url or "") or str(job.project_id)

@@ -5,15 +5,19 @@ a job enters the history when its lease appears (start = the lease's creation, w
 prepare took the GPUs) and leaves it when the lease is gone. The controller only looks
 once per tick, so the end is taken halfway between the last tick that saw the lease and
 the first that did not (off by at most half an interval; none of it is counted twice).
-What the lease lacks comes from what the controller already read: the job's name and
-queued time from the pending jobs demand polling saw (`queued_at` stays unknown for a
-job never seen pending), and the GPUs' utilization from the tick's one NVML snapshot
-(a tick where it is unknown adds no sample: unknown never counts as 0 %).
+What the lease lacks comes from what the controller already read: the job's name (where
+an older executor's lease has none) and queued time from the pending jobs demand polling
+saw (`queued_at` stays unknown for a job never seen pending), and the GPUs' utilization
+from the tick's one NVML snapshot (a tick where it is unknown adds no sample: unknown
+never counts as 0 %).
 
 Outcome: GitLab's final status (success, failed, canceled) when a job webhook brought
 it (up to an hour after the lease went); else "ended" (the lease went away) or "freed"
 (the controller's orphan audit released it: GitLab said the job was long over). No
-request is spent on it: the API budget stays with demand polling.
+request is spent on it: the API budget stays with demand polling. A freed job whose
+status is heard ended by the tick that heard it, if that came before its lease went:
+the lease outlived the job by minutes (`orphan_after_s`), which would lengthen its run
+time (the run-time estimates read it, `estimates`) and its GPU-hours.
 
 "Requested but unused": a job whose GPUs stay below `unused_utilization` for
 `unused_after_s` gets one `unused` event, a flag in the view (badge on the page) and a
@@ -98,8 +102,12 @@ class History:
             self.freed.discard(job_id)
             self.recent[job_id] = closed
         for job_id in [j for j in self.recent if j in self.outcomes]:
-            status, _ = self.outcomes.pop(job_id)
-            changed.append(dataclasses.replace(self.recent.pop(job_id), outcome=status))
+            status, heard = self.outcomes.pop(job_id)
+            record = self.recent.pop(job_id)
+            end = record.end
+            if record.outcome == "freed":  # its lease outlived it: it ended by the tick that heard it
+                end = max(record.started_at, min(end, heard))
+            changed.append(dataclasses.replace(record, outcome=status, ended_at=end))
         self.recent = {j: r for j, r in self.recent.items() if now - r.end < 3600.0}
         self.outcomes = {j: o for j, o in self.outcomes.items() if now - o[1] < 3600.0}
         for job_id in [j for j in self.pending if j in leased]:
@@ -121,7 +129,8 @@ class History:
             host=self.host, job_id=job_id, slot=lease.slot, gpus=tuple(lease.gpus),
             project=lease.project or project_of(lease.url) or (str(seen.project_id) if seen else ""),
             pipeline=lease.pipeline,
-            name=(seen.name or "") if seen else "", user=lease.user or (seen.user or "" if seen else ""),
+            name=lease.name or ((seen.name or "") if seen else ""),
+            user=lease.user or (seen.user or "" if seen else ""),
             url=lease.url or (seen.web_url or "" if seen else ""),
             queued_at=seen.created_at if seen else None, started_at=started, seen_at=now)
 

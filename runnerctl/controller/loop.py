@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from runnerctl.controller import act as acting
 from runnerctl.controller.claims import Claims
 from runnerctl.controller.demand import ApiBudget, DemandTracker
+from runnerctl.controller.estimates import Estimates
 from runnerctl.controller.fair_usage import FairShare
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi, reopen
 from runnerctl.controller.history import History
@@ -100,6 +101,7 @@ class Controller:
         self.liveness = Liveness(host=self.host, interval_s=settings.interval_s)  # for /healthz, /metrics
         self.history = History(wiring.store, self.host, settings)  # job history, retention
         self.fair = FairShare(wiring.store, settings)  # fair share from the job history
+        self.estimates = Estimates(wiring.store)  # run-time estimates from it (order only)
 
     # -- one tick ------------------------------------------------------------------
     def tick(self) -> ControllerView:
@@ -248,7 +250,9 @@ class Controller:
         else:
             closed = {gpu: state.reason for gpu, state in self.gate.items() if state.closed}
         claimed = {job for job, host in self.wiring.store.claims(now).items() if host != self.host}
-        demand = self._timed(self.demand.demand(self.host, self.fair.penalties(self.demand.jobs, now)))
+        pending = self.demand.jobs
+        demand = self._timed(self.demand.demand(self.host, self.fair.penalties(pending, now),
+                                                self.estimates.of(pending, now)))
         elsewhere = frozenset(d.job_id for d in demand if d.job_id in claimed)
         started: dict[str, float] = {}  # slot -> when its latest job took its lease
         ends: dict[str, list[float | None]] = {}  # slot -> when each of its jobs ends at the latest

@@ -45,6 +45,7 @@ class LeasedJob:
     pipeline: str = ""
     created_at: float | None = None  # when prepare took the lease: the job holds GPUs since
     timeout_s: float | None = None  # its GitLab timeout, as the lease recorded it
+    name: str = ""  # its job name (CI_JOB_NAME), as the lease recorded it
 
     @property
     def ends_by(self) -> float | None:
@@ -116,7 +117,7 @@ class LeaseJobs:
             seen = found.get(job)
             gpus = (seen.gpus if seen else ()) + (lease.gpu,)
             found[job] = LeasedJob(lease.slot, gpus, lease.user, lease.url, lease.project,
-                                   lease.pipeline_id, lease.created_at, lease.timeout_s)
+                                   lease.pipeline_id, lease.created_at, lease.timeout_s, lease.job_name)
         return found
 
     def unreadable(self) -> dict[int, str]:

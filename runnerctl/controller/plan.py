@@ -72,14 +72,20 @@ class Demand:
     fair_s: float = 0.0
     """Fair share (`fairshare`): seconds this job counts younger, for its user's and
     project's recent GPU use; bounded, so its age still wins in the end."""
+    estimate_s: float | None = None
+    """How long the job history says it may run (`controller.estimates`: the longest of
+    the latest runs of its project and job name), if any ended. Only the order reads it
+    (a job that may run long gets no size credit: `PlanPolicy.credit_estimate_max_s`);
+    being no bound, it never lets a job backfill."""
 
     @functools.cached_property
     def urgency(self) -> tuple[int, float, int]:
         return PRIORITY_RANK.get(self.priority, 1), self.created_at + self.fair_s, self.job_id
 
     @functools.cached_property
-    def credited(self) -> dict[float, tuple[int, float, int]]:
-        """`order._credited` per credit, once computed (a job is read by many plans)."""
+    def claims(self) -> dict[float, tuple[int, float, int]]:
+        """`order._credited` per credit for a job with size credits, once computed (a job
+        is read by many plans)."""
         return {}
 
 
@@ -105,7 +111,8 @@ class PlanPolicy:
 
     The size credits below apply to jobs whose timeout is unknown (`Demand.timeout_s`
     None: in the real controller, unless its runners have a maximum job timeout,
-    docs/controller.md "Where the timeouts come from"). A job with a known timeout gets none: it
+    docs/controller.md "Where the timeouts come from") and whose recent runs were all
+    short (`credit_estimate_max_s`). A job with a known timeout gets none: it
     waits in age order, as in EASY backfilling, because the credits let multi-GPU jobs
     that came later take GPUs ahead of older smaller ones for hours (on the lab traces of
     `benchmarks/simulate_lab.py`, where every job has a timeout, 1-GPU and 4-GPU p95
@@ -122,6 +129,14 @@ class PlanPolicy:
     """The same, in choosing which job drains a block: the oldest one, where a big job
     counts this much older per extra GPU (so 8-GPU jobs do not wait behind a long queue
     of small ones; a small credit, as whole-host drains idle the most GPUs)."""
+    credit_estimate_max_s: float = 1800.0
+    """Where no timeout is known, size credits go only to jobs none of whose recent runs
+    took longer than this (`Demand.estimate_s`; no history: credits as before). Letting a
+    big job go first delays the older jobs it passes by its run time: little for a job of
+    minutes (`benchmarks/simulate_policies.py`'s, whose 8-GPU jobs the credits keep from
+    waiting hours), hours for a lab's long trainings (`benchmarks/simulate_lab.py`, where
+    the credits doubled small jobs' p95 waits; docs/controller.md "Size credits"). 15
+    minutes to an hour measured alike there."""
     backfill_max_s: float = 7200.0
     """Backfill (`controller.backfill`) only jobs whose timeout is at most this: the most
     a backfilled job can delay the drained job, whatever the estimates. 0: none at all."""

@@ -27,6 +27,9 @@ class TraceJob:
     timeout: float | None = None
     """The job's timeout in GitLab (seconds), if the trace gives it: what a controller
     could know of its duration in advance (the duration itself it cannot know)."""
+    name: str = ""
+    """Its job name in .gitlab-ci.yml: jobs of one project and name make one history
+    (`controller.estimates`)."""
 
     @property
     def owner(self) -> str:
@@ -57,6 +60,10 @@ class SimConfig:
     project) runners the oldest, "instance" runners fair by project."""
     fair: FairPolicy = FairPolicy()  # dynamic: fair share between users and projects (off: weight 0)
     fair_update_s: float = 60.0  # dynamic: how often the controller reads usage again (fair_usage.REFRESH_S)
+    history: bool = True
+    """dynamic: run-time estimates from the jobs that ended, per project and job name, as
+    the controller reads them from its job history (`controller.estimates`); False: none,
+    as on a controller's first day."""
     pending_timeouts: str = "trace"
     """What `dynamic`'s planner knows of a pending job's timeout (`Demand.timeout_s`;
     `timeouts`): "trace": the timeout it will run under (the trace's, capped by its

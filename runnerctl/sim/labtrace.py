@@ -86,7 +86,9 @@ def lab_trace(n: int, *, hosts: int = 1, gpus: int = 8, load: float = 0.85, seed
     """About `n` jobs (whole bursts) from `users` on `hosts` x `gpus` GPUs, offered at
     `load` times the cluster's GPU-time over the trace's span, and foreign uses;
     sessions arrive uniformly over the span, or on a daily cycle if `diurnal`; run times
-    lognormal with each user's sigma, or from the Philly trace (`durations="philly"`)."""
+    lognormal with each user's sigma, or from the Philly trace (`durations="philly"`).
+    Each job is named `train-{size}gpu`, so a user's jobs of one size share a run-time
+    history (`controller.estimates`)."""
     if not 0 < load <= 10 or n < 1 or hosts < 1 or gpus < 1:
         raise ValueError("lab_trace needs n, hosts, gpus >= 1 and 0 < load <= 10")
     if durations not in DURATIONS:
@@ -119,7 +121,7 @@ def lab_trace(n: int, *, hosts: int = 1, gpus: int = 8, load: float = 0.85, seed
     for at, (user, batch) in zip(starts, sessions, strict=True):
         for k, (size, duration, timeout) in enumerate(batch):
             jobs.append(TraceJob(len(jobs) + 1, round(at + k, 3), size, duration, project=user.name,
-                                 user=user.name, timeout=timeout))
+                                 user=user.name, timeout=timeout, name=f"train-{size}gpu"))
     foreign = [ForeignUse(round(rng.uniform(0, span), 3),
                           round(min(rng.lognormvariate(math.log(1800.0), 1.0), 6 * 3600.0), 3),
                           h, rng.randrange(gpus))

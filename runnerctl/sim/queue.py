@@ -23,7 +23,7 @@ class PendingQueue:
         self._urgent: dict[int, list[dict[int, None]]] = {}  # GPUs -> per priority rank
         self._rank: dict[int, tuple[int, int]] = {}  # job -> (GPUs, rank)
         self._order: dict[int, int] = {}  # job -> arrival number
-        self._untimed: dict[int, set[int]] = {}  # GPUs -> jobs without a timeout
+        self._credited: dict[int, set[int]] = {}  # GPUs -> jobs with size credits (`order.credited`)
 
     def __len__(self) -> int:
         return len(self._rank)
@@ -34,20 +34,29 @@ class PendingQueue:
     def __iter__(self) -> Iterator[int]:
         return iter(list(self._rank))
 
-    def add(self, job_id: int, gpus: int, priority: str, timeout: bool = True) -> None:
+    def add(self, job_id: int, gpus: int, priority: str, credited: bool = False) -> None:
         rank = PRIORITY_RANK.get(priority, 1)
         self._arrival.setdefault(gpus, {})[job_id] = None
         self._urgent.setdefault(gpus, [{} for _ in range(RANKS)])[rank][job_id] = None
         self._rank[job_id] = (gpus, rank)
         self._order[job_id] = len(self._order)
-        if not timeout:
-            self._untimed.setdefault(gpus, set()).add(job_id)
+        if credited:
+            self._credited.setdefault(gpus, set()).add(job_id)
+
+    def set_credited(self, job_id: int, credited: bool) -> None:
+        """The job now gets size credits, or no longer (its estimate crossed
+        `PlanPolicy.credit_estimate_max_s`)."""
+        gpus = self._rank[job_id][0]
+        if credited:
+            self._credited.setdefault(gpus, set()).add(job_id)
+        else:
+            self._credited.get(gpus, set()).discard(job_id)
 
     def remove(self, job_id: int) -> None:
         gpus, rank = self._rank.pop(job_id)
         del self._arrival[gpus][job_id]
         del self._urgent[gpus][rank][job_id]
-        self._untimed.get(gpus, set()).discard(job_id)
+        self._credited.get(gpus, set()).discard(job_id)
 
     def oldest(self, gpus: int) -> int | None:
         """The job GitLab hands to a runner for `gpus` GPUs."""
@@ -58,13 +67,13 @@ class PendingQueue:
         return iter(self._arrival.get(gpus, ()))
 
     def counts(self, gpus: int) -> tuple[int, int]:
-        """Pending jobs of `gpus` GPUs: (with a timeout, without one)."""
-        untimed = len(self._untimed.get(gpus, ()))
-        return len(self._arrival.get(gpus, ())) - untimed, untimed
+        """Pending jobs of `gpus` GPUs: (in age order, with size credits)."""
+        credited = len(self._credited.get(gpus, ()))
+        return len(self._arrival.get(gpus, ())) - credited, credited
 
-    def untimed(self, gpus: int) -> Collection[int]:
-        """Pending jobs of `gpus` GPUs without a timeout."""
-        return self._untimed.get(gpus, ())
+    def credited(self, gpus: int) -> Collection[int]:
+        """Pending jobs of `gpus` GPUs with size credits (`order.credited`)."""
+        return self._credited.get(gpus, ())
 
     def one_rank(self, gpus: int) -> bool:
         """Are the pending jobs of `gpus` GPUs all of one priority (so urgency order,

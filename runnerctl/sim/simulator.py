@@ -54,6 +54,8 @@ import heapq
 import itertools
 from collections.abc import Iterable
 
+from runnerctl.controller.estimates import RunTimes
+from runnerctl.controller.order import short_enough
 from runnerctl.controller.plan import Demand
 from runnerctl.sim.fair import SimFair
 from runnerctl.sim.gitlab_cron import CRON_S, drop_stuck
@@ -94,6 +96,7 @@ class Simulator:
         self.started: dict[int, float] = {}
         self.finished: dict[int, float] = {}
         self.claims: dict[int, int] = {}  # job -> host draining for it
+        self.run_times = RunTimes()  # dynamic: run times per project and job name (`_ran`)
         self.placement: dict[int, tuple[int, tuple[int, ...]]] = {}  # job -> (host, GPUs)
         self.first_block: dict[int, tuple[int, tuple[int, ...]]] = {}  # job -> first reserved
         self.dropped: dict[int, tuple[float, str]] = {}  # job -> (when, reason): GitLab failed it
@@ -180,7 +183,7 @@ class Simulator:
             job = self.jobs[a]
             if not self.queue:
                 self._queue_since = now
-            self.queue.add(a, job.gpus, job.priority, self.known_timeout[a] is not None)
+            self.queue.add(a, job.gpus, job.priority, self._credited(job))
             self.top.stale.add(job.gpus)
             if job.gpus > 1 and self.config.policy == "dynamic":  # its webhook wakes the loop
                 self._schedule_tick(now)
@@ -261,6 +264,7 @@ class Simulator:
                 ran = runner
         self.finished[job_id] = now
         self.fair.finished(self.jobs[job_id], now)
+        self._ran(self.jobs[job_id])
         self._changed(now, host_no, replan=not own_end(self, now, host_no, ran))
 
     # -- scheduling of beats ----------------------------------------------------------
@@ -385,8 +389,38 @@ class Simulator:
         if demand is None:
             job = self.jobs[job_id]
             demand = self._demand[job_id] = Demand(job_id, job.gpus, job.submit, job.priority,
-                                                   self.known_timeout[job_id], self.fair.fair_s(job))
+                                                   self.known_timeout[job_id], self.fair.fair_s(job),
+                                                   self._estimate(job))
         return demand
+
+    def _estimate(self, job: TraceJob) -> float | None:
+        """How long the history says the job may run (`controller.estimates`), if anything."""
+        return self.run_times.estimate((job.project, job.name)) if self.config.history else None
+
+    def _credited(self, job: TraceJob) -> bool:
+        """Does the planner give this pending job size credits (`order.credited`)?"""
+        return self.known_timeout[job.job_id] is None and short_enough(self._estimate(job),
+                                                                        self.config.plan_policy)
+
+    def _ran(self, job: TraceJob) -> None:
+        """A job ended: its run time joins its history (`controller.estimates`). Where that
+        moves its project and name's estimate across `PlanPolicy.credit_estimate_max_s`, the
+        pending jobs of that history gain or lose their size credits: every order may
+        change, as when fair share is read again (`_fair_refresh`). The controller reads
+        the history once a minute (`estimates.REFRESH_S`); here it counts at once."""
+        if not self.config.history or self.config.policy != "dynamic":
+            return
+        key = job.project, job.name
+        before = self._estimate(job)
+        self.run_times.add(key, self.run_time(job.job_id))
+        policy = self.config.plan_policy
+        if short_enough(before, policy) == short_enough(self._estimate(job), policy):
+            return
+        for job_id in self.queue:
+            other = self.jobs[job_id]
+            if (other.project, other.name) == key:
+                self.queue.set_credited(job_id, self._credited(other))
+        self._fair_refresh()
 
     def _fair_refresh(self) -> None:
         """Fair-share penalties were read again: every job's demand, the top's order and

@@ -50,18 +50,18 @@ class QueueTop:
     def _cut(sim: Simulator, size: int, room: int) -> tuple[int, ...]:
         claims, queue = sim.claims, sim.queue
         found: dict[int, None] = {}
-        timed, untimed = queue.counts(size)
-        single = not sim.fair.on and queue.one_rank(size) and not (timed and untimed)
+        aged, credited = queue.counts(size)
+        single = not sim.fair.on and queue.one_rank(size) and not (aged and credited)
         order = sim.fair.by_urgency(sim, size)
         if single:  # one kind: the same walk as in arrival order below
             _walk(order, claims, room, found)
             return tuple(found)
-        untimed_ids = queue.untimed(size)
-        left = [timed, untimed]  # still to see: with a timeout, without
+        credited_ids = queue.credited(size)
+        left = [aged, credited]  # still to see: in age order, with size credits
         kept, unclaimed = [0, 0], [0, 0]
-        done = [not timed, not untimed]
+        done = [not aged, not credited]
         for job_id in order:
-            kind = int(job_id in untimed_ids)
+            kind = int(job_id in credited_ids)
             left[kind] -= 1
             free = job_id not in claims
             if free or kept[kind] < room:

@@ -1,9 +1,10 @@
 """Trace files for `runnerctl simulate`, and a synthetic workload generator.
 
 JOBS.csv: `job_id,submit_time,gpus,duration` (seconds), optional `project,priority`,
-`user` (who submitted it; the per-user metrics) and `timeout` (the job's GitLab timeout
+`user` (who submitted it; the per-user metrics), `timeout` (the job's GitLab timeout
 in seconds, empty for none: what a controller may know of a duration in advance; a job
-runs at most that long, as GitLab fails it then). `runnerctl.sim.labtrace` generates
+runs at most that long, as GitLab fails it then) and `name` (its job name: jobs of one
+project and name share a run-time history, `controller.estimates`). `runnerctl.sim.labtrace` generates
 lab-like traces (heavy-tailed durations, bursts, users, timeouts; arrivals flat or on a
 working day).
 FOREIGN.csv: `start,duration,host,gpu`, hosts named gpu-a, gpu-b, ... in order (after
@@ -48,7 +49,7 @@ def read_jobs(path: Path, *, sizes: Collection[int] | None = None) -> list[Trace
         job = TraceJob(_int(row, "job_id", where, low=0), _time(row, "submit_time", where),
                        _int(row, "gpus", where, low=1), _time(row, "duration", where),
                        row.get("project") or "p", row.get("priority") or "normal",
-                       row.get("user") or "", _timeout(row.get("timeout"), where))
+                       row.get("user") or "", _timeout(row.get("timeout"), where), row.get("name") or "")
         if job.priority not in PRIORITIES:
             raise ConfigError(f"{where}: priority {job.priority!r} is not one of {', '.join(PRIORITIES)}")
         if sizes is not None and job.gpus not in sizes:
