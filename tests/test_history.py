@@ -46,14 +46,15 @@ def _expected_gpu_hours(world: World) -> dict[int, float]:
 
 
 def test_every_job_is_recorded_once_with_its_gpus_times_and_user(world: World) -> None:
-    jobs = [world.submit(1, 300.0, user="carol"), world.submit(2, 200.0, user="dave"),
-            world.submit(4, 250.0, user="carol")]
+    jobs = [world.submit(1, 300.0, user="carol", name="lint"), world.submit(2, 200.0, user="dave"),
+            world.submit(4, 250.0, user="carol", name="train")]
     _finish(world)
     records = {r.job_id: r for r in jobs_store.jobs(world.store)}
     assert set(records) == set(jobs)
     expected = _expected_gpu_hours(world)
     for job, record in records.items():
         assert record.ended_at is not None and record.outcome == "ended"
+        assert record.name == world.state.jobs[job].name  # the lease's (CI_JOB_NAME)
         assert len(record.gpus) == world.submitted[job][1]
         assert record.gpu_hours == pytest.approx(expected[job], rel=0.02)
         assert record.started_at == world.fleet.started[job]  # from the lease: exact
@@ -61,7 +62,7 @@ def test_every_job_is_recorded_once_with_its_gpus_times_and_user(world: World) -
         assert record.idle_gpu_s == 0.0 and record.unused_at is None
     assert records[jobs[1]].user == "dave" and records[jobs[0]].project == f"project-{PROJECT}"
     waited = records[jobs[2]]  # the 4-GPU job waited for its block: demand polling saw it pending
-    assert waited.queued_at == world.submitted[jobs[2]][0] and waited.name == "job"
+    assert waited.queued_at == world.submitted[jobs[2]][0] and waited.name == "train"
     assert waited.wait_s == pytest.approx(world.fleet.started[jobs[2]] - world.submitted[jobs[2]][0])
 
 

@@ -30,6 +30,7 @@ class SimGitLabState(Protocol):
     def request_job(self, runner_id: int) -> Any: ...
     def finish_job(self, job_id: int, status: str = ..., *, failure_reason: str | None = ...) -> Any: ...
     def owner(self, job_id: int) -> tuple[str, str] | None: ...
+    def job_name(self, job_id: int) -> str: ...
     @property
     def runners(self) -> Mapping[int, Any]: ...
     @property
@@ -120,7 +121,7 @@ class SimFleet:
         for job in self.jobs.values():
             user, url = self.gitlab.owner(job.job_id) or ("", "")
             found[job.job_id] = LeasedJob(job.slot.name, job.slot.gpus, user, url, created_at=job.started,
-                                          timeout_s=job.timeout_s)
+                                          timeout_s=job.timeout_s, name=self.gitlab.job_name(job.job_id))
         return found
 
     def unreadable(self) -> dict[int, str]:

@@ -259,6 +259,11 @@ class GitLabState:
         job = self.jobs.get(job_id)
         return None if job is None else (job.user, self.web_url(job))
 
+    def job_name(self, job_id: int) -> str:
+        """A job's name (CI_JOB_NAME, as the executor's lease records it); "" if unknown."""
+        job = self.jobs.get(job_id)
+        return "" if job is None else job.name
+
     def request_job(self, runner_id: int, *, system_id: str | None = None,
                     cancel_gracefully: bool = False) -> SimJob | None:
         """What a runner's poll gets: the next pending job it may run, now running.
