@@ -75,7 +75,7 @@ def _credited(demand: Demand, credit_s: float, policy: PlanPolicy) -> tuple[int,
     estimate = demand.estimate_s  # `credited`, inline: every plan reads every job's claim
     if demand.timeout_s is not None or (estimate is not None and estimate > policy.credit_estimate_max_s):
         return demand.urgency
-    memo = demand.claims
+    memo = demand.credited_memo
     found = memo.get(credit_s)
     if found is None:
         rank, created, job_id = demand.urgency

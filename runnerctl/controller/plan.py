@@ -83,7 +83,7 @@ class Demand:
         return PRIORITY_RANK.get(self.priority, 1), self.created_at + self.fair_s, self.job_id
 
     @functools.cached_property
-    def claims(self) -> dict[float, tuple[int, float, int]]:
+    def credited_memo(self) -> dict[float, tuple[int, float, int]]:
         """`order._credited` per credit for a job with size credits, once computed (a job
         is read by many plans)."""
         return {}

@@ -4,9 +4,9 @@ JOBS.csv: `job_id,submit_time,gpus,duration` (seconds), optional `project,priori
 `user` (who submitted it; the per-user metrics), `timeout` (the job's GitLab timeout
 in seconds, empty for none: what a controller may know of a duration in advance; a job
 runs at most that long, as GitLab fails it then) and `name` (its job name: jobs of one
-project and name share a run-time history, `controller.estimates`). `runnerctl.sim.labtrace` generates
-lab-like traces (heavy-tailed durations, bursts, users, timeouts; arrivals flat or on a
-working day).
+project and name share a run-time history, `controller.estimates`).
+`runnerctl.sim.labtrace` generates lab-like traces (heavy-tailed durations, bursts,
+users, timeouts; arrivals flat or on a working day).
 FOREIGN.csv: `start,duration,host,gpu`, hosts named gpu-a, gpu-b, ... in order (after
 gpu-z: gpu-aa, gpu-ab, ..., as `hosts.host_name` names them).
 
