@@ -1,12 +1,14 @@
 """Simulated GPUs listing real processes, for the tests that compare the executors' gate
 with the controller's (test_executor_gate, test_observe), and a host whose GPUs all run
-leased jobs (the ordering tests: test_estimates, test_fairshare_controller)."""
+leased jobs (the ordering tests: test_estimates, test_fairshare_controller, test_plan's
+drain delay)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from runnerctl.controller.plan import PlanPolicy
 from runnerctl.executors.lease import Lease, LeaseTable, new_nonce, process_started
 from runnerctl.gpus import open_gpu_source
 from runnerctl.model import GpuSnapshot
@@ -21,10 +23,12 @@ def sim_snapshot(tmp_path: Path, placed: dict[int, list[int]]) -> GpuSnapshot:
     return open_gpu_source(f"sim:{tmp_path / 'gpus.yaml'}", host="gpu-a").snapshot()
 
 
-def busy_world(tmp_path: Path, settings: ControllerSettings, now: float) -> World:
+def busy_world(tmp_path: Path, settings: ControllerSettings, now: float,
+               policy: PlanPolicy | None = None) -> World:
     """A controller on one 8-GPU host (lease files under tmp_path/state) where every GPU
     runs a job of "cat" that took its lease a minute ago, as the executor writes it."""
-    world = build_world(tmp_path / "store", settings=settings, lease_dir=tmp_path / "state", start=now)
+    world = build_world(tmp_path / "store", settings=settings, policy=policy, lease_dir=tmp_path / "state",
+                        start=now)
     me = os.getpid()
     for gpu in range(8):
         slot = next(name for name in world.controller.cache.ids if name.endswith(f"/gpu{gpu}"))

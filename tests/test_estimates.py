@@ -115,9 +115,10 @@ def test_the_controller_drains_for_the_older_job_when_the_younger_runs_long(
         tmp_path: Path, history: bool, drains_for: str) -> None:
     """Every GPU busy; a 4-GPU job and right after it an 8-GPU job. The size credit makes
     the 8-GPU job drain first; when the history says that job (its project and name) ran
-    five hours, the older 4-GPU job drains first instead."""
+    five hours, the older 4-GPU job drains first instead. Which job drains, not when:
+    drains start at once (`drain_after_s` 0)."""
     now = time.time()
-    world = busy_world(tmp_path, ControllerSettings(projects=(PROJECT,)), now)
+    world = busy_world(tmp_path, ControllerSettings(projects=(PROJECT,)), now, PlanPolicy(drain_after_s=0.0))
     try:
         jobs = {"quad": world.submit(4, 600.0, name="eval"), "whole": world.submit(8, 600.0, name="train")}
         if history:

@@ -12,6 +12,7 @@ from runnerctl.controller import jobs_store
 from runnerctl.controller.demand import PendingJob
 from runnerctl.controller.fair_usage import FairShare
 from runnerctl.controller.jobs_store import JobRecord
+from runnerctl.controller.plan import PlanPolicy
 from runnerctl.controller.store import Store
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim.world import PROJECT
@@ -51,10 +52,10 @@ def test_the_controller_drains_for_the_light_users_job(tmp_path: Path, weight_h:
                                                        drains_for: str) -> None:
     """Every GPU busy; ann (heavy history) and bob ask for 4 GPUs at the same moment, ann's
     job first. Without fair share ann's job drains a block (it is older by id); with it,
-    bob's does."""
+    bob's does. Which job drains, not when: drains start at once (`drain_after_s` 0)."""
     now = time.time()
     settings = ControllerSettings(projects=(PROJECT,), fair_weight_h=weight_h)
-    world = busy_world(tmp_path, settings, now)
+    world = busy_world(tmp_path, settings, now, PlanPolicy(drain_after_s=0.0))
     try:
         jobs_store.save_jobs(world.store, [_record(1, "ann", "any", now)])
         jobs = {"ann": world.submit(4, 600.0, user="ann"), "bob": world.submit(4, 600.0, user="bob")}

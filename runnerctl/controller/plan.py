@@ -13,7 +13,10 @@ calls it, and applies the returned actions (all pauses before any resume). It ke
   soon as no other job runs on its GPUs. The block chosen frees soonest: fewest busy
   GPUs, then the one whose youngest job started earliest (lease times, when known),
   then fewest running jobs; a drain under way keeps its block. A job that came
-  while no other multi-GPU job waited is protected: no later job delays it.
+  while no other multi-GPU job waited is protected: no later job delays it. Any other
+  job whose timeout is unknown drains only once it has waited
+  `PlanPolicy.drain_after_s` (20 min): until then a block may free by itself, and no
+  new drain starts (no later job drains ahead of it; drains under way go on).
 - Several hosts: a job another host claimed (`Observed.elsewhere`) is never drained for
   here, but may take an idle block here: a host that must drain never holds a job back
   from a host that has room now.
@@ -102,7 +105,7 @@ class Observed:
     block, but never drains for them (two hosts never drain for one job)."""
     now: float | None = None
     """The observation's time, on the clock of `created_at` and `started_at`; None: no
-    backfill (the one rule that reads the time)."""
+    backfill, and drains start at once (the two rules that read the time)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +143,15 @@ class PlanPolicy:
     backfill_max_s: float = 7200.0
     """Backfill (`controller.backfill`) only jobs whose timeout is at most this: the most
     a backfilled job can delay the drained job, whatever the estimates. 0: none at all."""
+    drain_after_s: float = 1200.0
+    """A multi-GPU job whose timeout is unknown drains a block only once it has waited
+    this long (since `Demand.created_at`, by `Observed.now`): a drain idles GPUs that
+    nothing can backfill, while jobs that end soon may free a block by themselves. Until
+    then no new drain starts: the first job in drain order without a block stops new
+    drains while it is younger than this (a later one never drains ahead of it); drains
+    under way go on. A job with a known timeout drains at once (backfill keeps its
+    drain's idle GPUs busy). 0: drain at once. Measured in docs/controller.md "When a
+    drain starts"."""
     backfill_blocks_max_s: float = 10800.0
     """The same for smaller blocks in a drained block (`backfill_max_s` 0 turns these off
     too): 3 h lets the lab traces' 2.7 h 2- and 4-GPU jobs use drained hosts; 3 h for
@@ -156,6 +168,9 @@ class Plan:
     """1-GPU job -> the idle single kept open for it (why_waiting reads it)."""
     recheck_at: float | None = None
     """When a backfill single this plan opens must close (time alone changes the plan)."""
+    drains_from: tuple[int, float] | None = None
+    """(job, when): the job that stopped the drains because it has not waited
+    `PlanPolicy.drain_after_s` yet, and when it may drain (why_waiting says so)."""
 
     def open_slots(self) -> list[Slot]:
         return [d.slot for d in self.decisions if d.open]
@@ -188,7 +203,8 @@ def plan(observed: Observed, policy: PlanPolicy = PlanPolicy()) -> Plan:
     decisions = _opened(decisions, opened)
     reserved = {name: job for name, (_, job) in reservations.items()}
     return Plan(decisions, reserved, frozenset(reserver.protected),
-                frozenset(reserved.values()) - observed.elsewhere, reserver.singles, recheck)
+                frozenset(reserved.values()) - observed.elsewhere, reserver.singles, recheck,
+                reserver.drains_from)
 
 
 def _opened(decisions: tuple[Decision, ...], opened: Mapping[str, str]) -> tuple[Decision, ...]:
@@ -227,7 +243,9 @@ class _Reserver:
        reserves for its top job: the block they already drain, else the one that
        frees soonest. Blocks taken in step 1 by jobs they may cut in on give way;
        singles kept in step 1 for 1-GPU jobs that may cut in are avoided, or left open
-       in the drain if GitLab would hand them only to such jobs (`first_open`).
+       in the drain if GitLab would hand them only to such jobs (`first_open`). The
+       first of them that has not waited `drain_after_s` (timeout unknown) stops new
+       drains; drains under way go on (`_too_young`).
 
     Protected: a multi-GPU job that came when no other one waited; no later job delays
     it (the L1 bound). Otherwise idle GPUs go to work whenever some job fits them, and
@@ -252,6 +270,7 @@ class _Reserver:
         self.singles: dict[int, str] = {}  # 1-GPU job -> the single kept open for it
         self.reservations: dict[str, tuple[Slot, int]] = {}
         self.first: dict[str, tuple[int, int]] = {}  # single left open under a drain -> (GPU, job)
+        self.drains_from: tuple[int, float] | None = None  # `_too_young`
         sizes = {len(s.slot.gpus) for s in observed.slots}
         away = observed.elsewhere  # not waiting for this host: another one drains for them
         multi = []  # the multi-GPU jobs waiting for this host, up to a second one
@@ -284,12 +303,35 @@ class _Reserver:
         drains = 0
         away = self.observed.elsewhere
         candidates = [d for d in self.observed.demand if d.gpus > 1 and d.job_id not in away]
+        under_way = self.observed.reserved.values()
+        waiting = False  # a job before stopped new drains (`_too_young`)
         for demand in sorted(candidates, key=lambda d: drain_order(d, self.protected, self.policy)):
             if drains >= self.policy.max_draining:
                 break
             if demand.job_id not in self.owner.values():  # a block of its own already
+                if waiting and demand.job_id not in under_way and demand.job_id not in self.protected:
+                    continue  # no later job starts a drain ahead of it; those under way go on
+                if self._too_young(demand):
+                    waiting = True
+                    continue
                 drains += self._drain(demand)
         return self.reservations
+
+    def _too_young(self, demand: Demand) -> bool:
+        """Must this job wait longer before it drains (`PlanPolicy.drain_after_s`)? Only
+        if its timeout is unknown, it did not come alone (protected), it has no drain under
+        way, this host has a usable block of its size, and the time is known; notes when
+        it may (`drains_from`)."""
+        now, after = self.observed.now, self.policy.drain_after_s
+        if (now is None or after <= 0 or demand.timeout_s is not None or demand.job_id in self.protected
+                or not self.usable.get(demand.gpus)):  # no block here: it drains nowhere here anyway
+            return False
+        at = demand.created_at + after
+        if at <= now or demand.job_id in self.observed.reserved.values():
+            return False
+        if self.drains_from is None:
+            self.drains_from = demand.job_id, at
+        return True
 
     def _idle(self) -> None:
         avail = set().union(*(s.gpus for slots in self.usable.values() for s in slots)).difference(self.busy)

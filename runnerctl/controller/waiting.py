@@ -14,7 +14,9 @@ Codes, in the order the fleet page prefers them when hosts disagree (`RANK`):
 - `draining`: a block drains for it (here, or on another host that claimed it).
 - `priority`: the GPUs it could use are reserved or kept for a job the planner serves
   first (higher priority, or waiting longer with its size counted).
-- `resources`: every runner of its size is busy, or this host has none of its size.
+- `resources`: every runner of its size is busy, or this host has none of its size; a
+  multi-GPU job whose timeout is unknown and that has not waited
+  `PlanPolicy.drain_after_s` yet also says when it may drain a block (`Plan.drains_from`).
 - `foreign`: the GPUs of every usable runner of its size are closed by the gate
   (a process outside CI, or unhealthy).
 - `held`: an admin paused or drained every runner of its size (`runnerctl pause|drain`).
@@ -47,8 +49,20 @@ def why_waiting(observed: Observed, result: Plan) -> dict[int, Waiting]:
     kept = {decisions[name].slot.gpus[0]: job for job, name in result.singles.items() if name in decisions}
     blocks = {job: name for name, job in result.reserved.items()}
     busy = {g: job for s in observed.slots for job in s.running_jobs for g in s.slot.gpus}
-    return {d.job_id: _one(d, observed, decisions, blocks, result.singles, {**holder, **kept}, busy)
-            for d in observed.demand}
+    found = {d.job_id: _one(d, observed, decisions, blocks, result.singles, {**holder, **kept}, busy)
+             for d in observed.demand}
+    if result.drains_from is not None:
+        job, at = result.drains_from
+        why = found.get(job)
+        if why is not None and why.code == "resources":
+            wait = _minutes(at - (observed.now or at))
+            found[job] = Waiting("resources", f"{why.detail}; drains a block in {wait} if none frees first")
+    return found
+
+
+def _minutes(seconds: float) -> str:
+    minutes = max(1, round(seconds / 60))
+    return f"{minutes} minute{'s' if minutes != 1 else ''}"
 
 
 def _one(demand: Demand, observed: Observed, decisions: Mapping[str, Decision],

@@ -59,6 +59,7 @@ class SimHost:
         self.drained: set[int] = set()  # claimed jobs it really drained for: kept (controller/claims.py)
         self.protected: frozenset[int] = frozenset()
         self.boundary: tuple[int, bool, float, int] | None = None  # replan.boundary
+        self.stopped_by: int | None = None  # the job that held new drains back in its last plan (too young)
         self.recheck_at = float("inf")  # plan.Plan.recheck_at: plan again then
         self.singles: Mapping[int, str] | None = {}  # plan.Plan.singles of its last plan (own.own_start;
         # None: unknown, replan.sees skipped a plan that could change only it)
@@ -66,6 +67,7 @@ class SimHost:
         self.runner_of = {r.slot.name: r for r in self.runners}
         self.paused = {r.slot.name: not r.open for r in self.runners}  # as GitLab has them (replan.reconcile)
         self.slot_of = {r.slot.name: r.slot for r in self.runners}
+        self.slot_sizes = frozenset(r.slot.size for r in self.runners)
         # replan.boundary: size -> the jobs drained for on a usable block (or idle slot), each
         # such set once (what `replan.sees` reads is whether some block may be taken)
         self.blocks: dict[int, set[tuple[int, ...]]] = {}

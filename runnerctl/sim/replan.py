@@ -56,7 +56,10 @@ def sees(host: SimHost, host_no: int, sim: Simulator) -> bool:
     and so do those after it of its size), and is no candidate to drain there now (gone,
     or claimed by another host: a candidate that left had failed to drain, or came after
     the last drain), or one after `boundary` in `drain_order` (`plan._Reserver.run` reads
-    no further) or that finds no block it may take.
+    no further) or that finds no block it may take. The one candidate that neither
+    failed nor came after is the job that held new drains back, too young
+    (`Plan.drains_from`, `host.stopped_by`): any news of it plans the host again (it came
+    of age, `Simulator._old_enough`, left, or another host claimed it).
 
     A 1-GPU job where every idle slot is a single and no multi-GPU job's timeout is
     known changes only which job a single is kept for (`Plan.singles`, then unknown:
@@ -76,12 +79,15 @@ def sees(host: SimHost, host_no: int, sim: Simulator) -> bool:
     if whole is None:
         whole = slices[host.seen] = _read_slice(sim, log[start:], read)
     ids, sizes, first = whole
-    protected, idle = host.protected, host.idle_slots
+    protected, idle, stopped = host.protected, host.idle_slots, host.stopped_by
     if ((first is None or not first < last) and (not idle or idle.keys().isdisjoint(sizes))
             and protected.isdisjoint(ids) and host.claimed.isdisjoint(ids)
-            and (not host.reserved or ids.isdisjoint(host.reserved.values()))):
-        return False  # the loop below finds nothing: none unclaimed before its last drain, none
-        # that fits an idle slot, no job of the host's own (drained for or protected), none claimed by it
+            and (not host.reserved or ids.isdisjoint(host.reserved.values()))
+            and (stopped is None or stopped not in ids)):
+        # the loop below finds nothing: none unclaimed before its last drain, none that fits an
+        # idle slot, no job of the host's own (drained for or protected), none claimed by it;
+        # but a multi-GPU job coming or going may leave one alone here (`_lone`)
+        return bool(sizes.intersection(host.slot_sizes) - {1}) and _lone(sim, host, host_no)
     policy, claims, blocks, demand_of = sim.config.plan_policy, sim.claims, host.blocks, sim._demand_of
     own = protected.union(host.reserved.values()) if host.reserved else protected  # drained for or protected
 
@@ -90,6 +96,12 @@ def sees(host: SimHost, host_no: int, sim: Simulator) -> bool:
 
     only_singles = idle.keys() == {1} and not sim.timed_multi  # see the docstring's last paragraph
     for job_id in log[start:]:
+        if job_id == stopped:  # it held new drains back: it came of age, left, or another host claimed it
+            again = _held_again(sim, host, host_no)
+            if again is None:
+                return True
+            stopped, last = host.stopped_by, again
+            continue
         if job_id in own:
             if job_id in host.claimed and claims.get(job_id) == host_no and job_id in sim.queue:
                 continue  # its own either way, claimed since before its last plan (no other host may)
@@ -106,7 +118,59 @@ def sees(host: SimHost, host_no: int, sim: Simulator) -> bool:
         if order is not None and order < last and (claimer is None or claimer == host_no) \
                 and may_take(blocks.get(gpus, ()), demand_of(job_id), protected, demand_of, claim):
             return True
-    return False
+    return bool(sizes.intersection(host.slot_sizes) - {1}) and _lone(sim, host, host_no)
+
+
+def _lone(sim: Simulator, host: SimHost, host_no: int) -> bool:
+    """Is one multi-GPU job, not yet protected here, now the only one waiting for this
+    host? Its plan protects it (`plan._Reserver`: it came when no other waited), which
+    also lets it drain without waiting (`PlanPolicy.drain_after_s`), even where it can
+    take no block now."""
+    unclaimed, claims = 0, sim.claims
+    for size in host.slot_sizes:  # two unclaimed ones at the top wait for every host: none is alone
+        if size > 1:
+            for job_id in sim.top.by_size.get(size, ()):
+                if job_id not in claims:
+                    unclaimed += 1
+                    if unclaimed > 1:
+                        return False
+    demand, elsewhere = sim._host_demand(host_no)
+    sizes = host.slot_sizes
+    waiting = [d.job_id for d in demand if d.gpus > 1 and d.gpus in sizes and d.job_id not in elsewhere]
+    return (len(waiting) == 1 and waiting[0] not in host.protected
+            and waiting[0] not in host.reserved.values())
+
+
+def _held_back(demand: Demand, host: SimHost, now: float, policy: PlanPolicy) -> bool:
+    """`plan._Reserver._too_young` for a job without a block on this host, as the host's
+    last plan read it."""
+    return (demand.timeout_s is None and demand.job_id not in host.protected
+            and demand.created_at + policy.drain_after_s > now and bool(host.blocks.get(demand.gpus)))
+
+
+def _held_again(sim: Simulator, host: SimHost, host_no: int) -> Boundary | None:
+    """The job that held new drains back in the host's last plan (`host.stopped_by`) is
+    no longer a candidate there (another host claimed it, it started or left the top),
+    and the next candidate in `drain_order` is too young as well: the plan's decisions
+    stay, only the job that holds drains back changes (noted, with the boundary at its
+    place, which it returns). None where the host must plan: the job is still a
+    candidate here (it came of age), or the next one may drain, or there is none. (A job
+    left alone here, which the plan would protect, `sees` finds after: `_lone`.)"""
+    stopped, now, policy = host.stopped_by, sim._last_tick, sim.config.plan_policy
+    demand, elsewhere = sim._host_demand(host_no)
+    if stopped is None or any(d.job_id == stopped for d in demand if d.job_id not in elsewhere):
+        return None
+    own = host.protected.union(host.reserved.values())
+    place = drain_order(sim._demand_of(stopped), host.protected, policy)
+    after = sorted((drain_order(d, host.protected, policy), d) for d in demand
+                   if d.gpus > 1 and d.job_id not in elsewhere and d.job_id not in own)
+    for order, candidate in after:
+        if order > place and host.blocks.get(candidate.gpus):  # else it fails to drain here: the next
+            if not _held_back(candidate, host, now, policy):
+                return None
+            host.stopped_by, host.boundary = candidate.job_id, order
+            return order
+    return None
 
 
 def _read_slice(sim: Simulator, changed: Iterable[int], read: dict[int, JobRead]) -> SliceRead:
@@ -150,12 +214,14 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
     may cut in takes an idle block): how far in `drain_order` it read, to its last drain
     if it drained as many blocks as it may, everything if it drained none (each
     candidate failed); else None (with an idle block outside the drains, a job that
-    takes it may make a drain give way to a later one). Notes the blocks and the idle
-    slots with the jobs drained for on their GPUs. An idle GPU outside the drains in no
-    idle block is a single that opens whichever 1-GPU job it is kept for, and that no
-    multi-GPU job takes; a job that may take it is one that may change the plan (`sees`),
-    but for a 1-GPU job where only singles are idle and no multi-GPU job's timeout is
-    known (which job keeps which single changes, nothing else: `sees`)."""
+    takes it may make a drain give way to a later one). Where a job too young to drain
+    stopped new drains (`host.stopped_by`), its place: no job after it starts one. Notes
+    the blocks and the idle slots with the jobs drained for on their GPUs. An idle GPU
+    outside the drains in no idle block is a single that opens whichever 1-GPU job it is
+    kept for, and that no multi-GPU job takes; a job that may take it is one that may
+    change the plan (`sees`), but for a 1-GPU job where only singles are idle and no
+    multi-GPU job's timeout is known (which job keeps which single changes, nothing
+    else: `sees`)."""
     owner = host.owner
     drained: dict[int, int] = {}
     for name, job_id in host.reserved.items():
@@ -181,6 +247,8 @@ def boundary(host: SimHost, now: float, demand_of: Callable[[int], Demand],
                 host.read.clear()
             found = host.read[key] = _read(host, drained, gated, idle)
         host.blocks, host.idle_slots = found
+    if host.stopped_by is not None:  # no new drain after it (`plan._Reserver._too_young`)
+        return drain_order(demand_of(host.stopped_by), host.protected, policy)
     if not host.reserved:
         return EVERYTHING
     if len(host.reserved) != policy.max_draining:
@@ -232,6 +300,7 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
                         protected=host.protected, elsewhere=elsewhere, now=now)
     result = plan(observed, sim.config.plan_policy)
     sim.plans += 1
+    host.stopped_by = None if result.drains_from is None else result.drains_from[0]
     host.recheck_at = float("inf") if result.recheck_at is None else result.recheck_at
     host.singles = result.singles
     if result.recheck_at is not None:  # time alone closes a backfill single: a tick then

@@ -75,7 +75,8 @@ POLICIES = ("dynamic", "static-singles", "static-partition", *REFERENCE)
 
 # event kinds; at one instant they run in this order (state changes, then the
 # controller, then the runners)
-END, FOREIGN_OFF, FOREIGN_ON, ARRIVE, REOPEN, TICK, POLL, CRON = range(8)
+END, FOREIGN_OFF, FOREIGN_ON, ARRIVE, REOPEN, OLD_ENOUGH, TICK, POLL, CRON = range(9)
+# OLD_ENOUGH: a multi-GPU job may drain now (`PlanPolicy.drain_after_s`); before a tick at the same time
 
 
 class Simulator:
@@ -187,9 +188,15 @@ class Simulator:
             self.top.stale.add(job.gpus)
             if job.gpus > 1 and self.config.policy == "dynamic":  # its webhook wakes the loop
                 self._schedule_tick(now)
+                after = self.config.plan_policy.drain_after_s
+                if after > 0 and self.known_timeout[a] is None:
+                    self._push(job.submit + after, OLD_ENOUGH, a)
             self._want_tick(now)
             self._want_poll(now)
             self._want_cron(now)
+            return
+        if kind == OLD_ENOUGH:
+            self._old_enough(now, a)
             return
         host = self.hosts[b] if kind == END else self.hosts[a]
         if kind == END:
@@ -204,6 +211,20 @@ class Simulator:
         elif kind == REOPEN and host.gated(b, now):
             return  # still in use, or a later cool-down runs
         self._changed(now, a)
+
+    def _old_enough(self, now: float, job_id: int) -> None:
+        """A pending multi-GPU job has waited `PlanPolicy.drain_after_s`: from now on it
+        may drain (`plan._Reserver._too_young`). Every host reads it as if it came now
+        (the change log, `replan.sees`), but a host that holds it as its own (claimed or
+        protected there, which `sees` passes over) plans again; the controller sees it
+        at its next tick."""
+        if job_id not in self.queue:
+            return
+        self._log.append(job_id)
+        for host_no, host in enumerate(self.hosts):
+            if job_id in host.claimed or job_id in host.protected:
+                self._dirty.add(host_no)
+        self._want_tick(now)
 
     def _changed(self, now: float, host_no: int, *, replan: bool = True) -> None:
         """Something on this host changed: its free GPUs, its plan (unless `replan` is

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import hmac
 import secrets
 import threading
@@ -33,7 +34,20 @@ from runnerctl.private import key_file
 ROLES = ("viewer", "operator")
 """viewer: reads (also when the page is not public); operator: pause, drain, resume."""
 _HASHER = PasswordHasher()
-_DUMMY_HASH = _HASHER.hash("runnerctl-no-such-user")  # equal work for unknown names
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """A hash to verify unknown names against (equal work for them). Made when the web
+    routes are installed (`ready`), not at import: every CLI command imports this module,
+    and a hash takes about 0.1 s."""
+    return _HASHER.hash("runnerctl-no-such-user")
+
+
+def ready() -> None:
+    """Make the hash that unknown names are checked against now, so that no sign-in pays
+    for it (a first sign-in slower than the others would say the name is unknown)."""
+    _dummy_hash()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +78,7 @@ def add_user(store: Store, name: str, password: str, role: str) -> None:
 def check_password(store: Store, name: str, password: str) -> Principal | None:
     found = store.user(name)
     try:
-        _HASHER.verify(found[0] if found else _DUMMY_HASH, password)
+        _HASHER.verify(found[0] if found else _dummy_hash(), password)
     except (VerificationError, InvalidHashError):
         return None
     return Principal(name, found[1], "local") if found else None

@@ -92,6 +92,7 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
             state_dir: Path, oauth: GitLabOAuth | None = None,
             clock: Callable[[], float] = time.time) -> None:
     limiter = auth.SignInLimiter(settings.signin_attempts, hashing=settings.max_concurrent_signins)
+    auth.ready()  # the first sign-in of an unknown name takes as long as any other
     recheck = RoleCheck(oauth, store, clock) if oauth is not None and oauth.api_token else None
     sessions = Sessions(store, max_age_s=settings.session_max_age_s, recheck_s=settings.gitlab_role_check_s,
                         clock=clock, recheck=recheck)
