@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import math
 import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -357,7 +358,15 @@ def _job(attrs: dict[str, Any], *, runner_id: int | None = None,
         web_url=attrs.get("web_url"),
         runner_id=runner_id or runner.get("id"),
         name=attrs.get("name"),
+        queued_duration=_duration(attrs.get("queued_duration")),
     )
+
+
+def _duration(value: Any) -> float | None:
+    """A duration GitLab gave in seconds (a float for jobs), None unless a finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
 
 
 def exchange_oauth_code(url: str, *, client_id: str, secret: str, code: str, verifier: str,

@@ -84,6 +84,9 @@ class JobInfo:
     web_url: str | None
     runner_id: int | None = None
     name: str | None = None
+    queued_duration: float | None = None
+    """Seconds it has been pending, as GitLab answered (lib/api/entities/ci/job_basic.rb;
+    app/models/commit_status.rb: from `queued_at` to its start or now)."""
 
 
 class GitLabPort(Protocol):

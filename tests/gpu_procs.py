@@ -1,7 +1,6 @@
 """Simulated GPUs listing real processes, for the tests that compare the executors' gate
 with the controller's (test_executor_gate, test_observe), and a host whose GPUs all run
-leased jobs (the ordering tests: test_estimates, test_fairshare_controller, test_plan's
-drain delay)."""
+leased jobs (the ordering tests: test_estimates, test_fairshare_controller)."""
 
 from __future__ import annotations
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from runnerctl.controller.demand import pending_job
 from runnerctl.controller.plan import Demand, Observed, PlanPolicy, SlotState, plan
 from runnerctl.controller.store import Event
 from runnerctl.controller.waiting import why_waiting
+from runnerctl.gitlab import _job
 from runnerctl.gpus.sim import count_snapshot
 from runnerctl.layout import plan_slots
 from runnerctl.settings import ControllerSettings
@@ -75,6 +77,43 @@ def test_a_drain_under_way_goes_on_and_no_later_job_drains_ahead() -> None:
     assert 70 in later.reserved.values()  # of age: it drains (a high priority may take 50's block)
 
 
+def test_a_lapsed_idle_reservation_is_no_drain_under_way() -> None:
+    """A young 2-GPU job took the idle block gpu0-1 while an older 4-GPU job was held;
+    then a foreign process closes gpu0. The young job has no drain under way: it drains
+    no busy block while the older one waits."""
+    now = 100_000.0
+    held, young = Demand(5, 4, now - 300), Demand(10, 2, now - 30)
+    busy = {f"gpu{i}": (100 + i,) for i in range(2, 8)}
+    states = tuple(SlotState(s, s.size > 1, busy.get(s.key, ())) for s in SLOTS)
+    first = plan(Observed(states, {}, (held, young), {}, now=now))
+    assert first.reserved == {BY_KEY["gpu0-1"].name: 10} and first.drains_from == (5, now - 300 + AFTER)
+    later = plan(Observed(states, {0: "foreign process"}, (held, young), dict(first.reserved), now=now + 30))
+    assert later.reserved == {} and later.drains_from == (5, now - 300 + AFTER)
+
+
+def test_a_young_job_that_may_take_no_block_holds_nothing_back() -> None:
+    """The protected job 1 drains gpu0-3; job 9 (8 GPUs, a minute old) comes first in
+    drain order but may not take the whole host (it would cut in on job 1): it fails to
+    drain rather than wait, and the hour-old pair job 5 drains at once."""
+    now = 100_000.0
+    demand = (Demand(1, 4, now - 4000), Demand(9, 8, now - 60), Demand(5, 2, now - 3600))
+    states = tuple(SlotState(s, s.size > 1, BUSY.get(s.key, ())) for s in SLOTS)
+    observed = Observed(states, {}, demand, {BY_KEY["gpu0-3"].name: 1}, protected=frozenset({1}), now=now)
+    result = plan(observed, PlanPolicy(max_draining=2))
+    assert sorted(result.reserved.values()) == [1, 5] and result.drains_from is None
+    assert "drains a block in" not in why_waiting(observed, result)[9].detail
+
+
+def test_the_wait_counts_from_when_the_job_was_queued() -> None:
+    """A job of a later stage is created with its pipeline an hour ago but queued a minute
+    ago (`Demand.queued_at`, from GitLab's queued_duration): it waits from then."""
+    now = 100_000.0
+    jobs = (Demand(99, 4, now - 3600, queued_at=now - 60), Demand(100, 4, now - 3600, queued_at=now - 50))
+    result = plan(_observed(jobs, now=now))
+    assert result.reserved == {} and result.drains_from == (99, now - 60 + AFTER)
+    assert list(plan(_observed(jobs, now=now - 60 + AFTER)).reserved.values()) == [99]
+
+
 def test_the_controller_drains_once_the_job_has_waited(tmp_path: Path) -> None:
     """Every GPU busy with long 1-GPU jobs; two 4-GPU jobs (no timeout known: runners
     without a maximum timeout) come together: the first waits `drain_after_s` before a
@@ -100,3 +139,36 @@ def test_the_controller_drains_once_the_job_has_waited(tmp_path: Path) -> None:
 
 def _drains(world: World) -> list[Event]:
     return [e for e in world.store.events(world.controller.host) if e.kind == "drain"]
+
+
+def test_a_later_stage_job_waits_from_when_gitlab_queued_it(tmp_path: Path) -> None:
+    """Two 4-GPU jobs of a pipeline created an hour ago, queued only now (their stage
+    came): the controller reads GitLab's queued_duration and waits `drain_after_s` from
+    now, not from the pipeline's creation."""
+    world = build_world(tmp_path, settings=ControllerSettings(projects=(PROJECT,)))
+    try:
+        for _ in range(8):
+            world.submit(1, 86400.0)
+        world.advance(60.0, step=5.0)
+        created = world.clock.now - 3600.0
+        job = world.submit(4, 600.0, created_at=created)
+        world.submit(4, 600.0, created_at=created)
+        world.advance(AFTER / 2, step=30.0)
+        assert not _drains(world)
+        assert "drains a block in" in world.controller.view.waiting[job].detail
+        world.advance(AFTER / 2 + 60.0, step=30.0)
+        assert _drains(world)
+    finally:
+        world.close()
+
+
+def test_queued_duration_is_read_only_when_it_is_a_duration() -> None:
+    """GitLab's `queued_duration` (seconds, a float) becomes the job's `queued_at` on the
+    controller's clock; anything else leaves it unknown (the wait then counts from
+    `created_at`)."""
+    base = {"id": 7, "status": "pending", "tag_list": ["gpus:4"], "created_at": "2026-11-24T10:00:00Z"}
+    for value, queued_at in ((63.5, 1000.0 - 63.5), (0, 1000.0), (-5, None), ("63", None), (True, None),
+                             (float("nan"), None), (None, None)):
+        info = _job({**base, "queued_duration": value}, project_id=3)
+        found = pending_job(info, project_id=3, priorities={}, seen_at=900.0, now=1000.0)
+        assert found is not None and found.queued_at == queued_at, value

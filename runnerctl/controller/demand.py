@@ -102,21 +102,25 @@ class PendingJob:
     web_url: str | None = None
     user: str | None = None
     name: str | None = None  # the job's name in .gitlab-ci.yml (job history keeps it)
+    queued_at: float | None = None  # when it became pending (GitLab's queued_duration), if given
 
 
 def pending_job(job: JobInfo, *, project_id: int, priorities: Mapping[str, str],
-                seen_at: float) -> PendingJob | None:
+                seen_at: float, now: float) -> PendingJob | None:
     """The job as demand, None when it asks for no GPU. A job whose creation time GitLab did
     not give in a form we read counts from `seen_at`, when runnerctl first saw it pending:
-    it never jumps ahead of jobs that waited, as a time of 0 (1970) would make it."""
+    it never jumps ahead of jobs that waited, as a time of 0 (1970) would make it. It has
+    been pending since `now` (when GitLab answered) less its `queued_duration`: a duration
+    on GitLab's clock, so the hosts' clocks need not agree with it."""
     gpus = gpus_of(job.tags)
     if gpus < 1:
         return None
     priority = priority_of(job.tags) or priorities.get(str(project_id), NORMAL)
     host = host_of(job.tags)
     created = _timestamp(job.created_at)
+    queued = None if job.queued_duration is None else now - job.queued_duration
     return PendingJob(job.id, project_id, gpus, seen_at if created is None else created, priority, host,
-                      job.web_url, job.user, job.name)
+                      job.web_url, job.user, job.name, queued)
 
 
 class DemandTracker:
@@ -161,7 +165,7 @@ class DemandTracker:
         share); `estimates`: job id -> its expected run time (`controller.estimates`)."""
         fair, estimates = fair or {}, estimates or {}
         return tuple(Demand(j.job_id, j.gpus, j.created_at, j.priority, fair_s=fair.get(j.job_id, 0.0),
-                            estimate_s=estimates.get(j.job_id))
+                            estimate_s=estimates.get(j.job_id), queued_at=j.queued_at)
                      for j in self.jobs if j.host in (None, host))
 
     def poll(self, gitlab: GitLabPort) -> None:
@@ -197,7 +201,7 @@ class DemandTracker:
             known = self._jobs.get(job_id)
             pending = None if found is None or found.status != "pending" else pending_job(
                 found, project_id=project, priorities=self.priorities,
-                seen_at=known.created_at if known else now)
+                seen_at=known.created_at if known else now, now=now)
             self._jobs.pop(job_id, None)
             if pending is not None:
                 self._jobs[job_id] = pending
@@ -261,7 +265,7 @@ class DemandTracker:
             del self._jobs[job_id]
         for job in jobs:
             pending = pending_job(job, project_id=project, priorities=self.priorities,
-                                  seen_at=seen.get(job.id, now))
+                                  seen_at=seen.get(job.id, now), now=now)
             if pending is not None:
                 self._jobs[job.id] = pending
         if jobs:

@@ -80,6 +80,14 @@ class Demand:
     the latest runs of its project and job name), if any ended. Only the order reads it
     (a job that may run long gets no size credit: `PlanPolicy.credit_estimate_max_s`);
     being no bound, it never lets a job backfill."""
+    queued_at: float | None = None
+    """When it became pending, if known (GitLab's `queued_duration` before the poll): a
+    job of a later stage is created with its pipeline, long before it is queued."""
+
+    @property
+    def pending_since(self) -> float:
+        """Since when it waits for GPUs (`PlanPolicy.drain_after_s` counts from here)."""
+        return self.created_at if self.queued_at is None else self.queued_at
 
     @functools.cached_property
     def urgency(self) -> tuple[int, float, int]:
@@ -145,13 +153,13 @@ class PlanPolicy:
     a backfilled job can delay the drained job, whatever the estimates. 0: none at all."""
     drain_after_s: float = 1200.0
     """A multi-GPU job whose timeout is unknown drains a block only once it has waited
-    this long (since `Demand.created_at`, by `Observed.now`): a drain idles GPUs that
+    this long (`Demand.pending_since`, by `Observed.now`): a drain idles GPUs that
     nothing can backfill, while jobs that end soon may free a block by themselves. Until
-    then no new drain starts: the first job in drain order without a block stops new
-    drains while it is younger than this (a later one never drains ahead of it); drains
-    under way go on. A job with a known timeout drains at once (backfill keeps its
-    drain's idle GPUs busy). 0: drain at once. Measured in docs/controller.md "When a
-    drain starts"."""
+    then no new drain starts: the first job in drain order that may take a block here
+    stops new drains while it is younger than this (a later one never drains ahead of
+    it); drains under way go on. A job with a known timeout (backfill keeps its drain's
+    idle GPUs busy) or that came alone (protected: L1) never waits for its own age. 0:
+    drain at once. Measured in docs/controller.md "When a drain starts"."""
     backfill_blocks_max_s: float = 10800.0
     """The same for smaller blocks in a drained block (`backfill_max_s` 0 turns these off
     too): 3 h lets the lab traces' 2.7 h 2- and 4-GPU jobs use drained hosts; 3 h for
@@ -303,31 +311,30 @@ class _Reserver:
         drains = 0
         away = self.observed.elsewhere
         candidates = [d for d in self.observed.demand if d.gpus > 1 and d.job_id not in away]
-        under_way = self.observed.reserved.values()
-        waiting = False  # a job before stopped new drains (`_too_young`)
+        under_way = set(self.draining.values())  # drains that keep their block
+        waiting = False  # a job before may drain here but is too young (`_too_young`)
         for demand in sorted(candidates, key=lambda d: drain_order(d, self.protected, self.policy)):
             if drains >= self.policy.max_draining:
                 break
             if demand.job_id not in self.owner.values():  # a block of its own already
                 if waiting and demand.job_id not in under_way and demand.job_id not in self.protected:
                     continue  # no later job starts a drain ahead of it; those under way go on
-                if self._too_young(demand):
+                found = self._drain(demand)
+                if found is None:
                     waiting = True
-                    continue
-                drains += self._drain(demand)
+                else:
+                    drains += found
         return self.reservations
 
     def _too_young(self, demand: Demand) -> bool:
-        """Must this job wait longer before it drains (`PlanPolicy.drain_after_s`)? Only
-        if its timeout is unknown, it did not come alone (protected), it has no drain under
-        way, this host has a usable block of its size, and the time is known; notes when
-        it may (`drains_from`)."""
+        """Must this job, which may take a block here, wait longer before it drains
+        (`PlanPolicy.drain_after_s`)? Only if its timeout is unknown, it did not come alone
+        (protected) and the time is known; notes when it may (`drains_from`)."""
         now, after = self.observed.now, self.policy.drain_after_s
-        if (now is None or after <= 0 or demand.timeout_s is not None or demand.job_id in self.protected
-                or not self.usable.get(demand.gpus)):  # no block here: it drains nowhere here anyway
+        if now is None or after <= 0 or demand.timeout_s is not None or demand.job_id in self.protected:
             return False
-        at = demand.created_at + after
-        if at <= now or demand.job_id in self.observed.reserved.values():
+        at = demand.pending_since + after
+        if at <= now:
             return False
         if self.drains_from is None:
             self.drains_from = demand.job_id, at
@@ -374,8 +381,9 @@ class _Reserver:
             return True
         return cuts_in(self.demand[job_id], self.demand[other], self.protected, self.claim)
 
-    def _drain(self, demand: Demand) -> bool:
-        """Reserve a block for the job, busy GPUs allowed; True if one was found. If the
+    def _drain(self, demand: Demand) -> bool | None:
+        """Reserve a block for the job, busy GPUs allowed; True if one was found, False if
+        it may take none here, None if it may but must wait longer (`_too_young`). If the
         job's timeout is known (age order, `PlanPolicy`), an idle single kept open for a
         1-GPU job that may cut in on it (`cuts_in`: a better claim, and no later job
         delays a protected one) is avoided: that job starts there first, as the oldest
@@ -391,6 +399,8 @@ class _Reserver:
         clear = [c for c in candidates if first.isdisjoint(c.gpus)] if first else candidates
         if not candidates:
             return False
+        if self._too_young(demand):
+            return None
         kept = [c for c in (clear or candidates) if self.observed.reserved.get(c.name) == demand.job_id]
         block = kept[0] if kept else min(clear or candidates, key=self._cost)
         for single in self.usable.get(1, ()) if not clear else ():

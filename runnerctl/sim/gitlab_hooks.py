@@ -148,7 +148,7 @@ class Hooks:
             "build_created_at": _iso(job.created_at), "build_started_at": _iso(job.started_at),
             "build_finished_at": _iso(job.finished_at),
             "build_duration": None if job.started_at is None else (job.finished_at or now) - job.started_at,
-            "build_queued_duration": (job.started_at or now) - job.created_at,
+            "build_queued_duration": (job.started_at or now) - job.pending_since,
             "build_allow_failure": False, "build_failure_reason": job.failure_reason or "unknown_failure",
             "pipeline_id": job.pipeline_id,
             "runner": None if runner is None else {

@@ -166,7 +166,7 @@ class CiRoutes:
                 "created_at": _iso(j.created_at), "started_at": _iso(started),
                 "finished_at": _iso(j.finished_at),
                 "duration": None if started is None else (j.finished_at or self.state.clock()) - started,
-                "queued_duration": (started or self.state.clock()) - j.created_at,
+                "queued_duration": (started or self.state.clock()) - j.pending_since,
                 "failure_reason": j.failure_reason,
                 "user": {"id": user_id, "username": j.user, "name": j.user, "state": "active"},
                 "web_url": self.state.web_url(j), "project": {"id": j.project_id},

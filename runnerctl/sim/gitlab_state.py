@@ -122,6 +122,15 @@ class SimJob:
     stage: str = "test"
     ref: str = "main"
     shared: bool = False  # taken by an instance runner (fair scheduling counts these)
+    queued_at: float | None = None
+    """When it became pending (None: when it was created). A job of a later stage is
+    created with its pipeline and queued when the stages before it end; its
+    `queued_duration` counts from here (app/models/commit_status.rb: `queued_at` to
+    `started_at`, or now)."""
+
+    @property
+    def pending_since(self) -> float:
+        return self.created_at if self.queued_at is None else self.queued_at
 
 
 class GitLabState:
@@ -233,11 +242,15 @@ class GitLabState:
     # -- jobs --------------------------------------------------------------------
     def enqueue_job(self, *, project_id: int, tags: Iterable[str], name: str = "job",
                     user: str = "user", pipeline_id: int | None = None,
-                    script: Iterable[str] | None = None, after_script: Iterable[str] = ()) -> SimJob:
+                    script: Iterable[str] | None = None, after_script: Iterable[str] = (),
+                    created_at: float | None = None) -> SimJob:
+        """A job pending from now; `created_at` earlier than now is a job of a later stage,
+        created with its pipeline and queued only now."""
         now = self.clock()
         job = SimJob(id=next(self._job_ids), project_id=project_id, name=name, tags=frozenset(tags),
-                     created_at=now, user=user, pipeline_id=pipeline_id or 0, updated_at=now,
-                     token="glcbt-" + secrets.token_urlsafe(15))
+                     created_at=now if created_at is None else min(created_at, now), user=user,
+                     pipeline_id=pipeline_id or 0, updated_at=now, token="glcbt-" + secrets.token_urlsafe(15),
+                     queued_at=None if created_at is None else now)
         if script is not None:
             job.script = tuple(script)
         job.after_script = tuple(after_script)

@@ -68,6 +68,7 @@ class SimHost:
         self.paused = {r.slot.name: not r.open for r in self.runners}  # as GitLab has them (replan.reconcile)
         self.slot_of = {r.slot.name: r.slot for r in self.runners}
         self.slot_sizes = frozenset(r.slot.size for r in self.runners)
+        self.block_sizes = self.slot_sizes - {1}
         # replan.boundary: size -> the jobs drained for on a usable block (or idle slot), each
         # such set once (what `replan.sees` reads is whether some block may be taken)
         self.blocks: dict[int, set[tuple[int, ...]]] = {}

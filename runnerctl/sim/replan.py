@@ -87,7 +87,7 @@ def sees(host: SimHost, host_no: int, sim: Simulator) -> bool:
         # the loop below finds nothing: none unclaimed before its last drain, none that fits an
         # idle slot, no job of the host's own (drained for or protected), none claimed by it;
         # but a multi-GPU job coming or going may leave one alone here (`_lone`)
-        return bool(sizes.intersection(host.slot_sizes) - {1}) and _lone(sim, host, host_no)
+        return not host.block_sizes.isdisjoint(sizes) and _lone(sim, host, host_no)
     policy, claims, blocks, demand_of = sim.config.plan_policy, sim.claims, host.blocks, sim._demand_of
     own = protected.union(host.reserved.values()) if host.reserved else protected  # drained for or protected
 
@@ -118,7 +118,7 @@ def sees(host: SimHost, host_no: int, sim: Simulator) -> bool:
         if order is not None and order < last and (claimer is None or claimer == host_no) \
                 and may_take(blocks.get(gpus, ()), demand_of(job_id), protected, demand_of, claim):
             return True
-    return bool(sizes.intersection(host.slot_sizes) - {1}) and _lone(sim, host, host_no)
+    return not host.block_sizes.isdisjoint(sizes) and _lone(sim, host, host_no)
 
 
 def _lone(sim: Simulator, host: SimHost, host_no: int) -> bool:
@@ -126,14 +126,15 @@ def _lone(sim: Simulator, host: SimHost, host_no: int) -> bool:
     host? Its plan protects it (`plan._Reserver`: it came when no other waited), which
     also lets it drain without waiting (`PlanPolicy.drain_after_s`), even where it can
     take no block now."""
-    unclaimed, claims = 0, sim.claims
-    for size in host.slot_sizes:  # two unclaimed ones at the top wait for every host: none is alone
-        if size > 1:
-            for job_id in sim.top.by_size.get(size, ()):
-                if job_id not in claims:
-                    unclaimed += 1
-                    if unclaimed > 1:
-                        return False
+    at = sim._logged + len(sim._log)  # the top and the claims change only with the log
+    key = at, host.slot_sizes
+    crowded = sim.crowded.get(key)
+    if crowded is None:
+        if len(sim.crowded) > 64:
+            sim.crowded.clear()
+        crowded = sim.crowded[key] = _crowded(sim, host.slot_sizes)
+    if crowded:
+        return False
     demand, elsewhere = sim._host_demand(host_no)
     sizes = host.slot_sizes
     waiting = [d.job_id for d in demand if d.gpus > 1 and d.gpus in sizes and d.job_id not in elsewhere]
@@ -141,35 +142,69 @@ def _lone(sim: Simulator, host: SimHost, host_no: int) -> bool:
             and waiting[0] not in host.reserved.values())
 
 
+def _crowded(sim: Simulator, sizes: frozenset[int]) -> bool:
+    """Do two unclaimed multi-GPU jobs of these sizes wait at the top of the queue? They
+    wait for every host with those sizes: none is alone there (`_lone`)."""
+    unclaimed, claims = 0, sim.claims
+    for size in sizes:
+        if size > 1:
+            for job_id in sim.top.by_size.get(size, ()):
+                if job_id not in claims:
+                    unclaimed += 1
+                    if unclaimed > 1:
+                        return True
+    return False
+
+
 def _held_back(demand: Demand, host: SimHost, now: float, policy: PlanPolicy) -> bool:
-    """`plan._Reserver._too_young` for a job without a block on this host, as the host's
-    last plan read it."""
+    """`plan._Reserver._too_young` for a job that may take a block on this host, as the
+    host's last plan read it."""
     return (demand.timeout_s is None and demand.job_id not in host.protected
-            and demand.created_at + policy.drain_after_s > now and bool(host.blocks.get(demand.gpus)))
+            and demand.pending_since + policy.drain_after_s > now)
 
 
 def _held_again(sim: Simulator, host: SimHost, host_no: int) -> Boundary | None:
     """The job that held new drains back in the host's last plan (`host.stopped_by`) is
     no longer a candidate there (another host claimed it, it started or left the top),
-    and the next candidate in `drain_order` is too young as well: the plan's decisions
-    stay, only the job that holds drains back changes (noted, with the boundary at its
-    place, which it returns). None where the host must plan: the job is still a
-    candidate here (it came of age), or the next one may drain, or there is none. (A job
+    and the next candidate in `drain_order` that may take a block here is too young as
+    well: the plan's decisions stay, only the job that holds drains back changes (noted,
+    with the boundary at its place, which it returns). None where the host must plan:
+    the job is still a candidate here (it came of age), the next one may drain, a block
+    is reserved for a job after it (it may keep its drain now), or there is none. (A job
     left alone here, which the plan would protect, `sees` finds after: `_lone`.)"""
     stopped, now, policy = host.stopped_by, sim._last_tick, sim.config.plan_policy
-    demand, elsewhere = sim._host_demand(host_no)
-    if stopped is None or any(d.job_id == stopped for d in demand if d.job_id not in elsewhere):
+    if stopped is None:
         return None
-    own = host.protected.union(host.reserved.values())
-    place = drain_order(sim._demand_of(stopped), host.protected, policy)
-    after = sorted((drain_order(d, host.protected, policy), d) for d in demand
-                   if d.gpus > 1 and d.job_id not in elsewhere and d.job_id not in own)
-    for order, candidate in after:
-        if order > place and host.blocks.get(candidate.gpus):  # else it fails to drain here: the next
-            if not _held_back(candidate, host, now, policy):
-                return None
-            host.stopped_by, host.boundary = candidate.job_id, order
-            return order
+    protected, reserved, demand_of = host.protected, set(host.reserved.values()), sim._demand_of
+    # a host with no job of its own reads the queue's top as every such host does: read once
+    key = (sim._logged + len(sim._log), stopped) if not (protected or reserved or host.claimed) else None
+    after = sim.held_read.get(key) if key is not None else None
+    if after is None:
+        demand, elsewhere = sim._host_demand(host_no)
+        if any(d.job_id == stopped for d in demand if d.job_id not in elsewhere):
+            after = []  # still a candidate here: it came of age
+        else:
+            place = drain_order(demand_of(stopped), protected, policy)
+            after = sorted((order, d) for d in demand
+                           if d.gpus > 1 and d.job_id not in elsewhere and d.job_id not in protected
+                           and (order := drain_order(d, protected, policy)) > place)
+        if key is not None:
+            if len(sim.held_read) > 64:
+                sim.held_read.clear()
+            sim.held_read[key] = after
+
+    def claim(job_id: int) -> tuple[int, float, int]:
+        return idle_claim(demand_of(job_id), policy)
+
+    for order, candidate in after:  # in drain order
+        if candidate.job_id in reserved:
+            return None
+        if not may_take(host.blocks.get(candidate.gpus, ()), candidate, protected, demand_of, claim):
+            continue  # it fails to drain here: the plan reads the next
+        if not _held_back(candidate, host, now, policy):
+            return None
+        host.stopped_by, host.boundary = candidate.job_id, order
+        return order
     return None
 
 

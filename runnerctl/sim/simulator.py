@@ -122,6 +122,9 @@ class Simulator:
         self._logged = 0  # jobs dropped from the log's start (every host has seen them)
         # replan.sees: what it read of the logged jobs (their size, place, claim), and at which log length
         self.sees_read: SeesRead = (-1, {}, {})
+        self.crowded: dict[tuple[int, frozenset[int]], bool] = {}  # replan._crowded, by log length
+        # replan._held_again: (log length, held job) -> the candidates after it, in drain order
+        self.held_read: dict[tuple[int, int], list[tuple[tuple[int, bool, float, int], Demand]]] = {}
         # the top jobs' demand, their ids, those claimed (same for every host; see _host_demand)
         self._common: tuple[tuple[Demand, ...], frozenset[int], frozenset[int]] | None = None
         self._demand: dict[int, Demand] = {}

@@ -68,9 +68,10 @@ class World:
     _next_cron: float = 0.0
 
     def submit(self, gpus: int, duration: float, *, user: str = "bob", priority: str = "",
-               utilization: float = 0.9, name: str = "job") -> int:
+               utilization: float = 0.9, name: str = "job", created_at: float | None = None) -> int:
+        """A pending job; `created_at` before now: a later stage's job, queued only now."""
         job = self.state.enqueue_job(project_id=PROJECT, tags=job_tags(gpus=gpus, priority=priority),
-                                     user=user, name=name)
+                                     user=user, name=name, created_at=created_at)
         self.durations[job.id] = duration
         self.utilizations[job.id] = utilization
         self.submitted[job.id] = (self.clock(), gpus)
