@@ -83,6 +83,72 @@ class PostgresSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class PlanPolicy:
+    """Tunables of the planner (`controller.plan`), `[controller.planner]` in
+    runnerctl.toml; the defaults are what the benchmarks measure, and `runnerctl simulate
+    --planner KEY=VALUE` tries other values on a trace first.
+
+    The size credits below apply to jobs whose timeout is unknown (`Demand.timeout_s`
+    None: in the real controller, unless its runners have a maximum job timeout,
+    docs/controller.md "Where the timeouts come from") and whose recent runs were all
+    short (`credit_estimate_max_s`). A job with a known timeout gets none: it
+    waits in age order, as in EASY backfilling, because the credits let multi-GPU jobs
+    that came later take GPUs ahead of older smaller ones for hours (on the lab traces of
+    `benchmarks/simulate_lab.py`, where every job has a timeout, 1-GPU and 4-GPU p95
+    waits of 2-4x easy-oracle's; docs/controller.md "Size credits")."""
+
+    max_draining: int = 1
+    """Blocks that may drain (idle GPUs waiting for others) at once; more starts big
+    jobs sooner but idles more GPUs."""
+    idle_credit_s: float = 7200.0
+    """For GPUs idle now, a job counts as this many seconds older per GPU beyond the
+    first: big jobs are hard to place, so they take an idle block when one appears,
+    unless a smaller job has waited that much longer (1-GPU jobs do not starve)."""
+    drain_credit_s: float = 1200.0
+    """The same, in choosing which job drains a block: the oldest one, where a big job
+    counts this much older per extra GPU (so 8-GPU jobs do not wait behind a long queue
+    of small ones; a small credit, as whole-host drains idle the most GPUs)."""
+    credit_estimate_max_s: float = 1800.0
+    """Where no timeout is known, size credits go only to jobs none of whose recent runs
+    took longer than this (`Demand.estimate_s`; no history: credits as before). Letting a
+    big job go first delays the older jobs it passes by its run time: little for a job of
+    minutes (`benchmarks/simulate_policies.py`'s, whose 8-GPU jobs the credits keep from
+    waiting hours), hours for a lab's long trainings (`benchmarks/simulate_lab.py`, where
+    the credits doubled small jobs' p95 waits; docs/controller.md "Size credits"). 15
+    minutes to an hour measured alike there."""
+    backfill_max_s: float = 7200.0
+    """Backfill (`controller.backfill`) only jobs whose timeout is at most this: the most
+    a backfilled job can delay the drained job, whatever the estimates. 0: none at all."""
+    drain_after_s: float = 1200.0
+    """A multi-GPU job whose timeout is unknown drains a block only once it has waited
+    this long (`Demand.pending_since`, by `Observed.now`): a drain idles GPUs that
+    nothing can backfill, while jobs that end soon may free a block by themselves. Until
+    then no new drain starts: the first job in drain order that may take a block here
+    stops new drains while it is younger than this (a later one never drains ahead of
+    it); drains under way go on. A job with a known timeout (backfill keeps its drain's
+    idle GPUs busy) or that came alone (protected: L1) never waits for its own age. 0:
+    drain at once. Measured in docs/controller.md "When a drain starts"."""
+    backfill_blocks_max_s: float = 10800.0
+    """The same for smaller blocks in a drained block (`backfill_max_s` 0 turns these off
+    too): 3 h lets the lab traces' 2.7 h 2- and 4-GPU jobs use drained hosts; 3 h for
+    singles would let long 1-GPU jobs keep 4-GPU ones out (docs/controller.md)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_draining, bool) or not (isinstance(self.max_draining, int)
+                                                        and self.max_draining >= 1):
+            raise ConfigError(f"planner setting max_draining must be a whole number of blocks, "
+                              f"at least 1 (else no multi-GPU job ever drains one), "
+                              f"not {self.max_draining!r}")
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name != "max_draining" and not (isinstance(value, int | float)
+                                                      and not isinstance(value, bool)
+                                                      and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"planner setting {field.name} must be 0 or more seconds, "
+                                  f"not {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
 class ControllerSettings:
     interval_s: float = 5.0
     """Reconcile interval (s): a drained block opens within about two of these (L1)."""
@@ -171,6 +237,9 @@ class ControllerSettings:
     docs/controller.md "Where the timeouts come from"). List every size the host has:
     the controller uses the bounds only when all sizes have one (`init` says so when
     one is missing). A size not listed: its runners are left as they are."""
+    planner: PlanPolicy = dataclasses.field(default_factory=PlanPolicy)
+    """`[controller.planner]`: when blocks drain, size credits, backfill bounds (the
+    fields of `PlanPolicy`, measured in docs/controller.md)."""
 
     def __post_init__(self) -> None:
         if not self.fair_half_life_h > 0:
@@ -286,6 +355,24 @@ def load_settings(path: Path | None = None) -> Settings:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     settings: Settings = _build(Settings, data, where=str(path))
     return dataclasses.replace(settings, source=str(path))
+
+
+def parse_planner(text: str) -> PlanPolicy:
+    """`simulate --planner`: "KEY=VALUE,..." over the defaults, KEY a `[controller.planner]`
+    setting ("drain_after_s=600,max_draining=2"). ConfigError: one line saying why."""
+    data: dict[str, int | float] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, sep, value = part.partition("=")
+        try:
+            number: int | float = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+        except ValueError:
+            number = math.nan
+        if not sep or not key.strip() or math.isnan(number):
+            raise ConfigError(f"--planner {part!r}: give KEY=NUMBER, comma-separated "
+                              "(drain_after_s=600,max_draining=2)")
+        data[key.strip()] = number
+    policy: PlanPolicy = _build(PlanPolicy, data, where="--planner")
+    return policy
 
 
 def _build(cls: type[Any], data: dict[str, Any], *, where: str) -> Any:

@@ -4,6 +4,7 @@ refuses, and toggle targets checked against the host's real GPUs and slots."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -84,6 +85,37 @@ def test_a_valid_trace_still_simulates_as_json(tmp_path: Path, capsys: pytest.Ca
     trace.write_text(HEADER + "1,0,1,10\n2,1.5,8,100\n3,2,2,5\n")
     assert main(["simulate", "--trace", str(trace), "--json"]) == 0
     assert '"jobs_never_started": 0' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("planner", "needle"), [
+    ("drain_after=600", "--planner: unknown setting 'drain_after' (known: max_draining,"),
+    ("drain_after_s", "--planner 'drain_after_s': give KEY=NUMBER"),
+    ("drain_after_s=soon", "--planner 'drain_after_s=soon': give KEY=NUMBER"),
+    ("drain_after_s=-1", "drain_after_s must be a finite number, not negative"),
+    ("backfill_max_s=inf", "backfill_max_s must be a finite number"),
+    ("max_draining=0", "max_draining must be a whole number of blocks, at least 1"),
+])
+def test_simulate_refuses_bad_planner_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               planner: str, needle: str) -> None:
+    trace = tmp_path / "jobs.csv"
+    trace.write_text(HEADER + "1,0,1,10\n")
+    one_line(capsys, main(["simulate", "--trace", str(trace), "--planner", planner]), 3, needle)
+
+
+def test_simulate_plans_with_the_planner_settings_given(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Eight 1-GPU jobs ending one by one, a stream of new ones, two 8-GPU jobs (no
+    timeouts): the block drains once the first 8-GPU job has waited `drain_after_s`, so
+    its wait follows the setting (the default 1200 s, 300 s, at once)."""
+    rows = [f"{i + 1},0,1,{300 + 100 * i}" for i in range(8)] + ["9,10,8,100", "10,10,8,100"]
+    rows += [f"{11 + k},{100 + 100 * k},1,800" for k in range(40)]
+    trace = tmp_path / "jobs.csv"
+    trace.write_text(HEADER + "\n".join(rows) + "\n")
+    waits = []
+    for planner in ([], ["--planner", "drain_after_s=300"], ["--planner", "drain_after_s=0,max_draining=1"]):
+        assert main(["simulate", "--trace", str(trace), "--json", *planner]) == 0
+        waits.append(json.loads(capsys.readouterr().out)["wait_max_s"]["8"])
+    assert waits[0] > 1200 > waits[1] > 300 + 800 > waits[2], waits
 
 
 def test_render_refuses_what_no_runner_takes_and_unwritable_output(

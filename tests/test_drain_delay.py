@@ -137,6 +137,26 @@ def test_the_controller_drains_once_the_job_has_waited(tmp_path: Path) -> None:
         world.close()
 
 
+def test_the_controller_waits_as_long_as_its_settings_say(tmp_path: Path) -> None:
+    """`[controller.planner] drain_after_s` in runnerctl.toml is the controller's: at 300 s
+    the block drains after 5 minutes, not 20."""
+    planner = PlanPolicy(drain_after_s=300.0)
+    world = build_world(tmp_path, settings=ControllerSettings(projects=(PROJECT,), planner=planner))
+    try:
+        for _ in range(8):
+            world.submit(1, 86400.0)
+        world.advance(60.0, step=5.0)
+        job = world.submit(4, 600.0)
+        world.submit(4, 600.0)
+        world.advance(240.0, step=30.0)
+        assert not _drains(world)
+        assert "drains a block in" in world.controller.view.waiting[job].detail
+        world.advance(120.0, step=30.0)
+        assert _drains(world)
+    finally:
+        world.close()
+
+
 def _drains(world: World) -> list[Event]:
     return [e for e in world.store.events(world.controller.host) if e.kind == "drain"]
 

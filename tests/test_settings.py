@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from runnerctl.errors import ConfigError
-from runnerctl.settings import load_settings
+from runnerctl.settings import PlanPolicy, load_settings
 
 
 def test_missing_file_means_defaults(tmp_path: Path) -> None:
@@ -41,6 +41,12 @@ def test_values_override_defaults(tmp_path: Path) -> None:
         ("[controller]\nrunner_max_timeout_s = { '1' = 300 }\n", "from 600 .GitLab's minimum."),
         ("[controller]\nrunner_max_timeout_s = { '8' = 99999999999 }\n", "to 2147483647, not 99999999999"),
         ("[controller]\nrunner_max_timeout_s = { single = 3600 }\n", "'single' is no number of GPUs"),
+        ("[controller.planner]\ndrain_after = 600\n", r"\[planner\]: unknown setting 'drain_after'"),
+        ("[controller.planner]\nmax_draining = 0\n", "max_draining must be a whole number of blocks"),
+        ("[controller.planner]\nmax_draining = 1.5\n", "max_draining must be int"),
+        ("[controller.planner]\ndrain_after_s = -600\n", "drain_after_s must be a finite number"),
+        ("[controller.planner]\nbackfill_max_s = 'soon'\n", "backfill_max_s must be float"),
+        ("[controller]\nplanner = 2\n", r"\[planner\] must be a table"),
     ],
 )
 def test_bad_settings_name_the_problem(tmp_path: Path, text: str, needle: str) -> None:
@@ -54,3 +60,14 @@ def test_runner_timeout_sizes_are_numbers_of_gpus(tmp_path: Path) -> None:
     path = tmp_path / "runnerctl.toml"
     path.write_text("[controller]\nrunner_max_timeout_s = { '01' = 3600, '8' = 86400 }\n")
     assert load_settings(path).controller.runner_max_timeout_s == {"1": 3600, "8": 86400}
+
+
+def test_the_planner_settings_are_the_planners(tmp_path: Path) -> None:
+    """`[controller.planner]` is `PlanPolicy` itself: absent, the planner's defaults; given,
+    the keys set override them (TOML's 600 is 600.0 seconds)."""
+    path = tmp_path / "runnerctl.toml"
+    assert load_settings(path).controller.planner == PlanPolicy()
+    path.write_text("[controller.planner]\ndrain_after_s = 600\nmax_draining = 2\n")
+    planner = load_settings(path).controller.planner
+    assert planner == PlanPolicy(drain_after_s=600.0, max_draining=2)
+    assert isinstance(planner.drain_after_s, float) and planner.backfill_max_s == PlanPolicy().backfill_max_s

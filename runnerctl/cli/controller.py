@@ -30,7 +30,7 @@ from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import request as toggle_request
 from runnerctl.controller.toggles import target_of
 from runnerctl.errors import ConfigError
-from runnerctl.settings import PathSettings, Settings
+from runnerctl.settings import PathSettings, Settings, parse_planner
 from runnerctl.sim.fair import RUNNER_TYPES
 from runnerctl.sim.simulator import POLICIES, SimConfig, Simulator
 from runnerctl.sim.timeouts import PENDING_TIMEOUTS, parse_runner_timeouts
@@ -287,10 +287,14 @@ def resume(**kwargs: object) -> None:
                    "and name (column `name`) that ended, as the controller does from its job "
                    "history: a multi-GPU job one of whose latest runs took over 30 minutes gets "
                    "no size credit. --no-history: a controller's first day.")
+@click.option("--planner", metavar="KEY=VALUE,...",
+              help="dynamic: the planner's settings, as [controller.planner] in runnerctl.toml "
+                   "(drain_after_s=600,max_draining=2; docs/controller.md). [default: its defaults]")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, policy: str,
              runner_type: str, fair_weight_h: float, fair_half_life_h: float, fair_queue_step_min: float,
-             pending_timeouts: str, runner_max_timeout_s: str | None, history: bool, as_json: bool) -> None:
+             pending_timeouts: str, runner_max_timeout_s: str | None, history: bool, planner: str | None,
+             as_json: bool) -> None:
     """Replay a job trace on simulated hosts under a scheduling policy; print the outcome.
 
     GitLab's hourly cron runs too: `jobs_dropped` counts, by failure reason, the jobs it
@@ -315,7 +319,7 @@ def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, 
         cap, caps = parse_runner_timeouts(runner_max_timeout_s) if runner_max_timeout_s else (None, ())
         config = SimConfig(hosts=hosts, gpus_per_host=gpus_per_host, policy=policy,
                            runner_type=runner_type, fair=fair, pending_timeouts=pending_timeouts,
-                           history=history,
+                           history=history, plan_policy=parse_planner(planner or ""),
                            runner_max_timeout_s=cap, runner_max_timeout_by_gpus=caps)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

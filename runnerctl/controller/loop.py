@@ -69,8 +69,9 @@ class Wiring:
 class Controller:
     def __init__(self, wiring: Wiring, settings: ControllerSettings | None = None,
                  policy: PlanPolicy | None = None) -> None:
+        """`policy` overrides the settings' `[controller.planner]` (tests, the simulator)."""
         settings = settings or ControllerSettings()
-        self.wiring, self.settings, self.policy = wiring, settings, policy or PlanPolicy()
+        self.wiring, self.settings, self.policy = wiring, settings, policy or settings.planner
         self.host = wiring.host
         self.budget = ApiBudget(settings.api_budget_per_min, wiring.clock)
         self.wake = threading.Event()  # a webhook brought multi-GPU demand: tick now

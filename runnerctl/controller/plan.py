@@ -48,6 +48,7 @@ from runnerctl.controller.order import handout_order
 from runnerctl.controller.order import idle_claim as idle_claim
 from runnerctl.controller.order import relevant_demand as relevant_demand
 from runnerctl.model import Slot
+from runnerctl.settings import PlanPolicy as PlanPolicy
 from runnerctl.tags import PRIORITY_RANK
 
 
@@ -117,56 +118,6 @@ class Observed:
 
 
 @dataclasses.dataclass(frozen=True)
-class PlanPolicy:
-    """Tunables of the planner (the defaults are what the benchmark measures).
-
-    The size credits below apply to jobs whose timeout is unknown (`Demand.timeout_s`
-    None: in the real controller, unless its runners have a maximum job timeout,
-    docs/controller.md "Where the timeouts come from") and whose recent runs were all
-    short (`credit_estimate_max_s`). A job with a known timeout gets none: it
-    waits in age order, as in EASY backfilling, because the credits let multi-GPU jobs
-    that came later take GPUs ahead of older smaller ones for hours (on the lab traces of
-    `benchmarks/simulate_lab.py`, where every job has a timeout, 1-GPU and 4-GPU p95
-    waits of 2-4x easy-oracle's; docs/controller.md "Size credits")."""
-
-    max_draining: int = 1
-    """Blocks that may drain (idle GPUs waiting for others) at once; more starts big
-    jobs sooner but idles more GPUs."""
-    idle_credit_s: float = 7200.0
-    """For GPUs idle now, a job counts as this many seconds older per GPU beyond the
-    first: big jobs are hard to place, so they take an idle block when one appears,
-    unless a smaller job has waited that much longer (1-GPU jobs do not starve)."""
-    drain_credit_s: float = 1200.0
-    """The same, in choosing which job drains a block: the oldest one, where a big job
-    counts this much older per extra GPU (so 8-GPU jobs do not wait behind a long queue
-    of small ones; a small credit, as whole-host drains idle the most GPUs)."""
-    credit_estimate_max_s: float = 1800.0
-    """Where no timeout is known, size credits go only to jobs none of whose recent runs
-    took longer than this (`Demand.estimate_s`; no history: credits as before). Letting a
-    big job go first delays the older jobs it passes by its run time: little for a job of
-    minutes (`benchmarks/simulate_policies.py`'s, whose 8-GPU jobs the credits keep from
-    waiting hours), hours for a lab's long trainings (`benchmarks/simulate_lab.py`, where
-    the credits doubled small jobs' p95 waits; docs/controller.md "Size credits"). 15
-    minutes to an hour measured alike there."""
-    backfill_max_s: float = 7200.0
-    """Backfill (`controller.backfill`) only jobs whose timeout is at most this: the most
-    a backfilled job can delay the drained job, whatever the estimates. 0: none at all."""
-    drain_after_s: float = 1200.0
-    """A multi-GPU job whose timeout is unknown drains a block only once it has waited
-    this long (`Demand.pending_since`, by `Observed.now`): a drain idles GPUs that
-    nothing can backfill, while jobs that end soon may free a block by themselves. Until
-    then no new drain starts: the first job in drain order that may take a block here
-    stops new drains while it is younger than this (a later one never drains ahead of
-    it); drains under way go on. A job with a known timeout (backfill keeps its drain's
-    idle GPUs busy) or that came alone (protected: L1) never waits for its own age. 0:
-    drain at once. Measured in docs/controller.md "When a drain starts"."""
-    backfill_blocks_max_s: float = 10800.0
-    """The same for smaller blocks in a drained block (`backfill_max_s` 0 turns these off
-    too): 3 h lets the lab traces' 2.7 h 2- and 4-GPU jobs use drained hosts; 3 h for
-    singles would let long 1-GPU jobs keep 4-GPU ones out (docs/controller.md)."""
-
-
-@dataclasses.dataclass(frozen=True)
 class Plan:
     decisions: tuple[Decision, ...]
     reserved: Mapping[str, int]  # block name -> the job it drains for (to remember)
@@ -200,7 +151,11 @@ def differences(decisions: Iterable[Decision],
     return pauses, resumes
 
 
-def plan(observed: Observed, policy: PlanPolicy = PlanPolicy()) -> Plan:
+DEFAULTS = PlanPolicy()
+"""The planner's defaults (`[controller.planner]` unset)."""
+
+
+def plan(observed: Observed, policy: PlanPolicy = DEFAULTS) -> Plan:
     busy = _busy_gpus(observed.slots)
     reserver = _Reserver(observed, busy, policy)
     reservations = reserver.run()
