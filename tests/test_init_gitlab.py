@@ -223,3 +223,21 @@ def test_init_notes_a_size_without_a_maximum_timeout(gitlab_server: GitLabServer
     settings.write_text("[controller]\nrunner_max_timeout_s = { '1' = 7200, '8' = 172800 }\n")
     assert _init(gitlab_server, tmp_path / "config.toml", "sim:8", "--config", str(settings)) == 0
     assert "no entry for 2/4-GPU slots" in capsys.readouterr().out
+
+
+def test_init_notes_caps_over_the_backfill_bounds(gitlab_server: GitLabServer, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """1-GPU runners capped at 3 h while the planner backfills singles only with jobs of at
+    most 2 h: init says those jobs never backfill; caps within the bounds say nothing."""
+    settings = tmp_path / "runnerctl.toml"
+    settings.write_text("[controller]\nrunner_max_timeout_s = { '1' = 10800, '2' = 10800, "
+                        "'4' = 14400, '8' = 172800 }\n")
+    assert _init(gitlab_server, tmp_path / "config.toml", "sim:8", "--config", str(settings)) == 0
+    out = capsys.readouterr().out
+    assert "runner_max_timeout_s 1-GPU is 10800 s, over [controller.planner] backfill_max_s (7200 s)" in out
+    assert "runner_max_timeout_s 4-GPU is 14400 s, over [controller.planner] backfill_blocks_max_s" in out
+    assert "2-GPU" not in out and "8-GPU is" not in out
+    settings.write_text("[controller]\nrunner_max_timeout_s = { '1' = 10800, '2' = 10800, "
+                        "'4' = 10800, '8' = 172800 }\n[controller.planner]\nbackfill_max_s = 10800\n")
+    assert _init(gitlab_server, tmp_path / "config.toml", "sim:8", "--config", str(settings)) == 0
+    assert "note:" not in capsys.readouterr().out

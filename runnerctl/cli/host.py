@@ -352,10 +352,25 @@ def _check_gitlab(gitlab: PythonGitLab, entries: dict[str, dict[str, Any]], repo
 
 def _timeout_note(slots: tuple[Slot, ...], settings: Settings) -> list[str]:
     """A line when `runner_max_timeout_s` names some of the host's slot sizes but not all:
-    the controller then uses none of them (`Controller._timed`)."""
+    the controller then uses none of them (`Controller._timed`). With all of them, a line
+    per size whose cap is over its backfill bound (`[controller.planner]`): those jobs
+    never backfill a drained block, which the admin who set the caps may expect."""
     caps = settings.controller.runner_max_timeout_s
-    missing = sorted({s.size for s in slots} - {int(size) for size in caps})
-    if not caps or not missing:
+    sizes = sorted({s.size for s in slots})
+    missing = [size for size in sizes if str(size) not in caps]
+    if not caps:
         return []
-    return [f"note: runner_max_timeout_s has no entry for {'/'.join(map(str, missing))}-GPU slots; the "
-            "controller uses runners' maximum timeouts only when every size has one"]
+    if missing:
+        return [f"note: runner_max_timeout_s has no entry for {'/'.join(map(str, missing))}-GPU slots; the "
+                "controller uses runners' maximum timeouts only when every size has one"]
+    planner = settings.controller.planner
+    if not planner.backfill_max_s:
+        return []  # backfill turned off on purpose
+    largest = max(sizes)  # the drained block's own size: nothing backfills into it
+    bounds = {1: ("backfill_max_s", planner.backfill_max_s)}
+    bounds.update({size: ("backfill_blocks_max_s", planner.backfill_blocks_max_s)
+                   for size in sizes if 1 < size < largest})
+    return [f"note: runner_max_timeout_s {size}-GPU is {caps[str(size)]} s, over [controller.planner] "
+            f"{key} ({bound:g} s): {size}-GPU jobs never backfill a draining block (lower the cap "
+            f"or raise {key})" for size, (key, bound) in sorted(bounds.items()) if size in sizes
+            and caps[str(size)] > bound]
