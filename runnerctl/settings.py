@@ -134,18 +134,18 @@ class PlanPolicy:
     singles would let long 1-GPU jobs keep 4-GPU ones out (docs/controller.md)."""
 
     def __post_init__(self) -> None:
+        """ValueError for a value the planner cannot work with (`_build` names the file or
+        option it came from)."""
         if isinstance(self.max_draining, bool) or not (isinstance(self.max_draining, int)
                                                         and self.max_draining >= 1):
-            raise ConfigError(f"planner setting max_draining must be a whole number of blocks, "
-                              f"at least 1 (else no multi-GPU job ever drains one), "
-                              f"not {self.max_draining!r}")
+            raise ValueError(f"max_draining must be a whole number of blocks, at least 1 (else no "
+                             f"multi-GPU job ever drains one), not {self.max_draining!r}")
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if field.name != "max_draining" and not (isinstance(value, int | float)
                                                       and not isinstance(value, bool)
                                                       and math.isfinite(value) and value >= 0):
-                raise ConfigError(f"planner setting {field.name} must be 0 or more seconds, "
-                                  f"not {value!r}")
+                raise ValueError(f"{field.name} must be 0 or more seconds, not {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,16 +361,19 @@ def parse_planner(text: str) -> PlanPolicy:
     """`simulate --planner`: "KEY=VALUE,..." over the defaults, KEY a `[controller.planner]`
     setting ("drain_after_s=600,max_draining=2"). ConfigError: one line saying why."""
     data: dict[str, int | float] = {}
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        key, sep, value = part.partition("=")
+    for part in (p.strip() for p in text.split(",")) if text.strip() else ():
+        key, sep, value = (piece.strip() for piece in part.partition("="))
+        number: int | float | None = None
         try:
-            number: int | float = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+            number = int(value) if value.lstrip("-").isdigit() else float(value)
         except ValueError:
-            number = math.nan
-        if not sep or not key.strip() or math.isnan(number):
+            pass
+        if not sep or not key or number is None or number != number:  # NaN is no number
             raise ConfigError(f"--planner {part!r}: give KEY=NUMBER, comma-separated "
                               "(drain_after_s=600,max_draining=2)")
-        data[key.strip()] = number
+        if key in data:
+            raise ConfigError(f"--planner: {key} is given twice")
+        data[key] = number
     policy: PlanPolicy = _build(PlanPolicy, data, where="--planner")
     return policy
 
@@ -386,13 +389,16 @@ def _build(cls: type[Any], data: dict[str, Any], *, where: str) -> Any:
         if isinstance(kind, type) and dataclasses.is_dataclass(kind):
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}: [{key}] must be a table")
-            values[key] = _build(kind, value, where=f"{where} [{key}]")
+            inner = f"{where[:-1]}.{key}]" if where.endswith("]") else f"{where} [{key}]"
+            values[key] = _build(kind, value, where=inner)
             continue
         origin = typing.get_origin(kind)
         if origin in (tuple, dict):
             values[key] = _container(kind, value, where=f"{where}: {key}")
             continue
         expected = tuple(typing.get_args(kind)) if isinstance(kind, types.UnionType) else (kind,)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+            raise ConfigError(f"{where}: {key} is too large: {value!r}")  # no float holds it
         if float in expected and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, expected):
@@ -401,7 +407,10 @@ def _build(cls: type[Any], data: dict[str, Any], *, where: str) -> Any:
                 math.isfinite(value) and value >= 0):  # TOML has nan and inf; no setting is negative
             raise ConfigError(f"{where}: {key} must be a finite number, not negative: {value!r}")
         values[key] = value
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ValueError as exc:  # a dataclass's own check (PlanPolicy)
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _container(kind: Any, value: Any, *, where: str) -> Any:

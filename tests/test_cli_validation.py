@@ -93,7 +93,12 @@ def test_a_valid_trace_still_simulates_as_json(tmp_path: Path, capsys: pytest.Ca
     ("drain_after_s=soon", "--planner 'drain_after_s=soon': give KEY=NUMBER"),
     ("drain_after_s=-1", "drain_after_s must be a finite number, not negative"),
     ("backfill_max_s=inf", "backfill_max_s must be a finite number"),
-    ("max_draining=0", "max_draining must be a whole number of blocks, at least 1"),
+    ("max_draining=0", "--planner: max_draining must be a whole number of blocks, at least 1"),
+    ("max_draining=" + "9" * 400, "max_draining is too large"),
+    ("drain_after_s=" + "9" * 400, "drain_after_s is too large"),
+    ("drain_after_s=1,drain_after_s=2", "--planner: drain_after_s is given twice"),
+    ("drain_after_s=1,,max_draining=2", "--planner '': give KEY=NUMBER"),
+    ("=5", "--planner '=5': give KEY=NUMBER"),
 ])
 def test_simulate_refuses_bad_planner_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                planner: str, needle: str) -> None:
@@ -106,16 +111,17 @@ def test_simulate_plans_with_the_planner_settings_given(tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """Eight 1-GPU jobs ending one by one, a stream of new ones, two 8-GPU jobs (no
     timeouts): the block drains once the first 8-GPU job has waited `drain_after_s`, so
-    its wait follows the setting (the default 1200 s, 300 s, at once)."""
+    its wait follows the setting (the default 1200 s, 300 s, at once; the stream keeps
+    every GPU busy until a drain starts)."""
     rows = [f"{i + 1},0,1,{300 + 100 * i}" for i in range(8)] + ["9,10,8,100", "10,10,8,100"]
     rows += [f"{11 + k},{100 + 100 * k},1,800" for k in range(40)]
     trace = tmp_path / "jobs.csv"
     trace.write_text(HEADER + "\n".join(rows) + "\n")
     waits = []
-    for planner in ([], ["--planner", "drain_after_s=300"], ["--planner", "drain_after_s=0,max_draining=1"]):
+    for planner in ([], ["--planner", "drain_after_s=300"], ["--planner", " drain_after_s = 0 "]):
         assert main(["simulate", "--trace", str(trace), "--json", *planner]) == 0
         waits.append(json.loads(capsys.readouterr().out)["wait_max_s"]["8"])
-    assert waits[0] > 1200 > waits[1] > 300 + 800 > waits[2], waits
+    assert waits[0] > 1200 and waits[0] > waits[1] > waits[2], waits
 
 
 def test_render_refuses_what_no_runner_takes_and_unwritable_output(

@@ -241,3 +241,17 @@ def test_init_notes_caps_over_the_backfill_bounds(gitlab_server: GitLabServer, t
                         "'4' = 10800, '8' = 172800 }\n[controller.planner]\nbackfill_max_s = 10800\n")
     assert _init(gitlab_server, tmp_path / "config.toml", "sim:8", "--config", str(settings)) == 0
     assert "note:" not in capsys.readouterr().out
+    settings.write_text("[controller]\nrunner_max_timeout_s = { '1' = 86400, '2' = 86400, "
+                        "'4' = 86400, '8' = 172800 }\n[controller.planner]\nbackfill_blocks_max_s = 0\n")
+    assert _init(gitlab_server, tmp_path / "config.toml", "sim:8", "--config", str(settings)) == 0
+    out = capsys.readouterr().out  # blocks' backfill off on purpose: only the singles' note
+    assert out.count("note:") == 1 and "1-GPU is 86400 s" in out
+
+
+def test_init_on_a_one_gpu_host_notes_no_backfill(gitlab_server: GitLabServer, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """One GPU: nothing ever drains, so a long cap on its single hides no backfill."""
+    settings = tmp_path / "runnerctl.toml"
+    settings.write_text("[controller]\nrunner_max_timeout_s = { '1' = 86400 }\n")
+    assert _init(gitlab_server, tmp_path / "config.toml", "sim:1", "--config", str(settings)) == 0
+    assert "note:" not in capsys.readouterr().out

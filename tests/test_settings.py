@@ -41,12 +41,15 @@ def test_values_override_defaults(tmp_path: Path) -> None:
         ("[controller]\nrunner_max_timeout_s = { '1' = 300 }\n", "from 600 .GitLab's minimum."),
         ("[controller]\nrunner_max_timeout_s = { '8' = 99999999999 }\n", "to 2147483647, not 99999999999"),
         ("[controller]\nrunner_max_timeout_s = { single = 3600 }\n", "'single' is no number of GPUs"),
-        ("[controller.planner]\ndrain_after = 600\n", r"\[planner\]: unknown setting 'drain_after'"),
+        ("[controller.planner]\ndrain_after = 600\n", r"controller.planner\]: unknown setting 'drain_after'"),
         ("[controller.planner]\nmax_draining = 0\n", "max_draining must be a whole number of blocks"),
         ("[controller.planner]\nmax_draining = 1.5\n", "max_draining must be int"),
         ("[controller.planner]\ndrain_after_s = -600\n", "drain_after_s must be a finite number"),
         ("[controller.planner]\nbackfill_max_s = 'soon'\n", "backfill_max_s must be float"),
         ("[controller]\nplanner = 2\n", r"\[planner\] must be a table"),
+        ("[controller.planner]\nmax_draining = true\n", r"planner\]: max_draining must be a whole"),
+        ("[controller.planner]\nmax_draining = 99999999999999999999\n", "max_draining is too large"),
+        ("[controller]\ninterval_s = 99999999999999999999\n", "interval_s is too large"),
     ],
 )
 def test_bad_settings_name_the_problem(tmp_path: Path, text: str, needle: str) -> None:

@@ -366,11 +366,12 @@ def _timeout_note(slots: tuple[Slot, ...], settings: Settings) -> list[str]:
     planner = settings.controller.planner
     if not planner.backfill_max_s:
         return []  # backfill turned off on purpose
-    largest = max(sizes)  # the drained block's own size: nothing backfills into it
-    bounds = {1: ("backfill_max_s", planner.backfill_max_s)}
-    bounds.update({size: ("backfill_blocks_max_s", planner.backfill_blocks_max_s)
-                   for size in sizes if 1 < size < largest})
-    return [f"note: runner_max_timeout_s {size}-GPU is {caps[str(size)]} s, over [controller.planner] "
-            f"{key} ({bound:g} s): {size}-GPU jobs never backfill a draining block (lower the cap "
-            f"or raise {key})" for size, (key, bound) in sorted(bounds.items()) if size in sizes
-            and caps[str(size)] > bound]
+    notes = []
+    for size in sizes[:-1]:  # backfill takes blocks smaller than the drained one
+        key = "backfill_max_s" if size == 1 else "backfill_blocks_max_s"
+        bound = getattr(planner, key)
+        if bound and caps[str(size)] > bound:  # a bound of 0: turned off on purpose
+            notes.append(f"note: runner_max_timeout_s {size}-GPU is {caps[str(size)]} s, over "
+                         f"[controller.planner] {key} ({bound:g} s): {size}-GPU jobs never backfill "
+                         f"a draining block (lower the cap or raise {key})")
+    return notes
