@@ -1,7 +1,7 @@
 """dynamic against greedy and easy-oracle on lab-like traces (issue 16), in one run.
 
     python benchmarks/simulate_lab.py [--jobs-per-host 200] [--seeds 1,2,3] [--shapes diurnal,flat,philly]
-                                      [--no-write]
+                                      [--load 0.85] [--no-write]
 
 Traces from `runnerctl.sim.labtrace.lab_trace` (heavy-tailed durations, bursts of 50
 1-GPU jobs, five users with their own job mixes, timeouts, foreign use, offered load
@@ -56,8 +56,15 @@ def main() -> int:
     parser.add_argument("--jobs-per-host", type=int, default=200)
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated trace seeds")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated: {', '.join(SHAPES)}")
+    parser.add_argument("--load", type=float, default=0.85,
+                        help="offered load over the trace's span (RESULTS.md's figures: 0.85; "
+                             "other loads with --no-write)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md as it is")
     args = parser.parse_args()
+    if not 0 < args.load <= 10:
+        parser.error("--load is from 0 (exclusive) to 10")
+    if args.load != 0.85 and not args.no_write:
+        parser.error("RESULTS.md's figures are at --load 0.85: give --no-write with another load")
     seeds = [int(s) for s in args.seeds.split(",")]
     shapes = args.shapes.split(",")
     if not shapes or any(s not in SHAPES for s in shapes):
@@ -81,7 +88,7 @@ def main() -> int:
         failed: dict[str, dict[str, int]] = {v: {} for v in VARIANTS}
         for hosts in (1, 2, 4):
             for seed in seeds:
-                jobs, foreign = lab_trace(args.jobs_per_host * hosts, hosts=hosts, seed=seed,
+                jobs, foreign = lab_trace(args.jobs_per_host * hosts, hosts=hosts, seed=seed, load=args.load,
                                           diurnal=shape == "diurnal",
                                           durations="philly" if shape == "philly" else "lognormal")
                 cap = max(j.timeout or 0.0 for j in jobs)
