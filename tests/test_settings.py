@@ -74,3 +74,13 @@ def test_the_planner_settings_are_the_planners(tmp_path: Path) -> None:
     planner = load_settings(path).controller.planner
     assert planner == PlanPolicy(drain_after_s=600.0, max_draining=2)
     assert isinstance(planner.drain_after_s, float) and planner.backfill_max_s == PlanPolicy().backfill_max_s
+
+
+def test_the_readme_settings_example_loads(tmp_path: Path) -> None:
+    """README.md's Settings example is a runnerctl.toml this version reads, key by key."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = readme.index("```toml", readme.index("## Settings")) + len("```toml")
+    path = tmp_path / "runnerctl.toml"
+    path.write_text(readme[start:readme.index("```", start)])
+    settings = load_settings(path)
+    assert settings.host.name == "gpu-a" and settings.controller.planner == PlanPolicy()
