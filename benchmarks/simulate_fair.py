@@ -1,7 +1,8 @@
 """Fair share under a flood, for group and instance runners, fair share on and off.
 
     python benchmarks/simulate_fair.py [--seed 5] [--jobs 400] [--fair-weight-h 12]
-                                       [--queue-step-min 5] [--no-write]
+                                       [--queue-step-min 5] [--seeds 20] [--weights-h 0,12,24]
+                                       [--no-write]
 
 A lab background on 2 hosts x 8 GPUs (`runnerctl.sim.labtrace`: its users but the
 sweeper, each their own project, heavy-tailed durations with timeouts, foreign use,
@@ -11,7 +12,11 @@ three others' p95 wait with the flood as a ratio of their p95 wait on the same t
 without the flood (issue 16: within 1.5x), and Jain's index over all users' mean
 bounded slowdowns (at least 0.8), with and without the flood, for GitLab
 group runners (GitLab hands out the oldest job) and instance runners (fair by project),
-runnerctl's fair share off and on. Writes the `simulate-fair` section of
+runnerctl's fair share off and on. One seed's figures swing with small changes (a
+drain's host decides whether the others wait), so a second table runs seeds 1 to
+`--seeds` for each fair-share weight in `--weights-h` (instance runners, queue share
+on): in how many the others' ratio holds, its median and worst, Jain's index, and the
+makespan against fair share off. Writes the `simulate-fair` section of
 benchmarks/RESULTS.md.
 """
 
@@ -43,8 +48,17 @@ def main() -> int:
     parser.add_argument("--fair-weight-h", type=float, default=12.0)
     parser.add_argument("--queue-step-min", type=float, default=QUEUE_STEP_S / 60,
                         help="fair share's queue step: minutes younger per GPU held or asked for ahead")
+    parser.add_argument("--seeds", type=int, default=20, help="seeds 1..N of the second table (0: none)")
+    parser.add_argument("--weights-h", default="0,12,24",
+                        help="fair-share weights (h) of the second table, comma-separated; 0: off")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
     args = parser.parse_args()
+    try:
+        weights = [float(w) for w in args.weights_h.split(",")]
+    except ValueError:
+        parser.error("--weights-h takes hours, comma-separated (0,12,24)")
+    if args.seeds < 0 or any(not 0 <= w <= 10_000 for w in weights):
+        parser.error("--seeds is 0 or more, --weights-h from 0 to 10000")
     background, foreign, flood, others = _trace(args.seed, args.jobs)
     hours = max(j.submit for j in background) / HOUR
     lines = ["## Fair share under a flood (issue 16)", "",
@@ -104,9 +118,50 @@ def main() -> int:
         lines.append(row)
         print(row, flush=True)
     print("\n".join(checks))
+    seeds = _over_seeds(args.seeds, args.jobs, weights, args.queue_step_min) if args.seeds else []
+    for line in seeds:
+        print(line, flush=True)
     if not args.no_write:
-        write_section("simulate-fair", [*lines, "", *checks, "", NOTE])
+        write_section("simulate-fair", [*lines, "", *checks, "", NOTE, *([""] + seeds if seeds else [])])
     return 0
+
+
+def _over_seeds(count: int, jobs: int, weights: list[float], step_min: float) -> list[str]:
+    """Seeds 1..count, instance runners, queue share on, per fair-share weight: the
+    others' p95 ratio and Jain's index with the flood, and the makespan against fair
+    share off on the same seed."""
+    import statistics
+
+    from runnerctl.controller.fairshare import FairPolicy
+    from runnerctl.sim.simulator import SimConfig, Simulator
+
+    found: dict[float, list[tuple[float, float, float]]] = {w: [] for w in weights}
+    for seed in range(1, count + 1):
+        background, foreign, flood, others = _trace(seed, jobs)
+        makespan_off = 0.0
+        for weight_h in sorted(set(weights) | {0.0}):
+            config = SimConfig(hosts=2, runner_type="instance",
+                               fair=FairPolicy(weight_s=weight_h * HOUR, queue_step_s=step_min * 60))
+            calm = Simulator(_numbered([*background, *others]), config, foreign).run()
+            loud = Simulator(_numbered([*background, *flood, *others]), config, foreign).run()
+            makespan = float(loud["makespan_s"])  # type: ignore[arg-type]
+            makespan_off = makespan_off or makespan  # weight 0 runs first
+            if weight_h in found:
+                found[weight_h].append((_p95(loud, others) / max(_p95(calm, others), 60.0),
+                                        float(loud["jain_slowdown"]),  # type: ignore[arg-type]
+                                        makespan / makespan_off))
+    lines = [f"Over seeds 1-{count} (instance runners, queue step {step_min:g} min; each seed its own "
+             "lab background and flood), per fair-share weight:", "",
+             "| fair_weight_h | others' ratio <= 1.5 | ratio median / worst | Jain >= 0.8 | "
+             "Jain mean | makespan / fair share off, mean / max |", "|---|---|---|---|---|---|"]
+    for weight_h, rows in found.items():
+        ratios, jains, makespans = zip(*rows, strict=True)
+        lines.append(f"| {weight_h:g}{' (off)' if not weight_h else ''} | "
+                     f"{sum(r <= 1.5 for r in ratios)}/{count} | "
+                     f"{statistics.median(ratios):.2f} / {max(ratios):.2f} | "
+                     f"{sum(j >= 0.8 for j in jains)}/{count} | {statistics.fmean(jains):.3f} | "
+                     f"{statistics.fmean(makespans):.3f} / {max(makespans):.3f} |")
+    return lines
 
 
 NOTE = ("The reference rows are policies without runners or fair share (`greedy`: any job "
