@@ -5,7 +5,11 @@ Like Slurm's `sreport` over `sacct` records: the controller writes one row per j
 A job that ran across the period's start counts only its part inside the period.
 Columns: jobs, GPU-hours, idle GPU-hours (time its GPUs sat below the "unused"
 utilization while it held them), waits (queued -> started, over the jobs whose queued
-time is known), and the jobs flagged "requested but unused".
+time is known), run times (started -> ended, p95 and longest, over the jobs that ended
+in the period on their own: not cancelled, not freed by the orphan audit, as the
+planner's run-time estimates count them), and the jobs flagged "requested but unused".
+`--by gpus` groups by GPUs per job: the run times per size are what to read before
+setting `[controller] runner_max_timeout_s` (docs/controller.md).
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from runnerctl.controller.estimates import NOT_RUNS
 from runnerctl.controller.jobs_store import JobRecord
 from runnerctl.errors import ConfigError
 
-BY = ("user", "project", "host")
+BY = ("user", "project", "host", "gpus")
 
 
 class ReportError(ConfigError):
@@ -38,6 +43,8 @@ class Row:
     wait_mean_s: float | None
     wait_max_s: float | None
     unused_jobs: int
+    run_p95_s: float | None = None
+    run_max_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,42 +86,57 @@ def build(records: Sequence[JobRecord], *, by: str, since: float | None, until: 
         share = (end - start) / length if length > 0 else 1.0
         groups.setdefault(_key(record, by), []).append((record, share))
     rows = []
-    for key, members in sorted(groups.items()):
+    for key, members in sorted(groups.items(), key=lambda kv: _order(kv[0], by)):
         waits = [w for r, _ in members if (w := r.wait_s) is not None]
+        runs = sorted(r.ended_at - r.started_at for r, _ in members
+                      if r.ended_at is not None and r.ended_at <= until and r.outcome not in NOT_RUNS)
         rows.append(Row(
             key=key, jobs=len(members),
             gpu_hours=sum(r.gpu_hours * share for r, share in members),
             idle_gpu_hours=sum(r.idle_gpu_s / 3600.0 * share for r, share in members),
             wait_mean_s=statistics.fmean(waits) if waits else None, wait_max_s=max(waits, default=None),
-            unused_jobs=sum(1 for r, _ in members if r.unused_at is not None)))
+            unused_jobs=sum(1 for r, _ in members if r.unused_at is not None),
+            run_p95_s=runs[min(len(runs) - 1, int(0.95 * len(runs)))] if runs else None,
+            run_max_s=runs[-1] if runs else None))
     unused = tuple(r for members in groups.values() for r, _ in members if r.unused_at is not None)
     return Report(by, since, until, tuple(rows), tuple(sorted(unused, key=lambda r: r.started_at)))
 
 
 def _key(record: JobRecord, by: str) -> str:
+    if by == "gpus":
+        return str(len(record.gpus))
     value = {"user": record.user, "project": record.project, "host": record.host}[by]
     return value or "(unknown)"
+
+
+def _order(key: str, by: str) -> tuple[int, str]:
+    """Rows by name; by GPUs per job, numerically (2 before 16)."""
+    return (int(key), key) if by == "gpus" else (0, key)
 
 
 def to_csv(report: Report) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow([report.by, "jobs", "gpu_hours", "idle_gpu_hours", "wait_mean_s", "wait_max_s",
-                     "unused_jobs"])
+                     "unused_jobs", "run_p95_s", "run_max_s"])
     for row in report.rows:
         writer.writerow([row.key, row.jobs, f"{row.gpu_hours:.4f}", f"{row.idle_gpu_hours:.4f}",
-                         _opt(row.wait_mean_s), _opt(row.wait_max_s), row.unused_jobs])
+                         _opt(row.wait_mean_s), _opt(row.wait_max_s), row.unused_jobs,
+                         _opt(row.run_p95_s), _opt(row.run_max_s)])
     return out.getvalue()
 
 
 def to_text(report: Report) -> str:
     since = "the start of the history" if report.since is None else _iso(report.since)
-    lines = [f"GPU usage by {report.by} from {since} to {_iso(report.until)}"]
-    header = f"{report.by:<20} {'jobs':>6} {'GPU-h':>9} {'idle GPU-h':>11} {'wait mean':>10} {'wait max':>10}"
+    label = "GPUs per job" if report.by == "gpus" else report.by
+    lines = [f"GPU usage by {label} from {since} to {_iso(report.until)}"]
+    header = (f"{report.by:<20} {'jobs':>6} {'GPU-h':>9} {'idle GPU-h':>11} {'wait mean':>10} "
+              f"{'wait max':>10} {'run p95':>10} {'run max':>10}")
     lines.append(header)
     for row in report.rows:
         lines.append(f"{row.key[:20]:<20} {row.jobs:>6} {row.gpu_hours:>9.2f} {row.idle_gpu_hours:>11.2f} "
-                     f"{_duration(row.wait_mean_s):>10} {_duration(row.wait_max_s):>10}")
+                     f"{_duration(row.wait_mean_s):>10} {_duration(row.wait_max_s):>10} "
+                     f"{_duration(row.run_p95_s):>10} {_duration(row.run_max_s):>10}")
     if not report.rows:
         lines.append("(no jobs in this period)")
     if report.unused:

@@ -13,12 +13,13 @@ import pytest
 from runnerctl.cli import main
 from runnerctl.controller import jobs_store
 from runnerctl.controller.history import History
+from runnerctl.controller.jobs_store import JobRecord
 from runnerctl.controller.loop import Controller
 from runnerctl.controller.observe import LeasedJob
 from runnerctl.controller.store import Event, Store, StoreError
 from runnerctl.gpus.sim import count_snapshot
 from runnerctl.postgres import PostgresServer
-from runnerctl.report import build
+from runnerctl.report import build, to_csv, to_text
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim import demo
 from runnerctl.sim.world import PROJECT, World, build_world
@@ -210,6 +211,29 @@ def test_report_after_the_demo_matches_the_simulated_gpu_hours(tmp_path: Path,
     for user, hours in expected.items():
         assert rows[user]["gpu_hours"] == pytest.approx(hours, rel=0.01), user
     assert sum(r["jobs"] for r in rows.values()) == len(jobs)
+
+
+def test_report_by_gpus_gives_the_run_times_per_size() -> None:
+    """`--by gpus`: one row per GPUs per job, in numeric order; run p95 and longest over
+    the jobs that ended on their own (a cancelled or freed run says when someone stopped
+    it, a running one has no end yet), for choosing runner_max_timeout_s."""
+    def job(job_id: int, gpus: int, run_s: float | None, outcome: str = "success") -> JobRecord:
+        ended = None if run_s is None else 1000.0 + run_s
+        return JobRecord("gpu-a", job_id, "slot", tuple(range(gpus)), "lab/app", "", "train", "ann", "",
+                         queued_at=900.0, started_at=1000.0, seen_at=ended or 99_000.0, ended_at=ended,
+                         outcome=outcome if run_s is not None else "running")
+    records = [job(1, 8, 7200.0), job(2, 8, 60.0, "failed"), job(3, 8, 50_000.0, "canceled"),
+               job(4, 2, 600.0), job(5, 2, 900.0, "freed"), job(6, 16, None)]
+    records += [job(10 + i, 1, 60.0 * (i + 1)) for i in range(40)]
+    report = build(records, by="gpus", since=None, until=100_000.0)
+    rows = {r.key: r for r in report.rows}
+    assert [r.key for r in report.rows] == ["1", "2", "8", "16"]
+    assert (rows["8"].jobs, rows["8"].run_p95_s, rows["8"].run_max_s) == (3, 7200.0, 7200.0)
+    assert (rows["2"].run_p95_s, rows["2"].run_max_s) == (600.0, 600.0)
+    assert (rows["1"].run_p95_s, rows["1"].run_max_s) == (60.0 * 39, 60.0 * 40)  # p95 of 40 runs: the 39th
+    assert rows["16"].run_max_s is None and rows["16"].jobs == 1
+    assert "run p95" in to_text(report) and " 2.0 h " in to_text(report)
+    assert to_csv(report).splitlines()[0].endswith("unused_jobs,run_p95_s,run_max_s")
 
 
 def test_report_outputs_and_one_line_errors(world: World, tmp_path: Path,

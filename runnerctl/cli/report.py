@@ -1,4 +1,4 @@
-"""`runnerctl report`: GPU-hours, jobs, waits and idle GPUs per user, project or host."""
+"""`runnerctl report`: GPU-hours, jobs, waits, run times, idle GPUs per user, project, host or GPU count."""
 
 from __future__ import annotations
 
@@ -19,15 +19,17 @@ from runnerctl.errors import ConfigError
 @click.option("--since", help="Start of the period: YYYY-MM-DD or YYYY-MM-DDTHH:MM (UTC unless an "
               "offset is given) [default: the whole history].")
 @click.option("--by", type=click.Choice(reports.BY), default="user", show_default=True,
-              help="Sum per user, project or host.")
+              help="Sum per user, project, host or GPUs per job (its run times help choose "
+                   "[controller] runner_max_timeout_s).")
 @click.option("--json", "as_json", is_flag=True, help="JSON: the rows and the unused jobs.")
-@click.option("--csv", "as_csv", is_flag=True, help="CSV: one row per user/project/host.")
+@click.option("--csv", "as_csv", is_flag=True, help="CSV: one row per user/project/host/GPU count.")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Read the SQLite store in this directory [default: the settings' store].")
 @config_option
 def report(since: str | None, by: str, as_json: bool, as_csv: bool, state_dir: Path | None,
            config_path: Path | None) -> None:
-    """Per-user (or project, host) GPU-hours, jobs, waits (queued -> started), idle
+    """Per-user (or project, host, GPUs per job) GPU-hours, jobs, waits (queued ->
+    started), run times (p95 and longest of the jobs that ended on their own), idle
     GPU-hours (GPUs held below `unused_utilization`) and the jobs flagged "requested but
     unused", from the job history the controller keeps. Reads every host of a shared store."""
     if as_json and as_csv:
