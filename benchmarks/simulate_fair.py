@@ -135,17 +135,18 @@ def _over_seeds(count: int, jobs: int, weights: list[float], step_min: float) ->
     from runnerctl.controller.fairshare import FairPolicy
     from runnerctl.sim.simulator import SimConfig, Simulator
 
-    found: dict[float, list[tuple[float, float, float]]] = {w: [] for w in weights}
+    found: dict[float, list[tuple[float, float, float]]] = {w: [] for w in sorted(weights)}
     for seed in range(1, count + 1):
         background, foreign, flood, others = _trace(seed, jobs)
         makespan_off = 0.0
-        for weight_h in sorted(set(weights) | {0.0}):
+        for weight_h in sorted(set(weights) | {0.0}):  # off first, the makespans' base (a row if asked)
             config = SimConfig(hosts=2, runner_type="instance",
                                fair=FairPolicy(weight_s=weight_h * HOUR, queue_step_s=step_min * 60))
             calm = Simulator(_numbered([*background, *others]), config, foreign).run()
             loud = Simulator(_numbered([*background, *flood, *others]), config, foreign).run()
             makespan = float(loud["makespan_s"])  # type: ignore[arg-type]
-            makespan_off = makespan_off or makespan  # weight 0 runs first
+            if weight_h == 0:
+                makespan_off = makespan
             if weight_h in found:
                 found[weight_h].append((_p95(loud, others) / max(_p95(calm, others), 60.0),
                                         float(loud["jain_slowdown"]),  # type: ignore[arg-type]

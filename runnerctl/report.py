@@ -1,8 +1,10 @@
-"""Usage reports from the job history: who used how many GPU-hours, how long jobs waited.
+"""Usage reports from the job history: who used how many GPU-hours, how long jobs waited
+and ran, per user, project, host or GPUs per job.
 
 Like Slurm's `sreport` over `sacct` records: the controller writes one row per job
-(controller/history.py); this module sums them per user, project or host over a period.
-A job that ran across the period's start counts only its part inside the period.
+(controller/history.py); this module sums them per user, project, host or GPU count over
+a period. A job that ran across the period's start counts only its part inside the period
+(its GPU-hours; its run time counts whole).
 Columns: jobs, GPU-hours, idle GPU-hours (time its GPUs sat below the "unused"
 utilization while it held them), waits (queued -> started, over the jobs whose queued
 time is known), run times (started -> ended, p95 and longest, over the jobs that ended
@@ -26,6 +28,7 @@ from typing import Any
 from runnerctl.controller.estimates import NOT_RUNS
 from runnerctl.controller.jobs_store import JobRecord
 from runnerctl.errors import ConfigError
+from runnerctl.stats import quantile
 
 BY = ("user", "project", "host", "gpus")
 
@@ -96,7 +99,7 @@ def build(records: Sequence[JobRecord], *, by: str, since: float | None, until: 
             idle_gpu_hours=sum(r.idle_gpu_s / 3600.0 * share for r, share in members),
             wait_mean_s=statistics.fmean(waits) if waits else None, wait_max_s=max(waits, default=None),
             unused_jobs=sum(1 for r, _ in members if r.unused_at is not None),
-            run_p95_s=runs[min(len(runs) - 1, int(0.95 * len(runs)))] if runs else None,
+            run_p95_s=quantile(runs, 0.95) if runs else None,
             run_max_s=runs[-1] if runs else None))
     unused = tuple(r for members in groups.values() for r, _ in members if r.unused_at is not None)
     return Report(by, since, until, tuple(rows), tuple(sorted(unused, key=lambda r: r.started_at)))

@@ -215,7 +215,7 @@ class ControllerSettings:
     """Fair share (docs/fairshare.md): the most hours a pending job counts younger for its
     user's and project's recent GPU use (0: off). Priority still comes first. 24 kept
     the others' p95 wait within 1.5x under one user's flood in 18 of 20 seeds of
-    benchmarks/simulate_fair.py (12: 12 of 20), at about 1 % more makespan."""
+    benchmarks/simulate_fair.py (12: 12 of 20), at about 2 % more makespan (worst 4 %)."""
     fair_half_life_h: float = 168.0
     """Fair share: GPU use this many hours ago counts half (from the job history)."""
     fair_queue_step_min: float = 5.0

@@ -222,18 +222,22 @@ def test_report_by_gpus_gives_the_run_times_per_size() -> None:
         return JobRecord("gpu-a", job_id, "slot", tuple(range(gpus)), "lab/app", "", "train", "ann", "",
                          queued_at=900.0, started_at=1000.0, seen_at=ended or 99_000.0, ended_at=ended,
                          outcome=outcome if run_s is not None else "running")
-    records = [job(1, 8, 7200.0), job(2, 8, 60.0, "failed"), job(3, 8, 50_000.0, "canceled"),
+    records = [job(1, 8, 600.0), job(2, 8, 7200.0, "failed"), job(3, 8, 50_000.0, "canceled"),
                job(4, 2, 600.0), job(5, 2, 900.0, "freed"), job(6, 16, None)]
     records += [job(10 + i, 1, 60.0 * (i + 1)) for i in range(40)]
     report = build(records, by="gpus", since=None, until=100_000.0)
     rows = {r.key: r for r in report.rows}
     assert [r.key for r in report.rows] == ["1", "2", "8", "16"]
-    assert (rows["8"].jobs, rows["8"].run_p95_s, rows["8"].run_max_s) == (3, 7200.0, 7200.0)
+    assert (rows["8"].jobs, rows["8"].run_p95_s, rows["8"].run_max_s) == (3, 7200.0, 7200.0)  # failed counts
     assert (rows["2"].run_p95_s, rows["2"].run_max_s) == (600.0, 600.0)
     assert (rows["1"].run_p95_s, rows["1"].run_max_s) == (60.0 * 39, 60.0 * 40)  # p95 of 40 runs: the 39th
     assert rows["16"].run_max_s is None and rows["16"].jobs == 1
     assert "run p95" in to_text(report) and " 2.0 h " in to_text(report)
     assert to_csv(report).splitlines()[0].endswith("unused_jobs,run_p95_s,run_max_s")
+    late = build(records, by="gpus", since=9000.0, until=100_000.0)  # after every run but 3 and 6 ended
+    assert [(r.key, r.jobs, r.run_max_s) for r in late.rows] == [("8", 1, None), ("16", 1, None)]
+    across = {r.key: r for r in build(records, by="gpus", since=1500.0, until=100_000.0).rows}
+    assert across["8"].run_max_s == 7200.0 and across["8"].gpu_hours < 8 * (7200 + 50_000) / 3600  # run whole
 
 
 def test_report_outputs_and_one_line_errors(world: World, tmp_path: Path,

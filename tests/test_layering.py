@@ -66,7 +66,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("executors", "runnerctl.postgres", "runnerctl.install", "runnerctl.access", "runnerctl.standby"),
     ("runnerctl.settings", "runnerctl.private", "runnerctl.logline", "runnerctl.runner_config",
      "runnerctl.layout", "runnerctl.gpus", "runnerctl.gitlab", "runnerctl.pipelines"),
-    ("runnerctl", "runnerctl.model", "runnerctl.errors", "runnerctl.tags", "runnerctl.gitlab_port"),
+    ("runnerctl", "runnerctl.model", "runnerctl.errors", "runnerctl.tags", "runnerctl.gitlab_port",
+     "runnerctl.stats"),
 )
 SIBLINGS = {("runnerctl.optuna", "runnerctl.optuna_tools"), ("runnerctl.optuna_tools", "runnerctl.optuna"),
             ("runnerctl.optuna", "runnerctl.optuna_journal")}

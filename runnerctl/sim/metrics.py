@@ -10,6 +10,8 @@ import statistics
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from runnerctl.stats import quantile
+
 if TYPE_CHECKING:
     from runnerctl.sim.inputs import TraceJob
     from runnerctl.sim.simulator import Simulator
@@ -37,7 +39,7 @@ def metrics(sim: Simulator) -> dict[str, object]:
         "lower_bound_s": round(lower, 3),
         "gpu_occupancy": round(sim.busy_gpu_s / (gpus * makespan), 4) if makespan else 0.0,
         "wait_p50_s": {n: round(statistics.median(w), 3) for n, w in sorted(waits.items())},
-        "wait_p95_s": {n: round(_quantile(w, 0.95), 3) for n, w in sorted(waits.items())},
+        "wait_p95_s": {n: round(quantile(w, 0.95), 3) for n, w in sorted(waits.items())},
         "wait_max_s": {n: round(max(w), 3) for n, w in sorted(waits.items())},
         "jobs_completed": len(sim.finished), "jobs_never_started": len(jobs) - len(sim.started),
         "jobs_dropped": dict(sorted(reasons.items())), "jobs_dropped_by_gpus": dict(sorted(sizes.items())),
@@ -66,14 +68,9 @@ def fairness(jobs: list[TraceJob], started: Mapping[int, float]) -> dict[str, ob
             hours.append(job.gpus * job.duration / 3600)
     users = {user: {"jobs": len(waits), "gpu_hours": round(sum(hours), 3),
                     "wait_p50_s": round(statistics.median(waits), 3),
-                    "wait_p95_s": round(_quantile(waits, 0.95), 3),
+                    "wait_p95_s": round(quantile(waits, 0.95), 3),
                     "mean_slowdown": round(statistics.fmean(slowdowns), 3)}
              for user, (waits, slowdowns, hours) in sorted(per.items())}
     means = [float(u["mean_slowdown"]) for u in users.values()]
     jain = sum(means) ** 2 / (len(means) * sum(m * m for m in means)) if means else 1.0
     return {"users": users, "jain_slowdown": round(jain, 4)}
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
