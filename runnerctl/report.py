@@ -9,7 +9,8 @@ Columns: jobs, GPU-hours, idle GPU-hours (time its GPUs sat below the "unused"
 utilization while it held them), waits (queued -> started, over the jobs whose queued
 time is known), run times (started -> ended, p95 and longest, over the jobs that ended
 in the period on their own: not cancelled, not freed by the orphan audit, as the
-planner's run-time estimates count them), and the jobs flagged "requested but unused".
+planner's run-time estimates count them; and the longest a job still running has run),
+and the jobs flagged "requested but unused".
 `--by gpus` groups by GPUs per job: the run times per size are what to read before
 setting `[controller] runner_max_timeout_s` (docs/controller.md).
 """
@@ -48,6 +49,8 @@ class Row:
     unused_jobs: int
     run_p95_s: float | None = None
     run_max_s: float | None = None
+    running_max_s: float | None = None
+    """The longest a job still running has run so far (to its last tick), if any."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +96,7 @@ def build(records: Sequence[JobRecord], *, by: str, since: float | None, until: 
         waits = [w for r, _ in members if (w := r.wait_s) is not None]
         runs = sorted(r.ended_at - r.started_at for r, _ in members
                       if r.ended_at is not None and r.ended_at <= until and r.outcome not in NOT_RUNS)
+        running = [r.end - r.started_at for r, _ in members if r.ended_at is None]  # to its last tick
         rows.append(Row(
             key=key, jobs=len(members),
             gpu_hours=sum(r.gpu_hours * share for r, share in members),
@@ -100,7 +104,8 @@ def build(records: Sequence[JobRecord], *, by: str, since: float | None, until: 
             wait_mean_s=statistics.fmean(waits) if waits else None, wait_max_s=max(waits, default=None),
             unused_jobs=sum(1 for r, _ in members if r.unused_at is not None),
             run_p95_s=quantile(runs, 0.95) if runs else None,
-            run_max_s=runs[-1] if runs else None))
+            run_max_s=runs[-1] if runs else None,
+            running_max_s=max(running, default=None)))
     unused = tuple(r for members in groups.values() for r, _ in members if r.unused_at is not None)
     return Report(by, since, until, tuple(rows), tuple(sorted(unused, key=lambda r: r.started_at)))
 
@@ -121,11 +126,11 @@ def to_csv(report: Report) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow([report.by, "jobs", "gpu_hours", "idle_gpu_hours", "wait_mean_s", "wait_max_s",
-                     "unused_jobs", "run_p95_s", "run_max_s"])
+                     "unused_jobs", "run_p95_s", "run_max_s", "running_max_s"])
     for row in report.rows:
         writer.writerow([row.key, row.jobs, f"{row.gpu_hours:.4f}", f"{row.idle_gpu_hours:.4f}",
                          _opt(row.wait_mean_s), _opt(row.wait_max_s), row.unused_jobs,
-                         _opt(row.run_p95_s), _opt(row.run_max_s)])
+                         _opt(row.run_p95_s), _opt(row.run_max_s), _opt(row.running_max_s)])
     return out.getvalue()
 
 
@@ -142,6 +147,11 @@ def to_text(report: Report) -> str:
                      f"{_duration(row.run_p95_s):>10} {_duration(row.run_max_s):>10}")
     if not report.rows:
         lines.append("(no jobs in this period)")
+    for row in report.rows:  # a cap chosen from the run max would cut such a job
+        if row.running_max_s is not None and row.running_max_s > (row.run_max_s or 0.0):
+            what = f"{row.key} GPUs" if report.by == "gpus" else row.key
+            lines.append(f"{what}: a job still running has run {_duration(row.running_max_s)} so far, "
+                         "longer than any that ended")
     if report.unused:
         lines.append("requested but unused (GPUs held at near-zero utilization):")
     for job in report.unused:

@@ -231,9 +231,12 @@ def test_report_by_gpus_gives_the_run_times_per_size() -> None:
     assert (rows["8"].jobs, rows["8"].run_p95_s, rows["8"].run_max_s) == (3, 7200.0, 7200.0)  # failed counts
     assert (rows["2"].run_p95_s, rows["2"].run_max_s) == (600.0, 600.0)
     assert (rows["1"].run_p95_s, rows["1"].run_max_s) == (60.0 * 39, 60.0 * 40)  # p95 of 40 runs: the 39th
-    assert rows["16"].run_max_s is None and rows["16"].jobs == 1
-    assert "run p95" in to_text(report) and " 2.0 h " in to_text(report)
-    assert to_csv(report).splitlines()[0].endswith("unused_jobs,run_p95_s,run_max_s")
+    assert rows["16"].run_max_s is None and rows["16"].jobs == 1 and rows["16"].running_max_s == 98_000.0
+    text = to_text(report)
+    assert "run p95" in text and " 2.0 h " in text
+    assert "16 GPUs: a job still running has run 27.2 h so far, longer than any that ended" in text
+    assert "8 GPUs: a job still running" not in text and rows["8"].running_max_s is None
+    assert to_csv(report).splitlines()[0].endswith("unused_jobs,run_p95_s,run_max_s,running_max_s")
     late = build(records, by="gpus", since=9000.0, until=100_000.0)  # after every run but 3 and 6 ended
     assert [(r.key, r.jobs, r.run_max_s) for r in late.rows] == [("8", 1, None), ("16", 1, None)]
     across = {r.key: r for r in build(records, by="gpus", since=1500.0, until=100_000.0).rows}
