@@ -6,9 +6,9 @@ from collections.abc import Iterable
 
 
 def quantile(values: Iterable[float], q: float) -> float:
-    """The nearest-rank `q` quantile (0-1) of at least one value: the value at rank
-    `int(q * n)` of the sorted values, the largest for `q` near 1 (p95 of 20 runs is the
-    19th, of 10 the 10th)."""
+    """The nearest-rank `q` quantile (0-1) of at least one value: the sorted values'
+    element at index `int(q * n)` (from 0), the largest where that is past the end (p95
+    of 20 or 10 values is the largest, of 40 the 39th)."""
     ordered = sorted(values)
     if not ordered:
         raise ValueError("quantile of no values")
