@@ -151,6 +151,15 @@ def differences(decisions: Iterable[Decision],
     return pauses, resumes
 
 
+def may_drain_from(demand: Demand, protected: Iterable[int], policy: PlanPolicy) -> float:
+    """From when this multi-GPU job may drain a block (`PlanPolicy.drain_after_s` after
+    it became pending): at once (-inf) if its timeout is known, it came alone
+    (`protected`) or the delay is 0."""
+    if policy.drain_after_s <= 0 or demand.timeout_s is not None or demand.job_id in protected:
+        return float("-inf")
+    return demand.pending_since + policy.drain_after_s
+
+
 DEFAULTS = PlanPolicy()
 """The planner's defaults (`[controller.planner]` unset)."""
 
@@ -283,13 +292,10 @@ class _Reserver:
 
     def _too_young(self, demand: Demand) -> bool:
         """Must this job, which may take a block here, wait longer before it drains
-        (`PlanPolicy.drain_after_s`)? Only if its timeout is unknown, it did not come alone
-        (protected) and the time is known; notes when it may (`drains_from`)."""
-        now, after = self.observed.now, self.policy.drain_after_s
-        if now is None or after <= 0 or demand.timeout_s is not None or demand.job_id in self.protected:
-            return False
-        at = demand.pending_since + after
-        if at <= now:
+        (`may_drain_from`)? Only if the time is known; notes when it may (`drains_from`)."""
+        now = self.observed.now
+        at = may_drain_from(demand, self.protected, self.policy)
+        if now is None or at <= now:
             return False
         if self.drains_from is None:
             self.drains_from = demand.job_id, at

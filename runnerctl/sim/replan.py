@@ -31,6 +31,7 @@ from runnerctl.controller.plan import (
     differences,
     drain_order,
     idle_claim,
+    may_drain_from,
     plan,
 )
 from runnerctl.sim.hosts import SimHost
@@ -156,13 +157,6 @@ def _crowded(sim: Simulator, sizes: frozenset[int]) -> bool:
     return False
 
 
-def _held_back(demand: Demand, host: SimHost, now: float, policy: PlanPolicy) -> bool:
-    """`plan._Reserver._too_young` for a job that may take a block on this host, as the
-    host's last plan read it."""
-    return (demand.timeout_s is None and demand.job_id not in host.protected
-            and demand.pending_since + policy.drain_after_s > now)
-
-
 def _held_again(sim: Simulator, host: SimHost, host_no: int) -> Boundary | None:
     """The job that held new drains back in the host's last plan (`host.stopped_by`) is
     no longer a candidate there (another host claimed it, it started or left the top),
@@ -201,7 +195,7 @@ def _held_again(sim: Simulator, host: SimHost, host_no: int) -> Boundary | None:
             return None
         if not may_take(host.blocks.get(candidate.gpus, ()), candidate, protected, demand_of, claim):
             continue  # it fails to drain here: the plan reads the next
-        if not _held_back(candidate, host, now, policy):
+        if may_drain_from(candidate, protected, policy) <= now:  # as `plan._Reserver._too_young`
             return None
         host.stopped_by, host.boundary = candidate.job_id, order
         return order
