@@ -28,9 +28,13 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+if TYPE_CHECKING:
+    from runnerctl.sim.simulator import SimConfig
 
 HOUR = 3600.0
 OTHERS = ("other1", "other2", "other3")
@@ -40,7 +44,7 @@ def main() -> int:
     from results_md import write_section
 
     from runnerctl.controller.fairshare import QUEUE_STEP_S, FairPolicy
-    from runnerctl.sim.simulator import SimConfig, Simulator
+    from runnerctl.sim.simulator import SimConfig
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, default=5)
@@ -82,11 +86,9 @@ def main() -> int:
             config = SimConfig(hosts=2, runner_type=runner_type,
                                fair=FairPolicy(weight_s=weight_h * HOUR, queue_step_s=step_min * 60))
             started = time.process_time()
-            calm = Simulator(_numbered([*background, *others]), config, foreign).run()
-            loud = Simulator(_numbered([*background, *flood, *others]), config, foreign).run()
+            calm, loud, ratio = _with_and_without(config, (background, foreign, flood, others))
             cpu = time.process_time() - started
             calm_p95, loud_p95 = _p95(calm, others), _p95(loud, others)
-            ratio = loud_p95 / max(calm_p95, 60.0)  # a 1-minute floor: polls, not queueing
             users = loud["users"]
             assert isinstance(users, dict)
             jain = float(loud["jain_slowdown"])  # type: ignore[arg-type]
@@ -105,14 +107,13 @@ def main() -> int:
     for policy in ("greedy", "easy-oracle"):  # no runners, no fair share: the references
         config = SimConfig(hosts=2, policy=policy)
         started = time.process_time()
-        calm = Simulator(_numbered([*background, *others]), config, foreign).run()
-        loud = Simulator(_numbered([*background, *flood, *others]), config, foreign).run()
+        calm, loud, ratio = _with_and_without(config, (background, foreign, flood, others))
         cpu = time.process_time() - started
         calm_p95, loud_p95 = _p95(calm, others), _p95(loud, others)
         users = loud["users"]
         assert isinstance(users, dict)
         row = (f"| {policy} (reference) | - | {calm_p95:.0f} | {loud_p95:.0f} | "
-               f"{loud_p95 / max(calm_p95, 60.0):.2f} | {float(calm['jain_slowdown']):.3f} | "  # type: ignore[arg-type]
+               f"{ratio:.2f} | {float(calm['jain_slowdown']):.3f} | "  # type: ignore[arg-type]
                f"{float(loud['jain_slowdown']):.3f} | {users['flood']['wait_p50_s'] / HOUR:.1f} | "  # type: ignore[arg-type]
                f"{float(loud['makespan_s']) / HOUR:.1f} | {cpu:.1f} |")  # type: ignore[arg-type]
         lines.append(row)
@@ -133,23 +134,21 @@ def _over_seeds(count: int, jobs: int, weights: list[float], step_min: float) ->
     import statistics
 
     from runnerctl.controller.fairshare import FairPolicy
-    from runnerctl.sim.simulator import SimConfig, Simulator
+    from runnerctl.sim.simulator import SimConfig
 
     found: dict[float, list[tuple[float, float, float]]] = {w: [] for w in sorted(weights)}
     for seed in range(1, count + 1):
-        background, foreign, flood, others = _trace(seed, jobs)
+        trace = _trace(seed, jobs)
         makespan_off = 0.0
         for weight_h in sorted(set(weights) | {0.0}):  # off first, the makespans' base (a row if asked)
             config = SimConfig(hosts=2, runner_type="instance",
                                fair=FairPolicy(weight_s=weight_h * HOUR, queue_step_s=step_min * 60))
-            calm = Simulator(_numbered([*background, *others]), config, foreign).run()
-            loud = Simulator(_numbered([*background, *flood, *others]), config, foreign).run()
+            _, loud, ratio = _with_and_without(config, trace)
             makespan = float(loud["makespan_s"])  # type: ignore[arg-type]
             if weight_h == 0:
                 makespan_off = makespan
             if weight_h in found:
-                found[weight_h].append((_p95(loud, others) / max(_p95(calm, others), 60.0),
-                                        float(loud["jain_slowdown"]),  # type: ignore[arg-type]
+                found[weight_h].append((ratio, float(loud["jain_slowdown"]),  # type: ignore[arg-type]
                                         makespan / makespan_off))
     lines = [f"Over seeds 1-{count} (instance runners, queue step {step_min:g} min; each seed its own "
              "lab background and flood), per fair-share weight:", "",
@@ -195,6 +194,19 @@ def _numbered(jobs: list) -> list:  # type: ignore[type-arg]
 
     ordered = sorted(jobs, key=lambda j: (j.submit, j.job_id))
     return [dataclasses.replace(j, job_id=n) for n, j in enumerate(ordered, 1)]
+
+
+def _with_and_without(config: SimConfig, trace: tuple[list, list, list, list]  # type: ignore[type-arg]
+                      ) -> tuple[dict[str, object], dict[str, object], float]:
+    """One configuration on the background and the others' jobs, without the flood and
+    with it, and the others' p95 wait with it as a ratio of without (a 1-minute floor:
+    polls, not queueing)."""
+    from runnerctl.sim.simulator import Simulator
+
+    background, foreign, flood, others = trace
+    calm = Simulator(_numbered([*background, *others]), config, foreign).run()
+    loud = Simulator(_numbered([*background, *flood, *others]), config, foreign).run()
+    return calm, loud, _p95(loud, others) / max(_p95(calm, others), 60.0)
 
 
 def _p95(result: dict[str, object], jobs: list[object]) -> float:
