@@ -28,11 +28,13 @@ _PLACEHOLDER = re.compile(r"\$\[\[\s*inputs\.([A-Za-z0-9_-]+)\s*\]\]")
 LIMITS: dict[str, tuple[int, int]] = {
     "gpus": (1, 64),
     "gpus_per_worker": (1, 64),
+    "gpus_per_node": (1, 64),
+    "nodes": (1, 10_000),  # the batch drivers' RUNNERCTL_NODES: a whole number from 1
     "workers": (1, 200),  # GitLab's own bound on `parallel:`
     "n_trials": (1, 1_000_000),
 }
 """Whole-number inputs and their bounds, beyond what a component spec can say."""
-GPU_COUNTS = ("gpus", "gpus_per_worker")
+GPU_COUNTS = ("gpus", "gpus_per_worker", "gpus_per_node")
 """Inputs that become a job's `gpus:N` tag: N must be a size runnerctl's runners have."""
 
 
@@ -171,7 +173,9 @@ def _check(name: str, value: Any, spec: dict[str, Any]) -> None:
                               f"not {value!r}")
     if name in GPU_COUNTS and isinstance(value, int) and value & (value - 1):
         raise ConfigError(f"input {name!r} is {value}, but runner blocks hold 1, 2, 4, 8, ... GPUs: "
-                          f"no runner would take the job", hint="ask for a power of two")
+                          f"no runner would take the job", hint="ask for a power of two (only a "
+                          f"whole host of {value} usable GPUs has a gpus:{value} runner; write that "
+                          f"job's tag by hand)")
     if spec.get("type") == "array" and not all(isinstance(i, str) and i for i in value):
         raise ConfigError(f"input {name!r} must be an array of non-empty strings")
     if isinstance(value, str) and "\x00" in value:

@@ -15,7 +15,8 @@ import click
 
 config_option = click.option(
     "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-    help="runnerctl settings file [default: $RUNNERCTL_CONFIG or /etc/runnerctl/runnerctl.toml]")
+    help="runnerctl settings file [default: $RUNNERCTL_CONFIG, else /etc/runnerctl/runnerctl.toml "
+         "as root or ~/.config/runnerctl/runnerctl.toml]")
 
 
 class Seconds(click.ParamType[float]):
