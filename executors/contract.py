@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+from runnerctl.settings import DRIVERS as DRIVERS  # the one list, re-exported for the drivers
+
 STAGES = ("config", "prepare", "run", "cleanup")
-DRIVERS = ("shell", "docker", "slurm", "sge", "pbs", "pjm")
 
 # Environment that gitlab-runner sets for every stage.
 ENV_BUILD_FAILURE = "BUILD_FAILURE_EXIT_CODE"

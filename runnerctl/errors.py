@@ -7,6 +7,22 @@ line on stderr and an exit code, never a traceback.
 from __future__ import annotations
 
 import enum
+import re
+
+_URL_PASSWORD = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)\S*@")
+
+
+def redact(text: str) -> str:
+    """`text` with the password of any URL in it masked (`scheme://user:***@host`): an
+    error from a database driver or one no check foresaw may quote the URL it was given."""
+    return _URL_PASSWORD.sub(r"\1***@", text)
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line, any URL's password in it masked (libpq quotes the connection
+    string it could not parse)."""
+    lines = redact(str(exc)).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 class ExitCode(enum.IntEnum):

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from runnerctl.errors import ConfigError, RunnerctlError
+from runnerctl.errors import ConfigError, RunnerctlError, first_line
 from runnerctl.private import key_file, private_dir
 
 ADMIN_ROLE = "runnerctl_admin"
@@ -304,8 +304,8 @@ def create_database(admin_url: str, name: str, secrets_: Secrets, *, host: str |
                 conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
                     sql.Identifier(name), sql.Identifier(name)))
             conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(name)))
-    except psycopg.OperationalError as exc:
-        raise PostgresError(f"cannot reach PostgreSQL as admin: {str(exc).strip().splitlines()[0]}",
+    except psycopg.Error as exc:
+        raise PostgresError(f"cannot reach PostgreSQL as admin: {first_line(exc)}",
                             hint="is it running? `runnerctl postgres status`") from None
     return database_url(admin_url, name, password, host=host)
 
@@ -360,7 +360,7 @@ def ping(url: str) -> str:
     try:
         with psycopg.connect(libpq_url(url), connect_timeout=10) as conn:
             row = conn.execute("SHOW server_version").fetchone()
-    except psycopg.OperationalError as exc:
-        raise PostgresError(f"cannot reach PostgreSQL: {str(exc).strip().splitlines()[0]}") from None
+    except psycopg.Error as exc:  # also a URL libpq cannot parse (ProgrammingError)
+        raise PostgresError(f"cannot reach PostgreSQL: {first_line(exc)}") from None
     return str(row[0]) if row else "?"
 

@@ -9,6 +9,7 @@ are not kept here: they come from `$RUNNERCTL_GITLAB_TOKEN` or `--token-file`.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import os
 import socket
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from runnerctl.errors import ConfigError
+from runnerctl.tags import PRIORITIES
 
 
 def _default_state_dir() -> str:
@@ -50,6 +52,10 @@ class PathSettings:
     """Custom executor builds dir; empty means <state_dir>/builds."""
     cache_dir: str = ""
     """Custom executor cache dir; empty means <state_dir>/cache."""
+
+
+DRIVERS = ("shell", "docker", "slurm", "sge", "pbs", "pjm")
+"""The drivers behind the custom executor (executors/), `[executor] driver`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,6 +342,47 @@ class Settings:
         return self.paths.cache_dir or str(self.state_dir / "cache")
 
 
+LARGEST = 1e10
+"""No number in the settings is larger (over 300 years in seconds): a bigger one is a
+slip, and infinity-like values would reach JSON answers and timers."""
+_RANGES: dict[tuple[type, str], tuple[float, float, str]] = {
+    (ControllerSettings, "interval_s"): (0.05, 3600.0, "seconds, as serve --interval"),
+    (ControllerSettings, "api_budget_per_min"): (1, 100_000, "requests a minute"),
+    (ControllerSettings, "foreign_utilization"): (0.0, 1.0, "a ratio"),
+    (ControllerSettings, "reopen_ratio"): (0.0, 1.0, "a ratio"),
+    (PostgresSettings, "port"): (1, 65535, "a TCP port"),
+    (WebSettings, "session_max_age_s"): (60, LARGEST, "seconds"),
+    (WebSettings, "signin_attempts"): (1, 1_000_000, "attempts a minute"),
+    (WebSettings, "max_concurrent_signins"): (1, 1000, "sign-ins at once"),
+    (WebSettings, "max_body_bytes"): (1024, 2**31, "bytes"),
+    (WebSettings, "gitlab_role_check_s"): (1, LARGEST, "seconds"),
+}
+"""Settings with a narrower range than "finite, not negative" (`_build` checks them)."""
+
+
+def _check_choices(cls: type[Any], values: dict[str, Any], where: str) -> None:
+    """What a range cannot say: names from a list, addresses, absolute paths."""
+    if cls is ExecutorSettings and values.get("driver", "docker") not in DRIVERS:
+        raise ConfigError(f"{where}: driver must be one of {', '.join(DRIVERS)}, not {values['driver']!r}")
+    if cls is PathSettings and "state_dir" in values and not Path(values["state_dir"]).is_absolute():
+        raise ConfigError(f"{where}: state_dir must be an absolute path, not {values['state_dir']!r}")
+    if cls is ControllerSettings:
+        for project, priority in values.get("project_priorities", {}).items():
+            if priority not in PRIORITIES:
+                raise ConfigError(f"{where}: project_priorities: {project} must be one of "
+                                  f"{', '.join(PRIORITIES)}, not {priority!r}")
+        if any(isinstance(p, bool) or p < 1 for p in values.get("projects", ())):
+            raise ConfigError(f"{where}: projects must be GitLab project ids (whole numbers from 1), "
+                              f"not {list(values['projects'])!r}")
+    if cls is WebSettings:
+        for proxy in values.get("trusted_proxies", ()):
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ConfigError(f"{where}: trusted_proxies: {proxy!r} is no address or CIDR "
+                                  "range") from None
+
+
 def default_settings_path() -> Path:
     env = os.environ.get("RUNNERCTL_CONFIG")
     if env:
@@ -353,6 +400,8 @@ def load_settings(path: Path | None = None) -> Settings:
         return dataclasses.replace(Settings(), source=str(path))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start}), as TOML must be") from None
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     settings: Settings = _build(Settings, data, where=str(path))
@@ -399,8 +448,8 @@ def _build(cls: type[Any], data: dict[str, Any], *, where: str) -> Any:
             values[key] = _container(kind, value, where=f"{where}: {key}")
             continue
         expected = tuple(typing.get_args(kind)) if isinstance(kind, types.UnionType) else (kind,)
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
-            raise ConfigError(f"{where}: {key} is too large: {value!r}")  # no float holds it
+        if isinstance(value, int | float) and not isinstance(value, bool) and abs(value) > LARGEST:
+            raise ConfigError(f"{where}: {key} is too large: {value!r}")
         if float in expected and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, expected):
@@ -408,7 +457,12 @@ def _build(cls: type[Any], data: dict[str, Any], *, where: str) -> Any:
         if isinstance(value, int | float) and not isinstance(value, bool) and not (
                 math.isfinite(value) and value >= 0):  # TOML has nan and inf; no setting is negative
             raise ConfigError(f"{where}: {key} must be a finite number, not negative: {value!r}")
+        if (cls, key) in _RANGES:
+            low, high, unit = _RANGES[cls, key]
+            if not low <= value <= high:
+                raise ConfigError(f"{where}: {key} must be from {low:g} to {high:g} ({unit}), not {value!r}")
         values[key] = value
+    _check_choices(cls, values, where)
     try:
         return cls(**values)
     except ValueError as exc:  # a dataclass's own check (PlanPolicy)

@@ -19,7 +19,9 @@ from runnerctl.controller.app import create_app
 from runnerctl.controller.liveness import BACKOFF_MAX_S, Liveness
 from runnerctl.controller.store import Store, Toggle
 from runnerctl.controller.toggles import set_toggle
+from runnerctl.errors import GpuError
 from runnerctl.exporter.scrape import RunnerctlCollector
+from runnerctl.gitlab import PythonGitLab
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim.world import PROJECT, World, build_world
 
@@ -200,3 +202,63 @@ def test_the_standalone_exporter_loop_survives_a_failing_tick(caplog: pytest.Log
     finally:
         stop.set()
         thread.join(timeout=60)
+
+
+def test_a_part_in_trouble_longer_than_the_limit_makes_healthz_fail() -> None:
+    now = [100.0]
+    live = Liveness(host="h", interval_s=5.0, clock=lambda: now[0])
+    live.good()
+    live.trouble("gitlab", "connection refused")
+    now[0] += 10.0
+    live.good()
+    live.trouble("gitlab", "503 Service Unavailable")  # still in trouble: since the first
+    ok, detail = live.report()
+    assert ok and detail["troubles"] == {"gitlab": {"for_s": 10.0, "error": "503 Service Unavailable"}}
+    now[0] += 6.0
+    live.good()
+    ok, detail = live.report()
+    assert not ok and detail["problem"] == "GitLab fails for 16 s: 503 Service Unavailable"
+    live.trouble("gitlab", "")
+    assert live.report() == (True, {**detail, "troubles": {}, "problem": ""})
+
+
+def test_healthz_fails_while_the_gpus_cannot_be_read_and_logs_it_once(
+        running: tuple[World, TestClient], caplog: pytest.LogCaptureFixture) -> None:
+    world, client = running
+    wait_until("a first good tick", lambda: health(client)[0] == 200 and world.controller.ticks > 0)
+    real = world.controller.wiring.gpus.snapshot
+
+    def unreadable() -> Any:
+        raise GpuError("NVML: driver not loaded")
+
+    caplog.set_level(logging.WARNING, logger="runnerctl.controller.liveness")
+    world.controller.wiring.gpus.snapshot = unreadable  # type: ignore[method-assign]
+    wait_until("healthz names the GPUs", lambda: _unhealthy_with(
+        client, "the GPUs cannot be read (every runner stays closed)"))
+    ticks = world.controller.ticks
+    wait_until("more ticks", lambda: world.controller.ticks > ticks + 3)
+    status, body = health(client)
+    assert status == 503 and body["failed_ticks_in_a_row"] == 0  # the ticks work; the GPUs do not
+    assert body["problem"].endswith("NVML: driver not loaded")
+    warned = [r for r in caplog.records if "cannot read GPUs" in r.getMessage()]
+    assert len(warned) == 1  # once while it lasts, not every tick
+    world.controller.wiring.gpus.snapshot = real  # type: ignore[method-assign]
+    wait_until("healthz is ok again", lambda: health(client)[0] == 200)
+    assert any(r.getMessage() == "reading the GPUs works again" for r in caplog.records)
+
+
+def test_healthz_fails_while_gitlab_cannot_be_reached_and_heals(world: World) -> None:
+    """On the world's clock: GitLab gone (nothing listens at its address) for longer than
+    the limit, while every tick succeeds; back, and healthz is ok on the next tick."""
+    live = world.controller.liveness = Liveness(host="demo", interval_s=INTERVAL_S, clock=world.clock)
+    world.advance(5)
+    assert live.report()[0]
+    gitlab = world.controller.wiring.gitlab
+    world.controller.wiring.gitlab = PythonGitLab("http://127.0.0.1:1", "x", timeout=1.0)
+    world.advance(live.stale_after_s + 5)
+    ok, detail = live.report()
+    assert not ok and detail["failed_ticks_in_a_row"] == 0
+    assert detail["problem"].startswith("GitLab fails for ") and "cannot reach GitLab" in detail["problem"]
+    world.controller.wiring.gitlab = gitlab
+    world.advance(world.controller.health.retry_at - world.clock() + 1)
+    assert live.report() == (True, {**live.report()[1], "troubles": {}, "problem": ""})

@@ -50,6 +50,21 @@ def test_values_override_defaults(tmp_path: Path) -> None:
         ("[controller.planner]\nmax_draining = true\n", r"planner\]: max_draining must be a whole"),
         ("[controller.planner]\nmax_draining = 99999999999999999999\n", "max_draining is too large"),
         ("[controller]\ninterval_s = 99999999999999999999\n", "interval_s is too large"),
+        ("[controller]\ninterval_s = 1e308\n", "interval_s is too large"),
+        ("[controller]\ninterval_s = 0\n", r"interval_s must be from 0.05 to 3600 \(seconds"),
+        ("[controller]\napi_budget_per_min = 0\n", "api_budget_per_min must be from 1 to 100000"),
+        ("[controller]\nforeign_utilization = 7\n", "foreign_utilization must be from 0 to 1 .a ratio"),
+        ("[controller]\nreopen_ratio = 12\n", "reopen_ratio must be from 0 to 1"),
+        ("[controller]\nclaim_ttl_s = 1e300\n", "claim_ttl_s is too large"),
+        ("[controller]\nproject_priorities = { '7' = 'urgent' }\n",
+         "project_priorities: 7 must be one of high, normal, low, not 'urgent'"),
+        ("[controller]\nprojects = [true, -5]\n", "projects must be GitLab project ids"),
+        ("[postgres]\nport = 999999\n", "port must be from 1 to 65535"),
+        ("[executor]\ndriver = 'kubernetes'\n", "driver must be one of shell, docker, slurm"),
+        ("[paths]\nstate_dir = ''\n", "state_dir must be an absolute path, not ''"),
+        ("[paths]\nstate_dir = 'relative/dir'\n", "state_dir must be an absolute path"),
+        ("[web]\ntrusted_proxies = ['not-an-ip']\n", "trusted_proxies: 'not-an-ip' is no address or CIDR"),
+        ("[web]\nmax_concurrent_signins = 0\n", "max_concurrent_signins must be from 1 to 1000"),
     ],
 )
 def test_bad_settings_name_the_problem(tmp_path: Path, text: str, needle: str) -> None:
@@ -57,6 +72,23 @@ def test_bad_settings_name_the_problem(tmp_path: Path, text: str, needle: str) -
     path.write_text(text)
     with pytest.raises(ConfigError, match=needle):
         load_settings(path)
+
+
+def test_a_settings_file_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "runnerctl.toml"
+    path.write_bytes(b'[host]\nname = "\xff"\n')
+    with pytest.raises(ConfigError, match=r"runnerctl.toml is not UTF-8 text \(byte 15\)"):
+        load_settings(path)
+
+
+def test_good_values_at_the_edges_load(tmp_path: Path) -> None:
+    path = tmp_path / "runnerctl.toml"
+    path.write_text("[controller]\ninterval_s = 0.05\nreopen_ratio = 1\nprojects = [7]\n"
+                    "project_priorities = { '7' = 'high' }\n[postgres]\nport = 65535\n"
+                    "[executor]\ndriver = 'pjm'\n[web]\ntrusted_proxies = ['10.0.0.0/8', '::1']\n")
+    settings = load_settings(path)
+    assert (settings.controller.interval_s, settings.postgres.port, settings.executor.driver,
+            settings.web.trusted_proxies) == (0.05, 65535, "pjm", ("10.0.0.0/8", "::1"))
 
 
 def test_runner_timeout_sizes_are_numbers_of_gpus(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 Commands live in one module per area and are registered in `COMMANDS`. Every
 `RunnerctlError` becomes one line on stderr and its exit code; so do usage errors and
 a file the system refuses (`OSError`: permissions, an immutable file, a full disk); no
-traceback for anything a user can fix.
+traceback for anything a user can fix. An error no check foresaw is one line too (a
+URL's password masked), with the traceback under `-vv`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import click
 
 from runnerctl import __version__
 from runnerctl.cli import controller, experiments, host, monitoring, ops, report, sim, users
-from runnerctl.errors import ExitCode, RunnerctlError
+from runnerctl.errors import ExitCode, RunnerctlError, redact
 from runnerctl.logline import configure
 
 COMMANDS: list[click.Command] = [
@@ -66,6 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.Abort:
         click.echo("runnerctl: aborted", err=True)
         return int(ExitCode.ERROR)
+    except click.exceptions.NoArgsIsHelpError as exc:  # a bare `runnerctl` (or group): its help
+        click.echo(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
+        return int(ExitCode.USAGE)
     except click.UsageError as exc:  # one line, naming where to read the usage
         see = f" (see `{exc.ctx.command_path} -h`)" if exc.ctx is not None else ""
         error(f"{exc.format_message()}{see}")
@@ -78,6 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(ExitCode.ERROR)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a case no check foresaw: still one line, the traceback in -vv
+        logging.getLogger("runnerctl").debug("unexpected error", exc_info=True)
+        error(f"unexpected {type(exc).__name__}: {redact(str(exc))} (run with -vv for the "
+              "traceback, and please report it)")
+        return int(ExitCode.ERROR)
     # click returns a command's exit code (from ctx.exit / Exit) when not standalone
     return result if isinstance(result, int) else int(ExitCode.OK)
 

@@ -7,6 +7,12 @@ tick is older than `stale_after_s` (a few intervals) or the thread is gone, and 
 exporter shows the age (`runnerctl_reconcile_last_success_age_seconds`) for the alert
 `RunnerctlReconcileStalled`. Failures are logged once per kind while they last, and
 the loop backs off between failed ticks (`backoff_s`).
+
+A tick can also succeed while the controller cannot do its work: GitLab unreachable
+(runners stay as they are or paused) or the GPUs unreadable (every runner stays closed).
+The loop reports such a part as in trouble (`trouble`); one in trouble for longer than
+`stale_after_s` makes `/healthz` 503 as well, naming it, since the host serves no new
+job the way it should.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ class Liveness:
         self.last_error = ""
         self._logged: set[str] = set()
         self.thread: threading.Thread | None = None
+        self.troubles: dict[str, tuple[float, str]] = {}  # part -> (since, its last error)
 
     def watch(self, thread: threading.Thread) -> None:
         self.thread = thread
@@ -55,6 +62,18 @@ class Liveness:
         self.streak = 0
         self.last_error = ""
         self._logged.clear()
+
+    def trouble(self, part: str, error: str, *, warn: str = "") -> None:
+        """The loop's word on a part it needs ("gitlab", "gpus"): its error, or "" when
+        it works again. With `warn`, the start of a trouble is logged once as `warn:
+        error`, and its end as that the part works again."""
+        if not error:
+            if self.troubles.pop(part, None) is not None and warn:
+                log.warning("%s works again", _PART_NAMES.get(part, part))
+            return
+        if part not in self.troubles and warn:
+            log.warning("%s: %s", warn, error)
+        self.troubles[part] = (self.troubles.get(part, (self._clock(), ""))[0], error)
 
     def failed(self, exc: BaseException, tick: int) -> None:
         """Count a failed tick; log it with its traceback the first time its kind fails in
@@ -95,6 +114,15 @@ class Liveness:
             problems.append(f"no good tick for {age:.1f} s (limit {self.stale_after_s:.1f} s)")
         if problems and self.last_error:
             problems.append(f"last error: {self.last_error}")
+        now = self._clock()
+        troubles = {part: {"for_s": round(now - since, 3), "error": error}
+                    for part, (since, error) in sorted(self.troubles.items())}
+        problems += [f"{_PARTS.get(part, part)} for {lasted['for_s']:.0f} s: {lasted['error']}"
+                     for part, lasted in troubles.items() if lasted["for_s"] > self.stale_after_s]
         return not problems, {"last_good_tick_age_s": round(age, 3), "stale_after_s": self.stale_after_s,
                               "failed_ticks_in_a_row": self.streak, "reconcile_thread": thread,
-                              "problem": "; ".join(problems)}
+                              "troubles": troubles, "problem": "; ".join(problems)}
+
+
+_PARTS = {"gitlab": "GitLab fails", "gpus": "the GPUs cannot be read (every runner stays closed)"}
+_PART_NAMES = {"gitlab": "GitLab", "gpus": "reading the GPUs"}

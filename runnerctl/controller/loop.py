@@ -46,6 +46,7 @@ from runnerctl.settings import ControllerSettings
 from runnerctl.standby import Standby
 
 log = logging.getLogger(__name__)
+CANNOT_READ_GPUS = "cannot read GPUs (every runner stays closed)"
 Clock = Callable[[], float]
 
 
@@ -134,6 +135,7 @@ class Controller:
         self.view = dataclasses.replace(self._view(snapshot, result, running, toggles, now),
                                         waiting=why_waiting(observed, result))
         self.liveness.good()
+        self.liveness.trouble("gitlab", "" if gitlab_ok else self.health.last_error or "not asked yet")
         view, took = self.view, time.perf_counter() - started
         self._aside("stats", lambda: self.stats.observe(view, duration_s=took, is_ci=self.wiring.is_ci,
                                                         gitlab=self.wiring.gitlab))
@@ -157,8 +159,9 @@ class Controller:
         try:
             snapshot = self.wiring.gpus.snapshot()
         except GpuError as exc:
-            log.warning("cannot read GPUs (every runner stays closed): %s", exc)
+            self.liveness.trouble("gpus", str(exc), warn=CANNOT_READ_GPUS)  # logged once while it lasts
             return None
+        self.liveness.trouble("gpus", "", warn=CANNOT_READ_GPUS)
         if not self._slots:
             # lost GPUs keep their slots (the gate keeps them closed); so do MIG GPUs whose
             # runners init made before MIG was turned on (closed too), besides MIG-less slots

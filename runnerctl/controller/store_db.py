@@ -13,6 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from runnerctl.errors import first_line
+
+__all__ = ["Cursor", "close_quietly", "db_errors", "describe_url", "first_line"]
+
 log = logging.getLogger(__name__)
 
 
@@ -41,11 +45,6 @@ def db_errors() -> tuple[type[BaseException], ...]:
     return (*errors, psycopg.Error)
 
 
-def first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
-
-
 def close_quietly(conn: Any) -> None:
     try:
         conn.close()
@@ -55,7 +54,10 @@ def close_quietly(conn: Any) -> None:
 
 def describe_url(url: str) -> str:
     """host:port/database of a PostgreSQL URL (never its password)."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # "Invalid IPv6 URL": the connection will say what is wrong
+        return "postgresql://(a URL that cannot be parsed)"
     try:
         port = f":{parts.port}" if parts.port else ""
     except ValueError:

@@ -18,6 +18,7 @@ finds the runners closed must learn why.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Literal, NamedTuple
 
@@ -26,6 +27,9 @@ from runnerctl.errors import ConfigError
 from runnerctl.model import Slot, slot_key
 
 ACTIONS = ("pause", "drain")
+_NOT_IN_A_LINE = ("Cc", "Zl", "Zp")
+"""Unicode categories a reason may not hold: controls (C0, DEL, C1 with NEL) and the line
+and paragraph separators, which would break or forge a line of the activity log."""
 MAX_REASON = 500
 _TARGET = re.compile(r"host|gpu:(0|[1-9][0-9]{0,3})|slot:gpu(0|[1-9][0-9]{0,3})([-+](0|[1-9][0-9]{0,3}))*")
 
@@ -86,12 +90,13 @@ def check_target(store: Store, host: str, target: str) -> str:
 
 
 def check_reason(action: str, why: str) -> str:
-    """One line of at most MAX_REASON characters; not blank for pause and drain."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in why):
+    """One line of at most MAX_REASON characters; not blank for pause and drain (a reason
+    of spaces or invisible format characters, such as a zero-width space, is blank)."""
+    if any(unicodedata.category(c) in _NOT_IN_A_LINE for c in why):
         raise ConfigError("the reason must be one line without control characters")
     if len(why) > MAX_REASON:
         raise ConfigError(f"the reason is longer than {MAX_REASON} characters")
-    if action in ACTIONS and not why.strip():
+    if action in ACTIONS and all(c.isspace() or unicodedata.category(c) == "Cf" for c in why):
         raise ConfigError(f"a {action} needs a reason",
                           hint="--why TEXT: whoever finds the runners closed learns why")
     return why.strip()

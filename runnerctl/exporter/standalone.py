@@ -71,8 +71,10 @@ class Observer:
         try:
             snapshot = self.gpus.snapshot()
         except GpuError as exc:
-            log.warning("cannot read GPUs: %s", exc)
+            self.liveness.trouble("gpus", str(exc), warn="cannot read GPUs")  # logged once while it lasts
             snapshot = None
+        else:
+            self.liveness.trouble("gpus", "", warn="cannot read GPUs")
         held = self.held()
         if snapshot is not None:
             new = gate_step(snapshot, self.gate, now=now, is_ci=self.is_ci, owned=held, limits=self.limits,

@@ -1,0 +1,42 @@
+"""`runnerctl` itself: a bare command shows its help; an error no check foresaw is still
+one line on stderr (a URL's password masked), its traceback only under -vv."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import runnerctl.cli.host
+from runnerctl.cli import main
+
+
+@pytest.mark.parametrize("argv", [[], ["sim"], ["user"], ["postgres"]])
+def test_a_bare_command_prints_its_help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out.startswith(f"Usage: runnerctl {' '.join(argv)}".rstrip() + " [OPTIONS] COMMAND")
+    assert "\n\nCommands:\n" in out and "\\n" not in out and err == ""
+
+
+def _boom(config_path: Path | None) -> None:
+    raise ValueError("cannot use postgresql://ann:s3cr@t@db.lab/runnerctl")
+
+
+def test_an_unforeseen_error_is_one_line_without_the_password(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(runnerctl.cli.host, "_settings", _boom)
+    assert main(["status", "--gpu-source", "sim:2"]) == 1
+    out, err = capsys.readouterr()
+    assert err == ("runnerctl: error: unexpected ValueError: cannot use "
+                   "postgresql://ann:***@db.lab/runnerctl (run with -vv for the traceback, "
+                   "and please report it)\n")
+    assert "s3cr" not in out + err and "Traceback" not in err
+
+
+def test_its_traceback_is_in_the_debug_log(monkeypatch: pytest.MonkeyPatch,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(runnerctl.cli.host, "_settings", _boom)
+    with caplog.at_level("DEBUG", logger="runnerctl"):
+        assert main(["-vv", "status", "--gpu-source", "sim:2"]) == 1
+    assert any(r.exc_info and r.exc_info[0] is ValueError for r in caplog.records)

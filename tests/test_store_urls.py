@@ -1,0 +1,34 @@
+"""A PostgreSQL URL that libpq cannot parse (or with a bad query) is one line that names
+the problem and never the password: libpq quotes the URL in its error."""
+
+from __future__ import annotations
+
+import pytest
+
+from runnerctl.controller.store import Store
+from runnerctl.controller.store_db import describe_url
+from runnerctl.errors import RunnerctlError
+from runnerctl.postgres import PostgresError, ping
+
+BAD = ["postgresql://ann:s3cret@[::1/db", "postgresql://ann:s3cret@db.lab/x?bogus"]
+
+
+@pytest.mark.parametrize("url", BAD)
+def test_ping_says_why_without_the_password(url: str) -> None:
+    with pytest.raises(PostgresError) as caught:
+        ping(url)
+    text = str(caught.value)
+    assert text.startswith("cannot reach PostgreSQL: ") and "\n" not in text
+    assert "s3cr" not in text and ("IPv6" in text or "bogus" in text)
+
+
+@pytest.mark.parametrize("url", BAD)
+def test_the_store_says_why_without_the_password(url: str) -> None:
+    with pytest.raises(RunnerctlError) as caught:
+        Store.open(url=url, timeout_s=1)
+    assert "s3cr" not in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_url_that_cannot_be_split_is_described_without_it() -> None:
+    assert describe_url(BAD[0]) == "postgresql://(a URL that cannot be parsed)"
+    assert describe_url("postgresql://ann:pw@db.lab:5433/rc") == "postgresql://db.lab:5433/rc"
