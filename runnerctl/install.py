@@ -15,22 +15,30 @@ Who runs what, and why:
   `postgres` user (runuser) exactly as by hand; systemd follows the postmaster's pid file.
 - `exporter` only reads (NVML, leases): the state directory is read-only for it.
 The GitLab token reaches `serve` from an EnvironmentFile (0600), never from its command
-line (which `ps` shows to every user).
+line (which `ps` shows to every user). `serve` and `exporter` may hold 65536 files
+(LimitNOFILE): at the default 1024, a thousand half-open connections took `serve` offline.
+
+Every value written into a unit (paths, the GitLab URL, --listen) is escaped as
+systemd reads it back (`_word`): a control character is refused, since a newline would
+start a directive of its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import shlex
+import re
 import sys
 from pathlib import Path
 
+from runnerctl.errors import ConfigError
 from runnerctl.settings import Settings
 
 UNIT_DIR = Path("/etc/systemd/system")
 ENV_FILE = Path("/etc/runnerctl/serve.env")
 SERVICES = ("serve", "postgres", "exporter")
+MAX_FILES = 65536
+"""LimitNOFILE of serve and exporter: each connection is a file."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,12 +102,41 @@ ProtectControlGroups=yes
 paths each unit names, no privilege gained through exec, no other user's /home."""
 
 
+_PLAIN = re.compile(r"[\w@%+=:,./-]+", re.ASCII)
+"""Words systemd reads back unchanged without quotes."""
+
+
+def _checked(value: str) -> str:
+    """`value` with systemd's specifiers escaped (`%h` is the home directory: `%%h`);
+    ConfigError for a control character (a newline would end the setting and start a
+    directive of its own)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ConfigError(f"a systemd unit cannot hold the control character in {value!r}")
+    return value.replace("%", "%%")
+
+
+def _word(value: str) -> str:
+    """`value` as one word of a setting that takes a list (ExecStart=, Environment=,
+    ReadWritePaths=): as it is when plain, else in double quotes with `\\` and `"` escaped."""
+    value = _checked(value)
+    if _PLAIN.fullmatch(value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def _command(options: InstallOptions, *args: str) -> str:
-    return shlex.join([options.python, "-m", "runnerctl", *args])
+    """A command line of ExecStart= (systemd.service(5)): `$` in an argument is systemd's
+    variable (`$$`); the program's path may hold no quote or backslash."""
+    if any(c in options.python for c in "'\"\\"):
+        raise ConfigError(f"systemd cannot start a program whose path has a quote or backslash: "
+                          f"{options.python!r}")
+    arguments = (_word(arg).replace("$", "$$") for arg in ("-m", "runnerctl", *args))
+    return " ".join([_word(options.python), *arguments])
 
 
 def _env_lines(options: InstallOptions) -> str:
-    return f"Environment=RUNNERCTL_CONFIG={options.settings_path}\nEnvironment=PYTHONUNBUFFERED=1\n"
+    return (f"Environment={_word(f'RUNNERCTL_CONFIG={options.settings_path}')}\n"
+            "Environment=PYTHONUNBUFFERED=1\n")
 
 
 def _serve(options: InstallOptions) -> str:
@@ -118,8 +155,9 @@ ExecStart={_command(options, "serve", "--gitlab", options.gitlab_url, "--listen"
 Restart=always
 RestartSec=5
 TimeoutStopSec=30
-{_STRICT}ReadWritePaths={state} -{runner_dir}
+{_STRICT}ReadWritePaths={_word(str(state))} {_word(f"-{runner_dir}")}
 UMask=0077
+LimitNOFILE={MAX_FILES}
 
 [Install]
 WantedBy=multi-user.target
@@ -137,7 +175,7 @@ Wants=network-online.target
 [Service]
 Type=forking
 User=root
-{_env_lines(options)}PIDFile={base / "data" / "postmaster.pid"}
+{_env_lines(options)}PIDFile={_checked(str(base / "data" / "postmaster.pid"))}
 ExecStart={_command(options, "postgres", "start")}
 ExecStop={_command(options, "postgres", "stop")}
 Restart=on-failure
@@ -166,8 +204,9 @@ User=root
 {_env_lines(options)}ExecStart={_command(options, "exporter")}
 Restart=always
 RestartSec=5
-{_STRICT}ReadOnlyPaths={options.settings.state_dir}
+{_STRICT}ReadOnlyPaths={_word(str(options.settings.state_dir))}
 UMask=0077
+LimitNOFILE={MAX_FILES}
 
 [Install]
 WantedBy=multi-user.target

@@ -1,15 +1,21 @@
-"""`runnerctl install`: systemd units that systemd itself accepts, written below a root."""
+"""`runnerctl install`: systemd units that systemd itself accepts, written below a root; values
+that would change what a unit says (a newline, `%`, a space) are escaped or refused."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from runnerctl.cli import main
+from runnerctl.errors import ConfigError, ExitCode
+from runnerctl.install import InstallOptions, render
+from runnerctl.settings import load_settings
 
 UNITS = ("runnerctl-serve.service", "runnerctl-postgres.service", "runnerctl-exporter.service")
 
@@ -86,3 +92,65 @@ def test_only_chosen_services_and_clear_errors(settings: Path, tmp_path: Path,
                  "--root", str(blocker / "sub")]) != 0
     err = capsys.readouterr().err
     assert "cannot write below" in err and "Traceback" not in err
+
+
+def test_values_reach_systemd_as_given(tmp_path: Path) -> None:
+    """A space, `%` (a specifier: %h is the home directory), `$`, a quote and a backslash in
+    the paths and the URL: systemd's own parser finds the Python they name (a `%h` expanded
+    or a path split at its space would not be found) and reads one assignment per line."""
+    odd = tmp_path / "100%h $HOME"
+    python = odd / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
+    config = odd / "it's \\ \"a\"" / "runner ctl.toml"
+    config.parent.mkdir()
+    config.write_text(f"[paths]\nstate_dir = '{odd / 'state'}'\n")
+    options = InstallOptions(settings=load_settings(config), settings_path=config, python=str(python),
+                             gitlab_url='https://gitlab.example/a$b%h"c')
+    files = render(options)
+    units = tmp_path / "units"
+    units.mkdir()
+    for unit in files[:3]:
+        (units / unit.path.name).write_text(unit.text)
+    result = _verify(units)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    serve = files[0].text
+    assert 'Environment="RUNNERCTL_CONFIG=' in serve and "%%h" in serve
+    assert '--gitlab "https://gitlab.example/a$$b%%h\\"c"' in serve
+    assert "LimitNOFILE=65536" in serve and "LimitNOFILE=65536" in files[2].text
+
+
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("--listen", "127.0.0.1:8080\nExecStartPre=/bin/touch /tmp/pwned", "is not HOST:PORT"),
+    ("--listen", "ExecStartPre=/bin/touch /tmp/pwned\n127.0.0.1:8080", "control character"),
+    ("--listen", "127.0.0.1:0", "port from 1 to 65535"),
+    ("--listen", "127.0.0.1:65536", "not from"),
+    ("--listen", "8080", "is not HOST:PORT"),
+    ("--gitlab-url", "not a url", "not an http(s) URL"),
+    ("--gitlab-url", "ftp://gitlab.example", "not an http(s) URL"),
+    ("--gitlab-url", "https://", "not an http(s) URL"),
+    ("--gitlab-url", "http://[::1", "not an http(s) URL"),
+    ("--gitlab-url", "https://gitlab.example\nExecStartPre=/bin/true", "not an http(s) URL"),
+])
+def test_bad_values_are_refused_and_nothing_is_written(settings: Path, tmp_path: Path, option: str,
+                                                       value: str, says: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    args = {"--gitlab-url": "https://gitlab.example", "--listen": "127.0.0.1:8080", option: value}
+    root = tmp_path / "root"
+    code = main(["install", "--config", str(settings), "--root", str(root),
+                 *(part for pair in args.items() for part in pair)])
+    err = capsys.readouterr().err
+    assert code == ExitCode.CONFIG, err
+    assert says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not root.exists()
+
+
+def test_a_control_character_in_a_path_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "runnerctl.toml"
+    config.write_text(f'[paths]\nstate_dir = "{tmp_path}/state\\nExecStartPre=/bin/true"\n')
+    options = InstallOptions(settings=load_settings(config), settings_path=config, gitlab_url="https://g.example")
+    with pytest.raises(ConfigError, match="control character"):
+        render(options)
+    with pytest.raises(ConfigError, match="quote or backslash"):
+        render(dataclasses.replace(options, settings=load_settings(tmp_path / "none.toml"),
+                                   python="/opt/it's/python"))

@@ -250,3 +250,44 @@ def test_fleet_lists_every_host_of_the_store(world: World, tmp_path: Path) -> No
     assert fleet["gpu-b"]["toggles"][0]["why"] == "kernel update"
     assert fleet["gpu-b"]["last_event"]["detail"] == "by olga: kernel update"
     assert fleet["demo"]["toggles"] == []
+
+
+def test_a_pause_or_drain_with_a_blank_reason_is_refused(world: World, tmp_path: Path) -> None:
+    """As `runnerctl pause --why '  '` is: whoever finds the runners closed must learn why.
+    A resume needs no reason."""
+    client = _client(world, tmp_path)
+    _, csrf = _sign_in(client, "olga")
+    for action in ("pause", "drain"):
+        for reason in ("  ", "", None):
+            given = {} if reason is None else {"reason": reason}
+            body = {"action": action, "target": "slot:gpu0-3", **given}
+            response = client.post("/api/toggles", json=body, headers={"X-CSRF-Token": csrf})
+            assert response.status_code == 422, (action, reason, response.text)
+            assert f"a {action} needs a reason" in response.json()["detail"]
+    assert world.store.toggles(world.controller.host) == []
+    assert client.post("/api/toggles", json={"action": "pause", "target": "slot:gpu0-3", "reason": " fan "},
+                       headers={"X-CSRF-Token": csrf}).status_code == 200
+    [toggle] = world.store.toggles(world.controller.host)
+    assert toggle.why == "fan"
+    resumed = client.post("/api/toggles", json={"action": "resume", "target": "slot:gpu0-3"},
+                          headers={"X-CSRF-Token": csrf})
+    assert resumed.status_code == 200, resumed.text
+    assert world.store.toggles(world.controller.host) == []
+    assert world.store.events(world.controller.host, 1)[0].detail == "by olga: no reason given"
+
+
+@pytest.mark.parametrize("path", ["/", "/healthz", "/api/host", "/api/session", "/static/app.js"])
+def test_head_is_answered_like_get_without_a_body(world: World, tmp_path: Path, path: str) -> None:
+    client = _client(world, tmp_path)
+    got, head = client.get(path), client.head(path)
+    assert head.status_code == got.status_code and head.status_code in (200, 503)  # /healthz: no loop here
+    assert head.content == b""
+    assert head.headers["content-type"] == got.headers["content-type"]
+    assert head.headers["x-frame-options"] == "DENY"
+    assert client.head("/api/toggles").status_code == 405  # POST only, as a GET there is
+
+
+def test_head_of_private_data_needs_a_session(world: World, tmp_path: Path) -> None:
+    client = _client(world, tmp_path, WebSettings(public_read=False))
+    assert client.head("/api/host").status_code == 401
+    assert client.head("/healthz").status_code in (200, 503)

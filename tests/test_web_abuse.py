@@ -8,12 +8,14 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from runnerctl.controller.app import create_app
+from runnerctl.controller.store import Store
 from runnerctl.logline import OneLineFormatter
 from runnerctl.settings import ControllerSettings, WebSettings
 from runnerctl.sim.world import PROJECT, World, build_world
@@ -150,8 +152,9 @@ def test_no_input_can_forge_a_log_line(world: World, tmp_path: Path,
 
 def test_concurrent_sign_ins_evaluate_at_most_the_limit(world: World, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """40 at once, same name: `signin_attempts` are evaluated; never more than
-    `max_concurrent_signins` hash at the same time; the rest get 429 or 503 at once."""
+    """40 at once, same name: `signin_attempts` are evaluated, never more than
+    `max_concurrent_signins` hashing at the same time (the others wait for a slot); the
+    rest get 429 at once."""
     running, peak, evaluated = [0], [0], [0]
     lock = threading.Lock()
     real = auth.check_password
@@ -177,12 +180,8 @@ def test_concurrent_sign_ins_evaluate_at_most_the_limit(world: World, tmp_path: 
                            headers={"X-CSRF-Token": csrf}).status_code
 
     codes = concurrently(attempt, 40)
-    assert len(codes) == 40 and set(codes) <= {401, 429, 503}
-    assert evaluated[0] == codes.count(401) <= 5 and peak[0] <= 2
-    assert codes.count(503) > 0
-    for i in range(40, 40 + 5 - evaluated[0]):  # the minute's rest, one by one
-        codes.append(attempt(i))
-    assert codes.count(401) == evaluated[0] == 5
+    assert sorted(codes) == [401] * 5 + [429] * 35, codes
+    assert evaluated[0] == 5 and peak[0] <= 2
     assert _sign_in(client, "olga")[0] == 429  # also the right password, for a minute
 
 
@@ -190,7 +189,79 @@ def test_rotating_names_do_not_grow_the_limiter_without_bound() -> None:
     now = [0.0]
     limiter = auth.SignInLimiter(5, lambda: now[0])
     for i in range(20_000):
-        now[0] = i * 0.1  # 10 new names a second, each failing
-        assert limiter.begin("10.0.0.1", f"name{i}")
-    assert len(limiter._failures) <= limiter.KEYS + 1
-    assert [limiter.begin("10.0.0.2", "olga") for _ in range(6)] == [True] * 5 + [False]  # still counts
+        now[0] = i * 0.1  # 10 new names a second, each failing, from ever new addresses
+        assert limiter.begin(f"10.0.{i // 256 % 256}.{i % 256}", f"name{i}")
+    assert len(limiter._failures) <= limiter.KEYS + 2
+    assert [limiter.begin("10.1.0.2", "olga") for _ in range(6)] == [True] * 5 + [False]  # still counts
+
+
+def test_one_client_trying_many_names_is_stopped_before_hashing(world: World, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new name per attempt (unknown names are hashed like known ones) would keep the
+    hashing slots busy for everyone: after PER_CLIENT x signin_attempts failures a minute
+    the client gets 429 before any hashing, for every name; other clients sign in."""
+    hashed: list[str] = []
+    real = auth.check_password
+
+    def counted(store: Store, name: str, password: str) -> auth.Principal | None:
+        hashed.append(name)
+        return real(store, name, password)
+
+    monkeypatch.setattr(auth, "check_password", counted)
+    web = WebSettings(signin_attempts=2)
+    client = _client(world, tmp_path, web)
+    allowed = auth.SignInLimiter.PER_CLIENT * web.signin_attempts
+    for i in range(allowed):
+        assert _sign_in(client, f"guess{i}", "wrong password")[0] == 401
+    assert _sign_in(client, "guess-next", "wrong password")[0] == 429
+    assert _sign_in(client, "olga")[0] == 429
+    assert len(hashed) == allowed
+    elsewhere = TestClient(client.app, client=("192.0.2.8", 50000))
+    assert _sign_in(elsewhere, "olga")[0] == 200
+
+
+def test_a_sign_in_waits_briefly_for_a_hashing_slot(world: World, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both slots busy: a sign-in waits for one (up to `wait_s`) and is checked; after
+    `wait_s` it gets 503 with Retry-After, which does not count as a failure."""
+    release, queued, entered = threading.Event(), threading.Event(), threading.Semaphore(0)
+    real = auth.check_password
+    limiters: list[auth.SignInLimiter] = []
+
+    class Watched(threading.BoundedSemaphore):
+        def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+            if super().acquire(blocking=False):
+                return True
+            queued.set()  # every slot is busy: this sign-in waits (or, without waiting, is refused)
+            return super().acquire(blocking, timeout)
+
+    class Limiter(auth.SignInLimiter):
+        def __init__(self, attempts: int, *, hashing: int) -> None:
+            super().__init__(attempts, hashing=hashing)
+            self.hashing, self.wait_s = Watched(2), 0.2
+            limiters.append(self)
+
+    def slow(store: Store, name: str, password: str) -> auth.Principal | None:
+        if name.startswith("busy"):
+            entered.release()
+            assert release.wait(30)
+        return real(store, name, password)
+
+    monkeypatch.setattr(auth, "check_password", slow)
+    monkeypatch.setattr(auth, "SignInLimiter", Limiter)
+    client = _client(world, tmp_path, WebSettings(signin_attempts=1, max_concurrent_signins=2))
+    with ThreadPoolExecutor(3) as pool:
+        busy = [pool.submit(_sign_in, TestClient(client.app), name, "wrong password")  # a cookie each
+                for name in ("busy-a", "busy-b")]
+        assert entered.acquire(timeout=10) and entered.acquire(timeout=10)
+        csrf = client.get("/api/session").json()["csrf"]
+        refused = client.post("/api/session", json={"name": "olga", "password": PASSWORD},
+                              headers={"X-CSRF-Token": csrf})
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        queued.clear()
+        limiters[0].wait_s = 30.0
+        waiting = pool.submit(_sign_in, client, "olga")  # signin_attempts=1: the 503 did not count
+        assert queued.wait(10)
+        release.set()
+        assert [f.result(timeout=30)[0] for f in busy] == [401, 401]
+        assert waiting.result(timeout=30)[0] == 200

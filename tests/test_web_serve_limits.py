@@ -1,19 +1,22 @@
 """Sign-in limits and body limits of a real `runnerctl serve` (uvicorn, not the test
 client): X-Forwarded-For from an untrusted peer changes nothing, 40 concurrent sign-ins
 evaluate at most the configured limit and the process stays under 500 MiB, a 100 MiB
-body is refused unread."""
+body is refused unread, connections past the limit get 503 at once."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from runnerctl.controller.serve import MAX_CONNECTIONS
 from tests.serve_proc import Serve, concurrently
 
 PASSWORD = "correct horse battery"
@@ -90,3 +93,21 @@ def test_a_100_mib_body_is_refused_unread(serve: Serve) -> None:
         pass  # the server may close the connection while the client still sends: also refused
     assert _peak_rss(serve) - before < 50 * MIB, (before / MIB, _peak_rss(serve) / MIB)
     assert client.get(f"{serve.url}/healthz").status_code == 200
+
+
+def test_connections_past_the_limit_get_503_at_once(serve: Serve) -> None:
+    """Slow clients that never finish their headers hold their connections (uvicorn has no
+    timeout for headers; a TLS proxy in front does): past MAX_CONNECTIONS a request gets
+    503 at once instead of more work piling up, and is served again once they close."""
+    held = [socket.create_connection(("127.0.0.1", serve.port), timeout=10) for _ in range(MAX_CONNECTIONS)]
+    try:
+        for conn in held:
+            conn.sendall(b"GET /api/session HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never ends its headers
+        refused = httpx.get(f"{serve.url}/api/session", timeout=10)
+        assert refused.status_code == 503 and refused.text == "Service Unavailable"
+    finally:
+        for conn in held:
+            conn.close()
+    deadline = time.monotonic() + 30
+    while (status := httpx.get(f"{serve.url}/api/session", timeout=10).status_code) != 200:
+        assert time.monotonic() < deadline, status

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
@@ -39,10 +40,17 @@ def install(gitlab_url: str | None, listen: str, services: tuple[str, ...], root
     token goes into /etc/runnerctl/serve.env (0600, kept when it exists), never onto a
     command line. Then: `systemctl daemon-reload && systemctl enable --now runnerctl-serve`.
     """
+    from runnerctl.controller.serve import parse_listen
+
     chosen = tuple(s for s in SERVICES if s in services) if services else SERVICES
     if "serve" in chosen and not gitlab_url:
         raise ConfigError("--gitlab-url is needed to install runnerctl-serve",
                           hint="give the GitLab base URL, or --service postgres --service exporter")
+    if gitlab_url is not None:
+        _check_url(gitlab_url)
+    if parse_listen(listen)[1] == 0:  # serve's own check: HOST:PORT
+        raise ConfigError(f"--listen {listen!r}: port 0 is any free port, a new one at each start",
+                          hint="give a port from 1 to 65535")
     settings, settings_path = _settings(config_path)
     options = InstallOptions(settings=settings, settings_path=settings_path.resolve(),
                              gitlab_url=(gitlab_url or "").rstrip("/"), services=chosen, listen=listen)
@@ -62,6 +70,18 @@ def install(gitlab_url: str | None, listen: str, services: tuple[str, ...], root
     if "serve" in chosen:
         click.echo(f"next: put the GitLab token (scope api) into {root / ENV_FILE.relative_to('/')}")
     click.echo(f"then: systemctl daemon-reload && systemctl enable --now {units}")
+
+
+def _check_url(url: str) -> None:
+    """ConfigError (one line) unless `url` is an http(s) URL naming a host."""
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # an unclosed [ of an IPv6 address
+        ok = False
+    if not ok or any(ord(c) <= 32 or ord(c) == 127 for c in url):  # no space or control character
+        raise ConfigError(f"--gitlab-url {url!r} is not an http(s) URL with a host",
+                          hint="for example https://gitlab.example.org")
 
 
 @click.command()

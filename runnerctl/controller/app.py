@@ -13,7 +13,8 @@ passes in, so the controller layer imports neither the page nor the exporter.
 
 Bad input is a 4xx, never a 500: bodies over `max_body_bytes` get 413 before they are
 read (`BodyLimit`), and a 422 names the fields that failed but never echoes their input
-(it may hold a password, or a lone surrogate that cannot be encoded as UTF-8).
+(it may hold a password, or a lone surrogate that cannot be encoded as UTF-8). HEAD
+is answered as GET without the body (`HeadAsGet`), for probes and `curl -I`.
 """
 
 from __future__ import annotations
@@ -44,14 +45,7 @@ def create_app(view: Callable[[], ControllerView],
                max_body_bytes: int = 1024 * 1024) -> FastAPI:
     app = FastAPI(title="runnerctl", docs_url=None, redoc_url=None)
     app.add_exception_handler(RequestValidationError, _invalid)
-
-    @app.exception_handler(RunnerctlError)
-    def refused(request: Request, exc: RunnerctlError) -> JSONResponse:
-        """A request runnerctl refuses (a toggle naming no such GPU: 422) or cannot serve
-        now (the store is unreachable or busy: 503), in one line, never a 500."""
-        unavailable = isinstance(exc, StoreError)
-        log.warning("%s %s: %s", request.method, request.url.path, one_line(str(exc)))
-        return JSONResponse({"detail": str(exc)}, status_code=503 if unavailable else 422)
+    app.exception_handler(RunnerctlError)(refused)
     if metrics is not None:
         render = metrics
 
@@ -64,7 +58,8 @@ def create_app(view: Callable[[], ControllerView],
     def state() -> JSONResponse:
         return JSONResponse(view().to_json())
 
-    @app.get("/healthz", responses={503: {"description": "no good tick lately, or the loop's thread died"}})
+    @app.get("/healthz", responses={503: {"description": "no good tick lately, the loop's thread died, or "
+                                                  "GitLab or the GPUs failing for as long"}})
     def healthz() -> JSONResponse:
         current = view()
         ok, detail = health() if health is not None else (True, {})
@@ -88,8 +83,18 @@ def create_app(view: Callable[[], ControllerView],
 
     for hook in extend:
         hook(app)
+    app.add_middleware(HeadAsGet)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # added last: runs first
     return app
+
+
+def refused(request: Request, exc: RunnerctlError) -> JSONResponse:
+    """A request runnerctl refuses (a toggle naming no such GPU: 422) or cannot serve
+    now (the store is unreachable or busy: 503), in one line, never a 500. Also for
+    middleware (runnerctl.web.routes' guard), which runs outside the exception handlers."""
+    unavailable = isinstance(exc, StoreError)
+    log.warning("%s %s: %s", request.method, request.url.path, one_line(str(exc)))
+    return JSONResponse({"detail": str(exc)}, status_code=503 if unavailable else 422)
 
 
 class _BadBody(ValueError):
@@ -178,3 +183,21 @@ class BodyLimit:
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
+
+
+class HeadAsGet:
+    """ASGI middleware: HEAD is answered as GET, headers only (RFC 9110 section 9.3.2).
+    FastAPI's routes take GET alone, so a probe or `curl -I` got 405 without it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            await send({**message, "body": b""} if message["type"] == "http.response.body" else message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)

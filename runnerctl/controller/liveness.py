@@ -115,10 +115,10 @@ class Liveness:
         if problems and self.last_error:
             problems.append(f"last error: {self.last_error}")
         now = self._clock()
-        troubles = {part: {"for_s": round(now - since, 3), "error": error}
-                    for part, (since, error) in sorted(self.troubles.items())}
-        problems += [f"{_PARTS.get(part, part)} for {lasted['for_s']:.0f} s: {lasted['error']}"
-                     for part, lasted in troubles.items() if lasted["for_s"] > self.stale_after_s]
+        lasting = {part: (round(now - since, 3), error) for part, (since, error) in sorted(self.troubles.items())}
+        problems += [f"{_PARTS.get(part, part)} for {for_s:.0f} s: {error}"
+                     for part, (for_s, error) in lasting.items() if for_s > self.stale_after_s]
+        troubles = {part: {"for_s": for_s, "error": error} for part, (for_s, error) in lasting.items()}
         return not problems, {"last_good_tick_age_s": round(age, 3), "stale_after_s": self.stale_after_s,
                               "failed_ticks_in_a_row": self.streak, "reconcile_thread": thread,
                               "troubles": troubles, "problem": "; ".join(problems)}

@@ -74,12 +74,22 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+MAX_CONNECTIONS = 500
+"""Open connections (and requests in flight) before uvicorn answers new requests 503 at
+once: a page for a lab's team needs far fewer, and each request holds memory and a
+thread. It does not stop a slow client from holding a connection open (uvicorn has no
+timeout for a request's headers): a TLS proxy in front does (docs/operations.md)."""
+KEEP_ALIVE_S = 5
+"""An idle keep-alive connection is closed after this long (uvicorn's default, stated)."""
+
+
 def http_config(app: FastAPI, host: str, port: int, web: WebSettings, log_level: str) -> uvicorn.Config:
     """uvicorn believes X-Forwarded-For/-Proto only from `[web] trusted_proxies` (its own
     default trusts them from 127.0.0.1, so anyone on the host could pick their address)."""
     trusted = list(web.trusted_proxies)
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, proxy_headers=bool(trusted),
-                          forwarded_allow_ips=trusted or None, server_header=False)
+                          forwarded_allow_ips=trusted or None, server_header=False,
+                          limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=KEEP_ALIVE_S)
 
 
 def refuse_exposed(listen: str, *, sign_in: bool) -> None:

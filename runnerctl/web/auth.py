@@ -103,8 +103,9 @@ def csrf_ok(session: MutableMapping[str, Any], sent: str | None) -> bool:
 
 
 class SignInLimiter:
-    """At most `attempts` sign-ins evaluated per (client, name) in a sliding minute, only
-    failures counting in the end, and at most `hashing` password checks at once.
+    """At most `attempts` sign-ins evaluated per (client, name) in a sliding minute, and
+    `PER_CLIENT` times as many per client across all names, only failures counting in the
+    end; at most `hashing` password checks at once, a sign-in waiting up to `wait_s` for one.
 
     An attempt takes its place in the minute *before* the password is checked (`begin`)
     and gives it back when it succeeds (`succeeded`), so forty attempts at the same moment
@@ -113,37 +114,49 @@ class SignInLimiter:
     """
 
     KEYS = 4096
-    """(client, name) pairs kept before the expired ones are dropped."""
+    """(client, name) and (client,) keys kept before the expired ones are dropped."""
+    PER_CLIENT = 4
+    """Failed sign-ins per client and minute across all names, in multiples of `attempts`:
+    a mistyped name or two costs nothing, but a client trying one name after another is
+    stopped (429) before it can keep the hashing slots busy for everyone else."""
 
     def __init__(self, attempts: int, clock: Callable[[], float] = time.monotonic, *,
-                 hashing: int = 2) -> None:
-        self.attempts, self.clock = attempts, clock
-        self._failures: dict[tuple[str, str], collections.deque[float]] = {}
+                 hashing: int = 2, wait_s: float = 2.0) -> None:
+        self.attempts, self.clock, self.wait_s = attempts, clock, wait_s
+        self._failures: dict[tuple[str, ...], collections.deque[float]] = {}
         self._kept = 0
         self._lock = threading.Lock()
         self.hashing = threading.BoundedSemaphore(max(1, hashing))
 
     def begin(self, client: str, name: str) -> bool:
-        """Take a place for one attempt; False (nothing taken) when the minute is full."""
+        """Take a place for one attempt; False (nothing taken) when the minute is full,
+        for this name or for the client."""
         with self._lock:
             if len(self._failures) > max(self.KEYS, 2 * self._kept):  # a name per attempt: bounded
                 cutoff = self.clock() - 60.0
                 self._failures = {k: w for k, w in self._failures.items() if w and w[-1] >= cutoff}
                 self._kept = len(self._failures)
-            window = self._recent((client, name))
-            if len(window) >= self.attempts:
+            named, everywhere = self._recent((client, name)), self._recent((client,))
+            if len(named) >= self.attempts or len(everywhere) >= self.PER_CLIENT * self.attempts:
                 return False
-            window.append(self.clock())
+            named.append(self.clock())
+            everywhere.append(self.clock())
             return True
 
     def succeeded(self, client: str, name: str) -> None:
         """The attempt was right (or never evaluated): it does not count."""
         with self._lock:
-            window = self._recent((client, name))
-            if window:
-                window.pop()
+            for key in ((client, name), (client,)):
+                window = self._recent(key)
+                if window:
+                    window.pop()
 
-    def _recent(self, key: tuple[str, str]) -> collections.deque[float]:
+    def hash_slot(self) -> bool:
+        """Wait up to `wait_s` for a password check's slot; True when taken (give it back
+        with `hashing.release()`), False when every slot stayed busy."""
+        return self.hashing.acquire(timeout=self.wait_s)
+
+    def _recent(self, key: tuple[str, ...]) -> collections.deque[float]:
         window = self._failures.setdefault(key, collections.deque())
         while window and window[0] < self.clock() - 60.0:
             window.popleft()

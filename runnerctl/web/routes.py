@@ -3,8 +3,9 @@
 Reads come from the controller's last frozen view and the store; toggles go through
 `runnerctl.controller.toggles.request`, the same path as `runnerctl pause|drain|resume`,
 so they are stored with who, when and why and survive a restart. Access: reads are
-public or need a session (`[web] public_read`); toggles need a signed-in operator and
-the session's CSRF token in `X-CSRF-Token`. Security headers go on every response.
+public or need a session (`[web] public_read`; looked up off the event loop, and a store
+too busy to tell is a 503, never a 500); toggles need a signed-in operator and the
+session's CSRF token in `X-CSRF-Token`. Security headers go on every response.
 """
 
 # no `from __future__ import annotations`: FastAPI reads the Depends() of closures at def time
@@ -18,11 +19,13 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import AfterValidator, BaseModel, Field
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware.sessions import SessionMiddleware
 
-from runnerctl.controller.store import Store
+from runnerctl.controller.app import refused
+from runnerctl.controller.store import Store, StoreError
 from runnerctl.controller.toggles import request as toggle_request
 from runnerctl.controller.view import ControllerView
 from runnerctl.logline import one_line
@@ -81,7 +84,8 @@ class ToggleIn(BaseModel):
     action: Literal["pause", "drain", "resume"]
     target: Text = Field(pattern=r"^(host|gpu:[0-9]{1,3}|slot:gpu[0-9]{1,3}([-+][0-9]{1,3})*)$",
                          description="host, gpu:N or slot:KEY (e.g. slot:gpu0-3)")
-    reason: Text = Field(min_length=1, max_length=500, description="Why; stored and shown in the log.")
+    reason: Text = Field("", max_length=500,
+                         description="Why; stored and shown in the log. Pause and drain need one.")
 
 
 class ToggleResult(BaseModel):
@@ -137,7 +141,7 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
               responses={401: {"description": "wrong name or password"},
                          403: {"description": "no CSRF token"},
                          429: {"description": "too many failed sign-ins"},
-                         503: {"description": "too many sign-ins at once; retry in a second"}})
+                         503: {"description": "too many sign-ins at once, or the store is busy; retry"}})
     def post_session(body: SignIn, request: Request,
                      x_csrf_token: Annotated[str | None, Header()] = None) -> SessionOut:
         """Sign in with a local account (`runnerctl user add`)."""
@@ -146,12 +150,15 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
         client = request.client.host if request.client else "?"
         if not limiter.begin(client, body.name):
             raise HTTPException(429, "too many failed sign-ins; wait a minute")
-        if not limiter.hashing.acquire(blocking=False):  # Argon2id: 64 MiB each
+        if not limiter.hash_slot():  # Argon2id: 64 MiB each
             limiter.succeeded(client, body.name)  # not evaluated: does not count
             raise HTTPException(503, "too many sign-ins at once; retry in a second",
                                 headers={"Retry-After": "1"})
         try:
             who = auth.check_password(store, body.name, body.password)
+        except StoreError:  # 503 (app.refused); the password was never checked: does not count
+            limiter.succeeded(client, body.name)
+            raise
         finally:
             limiter.hashing.release()
         if who is None:
@@ -216,22 +223,29 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
     def toggle(body: ToggleIn, who: Annotated[auth.Principal, Depends(operator)]) -> ToggleResult:
         """Pause, drain or resume a GPU, a slot or the whole host, with a reason."""
         message = toggle_request(store, action=body.action, host=view().host, target=body.target,
-                                 who=who.name, why=body.reason.strip() or "-", now=clock())
+                                 who=who.name, why=body.reason, now=clock())
         log.warning("web toggle: %s", one_line(message))
         return ToggleResult(message=message)
 
     if oauth is not None:
         install_oauth(app, oauth, sessions)
 
+    async def signed_out(request: Request) -> Response | None:
+        """401 without a session, 503 when the store cannot tell; None: go on. The store may
+        wait seconds for a lock: in a thread, never on the event loop that serves everyone."""
+        try:
+            who = await run_in_threadpool(sessions.principal, request.session)
+        except StoreError as exc:  # middleware runs outside the app's exception handlers
+            return refused(request, exc)
+        return None if who is not None else JSONResponse({"detail": "sign in to see this page"}, 401)
+
     @app.middleware("http")
     async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        answer = None
         if (not settings.public_read and request.url.path.startswith("/api/")
-                and not request.url.path.startswith(OPEN_PATHS)
-                and sessions.principal(request.session) is None):
-            response: Response = Response('{"detail":"sign in to see this page"}', status_code=401,
-                                          media_type="application/json")
-        else:
-            response = await call_next(request)
+                and not request.url.path.startswith(OPEN_PATHS)):
+            answer = await signed_out(request)
+        response = answer if answer is not None else await call_next(request)
         response.headers.update(HEADERS)
         return response
 
