@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from runnerctl.errors import ConfigError
-from runnerctl.tags import PRIORITIES
+from runnerctl.tags import PRIORITIES, host_name_problem
 
 
 def _default_state_dir() -> str:
@@ -362,6 +362,8 @@ _RANGES: dict[tuple[type, str], tuple[float, float, str]] = {
 
 def _check_choices(cls: type[Any], values: dict[str, Any], where: str) -> None:
     """What a range cannot say: names from a list, addresses, absolute paths."""
+    if cls is HostSettings and "name" in values and (problem := host_name_problem(values["name"])):
+        raise ConfigError(f"{where}: {problem}")
     if cls is ExecutorSettings and values.get("driver", "docker") not in DRIVERS:
         raise ConfigError(f"{where}: driver must be one of {', '.join(DRIVERS)}, not {values['driver']!r}")
     if cls is PathSettings and "state_dir" in values and not Path(values["state_dir"]).is_absolute():

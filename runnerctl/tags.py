@@ -9,6 +9,7 @@ here means a tag is spelled in one place.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 PRIORITIES = ("high", "normal", "low")
@@ -25,6 +26,20 @@ def gpus_tag(count: int) -> str:
 
 def host_tag(host: str) -> str:
     return f"{_HOST}{host}"
+
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
+
+
+def host_name_problem(name: str) -> str:
+    """Why `name` cannot be a host's name, or "" when it can. It goes into runner names
+    (`runnerctl/HOST/KEY`, so no `/`) and the `host:` tag, where GitLab splits a tag list
+    on commas (`x,gpus:8` would give a runner a tag of another size): a host name as DNS
+    writes one, of letters, digits, `.`, `_` and `-`."""
+    if _HOST_NAME.fullmatch(name):
+        return ""
+    return (f"host name {name!r} must be 1 to 63 letters, digits, '.', '_' or '-', beginning "
+            "and ending with a letter or digit (it names the runners and their host: tag)")
 
 
 def priority_tag(priority: str) -> str:

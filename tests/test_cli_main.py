@@ -40,3 +40,14 @@ def test_its_traceback_is_in_the_debug_log(monkeypatch: pytest.MonkeyPatch,
     with caplog.at_level("DEBUG", logger="runnerctl"):
         assert main(["-vv", "status", "--gpu-source", "sim:2"]) == 1
     assert any(r.exc_info and r.exc_info[0] is ValueError for r in caplog.records)
+
+
+@pytest.mark.parametrize("name", ["x,gpus:8", "a/b", "two words", "-x", "x" * 64])
+def test_a_host_name_that_would_break_runner_names_or_tags_is_refused(
+        name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """GitLab splits a tag list on commas: host `x,gpus:8` would give a 1-GPU runner the
+    tag `gpus:8`; a `/` would break the runner's name `runnerctl/HOST/KEY`."""
+    assert main(["status", "--gpu-source", "sim:2", "--host", name]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith(f"runnerctl: error: host name {name!r} must be 1 to 63 letters")
+    assert err.count("\n") == 1

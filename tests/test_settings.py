@@ -65,6 +65,8 @@ def test_values_override_defaults(tmp_path: Path) -> None:
         ("[paths]\nstate_dir = 'relative/dir'\n", "state_dir must be an absolute path"),
         ("[web]\ntrusted_proxies = ['not-an-ip']\n", "trusted_proxies: 'not-an-ip' is no address or CIDR"),
         ("[web]\nmax_concurrent_signins = 0\n", "max_concurrent_signins must be from 1 to 1000"),
+        ("[host]\nname = 'gpu-a/b'\n", r"\[host\]: host name 'gpu-a/b' must be 1 to 63 letters"),
+        ("[host]\nname = 'x,gpus:8'\n", "host name 'x,gpus:8' must be"),
     ],
 )
 def test_bad_settings_name_the_problem(tmp_path: Path, text: str, needle: str) -> None:

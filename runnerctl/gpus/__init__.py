@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from runnerctl.errors import ConfigError
 from runnerctl.model import GpuSnapshot
+from runnerctl.tags import host_name_problem
 
 
 class GpuSource(Protocol):
@@ -75,6 +76,8 @@ def sim_count(spec: str) -> int | None:
 def open_gpu_source(spec: str, *, host: str | None = None, watch_xid: bool = False) -> GpuSource:
     """Parse a `--gpu-source` value. `watch_xid` for a reader that lives across snapshots."""
     host = host or socket.gethostname()
+    if problem := host_name_problem(host):
+        raise ConfigError(problem, hint="--host NAME, or [host] name in runnerctl.toml")
     if spec == "nvml":
         return NvmlSource(host, watch_xid=watch_xid)
     arg = spec.removeprefix("sim:")
