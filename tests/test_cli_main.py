@@ -3,12 +3,14 @@ one line on stderr (a URL's password masked), its traceback only under -vv."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
 
 import runnerctl.cli.host
 from runnerctl.cli import main
+from runnerctl.controller.serve import parse_listen
 
 
 @pytest.mark.parametrize("argv", [[], ["sim"], ["user"], ["postgres"]])
@@ -51,3 +53,18 @@ def test_a_host_name_that_would_break_runner_names_or_tags_is_refused(
     err = capsys.readouterr().err
     assert err.startswith(f"runnerctl: error: host name {name!r} must be 1 to 63 letters")
     assert err.count("\n") == 1
+
+
+def test_user_add_without_a_terminal_says_to_pipe_the_password(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("secret\n"))  # not a terminal, no --password-stdin
+    assert main(["user", "add", "bob", "--state-dir", str(tmp_path)]) == 3
+    assert capsys.readouterr().err == ("runnerctl: error: no terminal to ask the password on "
+                                       "(pipe it in with --password-stdin)\n")
+    assert not (tmp_path / "controller.sqlite").exists()  # nothing written
+
+
+@pytest.mark.parametrize(("listen", "parsed"), [
+    ("[::1]:8080", ("::1", 8080)), ("127.0.0.1:0", ("127.0.0.1", 0)), ("gpu-a.lab:80", ("gpu-a.lab", 80))])
+def test_listen_addresses_parse_ipv6_without_brackets(listen: str, parsed: tuple[str, int]) -> None:
+    assert parse_listen(listen) == parsed

@@ -43,6 +43,8 @@ def add(name: str, role: str, password_stdin: bool, state_dir: Path | None, conf
     """Add an account (or set a new password and role for an existing one)."""
     if password_stdin:
         password = sys.stdin.readline().rstrip("\n")
+    elif not sys.stdin.isatty():  # getpass would warn that it may echo, then read nothing useful
+        raise ConfigError("no terminal to ask the password on", hint="pipe it in with --password-stdin")
     else:
         password = click.prompt("password", hide_input=True, confirmation_prompt=True)
     store = _open(config_path, state_dir)

@@ -54,11 +54,15 @@ def production_controller(settings: Settings, *, gitlab_url: str, token: str, gp
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
+    """(host, port) of HOST:PORT; an IPv6 address in brackets (`[::1]:8080`) comes back
+    without them, as sockets take it."""
     host, _, port = listen.rpartition(":")
     if not host or not port.isascii() or not port.isdigit():
         raise ConfigError(f"--listen {listen!r} is not HOST:PORT")
     if int(port) > 65535:  # 0: any free port (tests)
         raise ConfigError(f"--listen {listen!r}: port {int(port)} is not from 0 to 65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
     return host, int(port)
 
 
