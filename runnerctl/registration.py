@@ -67,14 +67,15 @@ class RegistrationPlan:
 
 
 def plan_registration(snapshot: GpuSnapshot, existing: dict[str, dict[str, Any]]) -> RegistrationPlan:
-    """What to create, keep and retire, from the slots and config.toml's owned entries."""
+    """What to create, keep and retire, from the slots and config.toml's owned entries
+    (`RunnerConfigFile.owned_entries`: their `id` already read as a runner id or None)."""
     slots = tuple(plan_slots(snapshot))
     wanted = {slot.name: slot for slot in slots}
     create, keep = [], []
     for slot in slots:
         entry = existing.get(slot.name, {})
         if entry.get("id") and entry.get("token"):
-            keep.append((slot, int(entry["id"])))
+            keep.append((slot, entry["id"]))
         else:
             create.append(slot)
     retire = tuple(
@@ -198,7 +199,7 @@ def apply_registration(plan: RegistrationPlan, snapshot: GpuSnapshot,
             result.created.append(slot.name)
         for name, retired_id in plan.retire:
             if retired_id:
-                gitlab.delete_runner(int(retired_id))
+                gitlab.delete_runner(retired_id)
             retired.add(name)
             result.retired.append(name)
     finally:

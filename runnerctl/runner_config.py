@@ -47,12 +47,16 @@ class RunnerConfigFile:
         return doc
 
     def owned_entries(self) -> dict[str, dict[str, Any]]:
-        """runnerctl's `[[runners]]` entries by name, as plain values."""
-        return {
+        """runnerctl's `[[runners]]` entries by name, as plain values; `id` is the GitLab
+        runner id (`runner_id`), None when the entry has none."""
+        entries = {
             str(entry["name"]): entry.unwrap()
             for entry in _runners(self.read())
             if str(entry.get("name", "")).startswith(OWNED_PREFIX)
         }
+        for name, entry in entries.items():
+            entry["id"] = runner_id(entry, name=name, path=self.path)
+        return entries
 
     def edit(self, change: Callable[[TOMLDocument], None]) -> TOMLDocument:
         """Apply `change` to the current content and write it atomically; returns the result."""
@@ -118,6 +122,22 @@ def validate(doc: TOMLDocument, path: Path) -> None:
     for entry in _runners(doc):
         if not isinstance(entry, Table | dict):
             raise ConfigError(f"{path}: every [[runners]] entry must be a table")
+
+
+MAX_RUNNER_ID = 2**63 - 1  # GitLab's ci_runners.id is a bigint
+
+
+def runner_id(entry: dict[str, Any], *, name: str, path: Path) -> int | None:
+    """The GitLab runner id of a `[[runners]]` entry: a positive whole number, None when
+    it has none (absent, or 0 as gitlab-runner leaves it before registration)."""
+    value = entry.get("id")
+    if value is None or (type(value) is int and value == 0):
+        return None
+    if type(value) is not int or not 0 < value <= MAX_RUNNER_ID:
+        raise ConfigError(f"{path}: runner {name!r} has id = {value!r}, not a GitLab runner id "
+                          "(a positive whole number)",
+                          hint="fix or remove that entry by hand, then run the command again")
+    return value
 
 
 def _runners(doc: TOMLDocument) -> list[Table]:

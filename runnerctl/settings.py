@@ -450,7 +450,8 @@ def _build(cls: type[Any], data: dict[str, Any], *, where: str) -> Any:
             values[key] = _container(kind, value, where=f"{where}: {key}")
             continue
         expected = tuple(typing.get_args(kind)) if isinstance(kind, types.UnionType) else (kind,)
-        if isinstance(value, int | float) and not isinstance(value, bool) and abs(value) > LARGEST:
+        finite = isinstance(value, int) or isinstance(value, float) and math.isfinite(value)  # inf: below
+        if finite and not isinstance(value, bool) and abs(value) > LARGEST:
             raise ConfigError(f"{where}: {key} is too large: {value!r}")
         if float in expected and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)

@@ -55,8 +55,7 @@ class UninstallPlan:
 def plan_uninstall(config: RunnerConfigFile, *, root: Path, gitlab_url: str | None) -> UninstallPlan:
     """What runnerctl would remove; reads only. `gitlab_url`: the stand-by record is
     acted on only when it was made for this GitLab (None: any)."""
-    runners = tuple((name, int(entry["id"]) if entry.get("id") else None)
-                    for name, entry in config.owned_entries().items())
+    runners = tuple((name, entry["id"]) for name, entry in config.owned_entries().items())
     kept = standby.load(config.path)
     if kept is not None and gitlab_url is not None and kept.gitlab_url not in ("", gitlab_url):
         kept = None

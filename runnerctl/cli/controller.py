@@ -24,7 +24,7 @@ from runnerctl.cli.host import (
     token_option,
 )
 from runnerctl.cli.monitoring import attach
-from runnerctl.cli.params import Seconds, config_option
+from runnerctl.cli.params import Finite, Seconds, config_option, runner_timeouts
 from runnerctl.controller.fairshare import FairPolicy
 from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import request as toggle_request
@@ -216,16 +216,12 @@ def _toggle_options(func: click.decorators.FC) -> click.decorators.FC:
     return func
 
 
-def _store(config_path: Path | None, state_dir: Path | None, host_name: str | None) -> tuple[Store, str]:
-    settings, _ = _settings(config_path)
-    return (Store.open(url=settings.controller.store_url, state_dir=state_dir or settings.state_dir),
-            host_name or settings.host.name)
-
-
 def _toggle(action: str, gpu: int | None, slot: str | None, whole_host: bool, why: str, who: str,
             host_name: str | None, state_dir: Path | None, config_path: Path | None) -> None:
-    target = target_of(gpu=gpu, slot=slot, host=whole_host)
-    store, host = _store(config_path, state_dir, host_name)
+    settings, _ = _settings(config_path)
+    host = host_name or settings.host.name
+    target = target_of(gpu=gpu, slot=slot, host=whole_host, on_host=host)
+    store = Store.open(url=settings.controller.store_url, state_dir=state_dir or settings.state_dir)
     try:
         click.echo(toggle_request(store, action=action, host=host, target=target, who=who, why=why,
                                   now=time.time()))
@@ -265,11 +261,11 @@ def resume(**kwargs: object) -> None:
 @click.option("--runner-type", type=click.Choice(RUNNER_TYPES), default="group", show_default=True,
               help="group: GitLab hands a runner the oldest job; instance: fair by project "
                    "(fewest jobs running first), as GitLab does for instance runners.")
-@click.option("--fair-weight-h", type=click.FloatRange(0, 10_000), default=0.0, show_default=True,
+@click.option("--fair-weight-h", type=Finite(0, 10_000, "hours"), default=0.0, show_default=True,
               help="dynamic: fair share, the most hours a heavy user's job counts younger (0: off).")
-@click.option("--fair-half-life-h", type=click.FloatRange(0.01, 100_000), default=168.0, show_default=True,
+@click.option("--fair-half-life-h", type=Finite(0.01, 100_000, "hours"), default=168.0, show_default=True,
               help="dynamic: GPU use this many hours ago counts half in fair share.")
-@click.option("--fair-queue-step-min", type=click.FloatRange(0, 100_000), default=5.0, show_default=True,
+@click.option("--fair-queue-step-min", type=Finite(0, 100_000, "minutes"), default=5.0, show_default=True,
               help="dynamic: fair share's queue share, minutes younger per GPU a job's user runs "
                    "or waits for in older jobs.")
 @click.option("--pending-timeouts", type=click.Choice(PENDING_TIMEOUTS), default="trace", show_default=True,
@@ -277,7 +273,7 @@ def resume(**kwargs: object) -> None:
                    "(more than a real controller knows: GitLab's jobs API has none); cap: its "
                    "runners' --runner-max-timeout-s (runnerctl with [controller] runner_max_timeout_s); "
                    "none: nothing (runnerctl without it).")
-@click.option("--runner-max-timeout-s", metavar="[N=]SECONDS,...",
+@click.option("--runner-max-timeout-s", metavar="[N=]SECONDS,...", callback=runner_timeouts,
               help="The runners' maximum job timeout in seconds (GitLab: at least 600), for every "
                    "runner, or N=SECONDS for the N-GPU ones (86400,1=7200, as [controller] "
                    "runner_max_timeout_s): a job is killed at min(its timeout, its runner's). "

@@ -40,6 +40,14 @@ runner_config_option = click.option(
     help="gitlab-runner's config.toml [default: gitlab-runner's own location]")
 TOKEN_ENV = "RUNNERCTL_GITLAB_TOKEN"
 NO_TOKEN_HINT = f"set ${TOKEN_ENV} or pass --token-file PATH"
+TOKEN_SHAPE = "the token alone on one line (printable ASCII, no spaces)"
+
+
+def clean_token(text: str) -> str | None:
+    """A token read from --token-file or $RUNNERCTL_GITLAB_TOKEN, stripped; None unless it
+    has the shape of GitLab's tokens (TOKEN_SHAPE), the only one an HTTP header carries."""
+    token = text.strip()
+    return token if token and token.isascii() and token.isprintable() and " " not in token else None
 
 
 def _read_token_file(ctx: click.Context, param: click.Parameter, value: Path | None) -> None:
@@ -48,12 +56,12 @@ def _read_token_file(ctx: click.Context, param: click.Parameter, value: Path | N
     try:
         if value.stat().st_mode & 0o004:
             raise click.BadParameter(f"{value} is readable by every user: chmod 600 it", ctx, param)
-        token = value.read_text().strip()
+        token = clean_token(value.read_text())
     except (OSError, UnicodeDecodeError) as exc:
         raise click.BadParameter(f"cannot read {value}: {getattr(exc, 'strerror', None) or exc}", ctx,
                                  param) from None
-    if not token or "\n" in token:
-        raise click.BadParameter(f"{value} must hold the token on one line", ctx, param)
+    if token is None:
+        raise click.BadParameter(f"{value} must hold {TOKEN_SHAPE}", ctx, param)
     ctx.meta["runnerctl.token"] = token
 
 
@@ -62,7 +70,14 @@ def _token(ctx: click.Context, param: click.Parameter, value: str | None) -> str
     if value is not None:
         raise click.BadParameter(f"a token on the command line is visible to every user of this host "
                                  f"(ps, /proc); {NO_TOKEN_HINT}", ctx, param)
-    return ctx.meta.get("runnerctl.token") or os.environ.get(TOKEN_ENV) or None
+    if "runnerctl.token" in ctx.meta:
+        return str(ctx.meta["runnerctl.token"])
+    found = os.environ.get(TOKEN_ENV, "")
+    token = clean_token(found)
+    if found and token is None:
+        raise ConfigError(f"${TOKEN_ENV} must hold {TOKEN_SHAPE}",
+                          hint="fix it, or unset it and pass --token-file PATH")
+    return token
 
 
 def token_option(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -321,7 +336,7 @@ def gitlab_runner_system_id(runner_config: Path) -> str | None:
 def _check_gitlab(gitlab: PythonGitLab, entries: dict[str, dict[str, Any]], report: Any,
                   note: Any, system_id: str | None) -> None:
     try:
-        reach = next((gitlab.runner_reach(int(e["id"])) for e in entries.values() if e.get("id")), None)
+        reach = next((gitlab.runner_reach(e["id"]) for e in entries.values() if e["id"]), None)
         scope = (RunnerScope("group_type", group_id=reach.group_ids[0]) if reach and reach.group_ids
                  else RunnerScope("project_type", project_id=reach.project_ids[0])
                  if reach and reach.project_ids else RunnerScope("instance_type"))
@@ -333,7 +348,7 @@ def _check_gitlab(gitlab: PythonGitLab, entries: dict[str, dict[str, Any]], repo
         if found.scopes is None:
             note(f"token scopes not checked: GitLab does not list them for this token (it needs "
                  f"{REQUIRED_SCOPE})")
-        known = sum(gitlab.get_runner(int(e["id"])) is not None for e in entries.values() if e.get("id"))
+        known = sum(gitlab.get_runner(e["id"]) is not None for e in entries.values() if e["id"])
         report(known == len(entries), f"GitLab {gitlab.url}: {known}/{len(entries)} runners known",
                "run `runnerctl init` again to re-register the missing ones")
         if system_id is None:

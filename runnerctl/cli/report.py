@@ -35,14 +35,7 @@ def report(since: str | None, by: str, as_json: bool, as_csv: bool, state_dir: P
     if as_json and as_csv:
         raise click.UsageError("choose one of --json and --csv")
     start = reports.parse_since(since) if since is not None else None
-    if state_dir is not None:
-        if not (state_dir / "controller.sqlite").is_file():
-            raise ConfigError(f"no controller store in {state_dir} (controller.sqlite is missing)",
-                              hint="pass the state directory of `serve` or `demo --state-dir`")
-        store = Store.open(state_dir=state_dir)
-    else:
-        settings, _ = _settings(config_path)
-        store = Store.open(url=settings.controller.store_url, state_dir=settings.state_dir)
+    store = _existing_store(state_dir, config_path)
     try:
         records = jobs_store.jobs(store, since=start)
     finally:
@@ -54,3 +47,16 @@ def report(since: str | None, by: str, as_json: bool, as_csv: bool, state_dir: P
         click.echo(reports.to_csv(result), nl=False)
     else:
         click.echo(reports.to_text(result))
+
+
+def _existing_store(state_dir: Path | None, config_path: Path | None) -> Store:
+    """The store of --state-dir, else the settings' (PostgreSQL, or SQLite in their state
+    directory); a report only reads, so a missing SQLite store is refused, never made."""
+    url = ""
+    if state_dir is None:
+        settings, _ = _settings(config_path)
+        url, state_dir = settings.controller.store_url, settings.state_dir
+    if not url and not (state_dir / "controller.sqlite").is_file():
+        raise ConfigError(f"no controller store in {state_dir} (controller.sqlite is missing)",
+                          hint="pass the state directory of `serve` or `demo --state-dir`")
+    return Store.open(url=url, state_dir=state_dir)

@@ -12,7 +12,10 @@ import threading
 
 import click
 
+from runnerctl.cli.params import Seconds
 from runnerctl.cli.sim_runner import runner
+
+WEEK_S = 7 * 86400
 
 
 @click.group()
@@ -23,8 +26,9 @@ def sim() -> None:
 @sim.command()
 @click.option("--listen", default="127.0.0.1:0", show_default=True,
               help="HOST:PORT to serve on (port 0: any free port; the JSON line says which).")
-@click.option("--drop-interval", "drop_interval_s", type=click.FloatRange(min=0.01), default=3600.0,
-              show_default=True, help="Seconds between runs of GitLab's stuck-jobs rules (GitLab: hourly).")
+@click.option("--drop-interval", "drop_interval_s", type=Seconds(0.01, WEEK_S), default=3600.0,
+              show_default=True, help="Seconds between runs of GitLab's stuck-jobs rules (GitLab: hourly; "
+                                      "at most a week).")
 @click.option("--legacy-failure-reasons", is_flag=True,
               help="Drop stuck jobs with stuck_or_timeout_failure, as GitLab before 19.1 did.")
 @click.option("--drop-silent-running", is_flag=True,

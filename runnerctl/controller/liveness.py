@@ -115,7 +115,8 @@ class Liveness:
         if problems and self.last_error:
             problems.append(f"last error: {self.last_error}")
         now = self._clock()
-        lasting = {part: (round(now - since, 3), error) for part, (since, error) in sorted(self.troubles.items())}
+        lasting = {part: (round(now - since, 3), error)
+                   for part, (since, error) in sorted(self.troubles.items())}
         problems += [f"{_PARTS.get(part, part)} for {for_s:.0f} s: {error}"
                      for part, (for_s, error) in lasting.items() if for_s > self.stale_after_s]
         troubles = {part: {"for_s": for_s, "error": error} for part, (for_s, error) in lasting.items()}

@@ -59,14 +59,20 @@ class Target(NamedTuple):
         return self.kind if self.kind == "host" else f"{self.kind}:{self.name}"
 
 
-def target_of(*, gpu: int | None = None, slot: str | None = None, host: bool = False) -> str:
-    """The stored target of a CLI/web request; exactly one of gpu, slot, host."""
+def target_of(*, gpu: int | None = None, slot: str | None = None, host: bool = False,
+              on_host: str = "") -> str:
+    """The stored target of a CLI/web request; exactly one of gpu, slot, host. A slot given
+    by its runner name (`runnerctl/HOST/KEY`) must be on `on_host`, the host toggled."""
     given = [x for x in (gpu is not None, slot is not None, host) if x]
     if len(given) != 1:
         raise ConfigError("name exactly one of --gpu N, --slot KEY or --host")
     if gpu is not None:
         return str(Target("gpu", str(gpu)))
     if slot is not None:
+        named = slot.split("/")
+        if len(named) == 3 and on_host and named[1] != on_host:
+            raise ConfigError(f"slot {slot!r} is a runner of {named[1]}, not of {on_host}",
+                              hint=f"--host-name {named[1]} toggles that host's runners")
         return str(Target("slot", slot_key(slot)))
     return "host"
 
@@ -118,10 +124,13 @@ def set_toggle(store: Store, toggle: Toggle) -> None:
 
 
 def resume(store: Store, *, host: str, target: str, who: str, why: str, now: float) -> int:
-    """Remove the toggle on `target` (`host` removes every toggle of the host)."""
-    removed = store.clear_toggles(host, None if target == "host" else target)
+    """Remove the toggle on `target` (`host` removes every toggle of the host); the number
+    of pauses and drains removed (a reopen a controller has not read yet is no toggle an
+    admin set)."""
+    held = [t for t in store.toggles(host) if t.action in ACTIONS and target in ("host", t.target)]
+    store.clear_toggles(host, None if target == "host" else target)
     store.record(Event(now, host, "resume", target, f"by {who}: {why or 'no reason given'}"))
-    return removed
+    return len(held)
 
 
 def request(store: Store, *, action: str, host: str, target: str, who: str, why: str,
@@ -132,6 +141,8 @@ def request(store: Store, *, action: str, host: str, target: str, who: str, why:
     if action not in (*ACTIONS, "resume"):
         raise ConfigError(f"unknown toggle {action!r}; one of {', '.join((*ACTIONS, 'resume'))}")
     why = check_reason(action, why)
+    if not who.strip() or any(unicodedata.category(c) in _NOT_IN_A_LINE for c in who):
+        raise ConfigError(f"who asks must be a name on one line, not {who!r}")
     target = check_target(store, host, target)
     if action == "resume":
         removed = resume(store, host=host, target=target, who=who, why=why, now=now)

@@ -2,12 +2,15 @@
 waits by job size, the invariant counters (double allocations, foreign collisions), and
 the jobs GitLab's own rules failed (`jobs_dropped` by failure reason, and by job size),
 and fairness: per user GPU-hours, waits and mean bounded slowdown, and Jain's index
-over the users' mean slowdowns (1: all slowed alike; 1/n: one user takes the wait)."""
+over the users' mean slowdowns (1: all slowed alike; 1/n: one user takes the wait).
+
+A job counts for the time it runs (`Simulator.run_time`: its duration, but at most its
+timeout), in the lower bound as in GPU-hours and slowdowns, as the makespan does."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from runnerctl.stats import quantile
@@ -23,8 +26,9 @@ def metrics(sim: Simulator) -> dict[str, object]:
     first = min((j.submit for j in jobs), default=0.0)
     end = max(sim.finished.values(), default=first)
     makespan = end - first
-    lower = max(sum(j.gpus * j.duration for j in jobs) / gpus,
-                max((j.submit + j.duration for j in jobs), default=0.0) - first)
+    run = {j.job_id: sim.run_time(j.job_id) for j in jobs}
+    lower = max(sum(j.gpus * run[j.job_id] for j in jobs) / gpus,
+                max((j.submit + run[j.job_id] for j in jobs), default=0.0) - first)
     reasons: dict[str, int] = {}
     sizes: dict[int, int] = {}
     for job_id, (_, reason) in sim.dropped.items():
@@ -45,7 +49,7 @@ def metrics(sim: Simulator) -> dict[str, object]:
         "jobs_dropped": dict(sorted(reasons.items())), "jobs_dropped_by_gpus": dict(sorted(sizes.items())),
         "double_allocations": sim.double_allocations,
         "foreign_collisions": sim.foreign_collisions, "gitlab_api_calls": sim.gitlab_api_calls,
-        **fairness(jobs, sim.started),
+        **fairness(jobs, sim.started, sim.run_time),
     }
 
 
@@ -55,17 +59,20 @@ SLOWDOWN_FLOOR_S = 60.0
 not 60x slowed."""
 
 
-def fairness(jobs: list[TraceJob], started: Mapping[int, float]) -> dict[str, object]:
+def fairness(jobs: list[TraceJob], started: Mapping[int, float],
+             run_time: Callable[[int], float]) -> dict[str, object]:
     """Per user (the trace's `user`, else its project): jobs started, GPU-hours, wait p50
-    and p95, mean bounded slowdown; `jain_slowdown` over the users' mean slowdowns."""
+    and p95, mean bounded slowdown; `jain_slowdown` over the users' mean slowdowns.
+    `run_time`: how long a job ran (job id -> seconds)."""
     per: dict[str, tuple[list[float], list[float], list[float]]] = {}
     for job in jobs:
         if job.job_id in started:
             wait = started[job.job_id] - job.submit
             waits, slowdowns, hours = per.setdefault(job.owner, ([], [], []))
             waits.append(wait)
-            slowdowns.append(max(1.0, (wait + job.duration) / max(job.duration, SLOWDOWN_FLOOR_S)))
-            hours.append(job.gpus * job.duration / 3600)
+            ran = run_time(job.job_id)
+            slowdowns.append(max(1.0, (wait + ran) / max(ran, SLOWDOWN_FLOOR_S)))
+            hours.append(job.gpus * ran / 3600)
     users = {user: {"jobs": len(waits), "gpu_hours": round(sum(hours), 3),
                     "wait_p50_s": round(statistics.median(waits), 3),
                     "wait_p95_s": round(quantile(waits, 0.95), 3),

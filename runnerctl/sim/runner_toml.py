@@ -130,8 +130,11 @@ def load(path: Path) -> RunnerToml:
     concurrent = _int(data, "concurrent", 1, path)
     if concurrent < 1:
         raise ConfigError(f"{path}: concurrent = {concurrent} means that no jobs will be processed")
+    entries = data.get("runners", [])
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path}: runners = {entries!r} is not an array of tables ([[runners]])")
     system_id = load_system_id(path.parent)
-    runners = tuple(_runner(entry, i, path, system_id) for i, entry in enumerate(data.get("runners", [])))
+    runners = tuple(_runner(entry, i, path, system_id) for i, entry in enumerate(entries))
     check = _int(data, "check_interval", 0, path)
     shutdown = _int(data, "shutdown_timeout", 0, path)
     return RunnerToml(concurrent=concurrent,
