@@ -30,13 +30,15 @@ git, cache and artifact stages run on the host like the shell driver.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
+import stat
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from runnerctl.executors.apptainer import run_line
 from runnerctl.executors.contract import USER_SCRIPT_STAGES
@@ -140,6 +142,7 @@ class BatchDriver:
             raise SystemFailure(f"job {ctx.job.id} holds no lease")
         paths = _Paths(Path(ctx.settings.builds_dir).resolve() / ".runnerctl", f"{ctx.job.id}-{stage}")
         paths.copy.write_bytes(script.read_bytes())  # gitlab-runner's TMPDIR is not on the node
+        paths.copy.chmod(0o600)
         cancelled = False
         with on_stop() as stop:  # a SIGTERM from here on is latched, never lost
             try:
@@ -149,7 +152,7 @@ class BatchDriver:
                 paths.wrapper.write_text(wrapper_script(paths, setup, image=ctx.job.image,
                                                         bind=request.workdir))
                 job_id = self.scheduler.submit(request)
-            except BadNodes as exc:
+            except (BadNodes, BadParameters) as exc:  # the job's own variables: a build failure
                 print(f"runnerctl: {exc}", flush=True)
                 return 1
             except Refused as exc:
@@ -210,14 +213,14 @@ class BatchDriver:
         while True:
             active = self.scheduler.active(job_id)
             offset = _stream(paths.output, offset)
-            if not gpus_seen and paths.gpus.exists():
+            if not gpus_seen and (gpus := _gpus_written(paths.gpus)) is not None:
                 gpus_seen = True
-                record_gpus(paths.gpus.read_text().strip())
+                record_gpus(gpus)
             if not active:
                 time.sleep(POLL_S)  # the output file may trail the state by a moment
                 _stream(paths.output, offset)
-                if not gpus_seen and paths.gpus.exists():
-                    record_gpus(paths.gpus.read_text().strip())
+                if not gpus_seen and (gpus := _gpus_written(paths.gpus)) is not None:
+                    record_gpus(gpus)
                 return None
             if offset == 0 and not gpus_seen:
                 reason = self.scheduler.never_runs(job_id)
@@ -232,7 +235,10 @@ class _Paths:
     base: str
 
     def __post_init__(self) -> None:
-        self.work.mkdir(parents=True, exist_ok=True)
+        """The directory is the submitting user's alone (the batch job runs as that user):
+        the scripts export the job's CI_JOB_TOKEN and variables, the output is unmasked."""
+        self.work.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.work.chmod(0o700)
         for stale in (self.rc, self.output, self.log, self.gpus):
             stale.unlink(missing_ok=True)
 
@@ -268,11 +274,24 @@ def label(lease: Lease) -> str:
 def time_limit(env: dict[str, str] | Any) -> int | None:
     """The job's GitLab timeout (CI_JOB_TIMEOUT, seconds) as the batch job's time limit."""
     raw = str(env.get("CUSTOM_ENV_CI_JOB_TIMEOUT", "")).strip()
-    return int(raw) if raw.isdigit() and int(raw) > 0 else None
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 10:  # GitLab's timeouts fit an int
+        return None
+    return int(raw) or None
 
 
 def hms(seconds: int) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class BadParameters(ValueError):
+    """SCHEDULER_PARAMETERS that cannot be split into words (an unclosed quote)."""
+
+
+def _words(text: str) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise BadParameters(f"SCHEDULER_PARAMETERS cannot be split into words ({exc}): {text!r}") from None
 
 
 def split_options(text: str, *, drop_long: Sequence[str], drop_short: Sequence[str],
@@ -284,7 +303,7 @@ def split_options(text: str, *, drop_long: Sequence[str], drop_short: Sequence[s
     """
     kept: list[str] = []
     dropped: list[str] = []
-    words = shlex.split(text)
+    words = _words(text)
     i = 0
     while i < len(words):
         word = words[i]
@@ -316,7 +335,7 @@ def drop_single_dash(text: str, *, flags: Sequence[str], valued: Sequence[str], 
     """
     kept: list[str] = []
     dropped: list[str] = []
-    words = shlex.split(text)
+    words = _words(text)
     i = 0
     while i < len(words):
         word, value = words[i], words[i + 1] if i + 1 < len(words) else None
@@ -352,14 +371,43 @@ def wait_for_record(read: Any, deadline_s: float = ACCOUNTING_WAIT_S) -> Any:
         time.sleep(POLL_S)
 
 
-def _stream(path: Path, offset: int) -> int:
+STREAM_CHUNK = 1 << 20
+"""Bytes of the job's output copied into the job log at a time."""
+
+
+def _open_plain(path: Path) -> BinaryIO | None:
+    """`path` opened for reading if it is a regular file and no link, else None. The batch
+    job can replace its files: a link could point at the runner host's config.toml, a
+    device at /dev/zero."""
     try:
-        with path.open("rb") as handle:
-            handle.seek(offset)
-            data = handle.read()
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # absent, or ELOOP: a link
+        return None
+    handle: BinaryIO = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        handle.close()
+        return None
+    return handle
+
+
+def _stream(path: Path, offset: int) -> int:
+    """Copy what the batch job wrote to `path` since `offset` into the job log."""
+    handle = _open_plain(path)
+    if handle is None:
         return offset
-    if data:
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
-    return offset + len(data)
+    with handle:
+        handle.seek(offset)
+        while data := handle.read(STREAM_CHUNK):
+            sys.stdout.buffer.write(data)
+            offset += len(data)
+    sys.stdout.flush()
+    return offset
+
+
+def _gpus_written(path: Path) -> str | None:
+    """The GPU set the wrapper wrote on the node (one short line), None before it did."""
+    handle = _open_plain(path)
+    if handle is None:
+        return None
+    with handle:
+        return handle.read(4096).decode(errors="replace").strip()

@@ -3,11 +3,17 @@
 prepare creates and starts the container from the job's image (the job's `image:`, else
 `[executor] docker_image`) with a GPU device request naming the slot's GPU UUIDs (what
 `docker run --gpus '"device=UUID,..."'` sends), so the NVIDIA runtime mounts only those
-devices whatever the job's variables say; the builds dir is bind-mounted at the same
-path; labels tie the container to the job, its lease token and runnerctl's state dir.
-The user's script stages (build_script, after_script, step_*) are exec'd inside it with
-the lease token in their environment; git, cache and artifact stages run on the host,
-where gitlab-runner's helpers are.
+devices whatever the job's variables say; the slot's own builds dir
+(`<builds_dir>/<slot key>`, where gitlab-runner puts the job's checkout) is bind-mounted
+at the same path, and nothing else of the host: the container is often root, and with
+the whole builds dir it could read other slots' checkouts or plant a symlink there that
+a root step of a later job follows. The stage scripts reach it through a read-only
+mount of a directory of their own (`<state_dir>/scripts/<lease nonce>`, at
+`SCRIPTS_INSIDE`), which the container can neither change nor link elsewhere. Labels tie
+the container to the job, its lease token and runnerctl's state dir. The user's script
+stages (build_script, after_script, step_*) are exec'd inside it with the lease token
+in their environment; git, cache and artifact stages run on the host, where
+gitlab-runner's helpers are.
 
 A timeout or cancel (SIGTERM from gitlab-runner) stops the stage's processes inside the
 container, not the container, so after_script can still run. reap removes every
@@ -17,6 +23,7 @@ stopped engine or an image that cannot be pulled is a system failure.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 import time
@@ -46,6 +53,8 @@ STOP_POLL_S = 0.2
 """How often a stop looks for stage processes that appeared since its last look."""
 LAUNCHER = 'if command -v bash >/dev/null 2>&1; then exec bash "$0"; else exec sh "$0"; fi'
 """gitlab-runner's stage scripts are bash scripts: bash where the image has it, else sh."""
+SCRIPTS_INSIDE = "/.runnerctl-scripts"
+"""Where the job's stage scripts appear in its container (read-only)."""
 
 
 class DockerDriver:
@@ -63,7 +72,10 @@ class DockerDriver:
         image = ctx.job.image or ctx.settings.executor.docker_image
         _ensure_image(client, image)
         uuids = ctx.gpu_uuids()
-        builds = str(Path(ctx.settings.builds_dir).resolve())
+        builds = str(Path(ctx.settings.builds_dir).resolve() / slot_key(ctx.args.slot))
+        Path(builds).mkdir(mode=0o700, exist_ok=True)
+        scripts = _scripts_dir(ctx)
+        scripts.mkdir(mode=0o755, parents=True, exist_ok=True)
         env = ctx.gpu_env(uuids)
         env.pop(LEASE_ENV)  # only exec'd stages carry the token: the idle container is no work
         try:
@@ -74,7 +86,8 @@ class DockerDriver:
                 device_requests=[DeviceRequest(driver="nvidia", device_ids=uuids,
                                                capabilities=[["gpu"]])],
                 environment=env | {"CUDA_VISIBLE_DEVICES": ",".join(uuids)},
-                volumes={builds: {"bind": builds, "mode": "rw"}}, working_dir=builds,
+                volumes={builds: {"bind": builds, "mode": "rw"},
+                         str(scripts): {"bind": SCRIPTS_INSIDE, "mode": "ro"}}, working_dir=builds,
             )
         except docker.errors.DockerException as exc:
             raise SystemFailure(f"cannot start the job's container from {image}: {exc}") from None
@@ -87,16 +100,17 @@ class DockerDriver:
             return self._host.run(ctx, script, stage)
         if ctx.lease is None or ctx.lease.container is None:
             raise SystemFailure(f"job {ctx.job.id} has no container: prepare did not finish")
-        inside = Path(ctx.settings.builds_dir).resolve() / ".runnerctl" / f"{ctx.lease.nonce}-{stage}.sh"
-        inside.parent.mkdir(parents=True, exist_ok=True)
-        inside.write_bytes(script.read_bytes())
+        outside = _scripts_dir(ctx) / f"{stage}.sh"
+        outside.write_bytes(script.read_bytes())
+        outside.chmod(0o644)  # the image's user reads it; only root on the host reaches the dir
+        inside = f"{SCRIPTS_INSIDE}/{stage}.sh"
         api = _client().api
         uuids = ctx.gpu_uuids()
         env = ctx.gpu_env(uuids) | {"CUDA_VISIBLE_DEVICES": ",".join(uuids)}
         try:
             lease = ctx.lease
             with on_stop() as stop:  # a SIGTERM from here on is latched, never lost
-                exec_id = api.exec_create(ctx.lease.container, ["sh", "-c", LAUNCHER, str(inside)],
+                exec_id = api.exec_create(ctx.lease.container, ["sh", "-c", LAUNCHER, inside],
                                           environment=env)["Id"]
                 stream = api.exec_start(exec_id, stream=True, demux=True)
                 stop.arm(lambda: _stop_stage(lease))
@@ -107,7 +121,7 @@ class DockerDriver:
         except docker.errors.DockerException as exc:
             raise SystemFailure(f"docker exec in the job's container failed: {exc}") from None
         finally:
-            inside.unlink(missing_ok=True)
+            outside.unlink(missing_ok=True)
         return int(code if code is not None else 1)
 
     def reap(self, lease: Lease, settings: Settings) -> None:
@@ -116,6 +130,8 @@ class DockerDriver:
             for container in client.containers.list(all=True,
                                                     filters={"label": _label_filter(lease, settings)}):
                 container.remove(force=True)
+            if lease.nonce:  # a lease of an older runnerctl has none, and no scripts there
+                shutil.rmtree(_scripts_root(settings) / lease.nonce, ignore_errors=True)
         finally:
             self._host.reap(lease, settings)
 
@@ -187,6 +203,21 @@ def _ensure_image(client: docker.DockerClient, image: str) -> None:
         client.images.pull(image)
     except docker.errors.DockerException as exc:
         raise SystemFailure(f"cannot pull image {image}: {exc}") from None
+
+
+def _scripts_root(settings: Settings) -> Path:
+    """The stage scripts of every docker job, one directory per lease: 0700, so no other
+    user of the host lists or reads them (they export the job's CI_JOB_TOKEN)."""
+    root = settings.state_dir.resolve() / "scripts"
+    root.mkdir(mode=0o700, exist_ok=True)
+    root.chmod(0o700)
+    return root
+
+
+def _scripts_dir(ctx: StageContext) -> Path:
+    if ctx.lease is None:
+        raise SystemFailure(f"job {ctx.job.id} has no lease: prepare did not take one")
+    return _scripts_root(ctx.settings) / ctx.lease.nonce
 
 
 def _name(ctx: StageContext) -> str:

@@ -54,8 +54,10 @@ class Job:
         path = env.get(ENV_JOB_RESPONSE_FILE)
         if path and Path(path).exists():
             data = json.loads(Path(path).read_text())
-        variables = {v.get("key"): v.get("value") for v in data.get("variables", [])
-                     if isinstance(v, dict)}
+        variables: dict[Any, Any] = {}
+        for v in data.get("variables", []):
+            if isinstance(v, dict):  # GitLab's own come first (predefined: the lowest precedence);
+                variables.setdefault(v.get("key"), v.get("value"))  # a job's later copy changes no id
         custom = {k.removeprefix(CUSTOM_ENV_PREFIX): v for k, v in env.items()
                   if k.startswith(CUSTOM_ENV_PREFIX)}
 

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 NODES_VARIABLE = "RUNNERCTL_NODES"
+MAX_NODES = 10_000
+"""More nodes than any cluster runnerctl drives has (as `render` checks the input)."""
 PORT_BASE, PORT_SPAN = 20000, 20000
 
 
@@ -49,8 +51,9 @@ def mpirun_launch(*, names: str, job_id: str) -> NodeLaunch:
 
 def nodes_requested(env: Mapping[str, str]) -> int:
     raw = env.get(f"CUSTOM_ENV_{NODES_VARIABLE}", "").strip() or "1"
-    if not raw.isdigit() or int(raw) < 1:
-        raise BadNodes(f"{NODES_VARIABLE}={raw!r} is not a number of nodes (a whole number from 1)")
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 5 and 1 <= int(raw) <= MAX_NODES):
+        raise BadNodes(f"{NODES_VARIABLE}={raw!r} is not a number of nodes (a whole number from 1 "
+                       f"to {MAX_NODES})")
     return int(raw)
 
 

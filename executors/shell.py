@@ -78,6 +78,8 @@ class ShellDriver:
             Path(path).mkdir(parents=True, exist_ok=True)
             if user.pw_uid != os.geteuid():
                 own = Path(path) / key
+                if own.is_symlink():  # planted by an earlier job: chown would follow it out
+                    own.unlink()
                 own.mkdir(mode=0o700, exist_ok=True)
                 _chown_tree(own, user)
         LeaseTable(ctx.settings.state_dir).update(ctx.lease_token, uid=user.pw_uid)
@@ -132,7 +134,9 @@ def job_user(settings: Settings) -> pwd.struct_passwd:
 
 
 def _chown_tree(path: Path, user: pwd.struct_passwd) -> None:
-    os.chown(path, user.pw_uid, user.pw_gid)
+    """`path` and everything in it to `user`, following no symbolic link (a job's own
+    files may link anywhere on the host)."""
+    os.chown(path, user.pw_uid, user.pw_gid, follow_symlinks=False)
     for root, dirs, files in os.walk(path):
         for name in dirs + files:
             os.chown(os.path.join(root, name), user.pw_uid, user.pw_gid, follow_symlinks=False)

@@ -67,6 +67,9 @@ def main(argv: list[str]) -> int:
     except (SystemFailure, RunnerctlError, OSError) as exc:
         print(f"runnerctl: {exc}", file=sys.stderr)
         return failure
+    except Exception as exc:  # a case no check foresaw: one line, a system failure, no traceback
+        print(f"runnerctl: unexpected {type(exc).__name__} in {stage}: {exc}", file=sys.stderr)
+        return failure
 
 
 def prepare(ctx: StageContext, driver: Driver) -> None:
@@ -130,7 +133,7 @@ def reap(leases: list[Lease], settings: Settings) -> None:
         done.add(lease.token)
         try:
             registry[lease.driver]().reap(lease, settings)
-        except (SystemFailure, OSError) as exc:  # reported; the lease is still released
+        except Exception as exc:  # any kind, reported: the lease is still released
             print(f"runnerctl: cleaning up job {lease.job_id}: {exc}", file=sys.stderr)
 
 

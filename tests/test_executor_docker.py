@@ -97,6 +97,29 @@ def test_one_gpu_slot_sees_one_gpu_whatever_the_job_asks(engine: docker.DockerCl
     assert results["cleanup"].code == 0 and _containers(engine, host, 706) == []
 
 
+def test_the_container_sees_its_slots_builds_and_nothing_else(engine: docker.DockerClient,
+                                                              host: Path) -> None:
+    """The container is root in most images: with the whole builds dir mounted it could
+    read another slot's checkout, or plant a link there that a later job's root step
+    follows. It gets its slot's dir alone, and its stage scripts read-only."""
+    builds = (host / "state" / "builds").resolve()
+    (builds / "gpu1").mkdir(parents=True)
+    (builds / "gpu1" / "secret").write_text("another job's checkout\n")
+    harness = _harness(host, (0,))
+    job = FakeJob(id=709, image=IMAGE)
+    body = (f"if [ -e {builds}/gpu1/secret ]; then echo LEAKED; fi; "
+            "if touch /.runnerctl-scripts/planted 2>/dev/null; then echo WRITABLE; fi; "
+            f"touch {builds}/gpu0/mine && echo OWN-OK")
+    results = harness.run_job(job, body)
+    out = results["build_script"].output
+    printed = out.splitlines()  # the log also echoes the command line
+    assert results["build_script"].code == 0 and "OWN-OK" in printed, out
+    assert "LEAKED" not in printed and "WRITABLE" not in printed
+    scripts = host / "state" / "scripts"
+    assert scripts.stat().st_mode & 0o777 == 0o700  # no other user of the host lists them
+    assert results["cleanup"].code == 0 and list(scripts.iterdir()) == []  # gone with the job
+
+
 def test_killed_mid_script_leaves_no_container(engine: docker.DockerClient, host: Path) -> None:
     harness = _harness(host, (4,))
     job = FakeJob(id=702, image=IMAGE)

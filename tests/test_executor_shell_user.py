@@ -78,3 +78,22 @@ def test_a_job_runs_as_the_configured_user(open_root: Path, unix_user: pwd.struc
         assert time.monotonic() < deadline, "cleanup left the job's process running"
         time.sleep(0.05)
     assert LeaseTable(host / "state").all() == []
+
+
+def test_a_link_planted_as_the_slots_builds_dir_is_not_followed(open_root: Path,
+                                                                unix_user: pwd.struct_passwd) -> None:
+    """A job (or its container) that replaced its slot's builds dir with a link to a host
+    directory once got that directory chowned to the job user by the next prepare, as root."""
+    host = make_host(open_root, shell_user=unix_user.pw_name)
+    target = open_root / "host-etc"
+    target.mkdir()
+    (target / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")
+    builds = host / "state" / "builds"
+    builds.mkdir(parents=True)
+    (builds / "gpu5").symlink_to(target)
+    harness = harness_for(host, (5,), "shell")
+    assert harness.stage("prepare", FakeJob(id=704)).code == 0
+    assert (builds / "gpu5").is_dir() and not (builds / "gpu5").is_symlink()
+    assert (builds / "gpu5").stat().st_uid == unix_user.pw_uid
+    assert target.stat().st_uid == 0 and (target / "passwd").stat().st_uid == 0  # left as it was
+    assert harness.stage("cleanup", FakeJob(id=704)).code == 0

@@ -130,7 +130,7 @@ class History:
             project=lease.project or project_of(lease.url) or (str(seen.project_id) if seen else ""),
             pipeline=lease.pipeline,
             name=lease.name or ((seen.name or "") if seen else ""),
-            user=lease.user or (seen.user or "" if seen else ""),
+            user=(seen.user if seen and seen.user else lease.user),  # GitLab's word over the job's
             url=lease.url or (seen.web_url or "" if seen else ""),
             queued_at=seen.created_at if seen else None, started_at=started, seen_at=now)
 

@@ -1,0 +1,73 @@
+"""The files a batch job writes back (its output, the GPU set it got) are read by the
+driver as root on the runner host: a job that replaces one with a link or a device must
+not make the driver copy another file, or endless bytes, into the job log. The scripts
+and output sit in a directory only the submitting user reads. The job's own variables
+(RUNNERCTL_NODES, SCHEDULER_PARAMETERS, its timeout) that make no sense are the job's
+error in one line, never a traceback."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runnerctl.executors.batch import BadParameters, _gpus_written, _Paths, _stream, time_limit
+from runnerctl.executors.pbs import scheduler_parameters as pbs_parameters
+from runnerctl.executors.pjm import scheduler_parameters as pjm_parameters
+from runnerctl.executors.rendezvous import BadNodes, nodes_requested
+from runnerctl.executors.sge import scheduler_parameters as sge_parameters
+from runnerctl.executors.slurm import scheduler_parameters as slurm_parameters
+
+
+def test_the_output_is_streamed_from_where_it_stopped(tmp_path: Path,
+                                                      capfdbinary: pytest.CaptureFixture[bytes]) -> None:
+    out = tmp_path / "job.out"
+    out.write_bytes(b"epoch 1\n")
+    assert _stream(out, 0) == 8
+    with out.open("ab") as handle:
+        handle.write(b"epoch 2\n")
+    assert _stream(out, 8) == 16 and _stream(tmp_path / "absent.out", 5) == 5
+    assert capfdbinary.readouterr().out == b"epoch 1\nepoch 2\n"
+
+
+def test_a_link_or_a_device_in_place_of_the_output_is_not_read(
+        tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes]) -> None:
+    secret = tmp_path / "config.toml"
+    secret.write_text('token = "glrt-secret"\n')
+    (tmp_path / "job.out").symlink_to(secret)
+    (tmp_path / "zero.out").symlink_to("/dev/zero")
+    (tmp_path / "job.gpus").symlink_to(secret)
+    assert _stream(tmp_path / "job.out", 0) == 0 and _stream(tmp_path / "zero.out", 0) == 0
+    assert _stream(Path("/dev/zero"), 0) == 0
+    assert _gpus_written(tmp_path / "job.gpus") is None
+    assert b"glrt" not in capfdbinary.readouterr().out
+    (tmp_path / "real.gpus").write_text("2,3\n")
+    assert _gpus_written(tmp_path / "real.gpus") == "2,3"
+
+
+def test_the_batch_files_directory_is_the_submitting_users_alone(tmp_path: Path) -> None:
+    work = tmp_path / "builds" / ".runnerctl"
+    work.mkdir(parents=True, mode=0o755)
+    paths = _Paths(work, "901-build_script")
+    assert os.stat(paths.work).st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("raw", ["two", "0", "²", "٣", "1" * 5000, "10001", "-1"])
+def test_a_job_asking_for_no_sane_number_of_nodes_is_told_so(raw: str) -> None:
+    with pytest.raises(BadNodes, match="is not a number of nodes"):
+        nodes_requested({"CUSTOM_ENV_RUNNERCTL_NODES": raw})
+    assert nodes_requested({"CUSTOM_ENV_RUNNERCTL_NODES": " 4 "}) == 4 and nodes_requested({}) == 1
+
+
+@pytest.mark.parametrize(("raw", "limit"), [("3600", 3600), ("", None), ("0", None), ("²", None),
+                                            ("9" * 5000, None), ("-5", None)])
+def test_the_time_limit_is_the_gitlab_timeout_when_it_is_one(raw: str, limit: int | None) -> None:
+    assert time_limit({"CUSTOM_ENV_CI_JOB_TIMEOUT": raw}) == limit
+
+
+@pytest.mark.parametrize("scheduler", [slurm_parameters, sge_parameters, pbs_parameters, pjm_parameters])
+def test_scheduler_parameters_with_an_unclosed_quote_are_the_jobs_error(scheduler: Any) -> None:
+    with pytest.raises(BadParameters, match="SCHEDULER_PARAMETERS cannot be split into words"):
+        scheduler("--partition 'gpu")
