@@ -36,7 +36,8 @@ def run_line(*, image: str | None, script: Path, bind: Path, guard: str) -> str:
         return f"{guard}( source {q(str(script))} ); rc=$?\n"
     inner = guard + 'source "$0"'
     return ("runnerctl_ctr=$(command -v apptainer || command -v singularity) || {\n"
-            f"  echo 'runnerctl: image: {image} needs apptainer or singularity on this node'; rc=127; }}\n"
+            f"  echo {q(f'runnerctl: image: {image} needs apptainer or singularity on this node')}; "
+            "rc=127; }\n"
             'if [ -n "$runnerctl_ctr" ]; then\n'
             f'  "$runnerctl_ctr" exec --nv --bind {q(str(bind))} {q(image_uri(image))} '
             f"bash --noprofile --norc -c {q(inner)} {q(str(script))}; rc=$?\nfi\n")

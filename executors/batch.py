@@ -36,7 +36,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
@@ -195,8 +195,9 @@ class BatchDriver:
     def _request(self, ctx: StageContext, lease: Lease, paths: _Paths) -> Request:
         kept, dropped = self.scheduler.filter(ctx.env.get("CUSTOM_ENV_SCHEDULER_PARAMETERS", ""))
         if dropped:
-            print(f"runnerctl: ignoring SCHEDULER_PARAMETERS {' '.join(dropped)}: the runner "
-                  f"sets GPUs, output and job name", flush=True)
+            print(f"runnerctl: ignoring SCHEDULER_PARAMETERS {' '.join(dropped)}: the runner sets GPUs, "
+                  f"nodes, output and job name, and passes only the options docs/hpc.md lists for "
+                  f"{self.scheduler.title}", flush=True)
         env = {**ctx.env, **ctx.gpu_env(ctx.gpu_uuids())}
         env.pop("CUDA_VISIBLE_DEVICES")  # the scheduler's (or gpu_exports') choice, on its node
         env.pop("NVIDIA_VISIBLE_DEVICES")
@@ -294,62 +295,61 @@ def _words(text: str) -> list[str]:
         raise BadParameters(f"SCHEDULER_PARAMETERS cannot be split into words ({exc}): {text!r}") from None
 
 
-def split_options(text: str, *, drop_long: Sequence[str], drop_short: Sequence[str],
-                  drop_flags: Sequence[str] = ()) -> tuple[list[str], list[str]]:
-    """(kept, dropped) words of SCHEDULER_PARAMETERS.
+def allowed_options(text: str, *, valued: Mapping[str, int], flags: Sequence[str] = (),
+                    resource_option: str = "", refused_resources: Sequence[str] = ()
+                    ) -> tuple[list[str], list[str]]:
+    """(kept, dropped) words of the job's SCHEDULER_PARAMETERS: only the options a site
+    needs (partition, account, memory, queue) pass, everything else is dropped.
 
-    drop_long: `--name` or `--name=value` or `--name value`; drop_short: `-x value` or
-    `-xvalue`; drop_flags: words dropped alone.
-    """
+    A list of what may pass, not of what may not: the submit commands read more than any
+    list of dangers says (getopt's abbreviations `--gpus-per-no=8`, clustered short
+    options `-sG8`, arrays `--array=0-63` or `-t 1-64`, other clusters `-M`, an options
+    file `-@`, and a bare word or `--` that ends option parsing, so the runner's own
+    `--gres` and output file would become the script's arguments). `valued`: option ->
+    how many values follow it (`-pe smp 4`: 2); an option with one value may also carry
+    it attached (`--partition=gpu`, `-pgpu`; `-lselect=...`). `flags` pass alone. The
+    value of `resource_option` (`-l`, `-L`) is dropped with it when it names one of
+    `refused_resources` (`gpu=2`, `select=2:ngpus=4`, `node=4,gpu=8`). A dropped option
+    takes the word after it along when that is no option (most likely its value)."""
+    words = _words(text)
     kept: list[str] = []
     dropped: list[str] = []
-    words = _words(text)
     i = 0
     while i < len(words):
         word = words[i]
-        name = word.split("=", 1)[0]
-        nxt = words[i + 1] if i + 1 < len(words) else None
-        if word in drop_flags:
-            dropped.append(word)
-        elif name in drop_long and name.startswith("--"):
-            takes = "=" not in word and nxt is not None
-            dropped.extend(words[i:i + 1 + takes])
-            i += takes
-        elif word[:2] in drop_short:
-            takes = len(word) == 2 and nxt is not None
-            dropped.extend(words[i:i + 1 + takes])
-            i += takes
-        else:
-            kept.append(word)
-        i += 1
-    return kept, dropped
-
-
-def drop_single_dash(text: str, *, flags: Sequence[str], valued: Sequence[str], resource_option: str,
-                     resources: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(kept, dropped) for qsub/pjsub-style options: single-dash words taking one value each.
-
-    flags are dropped alone, `valued` options with their value, and `resource_option`
-    (`-l`, `-L`) with its value when that names one of `resources` (`gpu=2`,
-    `select=2:ngpus=4`, `node=4,gpu=8`).
-    """
-    kept: list[str] = []
-    dropped: list[str] = []
-    words = _words(text)
-    i = 0
-    while i < len(words):
-        word, value = words[i], words[i + 1] if i + 1 < len(words) else None
+        name, values = _option(word, words[i + 1:], valued)
         if word in flags:
-            dropped.append(word)
-        elif value is not None and (word in valued or (word == resource_option and any(
-                part.split("=", 1)[0].strip() in resources
-                for part in value.replace(",", ":").split(":")))):
-            dropped.extend((word, value))
-            i += 1
-        else:
             kept.append(word)
+        elif name and values is not None and not (name == resource_option and any(
+                _resource_names(v) & set(refused_resources) for v in values)):
+            taken = 1 + (len(values) if name == word else 0)
+            kept.extend(words[i:i + taken])
+            i += taken - 1
+        else:
+            takes = name == word and i + 1 < len(words) and not words[i + 1].startswith("-")
+            dropped.extend(words[i:i + 1 + takes])
+            i += takes
         i += 1
     return kept, dropped
+
+
+def _option(word: str, rest: list[str], valued: Mapping[str, int]) -> tuple[str, list[str] | None]:
+    """(the allowed option `word` names, its values) or ("", None); values None when they
+    are missing."""
+    if word in valued:
+        count = valued[word]
+        return word, rest[:count] if len(rest) >= count else None
+    if word.startswith("--"):
+        name, equals, value = word.partition("=")
+        return (name, [value]) if equals and valued.get(name) == 1 else ("", None)
+    if len(word) > 2 and valued.get(word[:2]) == 1:
+        return word[:2], [word[2:]]
+    return "", None
+
+
+def _resource_names(value: str) -> set[str]:
+    """`select=2:ngpus=4`, `node=4,gpu=8` -> {"select", "ngpus", "node", "gpu"}."""
+    return {part.split("=", 1)[0].strip() for part in value.replace(",", ":").split(":")}
 
 
 def run_command(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:

@@ -32,7 +32,7 @@ from runnerctl.executors.batch import (
     BatchDriver,
     Outcome,
     Request,
-    drop_single_dash,
+    allowed_options,
     hms,
     run_command,
     wait_for_record,
@@ -40,16 +40,17 @@ from runnerctl.executors.batch import (
 from runnerctl.executors.driver import SystemFailure
 from runnerctl.executors.rendezvous import mpirun_launch
 
-_DROPPED_VALUE = ("-N", "-o", "-e", "-j", "-W")
-_FLAGS = ("-V", "-I", "-X")
+_VALUED = dict.fromkeys(("-q", "-A", "-P", "-p", "-m", "-M", "-r", "-l"), 1)
+"""qsub options a job may add (PBS Professional's qsub): queue, account, project,
+priority, mail, rerun, resources but the chunk and GPU ones. Not arrays (`-J`),
+attributes (`-W`), variables (`-v`), the output or name, interactive jobs."""
 _GPU_RESOURCES = ("select", "ngpus", "nodes")
 _WALLTIME = -29  # JOB_EXEC_KILL_WALLTIME (src/include/job.h)
 
 
 def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
     """(options passed on, options dropped) from the job's SCHEDULER_PARAMETERS."""
-    return drop_single_dash(text, flags=_FLAGS, valued=_DROPPED_VALUE, resource_option="-l",
-                            resources=_GPU_RESOURCES)
+    return allowed_options(text, valued=_VALUED, resource_option="-l", refused_resources=_GPU_RESOURCES)
 
 
 class Pbs:

@@ -25,7 +25,7 @@ from runnerctl.executors.batch import (
     Outcome,
     Refused,
     Request,
-    drop_single_dash,
+    allowed_options,
     hms,
     run_command,
     wait_for_record,
@@ -33,16 +33,17 @@ from runnerctl.executors.batch import (
 from runnerctl.executors.driver import SystemFailure
 from runnerctl.executors.rendezvous import mpirun_launch
 
-_DROPPED_VALUE = ("-N", "--name", "-o", "-e")
-_FLAGS = ("-j", "-X", "--step")
+_VALUED = dict.fromkeys(("-L", "--mpi", "-g", "-m", "--mail-list", "-p"), 1)
+"""pjsub options a job may add: resources but nodes and GPUs (`-L rscgrp=small`), MPI
+settings, group, mail, priority. Not bulk jobs (`--bulk --sparam`), steps, variables
+(`-x`, `-X`), the output or name."""
 _GPU_RESOURCES = ("node", "gpu", "vnode", "vnode-core")
 _SUBMITTED = re.compile(r"\[INFO\] PJM 0000 pjsub Job (\d+) submitted")
 
 
 def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
     """(options passed on, options dropped) from the job's SCHEDULER_PARAMETERS."""
-    return drop_single_dash(text, flags=_FLAGS, valued=_DROPPED_VALUE, resource_option="-L",
-                            resources=_GPU_RESOURCES)
+    return allowed_options(text, valued=_VALUED, resource_option="-L", refused_resources=_GPU_RESOURCES)
 
 
 class Pjm:

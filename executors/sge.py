@@ -27,21 +27,22 @@ from runnerctl.executors.batch import (
     Outcome,
     Refused,
     Request,
-    drop_single_dash,
+    allowed_options,
     run_command,
     wait_for_record,
 )
 from runnerctl.executors.driver import SystemFailure
 from runnerctl.executors.rendezvous import mpirun_launch
 
-_DROPPED_VALUE = ("-o", "-e", "-N", "-wd", "-sync", "-b", "-S", "-j", "-now")
-_FLAGS = ("-terse", "-cwd", "-V")
+_VALUED = {"-q": 1, "-P": 1, "-A": 1, "-l": 1, "-p": 1, "-m": 1, "-M": 1, "-R": 1, "-js": 1, "-pe": 2}
+"""qsub options a job may add (qsub(1)): queue, project, account, resources but `gpu`, a
+parallel environment (`-pe mpi 4`), priority, mail. Not arrays (`-t`), an options file
+(`-@`), the output, name, shell or directory, `-sync`, `-now`."""
 
 
 def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
     """(options passed on, options dropped) from the job's SCHEDULER_PARAMETERS."""
-    return drop_single_dash(text, flags=_FLAGS, valued=_DROPPED_VALUE, resource_option="-l",
-                            resources=("gpu",))
+    return allowed_options(text, valued=_VALUED, resource_option="-l", refused_resources=("gpu",))
 
 
 class GridEngine:

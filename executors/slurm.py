@@ -25,8 +25,8 @@ from runnerctl.executors.batch import (
     Outcome,
     Refused,
     Request,
+    allowed_options,
     run_command,
-    split_options,
     wait_for_record,
 )
 from runnerctl.executors.driver import SystemFailure
@@ -36,19 +36,23 @@ _DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED"
          "BOOT_FAIL", "DEADLINE"}
 _SCRIPT_ENDS = {"COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY"}
 """End states that carry the script's own exit code: build results."""
-_DROPPED_LONG = ("--gres", "--gpus", "--gpus-per-node", "--gpus-per-task", "--gpus-per-socket",
-                 "--tres-per-task", "--tres-per-node", "--output", "--error", "--job-name",
-                 "--chdir", "--wrap")
-_DROPPED_SHORT = ("-G", "-o", "-e", "-J", "-D")
-_FLAGS = ("--parsable",)
+_ONE_VALUE = ("--partition", "-p", "--account", "-A", "--qos", "-q", "--time", "-t", "--time-min",
+              "--mem", "--mem-per-cpu", "--mem-per-gpu", "--constraint", "-C", "--cpus-per-task", "-c",
+              "--cpus-per-gpu", "--ntasks", "-n", "--ntasks-per-node", "--reservation", "--mail-type",
+              "--mail-user", "--comment", "--exclude", "-x", "--nodelist", "-w", "--tmp", "--licenses",
+              "-L", "--wckey", "--begin", "--deadline", "--hint", "--signal")
+_VALUED = dict.fromkeys(_ONE_VALUE, 1)
+"""sbatch options a job may add (sbatch(1)): where, on whose account, how long, with what
+memory and CPUs. Not the GPUs, nodes or arrays (`--gres`, `--gpus*`, `--tres*`, `-N`,
+`--array`), another cluster (`-M`), the output, name or directory, `--wrap`."""
+_FLAGS = ("--exclusive", "--requeue", "--no-requeue")
 _NEVER = {"BadConstraints", "PartitionConfig", "PartitionNodeLimit"}
 """squeue reasons (%r) for a pending job that can never start as asked."""
 
 
 def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
     """(options passed to sbatch, options dropped) from the job's SCHEDULER_PARAMETERS."""
-    return split_options(text, drop_long=_DROPPED_LONG, drop_short=_DROPPED_SHORT,
-                         drop_flags=_FLAGS)
+    return allowed_options(text, valued=_VALUED, flags=_FLAGS)
 
 
 class Slurm:

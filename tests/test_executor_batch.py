@@ -115,3 +115,7 @@ def test_pbs_and_pjm_parameters_keep_all_but_gpus_nodes_and_bookkeeping() -> Non
                                              "-L elapse=1:00:00 -N x")
     assert kept == ["-L", "rscgrp=small", "--mpi", "proc=8", "-L", "elapse=1:00:00"]
     assert dropped == ["-L", "node=4,gpu=8", "-j", "-N", "x"]
+    assert pbs.scheduler_parameters("-lselect=1:ngpus=8 -J 0-63 -- exe -q gpu") == (
+        ["-q", "gpu"], ["-lselect=1:ngpus=8", "-J", "0-63", "--", "exe"])
+    assert pjm.scheduler_parameters("-Lgpu=8 --bulk --sparam 0-63 -g lab") == (
+        ["-g", "lab"], ["-Lgpu=8", "--bulk", "--sparam", "0-63"])

@@ -8,11 +8,13 @@ error in one line, never a traceback."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from runnerctl.executors.apptainer import run_line
 from runnerctl.executors.batch import BadParameters, _gpus_written, _Paths, _stream, time_limit
 from runnerctl.executors.pbs import scheduler_parameters as pbs_parameters
 from runnerctl.executors.pjm import scheduler_parameters as pjm_parameters
@@ -71,3 +73,15 @@ def test_the_time_limit_is_the_gitlab_timeout_when_it_is_one(raw: str, limit: in
 def test_scheduler_parameters_with_an_unclosed_quote_are_the_jobs_error(scheduler: Any) -> None:
     with pytest.raises(BadParameters, match="SCHEDULER_PARAMETERS cannot be split into words"):
         scheduler("--partition 'gpu")
+
+
+@pytest.mark.parametrize("image", ["x'; touch {marker}; echo '", "a\nb; touch {marker}"])
+def test_an_image_name_is_only_ever_text_in_the_wrapper(tmp_path: Path, image: str) -> None:
+    """Without apptainer on the node the wrapper says so, naming the image: as text, so
+    a quote or newline in the job's `image:` runs nothing."""
+    marker = tmp_path / "ran"
+    line = run_line(image=image.format(marker=marker), script=tmp_path / "s.sh", bind=tmp_path, guard="")
+    done = subprocess.run(["bash", "-c", "command() { return 1; }\n" + line + 'echo "rc=$rc"'],
+                          capture_output=True, text=True, check=False)
+    assert done.stdout.endswith("needs apptainer or singularity on this node\nrc=127\n"), done
+    assert not marker.exists()

@@ -24,6 +24,12 @@ def host(tmp_path: Path) -> Path:
 
 
 
+def test_scheduler_parameters_that_slipped_past_a_list_of_dangers_are_dropped() -> None:
+    kept, dropped = scheduler_parameters("-lgpu=8 -t 1-64 -@ opts -q gpu.q -pe mpi 2 -l")
+    assert kept == ["-q", "gpu.q", "-pe", "mpi", "2"]
+    assert dropped == ["-lgpu=8", "-t", "1-64", "-@", "opts", "-l"]  # a trailing -l would take the script
+
+
 def test_scheduler_parameters_keep_all_but_gpus_and_bookkeeping() -> None:
     kept, dropped = scheduler_parameters("-pe smp 4 -l gpu=2 -q all.q -N mine -l h_rt=60 -cwd "
                                          "-o /x -l mem_free=1G,gpu=1 -sync y")

@@ -80,12 +80,23 @@ def test_one_gpu_slot_gets_one_gpu_whatever_the_job_asks(host: Path) -> None:
     assert "ignoring SCHEDULER_PARAMETERS --gpus=8 --gres gpu:4 -J mine" in build.output
 
 
-def test_scheduler_parameters_keep_everything_but_gpus_and_bookkeeping() -> None:
+def test_scheduler_parameters_pass_only_what_a_site_needs() -> None:
     kept, dropped = scheduler_parameters("--nodes=2 -G 4 --time 10 --gpus-per-node=2 -o/x "
                                          "--partition gpu --parsable --tres-per-task=gres/gpu:1")
-    assert kept == ["--nodes=2", "--time", "10", "--partition", "gpu"]
-    assert dropped == ["-G", "4", "--gpus-per-node=2", "-o/x", "--parsable",
+    assert kept == ["--time", "10", "--partition", "gpu"]
+    assert dropped == ["--nodes=2", "-G", "4", "--gpus-per-node=2", "-o/x", "--parsable",
                        "--tres-per-task=gres/gpu:1"]
+
+
+def test_scheduler_parameters_that_slipped_past_a_list_of_dangers_are_dropped() -> None:
+    """sbatch reads more than a list of dangers names: arrays, getopt's abbreviations,
+    clustered short options, another cluster, and a bare word or `--`, after which the
+    runner's own --gres and --output would be the script's arguments."""
+    kept, dropped = scheduler_parameters("--array=0-63 -N64 -sG8 --gpus-per-no=8 --tres-per-n=gres/gpu:8 "
+                                         "-M other train.sh -- --mem=4G -pgpu --comment")
+    assert kept == ["--mem=4G", "-pgpu"]
+    assert dropped == ["--array=0-63", "-N64", "-sG8", "--gpus-per-no=8", "--tres-per-n=gres/gpu:8",
+                       "-M", "other", "train.sh", "--", "--comment"]
 
 
 def test_failing_script_fails_the_job_with_its_code(host: Path) -> None:
