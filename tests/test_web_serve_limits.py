@@ -5,6 +5,7 @@ body is refused unread, connections past the limit get 503 at once."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -12,11 +13,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from runnerctl.controller.serve import MAX_CONNECTIONS
+from runnerctl.controller.serve import MAX_CONNECTIONS, LoopbackHosts
 from tests.serve_proc import Serve, concurrently
 
 PASSWORD = "correct horse battery"
@@ -111,3 +113,33 @@ def test_connections_past_the_limit_get_503_at_once(serve: Serve) -> None:
     deadline = time.monotonic() + 30
     while (status := httpx.get(f"{serve.url}/api/session", timeout=10).status_code) != 200:
         assert time.monotonic() < deadline, status
+
+
+def test_a_page_on_loopback_answers_only_under_a_loopback_name(serve: Serve) -> None:
+    """DNS rebinding: another site points its own name at 127.0.0.1 and reads the page
+    from the user's browser; its requests name that site in Host, and get 400."""
+    for host in ("evil.example", f"evil.example:{serve.port}", "127.0.0.1.evil.example", "localhost.evil"):
+        refused = httpx.get(f"{serve.url}/api/host", headers={"Host": host}, timeout=10)
+        assert refused.status_code == 400 and "loopback name" in refused.text, host
+    for host in (f"127.0.0.1:{serve.port}", "localhost", f"LOCALHOST:{serve.port}", "[::1]:1"):
+        assert httpx.get(f"{serve.url}/healthz", headers={"Host": host}, timeout=10).status_code in (200, 503)
+
+
+def test_a_trusted_proxy_may_name_the_public_host() -> None:
+    """Caddy passes the client's Host: from a proxy in `[web] trusted_proxies` any name
+    passes (the proxy answers only for its own)."""
+    seen: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen.append(scope["path"])
+
+    async def sent(message: dict[str, Any]) -> None:
+        statuses.append(message.get("status"))
+
+    statuses: list[Any] = []
+    guarded = LoopbackHosts(app, ["10.0.0.0/8"])
+    for client in (("10.1.2.3", 40000), ("192.0.2.7", 40000)):
+        scope = {"type": "http", "path": f"/from/{client[0]}", "headers": [(b"host", b"gpu-a.lab.example")],
+                 "client": client}
+        asyncio.run(guarded(scope, None, sent))
+    assert seen == ["/from/10.1.2.3"] and statuses == [400, None]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runnerctl.controller.app import create_app
 from runnerctl.controller.loop import Controller, Wiring
@@ -87,11 +88,50 @@ KEEP_ALIVE_S = 5
 """An idle keep-alive connection is closed after this long (uvicorn's default, stated)."""
 
 
+class LoopbackHosts:
+    """ASGI middleware for a page listening on loopback: a request must name the host as
+    loopback does (`Host: 127.0.0.1:8080`, `localhost`, `[::1]`), else 400.
+
+    A web page the user opens elsewhere can point a name of its own at 127.0.0.1 (DNS
+    rebinding) and then read this page from the user's browser as a page of that name;
+    its requests carry that name in `Host`. A reverse proxy listed in `[web]
+    trusted_proxies` may send the public name (Caddy passes the client's `Host`)."""
+
+    def __init__(self, app: ASGIApp, trusted: Sequence[str]) -> None:
+        self.app = app
+        self.trusted = [ipaddress.ip_network(t, strict=False) for t in trusted]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self._allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        body = b'{"detail":"this page answers only under a loopback name (127.0.0.1, localhost)"}'
+        await send({"type": "http.response.start", "status": 400, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    def _allowed(self, scope: Scope) -> bool:
+        host = next((value.decode("latin-1") for name, value in scope["headers"] if name == b"host"), None)
+        if host is None:  # HTTP/1.0 without Host: no browser sends that
+            return True
+        name = host[1:host.find("]")] if host.startswith("[") else host.rpartition(":")[0] or host
+        if is_loopback(name.lower()):
+            return True
+        client = scope.get("client")
+        try:
+            peer = ipaddress.ip_address(client[0]) if client else None
+        except ValueError:
+            return False
+        return peer is not None and any(peer in network for network in self.trusted)
+
+
 def http_config(app: FastAPI, host: str, port: int, web: WebSettings, log_level: str) -> uvicorn.Config:
     """uvicorn believes X-Forwarded-For/-Proto only from `[web] trusted_proxies` (its own
-    default trusts them from 127.0.0.1, so anyone on the host could pick their address)."""
+    default trusts them from 127.0.0.1, so anyone on the host could pick their address).
+    On a loopback address the page answers only under a loopback name (`LoopbackHosts`)."""
     trusted = list(web.trusted_proxies)
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, proxy_headers=bool(trusted),
+    served: ASGIApp = LoopbackHosts(app, trusted) if is_loopback(host) else app
+    return uvicorn.Config(served, host=host, port=port, log_level=log_level, proxy_headers=bool(trusted),
                           forwarded_allow_ips=trusted or None, server_header=False,
                           limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=KEEP_ALIVE_S)
 
