@@ -24,7 +24,7 @@ from runnerctl.cli.host import (
     token_option,
 )
 from runnerctl.cli.monitoring import attach
-from runnerctl.cli.params import Finite, Seconds, config_option, runner_timeouts
+from runnerctl.cli.params import Finite, Seconds, config_option
 from runnerctl.controller.fairshare import FairPolicy
 from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import request as toggle_request
@@ -273,7 +273,7 @@ def resume(**kwargs: object) -> None:
                    "(more than a real controller knows: GitLab's jobs API has none); cap: its "
                    "runners' --runner-max-timeout-s (runnerctl with [controller] runner_max_timeout_s); "
                    "none: nothing (runnerctl without it).")
-@click.option("--runner-max-timeout-s", metavar="[N=]SECONDS,...", callback=runner_timeouts,
+@click.option("--runner-max-timeout-s", metavar="[N=]SECONDS,...",
               help="The runners' maximum job timeout in seconds (GitLab: at least 600), for every "
                    "runner, or N=SECONDS for the N-GPU ones (86400,1=7200, as [controller] "
                    "runner_max_timeout_s): a job is killed at min(its timeout, its runner's). "

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from runnerctl.settings import MIN_RUNNER_TIMEOUT_S
+from runnerctl.settings import MAX_RUNNER_TIMEOUT_S, MIN_RUNNER_TIMEOUT_S
 
 if TYPE_CHECKING:
     from runnerctl.sim.inputs import SimConfig, TraceJob
@@ -68,7 +68,8 @@ def job_timeouts(jobs: Iterable[TraceJob], config: SimConfig) -> tuple[Timeouts,
 
 def parse_runner_timeouts(text: str) -> tuple[float | None, tuple[tuple[int, float], ...]]:
     """`simulate --runner-max-timeout-s`: "SECONDS" for every runner, "N=SECONDS" for the
-    N-GPU runners, comma-separated ("86400,1=7200"). ValueError: one line saying why."""
+    N-GPU runners, comma-separated ("86400,1=7200"), each given once and at most what
+    `[controller] runner_max_timeout_s` takes. ValueError: one line saying why."""
     default: float | None = None
     by_gpus: dict[int, float] = {}
     for part in (p.strip() for p in text.split(",")):
@@ -79,10 +80,16 @@ def parse_runner_timeouts(text: str) -> tuple[float | None, tuple[tuple[int, flo
         except ValueError:
             raise ValueError(f"runner maximum timeout {part!r}: give SECONDS or GPUS=SECONDS, "
                              "comma-separated (86400,1=7200)") from None
+        if size is not None and size < 1:
+            raise ValueError(f"runner maximum timeout {part!r}: a GPU count is at least 1")
+        if (default if size is None else by_gpus.get(size)) is not None:
+            whose = "every runner's" if size is None else f"the {size}-GPU runners'"
+            raise ValueError(f"--runner-max-timeout-s {text!r}: {whose} maximum timeout is given twice")
+        if value > MAX_RUNNER_TIMEOUT_S:
+            raise ValueError(f"runner maximum timeout {part!r}: more than {MAX_RUNNER_TIMEOUT_S} seconds "
+                             "(the most [controller] runner_max_timeout_s takes)")
         if size is None:
             default = value
-        elif size < 1:
-            raise ValueError(f"runner maximum timeout {part!r}: a GPU count is at least 1")
         else:
             by_gpus[size] = value
     return default, tuple(sorted(by_gpus.items()))
