@@ -24,6 +24,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from runnerctl.errors import first_line
+
 log = logging.getLogger(__name__)
 STALE_INTERVALS = 3
 """A tick this many intervals overdue makes the controller unhealthy."""
@@ -81,8 +83,7 @@ class Liveness:
         kind = type(exc).__name__
         self.failures[kind] += 1
         self.streak += 1
-        first_line = (str(exc).strip().splitlines() or [""])[0]
-        self.last_error = f"{kind}: {first_line}" if first_line else kind
+        self.last_error = f"{kind}: {first_line(exc)}" if str(exc).strip() else kind  # on /healthz
         if kind in self._logged:
             log.debug("tick %d failed again: %s", tick, self.last_error)
             return
