@@ -21,7 +21,9 @@ The first table's `dynamic` knows every pending job's timeout from the trace
 has none. A second table runs `dynamic` as a real controller could, against the same
 greedy and easy-oracle runs: "none" (no pending timeout known: runnerctl by default,
 without `[controller] runner_max_timeout_s`, with run-time estimates from its job
-history), "none, no history" (the same before any history) and "cap" (every runner's maximum timeout set to
+history), "none, by estimate" (the same, backfilling by those estimates:
+`backfill_estimated`), "none, no history" (the same before any history) and "cap"
+(every runner's maximum timeout set to
 the trace's longest timeout, the lab's longest job class: every pending job ends by that),
 "cap, 1-GPU 2 h" (the 1-GPU runners' cap at 2 h, so 1-GPU jobs may backfill; it
 kills longer 1-GPU jobs, and its references run with the same caps) and "caps by size"
@@ -118,7 +120,11 @@ def main() -> int:
              "settings**, its runners without a maximum job timeout (its controller then knows no pending "
              "job's timeout: no backfill, and size credits only for jobs whose project and job name "
              "never ran over 30 minutes lately, `controller.estimates`; each user's jobs of one "
-             "size share a name here); `none, no history` is the same controller before any job of "
+             "size share a name here); `none, by estimate` is the same with `[controller.planner] "
+             "backfill_estimated = true` (jobs backfill drains by their name's longest recent run, their "
+             "runner's maximum timeout set to end at the drain's end; the row counts the jobs GitLab "
+             "killed there, docs/controller.md \"Backfill by estimate\"); `none, no history` is the same "
+             "controller before any job of "
              "a name ended (size credits for all, as runnerctl before run-time estimates); `cap` is "
              "runnerctl with `[controller] "
              "runner_max_timeout_s` at the trace's longest timeout (the lab's longest job class) for every "
@@ -142,10 +148,12 @@ def main() -> int:
 
 SHAPES = ("diurnal", "flat", "philly")  # arrivals on a working day or flat; Philly run times
 # what dynamic knows of pending jobs' timeouts
-VARIANTS = ("trace", "none", "none, no history", "cap", "cap, 1-GPU 2 h", "caps by size")
+VARIANTS = ("trace", "none", "none, by estimate", "none, no history", "cap", "cap, 1-GPU 2 h", "caps by size")
 KNOWS = {"trace": "the trace's timeouts (an upper bound)",
          "none": "no pending timeout, run times from its history (runnerctl's defaults: no "
                  "runner_max_timeout_s)",
+         "none, by estimate": "no pending timeout, backfill by its history's estimates "
+                              "(`backfill_estimated = true`)",
          "none, no history": "no pending timeout and no history (a controller's first day)",
          "cap": "the runners' maximum timeout",
          "cap, 1-GPU 2 h": "the runners' maximum timeouts, 2 h on 1-GPU runners",
@@ -159,6 +167,7 @@ def _variants(jobs: list[TraceJob], foreign: list[ForeignUse], *, hosts: int,
     """Per variant: dynamic's result, the greedy and easy-oracle results it is held
     against, and the row's label. `cap, 1-GPU 2 h` kills the 1-GPU jobs that would run
     longer, and its references run with the same caps (they lose the same work)."""
+    from runnerctl.settings import PlanPolicy
     from runnerctl.sim.simulator import SimConfig, Simulator
 
     def run(config: SimConfig) -> Result:
@@ -174,11 +183,16 @@ def _variants(jobs: list[TraceJob], foreign: list[ForeignUse], *, hosts: int,
     def over(caps: dict[int, float]) -> int:  # jobs of the trace that run longer than their cap
         return sum(min(j.duration, j.timeout or j.duration) > caps.get(j.gpus, cap) for j in jobs)
 
+    estimated = run(dataclasses.replace(base, pending_timeouts="none",
+                                        plan_policy=PlanPolicy(backfill_estimated=True)))
+
     def capped_refs(config: SimConfig) -> dict[str, Result]:
         return {p: run(dataclasses.replace(config, policy=p)) for p in refs}
 
     return {"trace": (run(base), refs, "trace"),
             "none": (run(dataclasses.replace(base, pending_timeouts="none")), refs, "none"),
+            "none, by estimate": (estimated, refs,
+                                  f"none, by estimate ({estimated['jobs_killed_at_deadline']} killed)"),
             "none, no history": (run(dataclasses.replace(base, pending_timeouts="none", history=False)),
                                  refs, "none, no history"),
             "cap": (run(capped), refs, "cap"),

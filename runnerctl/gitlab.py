@@ -140,7 +140,8 @@ class PythonGitLab:
         self._call(f"update runner {runner_id}",
                    lambda: self._gl.runners.update(runner_id, {"tag_list": tags}, **_NO_RETRY))
 
-    def set_maximum_timeout(self, runner_id: int, seconds: int) -> None:
+    def set_maximum_timeout(self, runner_id: int, seconds: int | None) -> None:
+        """Set a runner's maximum job timeout; None clears it (sent as JSON null)."""
         self._call(f"update runner {runner_id}",
                    lambda: self._gl.runners.update(runner_id, {"maximum_timeout": seconds}, **_NO_RETRY))
 

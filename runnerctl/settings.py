@@ -138,6 +138,14 @@ class PlanPolicy:
     """The same for smaller blocks in a drained block (`backfill_max_s` 0 turns these off
     too): 3 h lets the lab traces' 2.7 h 2- and 4-GPU jobs use drained hosts; 3 h for
     singles would let long 1-GPU jobs keep 4-GPU ones out (docs/controller.md)."""
+    backfill_estimated: bool = False
+    """Backfill also jobs whose timeout is unknown, by their run-time estimate
+    (`Demand.estimate_s`, the longest of their project and job name's recent runs): the
+    runner opened for them gets a maximum job timeout that ends at the drain's expected
+    end (`controller.caps`), so GitLab kills a job that runs longer than that, and the
+    drained job waits no longer than it would without backfill. Off (the default): only
+    jobs with a known timeout backfill, and no job is ever killed for a drain
+    (docs/controller.md "Backfill by estimate")."""
 
     def __post_init__(self) -> None:
         """ValueError for a value the planner cannot work with (`_build` names the file or
@@ -146,11 +154,14 @@ class PlanPolicy:
                                                         and self.max_draining >= 1):
             raise ValueError(f"max_draining must be a whole number of blocks, at least 1 (else no "
                              f"multi-GPU job ever drains one), not {self.max_draining!r}")
+        if not isinstance(self.backfill_estimated, bool):
+            raise ValueError(f"backfill_estimated must be true or false, not {self.backfill_estimated!r}")
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.name != "max_draining" and not (isinstance(value, int | float)
-                                                      and not isinstance(value, bool)
-                                                      and math.isfinite(value) and value >= 0):
+            if field.name in ("max_draining", "backfill_estimated"):
+                continue
+            if not (isinstance(value, int | float) and not isinstance(value, bool)
+                    and math.isfinite(value) and value >= 0):
                 raise ValueError(f"{field.name} must be 0 or more seconds, not {value!r}")
 
 
@@ -410,19 +421,24 @@ def load_settings(path: Path | None = None) -> Settings:
     return dataclasses.replace(settings, source=str(path))
 
 
+_BOOLS = {"true": True, "false": False}
+
+
 def parse_planner(text: str) -> PlanPolicy:
     """`simulate --planner`: "KEY=VALUE,..." over the defaults, KEY a `[controller.planner]`
-    setting ("drain_after_s=600,max_draining=2"). ConfigError: one line saying why."""
-    data: dict[str, int | float] = {}
+    setting ("drain_after_s=600,max_draining=2,backfill_estimated=true"). ConfigError: one
+    line saying why."""
+    data: dict[str, int | float | bool] = {}
     for part in (p.strip() for p in text.split(",")) if text.strip() else ():
         key, sep, value = (piece.strip() for piece in part.partition("="))
-        number: int | float | None = None
+        number: int | float | bool | None = _BOOLS.get(value.lower())
         try:
-            number = int(value) if value.lstrip("-").isdigit() else float(value)
+            if number is None:
+                number = int(value) if value.lstrip("-").isdigit() else float(value)
         except ValueError:
             pass
         if not sep or not key or number is None or number != number:  # NaN is no number
-            raise ConfigError(f"--planner {part!r}: give KEY=NUMBER, comma-separated "
+            raise ConfigError(f"--planner {part!r}: give KEY=NUMBER (or KEY=true/false), comma-separated "
                               "(drain_after_s=600,max_draining=2)")
         if key in data:
             raise ConfigError(f"--planner: {key} is given twice")

@@ -285,7 +285,8 @@ def resume(**kwargs: object) -> None:
                    "no size credit. --no-history: a controller's first day.")
 @click.option("--planner", metavar="KEY=VALUE,...",
               help="dynamic: the planner's settings, as [controller.planner] in runnerctl.toml "
-                   "(drain_after_s=600,max_draining=2; docs/controller.md). [default: its defaults]")
+                   "(drain_after_s=600,max_draining=2,backfill_estimated=true; docs/controller.md). "
+                   "[default: its defaults]")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, policy: str,
              runner_type: str, fair_weight_h: float, fair_half_life_h: float, fair_queue_step_min: float,

@@ -1,5 +1,10 @@
 """Apply a plan: pauses first, resumes only once every pause went through (S1).
 
+Between the two, the runners' maximum job timeouts for backfill by estimate
+(`controller.caps`): a runner is resumed only once its maximum timeout is what the plan
+needs, so a job it picks is killed at its drain's deadline; a failed one skips the
+resumes as a failed pause does.
+
 One failed action never stops the loop. A failed pause leaves that runner's state
 unknown and skips every resume of the tick (a resume must never overlap a runner that
 might still be open); a failed resume leaves its runner paused or, if the request timed
@@ -12,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from runnerctl.controller.observe import RunnerCache
 from runnerctl.controller.plan import Decision, differences
@@ -30,6 +35,8 @@ class Action:
     decision: Decision
     ok: bool
     error: str = ""
+    cap: bool = False
+    """A maximum timeout set (`_cap`), not a pause or resume."""
 
 
 class GitLabHealth:
@@ -68,7 +75,10 @@ class GitLabHealth:
 
 def apply(decisions: Sequence[Decision], *, gitlab: GitLabPort, cache: RunnerCache,
           health: GitLabHealth, now: float,
-          on_action: Callable[[Action], None] = lambda a: None) -> list[Action]:
+          on_action: Callable[[Action], None] = lambda a: None,
+          caps: Mapping[str, int | None] | None = None) -> list[Action]:
+    """Send the plan's pauses, then `caps` (runner name -> maximum timeout to set, None
+    clears: `caps.to_send`), then its resumes."""
     pauses, resumes = differences([d for d in decisions if d.slot.name in cache.ids], cache.paused)
     done: list[Action] = []
     for decision in pauses:
@@ -78,6 +88,14 @@ def apply(decisions: Sequence[Decision], *, gitlab: GitLabPort, cache: RunnerCac
             break  # GitLab is failing: try nothing more this tick
     if any(not a.ok for a in done):
         return done
+    by_name = {d.slot.name: d for d in decisions}
+    for name, seconds in (caps or {}).items():
+        if name not in cache.ids or name not in by_name:
+            continue
+        done.append(_cap(by_name[name], seconds, gitlab=gitlab, cache=cache, health=health, now=now))
+        on_action(done[-1])
+        if not done[-1].ok:
+            return done  # its runner must not open without it
     for decision in resumes:
         done.append(_send(decision, gitlab=gitlab, cache=cache, health=health, now=now))
         on_action(done[-1])
@@ -98,6 +116,21 @@ def _send(decision: Decision, *, gitlab: GitLabPort, cache: RunnerCache, health:
     cache.set(name, not decision.open)
     health.ok()
     return Action(decision, True)
+
+
+def _cap(decision: Decision, seconds: int | None, *, gitlab: GitLabPort, cache: RunnerCache,
+         health: GitLabHealth, now: float) -> Action:
+    name = decision.slot.name
+    try:
+        gitlab.set_maximum_timeout(cache.ids[name], seconds)
+    except GitLabError as exc:
+        health.failed(exc, now)
+        cache.cap_unknown.add(name)  # a timed-out request may still have been applied
+        return Action(decision, False, str(exc), cap=True)
+    cache.max_timeout[name] = seconds
+    cache.cap_unknown.discard(name)
+    health.ok()
+    return Action(decision, True, cap=True)
 
 
 STANDBY_RETRY_S = 60.0

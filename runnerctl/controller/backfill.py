@@ -27,6 +27,15 @@ kept open while the pending 1-GPU jobs GitLab would hand out next are short enou
   the idle GPUs left. On the lab traces, 2-GPU jobs on one host waited up to 2.9x
   easy-oracle's p95 behind drains without it (docs/controller.md).
 
+- By estimate (`PlanPolicy.backfill_estimated`, off by default): a pending job whose
+  timeout is unknown counts by its run-time estimate instead (`Demand.estimate_s`, at
+  least `MIN_RUNNER_TIMEOUT_S`, GitLab's smallest maximum timeout), and the slot opened
+  for it gets a deadline, the drain's expected end (`caps`): the controller sets its
+  runner's maximum job timeout to end there (`controller.caps`), so GitLab kills a job
+  that outruns its estimate at the drain's end, and the drained job waits no longer
+  than without backfill (give or take `caps.CAP_SLACK_S` and a tick). An estimate wrong
+  by any factor costs the backfilled job, never the drained one.
+
 Singles are added in order of their block's expected end, latest first; `recheck_at` is
 when the oldest of those jobs would no longer end in time (time alone closes a backfill
 single: the simulator plans that host again then). Known gaps: instance runners take
@@ -42,20 +51,39 @@ from typing import TYPE_CHECKING
 
 from runnerctl.controller.order import handout_order
 from runnerctl.model import Slot
+from runnerctl.settings import MIN_RUNNER_TIMEOUT_S
 
 if TYPE_CHECKING:
-    from runnerctl.controller.plan import Decision, Observed, PlanPolicy
+    from runnerctl.controller.plan import Decision, Demand, Observed, PlanPolicy
+
+Opened = tuple[dict[str, str], float | None, dict[str, float]]
+"""Slots to open (name -> reason), when to plan again (or None), and the deadlines of
+the slots opened by estimate (name -> when a job they start must end)."""
+
+
+def _bounds(jobs: list[Demand], policy: PlanPolicy) -> tuple[float | None, bool]:
+    """How long the longest of these jobs runs at most (None: unknown for one of them),
+    and whether that rests on an estimate (its slot then needs a deadline)."""
+    longest, estimated = 0.0, False
+    for d in jobs:
+        if d.timeout_s is not None:
+            longest = max(longest, d.timeout_s)
+        elif policy.backfill_estimated and d.estimate_s is not None:
+            longest, estimated = max(longest, d.estimate_s, MIN_RUNNER_TIMEOUT_S), True
+        else:
+            return None, False
+    return longest, estimated
 
 
 def backfill(observed: Observed, busy: Mapping[int, list[str]], reservations: Mapping[str, tuple[Slot, int]],
-             decisions: tuple[Decision, ...], policy: PlanPolicy) -> tuple[dict[str, str], float | None]:
-    """Slots to open for backfill (name -> reason) and when to plan again (or None)."""
+             decisions: tuple[Decision, ...], policy: PlanPolicy) -> Opened:
+    """Slots to open for backfill, when to plan again, and the estimated ones' deadlines."""
     now = observed.now
     if now is None or not policy.backfill_max_s or not reservations or not busy:
-        return {}, None
+        return {}, None, {}
     ends_by = {s.slot.name: s.ends_by for s in observed.slots if s.ends_by is not None}
     if not ends_by:
-        return {}, None  # no running job's end is known, so no drain's
+        return {}, None, {}  # no running job's end is known, so no drain's
     closed, held = observed.closed, observed.held
     known: list[tuple[Slot, int, float]] = []  # each drain whose end is known: (block, job, expected end)
     for block, job in reservations.values():
@@ -69,9 +97,10 @@ def backfill(observed: Observed, busy: Mapping[int, list[str]], reservations: Ma
     for block, job, end in known:
         drain_end.update((g, (end, job)) for g in block.gpus if g not in busy and g not in kept)
     if not drain_end:
-        return {}, None
+        return {}, None, {}
     opened: dict[str, str] = {}
-    recheck = _blocks(observed, busy, reservations, decisions, policy, drain_end, opened)
+    deadlines: dict[str, float] = {}
+    recheck = _blocks(observed, busy, reservations, decisions, policy, drain_end, opened, deadlines)
     blocks = len(opened)
     taken = {g for d in decisions if d.slot.name in opened for g in d.slot.gpus}
     free = 0
@@ -88,26 +117,29 @@ def backfill(observed: Observed, busy: Mapping[int, list[str]], reservations: Ma
     ones = sorted((d for d in observed.demand if d.gpus == 1), key=handout_order)
     limit = float("inf")
     needed = 0.0
+    singles: dict[str, float] = {}  # backfill singles opened -> their drain's expected end
+    guessed = False
     for (end, job), slot in sorted(candidates, key=lambda c: (-c[0][0], c[1].gpus)):
         count = free + len(opened) - blocks + 1
         if len(ones) < count:
             break
-        timeouts = [d.timeout_s for d in ones[:count]]
-        if any(t is None for t in timeouts):
+        longest, estimated = _bounds(ones[:count], policy)
+        if longest is None or longest > policy.backfill_max_s or now + longest > min(limit, end):
             break
-        longest = max(t for t in timeouts if t is not None)
-        if longest > policy.backfill_max_s or now + longest > min(limit, end):
-            break
-        limit, needed = min(limit, end), longest
+        limit, needed = min(limit, end), max(needed, longest)
         opened[slot.name] = f"backfill for job {job}'s drain: pending 1-GPU jobs end by {end:.0f}"
+        singles[slot.name] = end
+        guessed = guessed or estimated
+    if guessed:  # any of these singles may get the job known by estimate only
+        _by_estimate(singles, opened, deadlines)
     if len(opened) > blocks:
         recheck = min(recheck, limit - needed)
-    return opened, (recheck if opened else None)
+    return opened, (recheck if opened else None), deadlines
 
 
 def _blocks(observed: Observed, busy: Mapping[int, list[str]], reservations: Mapping[str, tuple[Slot, int]],
             decisions: tuple[Decision, ...], policy: PlanPolicy, drain_end: Mapping[int, tuple[float, int]],
-            opened: dict[str, str]) -> float:
+            opened: dict[str, str], deadlines: dict[str, float]) -> float:
     """The same for blocks smaller than the drained one, all on its idle GPUs, biggest
     first: with F idle open blocks of that size and B backfill ones, the F + B oldest
     pending jobs of that size (`handout_order`) must each end in time, their timeouts at most
@@ -133,17 +165,31 @@ def _blocks(observed: Observed, busy: Mapping[int, list[str]], reservations: Map
     for size in sorted(candidates, reverse=True):
         pending = sorted((d for d in observed.demand if d.gpus == size), key=handout_order)
         count = free.get(size, 0)
+        same: dict[str, float] = {}  # this size's backfill blocks opened -> their drain's expected end
+        guessed = False
         for (end, job), slot in sorted(candidates[size], key=lambda c: (-c[0][0], c[1].gpus)):
             if taken.intersection(slot.gpus):
                 continue
             count += 1
-            timeouts = [d.timeout_s for d in pending[:count]]
-            if len(timeouts) < count or any(t is None for t in timeouts):
+            if len(pending) < count:
                 break
-            longest = max(t for t in timeouts if t is not None)
-            if longest > policy.backfill_blocks_max_s or now + longest > end:
+            longest, estimated = _bounds(pending[:count], policy)
+            if longest is None or longest > policy.backfill_blocks_max_s or now + longest > end:
                 break
             opened[slot.name] = f"backfill for job {job}'s drain: pending {size}-GPU jobs end by {end:.0f}"
+            same[slot.name] = end
+            guessed = guessed or estimated
             taken.update(slot.gpus)
             recheck = min(recheck, end - longest)
+        if guessed:
+            _by_estimate(same, opened, deadlines)
     return recheck
+
+
+def _by_estimate(ends: Mapping[str, float], opened: dict[str, str], deadlines: dict[str, float]) -> None:
+    """These slots, opened together for jobs of one size, may get a job known by its
+    estimate only (GitLab hands them out in its own order): each gets its drain's
+    expected end as deadline."""
+    for name, end in ends.items():
+        deadlines[name] = end
+        opened[name] += " (by estimate: killed then)"

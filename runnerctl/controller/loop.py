@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from runnerctl.controller import act as acting
+from runnerctl.controller.caps import to_send
 from runnerctl.controller.claims import Claims
 from runnerctl.controller.demand import ApiBudget, DemandTracker
 from runnerctl.controller.estimates import Estimates
@@ -97,6 +98,7 @@ class Controller:
         self._synced = False
         self._published = False  # the inventory toggles are checked against (store.save_inventory)
         self._partial_caps_logged = False  # runners' maximum timeouts on some sizes only
+        self._deadlines: Mapping[str, float] = {}  # Plan.deadlines being applied (_acted)
         self.stats = ControllerStats()  # counters for the exporter, fed once per tick
         self.on_tick: list[Callable[[ControllerView], None]] = []  # e.g. dcgm job mapping files
         self._failing: set[str] = set()  # side tasks failing now (logged once)
@@ -124,8 +126,13 @@ class Controller:
         observed = self._observed(snapshot, running, toggles, now)
         result, observed = self.claims.plan(observed, self.policy, now)
         if gitlab_ok:
+            caps = None
+            self._deadlines = result.deadlines
+            if self.policy.backfill_estimated:  # controller/caps.py
+                opens = [d.slot.name for d in result.decisions if d.open]
+                caps = to_send(opens, result.deadlines, self._own_caps(), self.cache.known_caps(), now)
             acting.apply(result.decisions, gitlab=self.wiring.gitlab, cache=self.cache, health=self.health,
-                         now=now, on_action=lambda a: self._acted(a, now))
+                         now=now, on_action=lambda a: self._acted(a, now), caps=caps)
         if gitlab_ready:
             self.standby.keep_online(self.wiring.gitlab, now)
         self._remember(result, now)
@@ -282,7 +289,8 @@ class Controller:
         names: dict[int, list[str]] = {}
         for slot in self._slots:
             names.setdefault(slot.size, []).append(slot.name)
-        bounds = {size: self.cache.timeout_bound(slot_names) for size, slot_names in names.items()}
+        own = self._own_caps() if self.policy.backfill_estimated else None
+        bounds = {size: self.cache.timeout_bound(slot_names, own) for size, slot_names in names.items()}
         if None in bounds.values():
             partial = sorted(size for size, bound in bounds.items() if bound is not None)
             if partial and not self._partial_caps_logged:
@@ -297,10 +305,22 @@ class Controller:
             timed.append(d if bound is None else dataclasses.replace(d, timeout_s=float(bound)))
         return tuple(timed)
 
+    def _own_caps(self) -> dict[str, int | None]:
+        """Each runner's own maximum timeout (`[controller] runner_max_timeout_s` for its
+        size; None: none), which it gets back after backfill by estimate."""
+        own = self.settings.runner_max_timeout_s
+        return {slot.name: own.get(str(slot.size)) for slot in self._slots}
+
     def _acted(self, action: acting.Action, now: float) -> None:
         d = action.decision
         verb = "resume" if d.open else "pause"
         detail = d.reason if action.ok else f"failed: {action.error}"
+        if action.cap:
+            seconds = self.cache.max_timeout.get(d.slot.name)
+            verb = "cap"
+            detail = (f"failed: {action.error}" if not action.ok else
+                      f"maximum job timeout {seconds} s: {d.reason}" if seconds is not None and d.slot.name
+                      in self._deadlines else f"maximum job timeout back to {seconds or 'none'}")
         self._event(now, verb if action.ok else f"{verb}-failed", d.slot.name, detail)
 
     def _remember(self, result: Plan, now: float) -> None:

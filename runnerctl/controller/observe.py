@@ -164,6 +164,7 @@ class RunnerCache:
         self.paused: dict[str, bool | None] = {name: None for name in runner_ids}
         self.online: dict[str, bool | None] = {name: None for name in runner_ids}
         self.max_timeout: dict[str, int | None] = {name: None for name in runner_ids}
+        self.cap_unknown: set[str] = set(runner_ids)  # max_timeout not read yet, or a set failed
         self._next = 0
 
     def sync_all(self, gitlab: GitLabPort) -> None:
@@ -187,15 +188,23 @@ class RunnerCache:
                 log.warning("runner %s (id %s) not found in GitLab; if it was deleted, run `runnerctl init`",
                             name, self.ids[name])
             self.paused[name] = self.online[name] = self.max_timeout[name] = None
+            self.cap_unknown.add(name)
             return
         self.paused[name] = info.paused
         self.online[name] = info.online
         self.max_timeout[name] = info.maximum_timeout
+        self.cap_unknown.discard(name)
 
-    def timeout_bound(self, names: Iterable[str]) -> int | None:
+    def known_caps(self) -> dict[str, int | None]:
+        """Each runner's maximum timeout where it is known (`caps.to_send`)."""
+        return {name: cap for name, cap in self.max_timeout.items() if name not in self.cap_unknown}
+
+    def timeout_bound(self, names: Iterable[str], own: Mapping[str, int | None] | None = None) -> int | None:
         """The longest a job started by any of these runners can run: the largest of
-        their maximum timeouts, or None when one of them has none (or is unread)."""
-        caps = [self.max_timeout.get(name) for name in names]
+        their maximum timeouts, or None when one of them has none (or is unread). `own`:
+        the runners' own maximum timeouts to read instead (with backfill by estimate, a
+        deadline's maximum timeout is no bound on the jobs the runner takes later)."""
+        caps = [self.max_timeout.get(name) if own is None else own.get(name) for name in names]
         return None if not caps or None in caps else max(c for c in caps if c is not None)
 
     def set(self, name: str, paused: bool | None) -> None:

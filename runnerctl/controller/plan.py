@@ -24,7 +24,8 @@ calls it, and applies the returned actions (all pauses before any resume). It ke
   tick.
 - Backfill (`controller.backfill`): a single, or a block smaller than the drained one,
   on idle GPUs of a draining block stays open while the jobs of its size GitLab would
-  hand it end, by their timeouts, before the drain.
+  hand it end, by their timeouts, before the drain (or by their estimates, with a
+  deadline for the slot's runner: `PlanPolicy.backfill_estimated`).
 
 Idle GPUs go to pending jobs by claim (`controller.order`): age, where a big job counts
 older (it is harder to place) unless its timeout is known, so big jobs take idle blocks
@@ -78,9 +79,10 @@ class Demand:
     project's recent GPU use; bounded, so its age still wins in the end."""
     estimate_s: float | None = None
     """How long the job history says it may run (`controller.estimates`: the longest of
-    the latest runs of its project and job name), if any ended. Only the order reads it
-    (a job that may run long gets no size credit: `PlanPolicy.credit_estimate_max_s`);
-    being no bound, it never lets a job backfill."""
+    the latest runs of its project and job name), if any ended. The order reads it (a
+    job that may run long gets no size credit: `PlanPolicy.credit_estimate_max_s`);
+    being no bound, it lets a job backfill only where the runner it may get is given a
+    deadline (`PlanPolicy.backfill_estimated`)."""
     queued_at: float | None = None
     """When it became pending, if known (GitLab's `queued_duration` before the poll): a
     job of a later stage is created with its pipeline, long before it is queued."""
@@ -130,6 +132,9 @@ class Plan:
     drains_from: tuple[int, float] | None = None
     """(job, when): the job that stopped the drains because it has not waited
     `PlanPolicy.drain_after_s` yet, and when it may drain (why_waiting says so)."""
+    deadlines: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Slots opened for backfill by estimate (`PlanPolicy.backfill_estimated`) -> when
+    a job they start must end: their runners' maximum timeout ends then (`caps`)."""
 
     def open_slots(self) -> list[Slot]:
         return [d.slot for d in self.decisions if d.open]
@@ -171,12 +176,12 @@ def plan(observed: Observed, policy: PlanPolicy = DEFAULTS) -> Plan:
     first = reserver.first_open()  # singles open in a drain: its block waits for them too
     held_by = {**busy, **{s.gpus[0]: [s.name] for s in reserver.usable.get(1, ()) if s.name in first}}
     decisions = _opened(decide(observed, held_by if first else busy, reservations), first)
-    opened, recheck = backfill(observed, busy, reservations, decisions, policy)
+    opened, recheck, deadlines = backfill(observed, busy, reservations, decisions, policy)
     decisions = _opened(decisions, opened)
     reserved = {name: job for name, (_, job) in reservations.items()}
     return Plan(decisions, reserved, frozenset(reserver.protected),
                 frozenset(reserved.values()) - observed.elsewhere, reserver.singles, recheck,
-                reserver.drains_from)
+                reserver.drains_from, deadlines)
 
 
 def _opened(decisions: tuple[Decision, ...], opened: Mapping[str, str]) -> tuple[Decision, ...]:

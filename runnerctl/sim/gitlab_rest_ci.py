@@ -83,7 +83,8 @@ class CiRoutes:
                 s.update_runner(runner.id, paused=_bool(body.get("paused")),
                                 tags=_tags(body["tag_list"]) if "tag_list" in body else None,
                                 description=body.get("description"),
-                                maximum_timeout=_max_timeout(body))
+                                maximum_timeout=_max_timeout(body),
+                                clear_maximum_timeout=body.get("maximum_timeout", 0) is None)
                 return 200, self.runner_detail(runner)
             if method == "DELETE" and not match.group(2):
                 s.delete_runner(runner.id)
@@ -221,7 +222,9 @@ def _max_timeout(body: dict[str, Any], *, create: bool = False) -> int | None:
     (app/models/ci/runner.rb). A failed validation: `PUT /runners/:id` answers 400 with
     the model's errors (`render_validation_error!`, lib/api/ci/runners.rb), `POST
     /user/runners` 400 with them as one sentence (`bad_request!(result.errors.to_sentence)`,
-    lib/api/user_runners.rb)."""
+    lib/api/user_runners.rb). Given as null on an update, it clears the runner's
+    (`declared_params(include_missing: false)` keeps a key given as null, and the model
+    allows nil: the caller's `clear_maximum_timeout`)."""
     raw = body.get("maximum_timeout")
     if raw is None or raw == "":
         return None

@@ -176,9 +176,9 @@ class GitLabState:
 
     def update_runner(self, runner_id: int, *, paused: bool | None = None,
                       tags: Iterable[str] | None = None, description: str | None = None,
-                      maximum_timeout: int | None = None) -> SimRunner:
+                      maximum_timeout: int | None = None, clear_maximum_timeout: bool = False) -> SimRunner:
         runner = self.runners[runner_id]
-        if maximum_timeout is not None:
+        if maximum_timeout is not None or clear_maximum_timeout:
             runner.maximum_timeout = maximum_timeout
         if paused is not None:
             runner.paused = paused

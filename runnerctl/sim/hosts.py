@@ -27,10 +27,11 @@ def host_name(index: int) -> str:
 class SimRunner:
     """One runner: its slot, open (unpaused) or not, the job it runs."""
 
-    __slots__ = ("slot", "index", "open", "job", "started", "ends_by", "state")
+    __slots__ = ("slot", "index", "open", "job", "started", "ends_by", "state", "cap")
 
     def __init__(self, slot: Slot, index: int, open_: bool) -> None:
         self.slot, self.index, self.open = slot, index, open_
+        self.cap: int | None = None  # the maximum timeout runnerctl set for backfill by estimate (caps)
         self.job: int | None = None
         self.started: float | None = None
         self.ends_by: float | None = None  # start + its timeout (CI_JOB_TIMEOUT), if it has one
@@ -61,6 +62,8 @@ class SimHost:
         self.boundary: tuple[int, bool, float, int] | None = None  # replan.boundary
         self.stopped_by: int | None = None  # the job that held new drains back in its last plan (too young)
         self.recheck_at = float("inf")  # plan.Plan.recheck_at: plan again then
+        self.deadlines: Mapping[str, float] = {}  # plan.Plan.deadlines of its last plan
+        self.capped: set[str] = set()  # runners with a deadline's maximum timeout (SimRunner.cap)
         self.singles: Mapping[int, str] | None = {}  # plan.Plan.singles of its last plan (own.own_start;
         # None: unknown, replan.sees skipped a plan that could change only it)
         self.seen = 0  # Simulator._log: the changes its last plan saw (replan.sees)

@@ -47,6 +47,7 @@ def metrics(sim: Simulator) -> dict[str, object]:
         "wait_max_s": {n: round(max(w), 3) for n, w in sorted(waits.items())},
         "jobs_completed": len(sim.finished), "jobs_never_started": len(jobs) - len(sim.started),
         "jobs_dropped": dict(sorted(reasons.items())), "jobs_dropped_by_gpus": dict(sorted(sizes.items())),
+        "jobs_killed_at_deadline": sim.killed_at_deadline,
         "double_allocations": sim.double_allocations,
         "foreign_collisions": sim.foreign_collisions, "gitlab_api_calls": sim.gitlab_api_calls,
         **fairness(jobs, sim.started, sim.run_time),

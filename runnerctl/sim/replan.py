@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from runnerctl.controller.caps import to_send
 from runnerctl.controller.claims import waiting
 from runnerctl.controller.plan import (
     Demand,
@@ -318,6 +319,21 @@ def _may_backfill(host: SimHost, gpus: tuple[int, ...], idle: list[bool]) -> boo
                                               if r.job is not None and any(g in gpus for g in r.slot.gpus))
 
 
+def set_caps(sim: Simulator, host: SimHost, result: Plan, now: float) -> None:
+    """The maximum timeouts the controller sets before its runners open (`caps.to_send`:
+    backfill by estimate), one GitLab call each. `SimRunner.cap` None: the runner's own
+    (`SimConfig.runner_cap`)."""
+    opens = [d.slot.name for d in result.decisions if d.open]
+    by_name = host.runner_of
+    base = {name: sim.base_cap(by_name[name]) for name in opens}
+    current = {name: base[name] if by_name[name].cap is None else by_name[name].cap for name in opens}
+    for name, cap in to_send(opens, result.deadlines, base, current, now).items():
+        by_name[name].cap = None if cap == base[name] else cap
+        (host.capped.discard if cap == base[name] else host.capped.add)(name)
+        sim.actions += 1
+    host.deadlines = dict(result.deadlines)
+
+
 def reconcile(sim: Simulator, now: float, host_no: int) -> None:
     """Plan one host the way the controller's loop does (plan, then `differences`), apply
     the runner changes and record what other hosts must see (claims, the replan log)."""
@@ -332,6 +348,8 @@ def reconcile(sim: Simulator, now: float, host_no: int) -> None:
     host.stopped_by = None if result.drains_from is None else result.drains_from[0]
     host.recheck_at = float("inf") if result.recheck_at is None else result.recheck_at
     host.singles = result.singles
+    if result.deadlines or host.capped:
+        set_caps(sim, host, result, now)
     if result.recheck_at is not None:  # time alone closes a backfill single: a tick then
         sim._schedule_tick((result.recheck_at // sim.config.reconcile_s + 1) * sim.config.reconcile_s)
     pauses, resumes = differences(result.decisions, host.paused)

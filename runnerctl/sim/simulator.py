@@ -54,6 +54,7 @@ import heapq
 import itertools
 from collections.abc import Iterable
 
+from runnerctl.controller.caps import CAP_SLACK_S, wanted
 from runnerctl.controller.estimates import RunTimes
 from runnerctl.controller.order import short_enough
 from runnerctl.controller.plan import Demand
@@ -66,7 +67,7 @@ from runnerctl.sim.own import own_end, own_start
 from runnerctl.sim.queue import PendingQueue
 from runnerctl.sim.reference import REFERENCE, schedule
 from runnerctl.sim.replan import SeesRead, reconcile, sees
-from runnerctl.sim.timeouts import job_timeouts
+from runnerctl.sim.timeouts import gitlab_timeout, job_timeouts
 from runnerctl.sim.top import QueueTop
 
 __all__ = ["POLICIES", "REFERENCE", "ForeignUse", "SimConfig", "Simulator", "TraceJob"]
@@ -88,6 +89,9 @@ class Simulator:
         self.jobs = {j.job_id: j for j in jobs}
         # per job: the timeout it runs under, and what the planner knows of it while pending
         self.timeout, self.known_timeout = job_timeouts(self.jobs.values(), config)
+        if config.pending_timeouts == "trace":
+            self.known_timeout = dict(self.known_timeout)  # `_capped` changes `timeout` only
+        self.killed_at_deadline = 0  # jobs GitLab killed at a backfill deadline (`_capped`)
         self.timed_multi = any(self.known_timeout[j.job_id] is not None and j.gpus > 1
                                for j in self.jobs.values())  # own_start
         self.hosts = [SimHost(i, gpus=config.gpus_per_host, policy=config.policy)
@@ -251,7 +255,7 @@ class Simulator:
             host.owner[g] = job_id
         self.placement[job_id] = (host_no, gpus)
         if runner is not None:
-            timeout = self.timeout[job_id]
+            timeout = self._capped(now, host, runner, job_id)
             runner.job, runner.started = job_id, now
             runner.ends_by = None if timeout is None else now + timeout
             runner.refresh()
@@ -461,6 +465,32 @@ class Simulator:
         if running longer, times out": gitlabhq doc/ci/runners/configure_runners.md)."""
         job, timeout = self.jobs[job_id], self.timeout[job_id]
         return job.duration if timeout is None else min(job.duration, timeout)
+
+    def base_cap(self, runner: SimRunner) -> int | None:
+        """A runner's own maximum timeout (`[controller] runner_max_timeout_s` for its size)."""
+        cap = self.config.runner_cap(runner.slot.size)
+        return None if cap is None else int(cap)
+
+    def _capped(self, now: float, host: SimHost, runner: SimRunner, job_id: int) -> float | None:
+        """The timeout a job runs under as this runner picks it: where runnerctl set the
+        runner a deadline's maximum timeout (`caps`, backfill by estimate), GitLab's min of
+        the job's own and that, as the controller last set it (it sets it again at a tick
+        once off by more than `caps.CAP_SLACK_S`: taken here at the pick). A job that would
+        run longer is killed then: counted in `killed_at_deadline`."""
+        timeout = self.timeout[job_id]
+        if runner.cap is None:
+            return timeout
+        deadline = host.deadlines.get(runner.slot.name)
+        if deadline is not None:
+            want = wanted(deadline, self.base_cap(runner), now)
+            if want is not None and abs(want - runner.cap) > CAP_SLACK_S:
+                runner.cap = want
+        job = self.jobs[job_id]
+        timeout = gitlab_timeout(job.timeout, float(runner.cap))
+        self.timeout[job_id] = timeout
+        if timeout is not None and job.duration > timeout:
+            self.killed_at_deadline += 1
+        return timeout
 
     # -- reference policies (runnerctl.sim.reference) ----------------------------------
     def start_reference(self, now: float, host_no: int, job_id: int) -> None:
