@@ -30,7 +30,8 @@ kept open while the pending 1-GPU jobs GitLab would hand out next are short enou
 - By estimate (`PlanPolicy.backfill_estimated`, off by default): a pending job whose
   timeout is unknown counts by its run-time estimate instead (`Demand.estimate_s`, at
   least `MIN_RUNNER_TIMEOUT_S`, GitLab's smallest maximum timeout), and the slot opened
-  for it gets a deadline, the drain's expected end (`caps`): the controller sets its
+  for it (and every slot opened with it: GitLab may hand the job to any of them) gets a
+  deadline, the drain's expected end (`Plan.deadlines`): the controller sets its
   runner's maximum job timeout to end there (`controller.caps`), so GitLab kills a job
   that outruns its estimate at the drain's end, and the drained job waits no longer
   than without backfill (give or take `caps.CAP_SLACK_S` and a tick). An estimate wrong
