@@ -98,7 +98,6 @@ class Controller:
         self._synced = False
         self._published = False  # the inventory toggles are checked against (store.save_inventory)
         self._partial_caps_logged = False  # runners' maximum timeouts on some sizes only
-        self._deadlines: Mapping[str, float] = {}  # Plan.deadlines being applied (_acted)
         self.stats = ControllerStats()  # counters for the exporter, fed once per tick
         self.on_tick: list[Callable[[ControllerView], None]] = []  # e.g. dcgm job mapping files
         self._failing: set[str] = set()  # side tasks failing now (logged once)
@@ -127,7 +126,6 @@ class Controller:
         result, observed = self.claims.plan(observed, self.policy, now)
         if gitlab_ok:
             caps = None
-            self._deadlines = result.deadlines
             if self.policy.backfill_estimated:  # controller/caps.py
                 opens = [d.slot.name for d in result.decisions if d.open]
                 caps = to_send(opens, result.deadlines, self._own_caps(), self.cache.known_caps(), now)
@@ -316,11 +314,12 @@ class Controller:
         verb = "resume" if d.open else "pause"
         detail = d.reason if action.ok else f"failed: {action.error}"
         if action.cap:
-            seconds = self.cache.max_timeout.get(d.slot.name)
             verb = "cap"
-            detail = (f"failed: {action.error}" if not action.ok else
-                      f"maximum job timeout {seconds} s: {d.reason}" if seconds is not None and d.slot.name
-                      in self._deadlines else f"maximum job timeout back to {seconds or 'none'}")
+            seconds = self.cache.max_timeout.get(d.slot.name)
+            if action.ok and seconds == self._own_caps().get(d.slot.name):
+                detail = f"maximum job timeout back to {seconds or 'none'}"
+            elif action.ok:
+                detail = f"maximum job timeout {seconds} s: {d.reason}"
         self._event(now, verb if action.ok else f"{verb}-failed", d.slot.name, detail)
 
     def _remember(self, result: Plan, now: float) -> None:
