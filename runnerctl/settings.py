@@ -1,9 +1,11 @@
 """runnerctl's own settings file (TOML), as nested frozen dataclasses.
 
 Looked up at `--config`, else `$RUNNERCTL_CONFIG`, else /etc/runnerctl/runnerctl.toml
-(root) or ~/.config/runnerctl/runnerctl.toml. A missing file means all defaults; an
-unknown key or a wrong type is an error that names the key. Secrets (GitLab token)
-are not kept here: they come from `$RUNNERCTL_GITLAB_TOKEN` or `--token-file`.
+(root) or ~/.config/runnerctl/runnerctl.toml. A missing file means all defaults, but
+the command line's `--config` must name a file that exists (click checks it: a misspelt
+path would silently mean the defaults' state directory). An unknown key or a wrong type
+is an error that names the key. Secrets (GitLab token) are not kept here: they come
+from `$RUNNERCTL_GITLAB_TOKEN` or `--token-file`.
 """
 
 from __future__ import annotations

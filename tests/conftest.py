@@ -69,3 +69,11 @@ def lease_world(tmp_path: Path) -> Iterator[World]:
                     lease_dir=tmp_path / "state")
     yield w
     w.close()
+
+
+def defaults_toml(directory: Path) -> Path:
+    """An empty runnerctl settings file in `directory`: every setting at its default
+    (`--config` must name a file that exists)."""
+    path = directory / "defaults.toml"
+    path.touch()
+    return path

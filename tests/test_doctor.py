@@ -13,12 +13,12 @@ import pytest
 
 from runnerctl.cli import main
 from runnerctl.sim.gitlab_server import GitLabServer
-from tests.conftest import token_file
+from tests.conftest import defaults_toml, token_file
 
 
 def _doctor(tmp_path: Path, config: Path, *extra: str) -> int:
     return main(["doctor", "--gpu-source", "sim:2", "--host", "gpu-a", "--runner-config",
-                 str(config), "--config", str(tmp_path / "absent.toml"), *extra])
+                 str(config), "--config", str(defaults_toml(tmp_path)), *extra])
 
 
 def test_healthy_host_passes(gitlab_server: GitLabServer, tmp_path: Path,
@@ -33,7 +33,7 @@ def test_healthy_host_passes(gitlab_server: GitLabServer, tmp_path: Path,
     config = tmp_path / "config.toml"
     assert main(["init", "--gitlab-url", gitlab_server.url, "--token-file", token_file(tmp_path),
                  "--gpu-source", "sim:2", "--host", "gpu-a", "--runner-config", str(config),
-                 "--config", str(tmp_path / "absent.toml")]) == 0
+                 "--config", str(defaults_toml(tmp_path))]) == 0
     capsys.readouterr()
     (tmp_path / ".runner_system_id").write_text("s_0a1b2c3d4e5f\n")  # gitlab-runner's, beside config.toml
     assert _doctor(tmp_path, config, "--token-file", token_file(tmp_path)) == 0
@@ -50,7 +50,7 @@ def test_without_gitlab_runners_system_id_tokens_are_not_verified(gitlab_server:
     config = tmp_path / "config.toml"
     assert main(["init", "--gitlab-url", gitlab_server.url, "--token-file", token_file(tmp_path),
                  "--gpu-source", "sim:2", "--host", "gpu-a", "--runner-config", str(config),
-                 "--config", str(tmp_path / "absent.toml")]) == 0
+                 "--config", str(defaults_toml(tmp_path))]) == 0
     (tmp_path / ".runner_system_id").write_text("runnerctl-doctor")  # malformed: gitlab-runner ignores it
     capsys.readouterr()
     _doctor(tmp_path, config, "--token-file", token_file(tmp_path))
@@ -64,7 +64,7 @@ def test_problems_are_named_with_a_fix(gitlab_server: GitLabServer, tmp_path: Pa
     config = tmp_path / "config.toml"
     main(["init", "--gitlab-url", gitlab_server.url, "--token-file", token_file(tmp_path), "--gpu-source",
           "sim:2", "--host", "gpu-a", "--runner-config", str(config),
-          "--config", str(tmp_path / "absent.toml")])
+          "--config", str(defaults_toml(tmp_path))])
     config.chmod(0o644)
     deleted = next(iter(gitlab_server.state.runners))
     gitlab_server.state.delete_runner(deleted)
@@ -82,10 +82,12 @@ def test_problems_are_named_with_a_fix(gitlab_server: GitLabServer, tmp_path: Pa
 def test_doctor_without_gpus_or_config(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "runnerctl", "doctor", "--gpu-source", "nvml", "--runner-config",
-         str(tmp_path / "none.toml"), "--config", str(tmp_path / "absent.toml")],
+         str(tmp_path / "none.toml")],
         capture_output=True, text=True, timeout=60, check=False,
-        env={**os.environ, "LD_LIBRARY_PATH": str(tmp_path)})
+        env={**os.environ, "LD_LIBRARY_PATH": str(tmp_path),
+             "RUNNERCTL_CONFIG": str(tmp_path / "absent.toml")})
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "[FAIL] GPUs: cannot initialise NVML" in result.stdout
     assert "--gpu-source sim:N" in result.stdout
     assert "run `runnerctl init` to create it" in result.stdout
+    assert f"settings: {tmp_path / 'absent.toml'} (absent: defaults)" in result.stdout

@@ -27,6 +27,7 @@ from runnerctl.postgres import (
     libpq_url,
     with_host,
 )
+from tests.conftest import defaults_toml
 from tests.pg import free_port
 
 
@@ -49,7 +50,7 @@ def test_binaries_are_found() -> None:
 def test_fresh_machine_init_start_url_and_a_study_survives_stop_start(
         base_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["postgres", "--dir", str(base_dir / "pg"), "--port", str(free_port()),
-            "--config", str(base_dir / "absent.toml")]
+            "--config", str(defaults_toml(base_dir))]
     try:
         assert main([*args, "init"]) == 0
         assert main([*args, "init"]) == 0  # changes nothing

@@ -10,6 +10,7 @@ import pytest
 
 from runnerctl.cli import main
 from runnerctl.runner_config import RunnerConfigFile
+from tests.conftest import defaults_toml
 from tests.test_cli_validation import one_line
 
 ENTRY = 'concurrent = 1\n\n[[runners]]\nname = "runnerctl/gpu-a/gpu0"\nurl = "http://127.0.0.1:9"\n' \
@@ -24,7 +25,7 @@ def _config(tmp_path: Path, runner_id: str) -> Path:
 
 
 def _commands(tmp_path: Path, config: Path) -> dict[str, list[str]]:
-    common = ["--runner-config", str(config), "--config", str(tmp_path / "absent.toml")]
+    common = ["--runner-config", str(config), "--config", str(defaults_toml(tmp_path))]
     return {"init": ["init", "--gitlab-url", "http://127.0.0.1:9", "--gpu-source", "sim:1", "--host", "gpu-a",
                      "--dry-run", *common],
             "uninstall": ["uninstall", "--dry-run", "--root", str(tmp_path), *common]}
@@ -49,7 +50,7 @@ def test_doctor_reports_a_bad_runner_id_as_one_failed_check(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     config = _config(tmp_path, '"abc"')
     code = main(["doctor", "--gpu-source", "sim:1", "--runner-config", str(config),
-                 "--config", str(tmp_path / "absent.toml")])
+                 "--config", str(defaults_toml(tmp_path))])
     out = capsys.readouterr()
     assert code == 1 and "Traceback" not in out.err
     assert f"[FAIL] config.toml: {config}: runner 'runnerctl/gpu-a/gpu0' has id = 'abc'" in out.out

@@ -118,3 +118,14 @@ def test_the_readme_settings_example_loads(tmp_path: Path) -> None:
     path.write_text(readme[start:readme.index("```", start)])
     settings = load_settings(path)
     assert settings.host.name == "gpu-a" and settings.controller.planner == PlanPolicy()
+
+
+def test_a_config_option_naming_a_missing_file_is_refused(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A misspelt `--config` would mean the defaults, their state directory included."""
+    from runnerctl.cli import main
+
+    missing = tmp_path / "runnerct.toml"
+    assert main(["report", "--config", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"'{missing}' does not exist" in err and len(err.strip().splitlines()) == 1

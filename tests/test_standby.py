@@ -23,7 +23,7 @@ from runnerctl.sim.gitlab_server import GitLabServer
 from runnerctl.sim.gitlab_state import STUCK_REASON
 from runnerctl.sim.world import PROJECT, World, build_world
 from runnerctl.standby import VERIFY_EVERY_S, load, standby_path
-from tests.conftest import ADMIN_TOKEN, token_file
+from tests.conftest import ADMIN_TOKEN, defaults_toml, token_file
 
 HOUR = 3600.0
 
@@ -32,7 +32,7 @@ def _init(server: GitLabServer, config: Path, gpus: str = "sim:8") -> int:
     return main(["init", "--gitlab-url", server.url, "--token-file", token_file(config.parent),
                  "--group", "7",
                  "--gpu-source", gpus, "--host", "gpu-a", "--runner-config", str(config),
-                 "--config", str(config.parent / "absent-runnerctl.toml")])
+                 "--config", str(defaults_toml(config.parent))])
 
 
 def test_init_makes_one_unpaused_standby_with_every_slot_tag_outside_config_toml(

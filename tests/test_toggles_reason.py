@@ -13,6 +13,7 @@ from runnerctl.cli import main
 from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import check_reason, request
 from runnerctl.errors import ConfigError
+from tests.conftest import defaults_toml
 
 
 @pytest.mark.parametrize("why", ["x\ny", "x\x1b[2J", "x\x7f", "x\u009b2J", "x\u0085FORGED: resumed",
@@ -38,7 +39,7 @@ def test_a_slot_named_by_another_hosts_runner_is_refused(tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """`--slot runnerctl/gpu-b/gpu0-3` on host gpu-a once paused gpu-a's gpu0-3."""
     args = ["--slot", "runnerctl/gpu-b/gpu0-3", "--why", "fan", "--host-name", "gpu-a",
-            "--state-dir", str(tmp_path), "--config", str(tmp_path / "absent.toml")]
+            "--state-dir", str(tmp_path), "--config", str(defaults_toml(tmp_path))]
     assert main(["pause", *args]) == 3
     err = capsys.readouterr().err
     assert err == ("runnerctl: error: slot 'runnerctl/gpu-b/gpu0-3' is a runner of gpu-b, not of gpu-a "

@@ -14,9 +14,11 @@ from pathlib import Path
 import click
 
 config_option = click.option(
-    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-    help="runnerctl settings file [default: $RUNNERCTL_CONFIG, else /etc/runnerctl/runnerctl.toml "
-         "as root or ~/.config/runnerctl/runnerctl.toml]")
+    "--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="runnerctl settings file; it must exist (a misspelt path would otherwise mean the defaults, "
+         "their state directory included) [default: $RUNNERCTL_CONFIG, else "
+         "/etc/runnerctl/runnerctl.toml as root or ~/.config/runnerctl/runnerctl.toml; absent there: "
+         "the defaults]")
 
 
 class Finite(click.ParamType[float]):
