@@ -212,6 +212,12 @@ def test_report_after_the_demo_matches_the_simulated_gpu_hours(tmp_path: Path,
         assert rows[user]["gpu_hours"] == pytest.approx(hours, rel=0.01), user
     assert sum(r["jobs"] for r in rows.values()) == len(jobs)
 
+    kept = (state / "controller.sqlite").read_bytes()  # a second demo there would overwrite it
+    assert main(["demo", "--duration", "0", "--listen", "", "--state-dir", str(state)]) == 2
+    err = capsys.readouterr().err
+    assert f"{state} is not empty; give a new or empty directory" in err and len(err.splitlines()) == 1
+    assert (state / "controller.sqlite").read_bytes() == kept
+
 
 def test_report_by_gpus_gives_the_run_times_per_size() -> None:
     """`--by gpus`: one row per GPUs per job, in numeric order; run p95 and longest over

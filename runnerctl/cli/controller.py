@@ -178,13 +178,18 @@ def _sim_oauth(world: World, listen: str) -> GitLabOAuth:
               help="HOST:PORT for /api/state while the demo runs ('' for none).")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Keep the demo's store (events, job history) in this directory, for `runnerctl "
-              "report --state-dir`; use a new directory, not a host's [default: a temporary one].")
+              "report --state-dir`: a new or empty directory [default: a temporary one].")
 @click.pass_context
 def demo(ctx: click.Context, duration: float, listen: str, state_dir: Path | None) -> None:
     """Watch runnerctl compose 4- and 8-GPU runners on a simulated host, no GPU or GitLab needed."""
     from runnerctl.controller.serve import serve_in_background
     from runnerctl.sim.demo import run_demo
 
+    if state_dir is not None and state_dir.is_dir() and any(state_dir.iterdir()):
+        # the demo's job ids start at 1 again: it would overwrite a history kept there
+        raise click.BadParameter(f"{state_dir} is not empty; give a new or empty directory (the demo "
+                                 "would overwrite the job history of a store kept there)",
+                                 param_hint="'--state-dir'")
     with tempfile.TemporaryDirectory(prefix="runnerctl-demo-web-") as web_dir:
         settings = Settings(paths=PathSettings(state_dir=web_dir))
 
