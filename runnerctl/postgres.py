@@ -350,6 +350,10 @@ def libpq_url(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep or not scheme.removeprefix("journal+").startswith(("postgresql", "postgres")):
         raise ConfigError(f"not a PostgreSQL URL: {scheme or url!r}")
+    authority = rest.split("/", 1)[0].split("?", 1)[0]
+    if authority.count("@") > 1:  # libpq splits at the first: its error would quote the rest
+        raise ConfigError("the PostgreSQL URL has more than one '@' before its host: write an '@' "
+                          "in the user name or password as %40")
     return "postgresql://" + rest
 
 

@@ -8,9 +8,10 @@ import pytest
 from runnerctl.controller.store import Store
 from runnerctl.controller.store_db import describe_url
 from runnerctl.errors import RunnerctlError
-from runnerctl.postgres import PostgresError, ping
+from runnerctl.postgres import PostgresError, libpq_url, ping
 
 BAD = ["postgresql://ann:s3cret@[::1/db", "postgresql://ann:s3cret@db.lab/x?bogus"]
+TWO_ATS = ["postgresql://ann:s3@cret@db.lab:5433/rc", "journal+postgresql://ann:s3cr@t@db.lab/rc"]
 
 
 @pytest.mark.parametrize("url", BAD)
@@ -32,3 +33,16 @@ def test_the_store_says_why_without_the_password(url: str) -> None:
 def test_a_url_that_cannot_be_split_is_described_without_it() -> None:
     assert describe_url(BAD[0]) == "postgresql://(a URL that cannot be parsed)"
     assert describe_url("postgresql://ann:pw@db.lab:5433/rc") == "postgresql://db.lab:5433/rc"
+
+
+@pytest.mark.parametrize("url", TWO_ATS)
+def test_an_unescaped_at_in_the_password_is_refused_before_libpq_quotes_its_tail(url: str) -> None:
+    """libpq splits the URL at its first '@' and names the rest as the host it cannot
+    resolve ("failed to resolve host 'cret@db.lab'"), a part of the password."""
+    for attempt in (lambda: ping(url), lambda: Store.open(url=url, timeout_s=1)):
+        with pytest.raises(RunnerctlError) as caught:
+            attempt()
+        text = str(caught.value)
+        assert "%40" in text and "\n" not in text, text
+        assert not any(part in text for part in ("s3", "cret", "cr@t", "db.lab")), text
+    assert libpq_url("postgresql://ann:s3%40cret@db.lab/rc") == "postgresql://ann:s3%40cret@db.lab/rc"
