@@ -30,6 +30,7 @@ git, cache and artifact stages run on the host like the shell driver.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import shlex
 import stat
@@ -375,19 +376,34 @@ STREAM_CHUNK = 1 << 20
 """Bytes of the job's output copied into the job log at a time."""
 
 
+_REFUSED: set[Path] = set()
+"""The files found replaced, said once each in the job log (one stage per process)."""
+
+
 def _open_plain(path: Path) -> BinaryIO | None:
     """`path` opened for reading if it is a regular file and no link, else None. The batch
     job can replace its files: a link could point at the runner host's config.toml, a
-    device at /dev/zero."""
+    device at /dev/zero. A file not there yet is normal; one replaced is said in the job
+    log, once."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:  # absent, or ELOOP: a link
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a link
+        _refuse(path, "the batch job made it a link" if exc.errno == errno.ELOOP else str(exc.strerror))
         return None
     handle: BinaryIO = os.fdopen(fd, "rb")
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         handle.close()
+        _refuse(path, "the batch job made it no regular file")
         return None
     return handle
+
+
+def _refuse(path: Path, why: str) -> None:
+    if path not in _REFUSED:
+        _REFUSED.add(path)
+        print(f"runnerctl: not reading {path.name}: {why}", flush=True)
 
 
 def _stream(path: Path, offset: int) -> int:

@@ -23,7 +23,6 @@ stopped engine or an image that cannot be pulled is a system failure.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import threading
 import time
@@ -36,7 +35,7 @@ import psutil
 from docker.types import DeviceRequest
 
 from runnerctl.executors.contract import GRACEFUL_KILL_TIMEOUT_S, USER_SCRIPT_STAGES
-from runnerctl.executors.driver import StageContext, SystemFailure
+from runnerctl.executors.driver import StageContext, SystemFailure, remove_tree
 from runnerctl.executors.lease import LEASE_ENV, Lease, LeaseTable, job_processes
 from runnerctl.executors.shell import ShellDriver
 from runnerctl.executors.stop import on_stop
@@ -131,7 +130,7 @@ class DockerDriver:
                                                     filters={"label": _label_filter(lease, settings)}):
                 container.remove(force=True)
             if lease.nonce:  # a lease of an older runnerctl has none, and no scripts there
-                shutil.rmtree(_scripts_root(settings) / lease.nonce, ignore_errors=True)
+                remove_tree(_scripts_root(settings) / lease.nonce, "job's scripts")
         finally:
             self._host.reap(lease, settings)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,6 +32,24 @@ from runnerctl.settings import Settings
 
 class SystemFailure(Exception):
     """Infrastructure failed (not the user's script): exit with SYSTEM_FAILURE_EXIT_CODE."""
+
+
+def remove_tree(path: Path, what: str) -> bool:
+    """Remove `path` and everything below it, going on past what cannot be removed; what
+    is left is one line on stderr (the job log in a run stage), never the job's result.
+    True when nothing is left. A tree that is not there is removed already."""
+    left: list[str] = []
+
+    def note(_func: object, where: str, exc_info: Any) -> None:
+        exc = exc_info[1]
+        if not isinstance(exc, FileNotFoundError):
+            left.append(f"{where}: {getattr(exc, 'strerror', None) or exc}")
+
+    shutil.rmtree(path, onerror=note)  # onexc from Python 3.12; onerror still works there
+    if left:
+        more = f" (and {len(left) - 1} more)" if len(left) > 1 else ""
+        print(f"runnerctl: cannot remove the {what} {left[0]}{more}", file=sys.stderr, flush=True)
+    return not left
 
 
 @dataclasses.dataclass(frozen=True)

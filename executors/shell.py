@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -39,7 +38,7 @@ import psutil
 
 from runnerctl import __version__
 from runnerctl.executors.contract import GRACEFUL_KILL_TIMEOUT_S
-from runnerctl.executors.driver import StageContext, SystemFailure
+from runnerctl.executors.driver import StageContext, SystemFailure, remove_tree
 from runnerctl.executors.lease import Lease, LeaseTable, token_processes
 from runnerctl.executors.stop import on_stop
 from runnerctl.model import slot_key
@@ -107,7 +106,7 @@ class ShellDriver:
                 return proc.wait()
         finally:
             if copy_dir is not None:
-                shutil.rmtree(copy_dir, ignore_errors=True)
+                remove_tree(copy_dir, "copy of the job's script")
 
     def reap(self, lease: Lease, settings: Settings) -> None:
         for proc in token_processes(lease.token, uid=lease.uid):

@@ -44,7 +44,14 @@ def test_a_link_or_a_device_in_place_of_the_output_is_not_read(
     assert _stream(tmp_path / "job.out", 0) == 0 and _stream(tmp_path / "zero.out", 0) == 0
     assert _stream(Path("/dev/zero"), 0) == 0
     assert _gpus_written(tmp_path / "job.gpus") is None
-    assert b"glrt" not in capfdbinary.readouterr().out
+    assert _stream(tmp_path / "job.out", 0) == 0
+    out = capfdbinary.readouterr().out
+    assert b"glrt" not in out
+    assert out.splitlines() == [  # said in the job log, once each
+        b"runnerctl: not reading job.out: the batch job made it a link",
+        b"runnerctl: not reading zero.out: the batch job made it a link",
+        b"runnerctl: not reading zero: the batch job made it no regular file",
+        b"runnerctl: not reading job.gpus: the batch job made it a link"]
     (tmp_path / "real.gpus").write_text("2,3\n")
     assert _gpus_written(tmp_path / "real.gpus") == "2,3"
 
