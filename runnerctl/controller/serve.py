@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runnerctl.controller.app import create_app
+from runnerctl.controller.header_timeout import HEADER_TIMEOUT_S, HeaderTimeoutProtocol
 from runnerctl.controller.loop import Controller, Wiring
 from runnerctl.controller.observe import LeaseJobs
 from runnerctl.controller.store import Store
@@ -125,15 +126,18 @@ class LoopbackHosts:
         return peer is not None and any(peer in network for network in self.trusted)
 
 
-def http_config(app: FastAPI, host: str, port: int, web: WebSettings, log_level: str) -> uvicorn.Config:
+def http_config(app: FastAPI, host: str, port: int, web: WebSettings, log_level: str, *,
+                header_timeout_s: float = HEADER_TIMEOUT_S) -> uvicorn.Config:
     """uvicorn believes X-Forwarded-For/-Proto only from `[web] trusted_proxies` (its own
     default trusts them from 127.0.0.1, so anyone on the host could pick their address).
-    On a loopback address the page answers only under a loopback name (`LoopbackHosts`)."""
+    On a loopback address the page answers only under a loopback name (`LoopbackHosts`).
+    A client gets `header_timeout_s` for each request's headers (`HeaderTimeoutProtocol`)."""
     trusted = list(web.trusted_proxies)
     served: ASGIApp = LoopbackHosts(app, trusted) if is_loopback(host) else app
     return uvicorn.Config(served, host=host, port=port, log_level=log_level, proxy_headers=bool(trusted),
                           forwarded_allow_ips=trusted or None, server_header=False,
-                          limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=KEEP_ALIVE_S)
+                          limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=KEEP_ALIVE_S,
+                          http=HeaderTimeoutProtocol.with_timeout(header_timeout_s))
 
 
 def refuse_exposed(listen: str, *, sign_in: bool) -> None:

@@ -1,0 +1,72 @@
+"""A deadline for a request's headers, which uvicorn does not have.
+
+uvicorn's h11 protocol (uvicorn/protocols/http/h11_impl.py) arms its keep-alive timer
+only after a response, and cancels it on the first byte of the next request: a client
+that connects and sends nothing, or sends a request's headers a byte at a time, holds
+its connection for as long as it likes. `serve` answers 503 once `MAX_CONNECTIONS` are
+open, so a few hundred such connections from one client shut the page to everyone.
+
+`HeaderTimeoutProtocol` closes a connection whose next request's headers have not all
+arrived `timeout_s` after the connection opened or the previous response ended. A
+request whose headers came is left alone, however long its handling or body takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+HEADER_TIMEOUT_S = 20.0
+"""Seconds a client has for a request's headers (nginx's client_header_timeout is 60 s,
+Apache's mod_reqtimeout 20-40 s); a browser sends them in one packet."""
+
+log = logging.getLogger(__name__)
+
+
+class HeaderTimeoutProtocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for each request's headers."""
+
+    timeout_s = HEADER_TIMEOUT_S
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._waiting_after: object = None  # the request cycle whose successor must come in time
+
+    @classmethod
+    def with_timeout(cls, timeout_s: float) -> type[HeaderTimeoutProtocol]:
+        return type(cls.__name__, (cls,), {"timeout_s": timeout_s})
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._waiting_after = self.cycle
+        self._deadline = self.loop.call_later(self.timeout_s, self._expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self) -> None:
+        self._deadline = None
+        idle = self.cycle is None or self.cycle.response_complete  # else a request is being answered
+        if idle and self.cycle is self._waiting_after and not self.transport.is_closing():
+            # no request's headers came whole since the deadline was set
+            log.debug("closing %s: no request's headers within %g s", self.client, self.timeout_s)
+            self.transport.close()

@@ -1,0 +1,110 @@
+"""`serve`'s web server gives a client a deadline for each request's headers
+(`HeaderTimeoutProtocol`): uvicorn itself waits forever for a connection that sends
+nothing or half a request, so MAX_CONNECTIONS such connections shut the page to all.
+A real uvicorn on a loopback port, with the deadline short for the test."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from runnerctl.controller.serve import MAX_CONNECTIONS, http_config
+from runnerctl.settings import WebSettings
+from tests.pg import free_port
+
+DEADLINE_S = 0.5
+WAIT_S = 60.0  # what a test waits at most for a state: CI machines are slow
+
+
+@contextlib.contextmanager
+def _server(deadline_s: float) -> Iterator[str]:
+    app = FastAPI()
+
+    @app.get("/")
+    async def root() -> dict[str, str]:
+        return {"ok": "yes"}
+
+    @app.get("/slow")
+    async def slow() -> dict[str, str]:
+        await asyncio.sleep(3 * deadline_s)  # handling longer than the headers' deadline
+        return {"ok": "late"}
+
+    port = free_port()
+    server = uvicorn.Server(http_config(app, "127.0.0.1", port, WebSettings(), "error",
+                                       header_timeout_s=deadline_s))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + WAIT_S
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(WAIT_S)
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    with _server(DEADLINE_S) as address:
+        yield address
+
+
+def _connect(url: str) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=WAIT_S)
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """True once the server closes (EOF); a socket timeout of WAIT_S fails the test."""
+    while sock.recv(65536):
+        pass
+    return True
+
+
+def test_a_connection_that_sends_nothing_is_closed(url: str) -> None:
+    with _connect(url) as sock:
+        assert _closed_by_server(sock)
+
+
+def test_half_a_request_is_closed_also_after_a_kept_alive_one(url: str) -> None:
+    with _connect(url) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Half: ")
+        assert _closed_by_server(sock)
+    with _connect(url) as sock:  # a whole request, then the next one's first line only
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET / HTTP/1.1\r\n")  # uvicorn cancels its keep-alive timer on this
+        assert _closed_by_server(sock)
+
+
+def test_requests_whose_headers_came_are_answered_however_long_they_take(url: str) -> None:
+    with httpx.Client(timeout=WAIT_S) as client:
+        assert client.get(f"{url}/slow").json() == {"ok": "late"}
+        assert client.get(f"{url}/").json() == {"ok": "yes"}  # the same kept-alive connection
+
+
+def test_the_connection_limit_filled_by_silent_clients_frees_itself() -> None:
+    with _server(5.0) as url:  # long enough to open them all on a slow machine
+        silent = [_connect(url) for _ in range(MAX_CONNECTIONS + 10)]
+        try:
+            with httpx.Client(timeout=WAIT_S, headers={"Connection": "close"}) as client:
+                codes = [client.get(f"{url}/").status_code]
+                deadline = time.monotonic() + WAIT_S
+                while codes[-1] != 200:
+                    assert time.monotonic() < deadline, codes[-5:]
+                    time.sleep(0.1)  # polling the state: each refused request is answered at once
+                    codes.append(client.get(f"{url}/").status_code)
+            assert codes[0] == 503 and set(codes) == {503, 200}, codes[:5]
+        finally:
+            for sock in silent:
+                sock.close()
