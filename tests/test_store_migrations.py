@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from runnerctl.controller import jobs_store
+from runnerctl.controller import host_views, jobs_store
 from runnerctl.controller.migrations import MIGRATIONS, Migration, check
 from runnerctl.controller.store import Event, Store, StoreError, Toggle
 from runnerctl.postgres import PostgresServer, libpq_url
@@ -65,14 +65,18 @@ def test_an_unversioned_sqlite_store_is_upgraded_in_place(tmp_path: Path) -> Non
     again.close()
 
 
-def _assert_version_3_rows_kept_and_job_history_usable(store: Store) -> None:
-    assert _versions(store) == [m.version for m in MIGRATIONS] and store.version >= 4
+def _assert_version_3_rows_kept(store: Store) -> None:
     _assert_old_rows_kept(store)
     assert store.inventory("gpu-a") == (list(range(8)), ["runnerctl/gpu-a/gpu0", "runnerctl/gpu-a/gpu0-3"])
     olga = store.web_session("5e" * 32, 1700000100.0)
     assert olga is not None and (olga.name, olga.via, olga.role) == ("olga", "local", "operator")
     pat = store.web_session("a1" * 32, 1700000100.0)
     assert pat is not None and (pat.gitlab_id, pat.role) == (17, "viewer")
+
+
+def _assert_version_3_rows_kept_and_job_history_usable(store: Store) -> None:
+    assert _versions(store) == [m.version for m in MIGRATIONS] and store.version >= 4
+    _assert_version_3_rows_kept(store)
     assert jobs_store.jobs(store) == []  # migration 4: the job history table, empty, usable
     record = jobs_store.JobRecord("gpu-a", 7, "runnerctl/gpu-a/gpu0", (0,), "p", "1", "train", "olga", "u",
                                   None, 1700000200.0, 1700000260.0, 1700000260.0, "success")
@@ -89,6 +93,40 @@ def test_a_version_3_sqlite_store_gets_job_history_and_keeps_every_row(tmp_path:
 def test_a_version_3_postgres_store_gets_job_history_and_keeps_every_row(pg_server: PostgresServer) -> None:
     store = _postgres_from("v3.postgres.sql", pg_server, "store_v3")
     _assert_version_3_rows_kept_and_job_history_usable(store)
+    store.close()
+
+
+# The job_history rows of tests/data/store/v4.*.sql: one ended, one running (no queue time).
+V4_JOBS = (
+    jobs_store.JobRecord("gpu-a", 41, "runnerctl/gpu-a/gpu0-3", (0, 1, 2, 3), "ml/train", "9001", "train",
+                         "olga", "https://gitlab.example.com/ml/train/-/jobs/41", 1699999000.0, 1699999100.0,
+                         1699999900.5, 1699999950.5, "success", 12.5, 16, 120.0, None, None),
+    jobs_store.JobRecord("gpu-b", 43, "runnerctl/gpu-b/gpu5", (5,), "ml/eval", "9002", "eval", "pat",
+                         "https://gitlab.example.com/ml/eval/-/jobs/43", None, 1700000050.0, 1700000090.25,
+                         None, "running", 0.25, 4, 37.5, 1700000060.0, 1700000085.0),
+)
+
+
+def _assert_version_4_rows_kept_and_host_views_usable(store: Store) -> None:
+    assert _versions(store) == [m.version for m in MIGRATIONS] and store.version == len(MIGRATIONS)
+    _assert_version_3_rows_kept(store)
+    assert jobs_store.jobs(store) == list(V4_JOBS)  # every row, every column
+    assert jobs_store.open_jobs(store) == [V4_JOBS[1]]
+    assert host_views.load(store) == []  # migration 5: the host views table, empty, usable
+    view = {"gpus": [{"index": 3, "state": "paused"}], "queue": [{"job": 44, "waiting": "resources"}]}
+    host_views.save(store, host="gpu-a", at=1700000300.0, interval_s=30.5, tick=12, view=view)
+    assert host_views.load(store) == [host_views.HostRow("gpu-a", 1700000300.0, 30.5, 12, view)]
+
+
+def test_a_version_4_sqlite_store_gets_host_views_and_keeps_every_row(tmp_path: Path) -> None:
+    store = _sqlite_from("v4.sqlite.sql", tmp_path)
+    _assert_version_4_rows_kept_and_host_views_usable(store)
+    store.close()
+
+
+def test_a_version_4_postgres_store_gets_host_views_and_keeps_every_row(pg_server: PostgresServer) -> None:
+    store = _postgres_from("v4.postgres.sql", pg_server, "store_v4")
+    _assert_version_4_rows_kept_and_host_views_usable(store)
     store.close()
 
 
