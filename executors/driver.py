@@ -36,19 +36,23 @@ class SystemFailure(Exception):
 
 def remove_tree(path: Path, what: str) -> bool:
     """Remove `path` and everything below it, going on past what cannot be removed; what
-    is left is one line on stderr (the job log in a run stage), never the job's result.
-    True when nothing is left. A tree that is not there is removed already."""
-    left: list[str] = []
+    is left is one line on stderr naming `what` and the first reason (no path: a
+    stale lease's directory is named by its token, and a later job's prepare may reap
+    it), never the job's result. True when nothing is left; a tree not there is gone."""
+    left: list[BaseException] = []
 
-    def note(_func: object, where: str, exc_info: Any) -> None:
-        exc = exc_info[1]
+    def note(exc: BaseException) -> None:
         if not isinstance(exc, FileNotFoundError):
-            left.append(f"{where}: {getattr(exc, 'strerror', None) or exc}")
+            left.append(exc)
 
-    shutil.rmtree(path, onerror=note)  # onexc from Python 3.12; onerror still works there
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=lambda _f, _p, exc: note(exc))
+    else:  # onerror is deprecated from 3.12
+        shutil.rmtree(path, onerror=lambda _f, _p, info: note(info[1]))
     if left:
-        more = f" (and {len(left) - 1} more)" if len(left) > 1 else ""
-        print(f"runnerctl: cannot remove the {what} {left[0]}{more}", file=sys.stderr, flush=True)
+        reason = getattr(left[0], "strerror", None) or left[0]
+        more = f", {len(left)} entries left" if len(left) > 1 else ""
+        print(f"runnerctl: cannot remove all of the {what}: {reason}{more}", file=sys.stderr, flush=True)
     return not left
 
 

@@ -106,7 +106,7 @@ class ShellDriver:
                 return proc.wait()
         finally:
             if copy_dir is not None:
-                remove_tree(copy_dir, "copy of the job's script")
+                remove_tree(copy_dir, "job's temporary directory")
 
     def reap(self, lease: Lease, settings: Settings) -> None:
         for proc in token_processes(lease.token, uid=lease.uid):

@@ -38,6 +38,7 @@ from optuna.trial import Trial, TrialState
 
 from runnerctl.errors import ConfigError
 from runnerctl.optuna_journal import PostgresJournalBackend, SweepJournalStorage, is_journal_url
+from runnerctl.postgres import check_user_part
 
 ENV_STORAGE = "OPTUNA_STORAGE"
 ENV_STUDY = "OPTUNA_STUDY_NAME"
@@ -83,6 +84,8 @@ def make_storage(url: str, *, heartbeat_interval: int | None = None,
             callback = _retry_callback()[1]
         return SweepJournalStorage(PostgresJournalBackend(url), heartbeat_interval=interval,
                                    grace_period=grace, stale_trial_callback=callback)
+    if url.startswith("postgres"):
+        check_user_part(url.partition("://")[2])
     engine: dict[str, Any] = {"pool_pre_ping": True}
     if url.startswith("sqlite"):
         engine["connect_args"] = {"timeout": 60}  # wait for the file lock, do not fail

@@ -350,11 +350,19 @@ def libpq_url(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep or not scheme.removeprefix("journal+").startswith(("postgresql", "postgres")):
         raise ConfigError(f"not a PostgreSQL URL: {scheme or url!r}")
-    authority = rest.split("/", 1)[0].split("?", 1)[0]
-    if authority.count("@") > 1:  # libpq splits at the first: its error would quote the rest
+    check_user_part(rest)
+    return "postgresql://" + rest
+
+
+def check_user_part(rest: str) -> None:
+    """ConfigError if the URL part after `scheme://` has a second '@' before its host ends.
+    libpq (fe-connect.c, conninfo_uri_parse_options) ends the user and password at the
+    first '@' before any '/', as SQLAlchemy's URL pattern does (`password [^@]*`), so the
+    rest of a password with an '@' in it becomes the host, which their errors quote."""
+    _, at, after = rest.split("/", 1)[0].partition("@")
+    if at and "@" in after.split("?", 1)[0]:
         raise ConfigError("the PostgreSQL URL has more than one '@' before its host: write an '@' "
                           "in the user name or password as %40")
-    return "postgresql://" + rest
 
 
 def ping(url: str) -> str:

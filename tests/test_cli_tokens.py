@@ -12,12 +12,12 @@ import pytest
 from runnerctl.cli import main
 from runnerctl.errors import ExitCode
 from runnerctl.sim.gitlab_server import GitLabServer
-from tests.conftest import ADMIN_TOKEN, token_file
+from tests.conftest import ADMIN_TOKEN, defaults_toml, token_file
 
 
 def _init(server: GitLabServer, config: Path, *extra: str) -> int:
     return main(["init", "--gitlab-url", server.url, "--gpu-source", "sim:2", "--host", "gpu-a",
-                 "--runner-config", str(config), "--config", str(config.parent / "absent.toml"), *extra])
+                 "--runner-config", str(config), "--config", str(defaults_toml(config.parent)), *extra])
 
 
 @pytest.mark.parametrize("command", [["init", "--gitlab-url", "http://127.0.0.1:1"],
@@ -61,7 +61,7 @@ def test_dry_run_masks_the_tokens_of_an_existing_config(gitlab_server: GitLabSer
     assert len(real) == 3
     capsys.readouterr()
     assert main(["init", "--gitlab-url", gitlab_server.url, "--gpu-source", "sim:4", "--host", "gpu-a",
-                 "--runner-config", str(config), "--config", str(tmp_path / "absent.toml"), "--dry-run"]) == 0
+                 "--runner-config", str(config), "--config", str(defaults_toml(tmp_path)), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert out.count('token = "<masked>"') == 3 and "<token from GitLab" in out  # kept, and new slots
     for token in real:

@@ -19,7 +19,7 @@ from runnerctl.controller.store import Toggle
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim.gitlab_server import GitLabServer
 from runnerctl.sim.world import PROJECT, World, build_world
-from tests.conftest import token_file
+from tests.conftest import defaults_toml, token_file
 
 HEADER = "job_id,submit_time,gpus,duration\n"
 
@@ -177,7 +177,7 @@ def test_init_on_an_immutable_config_or_directory_is_one_line(
     def init(config: Path) -> int:
         return main(["init", "--gitlab-url", gitlab_server.url, "--token-file", token, "--group", "7",
                      "--gpu-source", "sim:2", "--host", "gpu-a", "--runner-config", str(config),
-                     "--config", str(tmp_path / "absent.toml")])
+                     "--config", str(defaults_toml(tmp_path))])
 
     config = tmp_path / "config.toml"
     config.write_text("concurrent = 4\n")

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from runnerctl.executors import batch
 from runnerctl.executors.apptainer import run_line
 from runnerctl.executors.batch import BadParameters, _gpus_written, _Paths, _stream, time_limit
 from runnerctl.executors.pbs import scheduler_parameters as pbs_parameters
@@ -35,7 +36,8 @@ def test_the_output_is_streamed_from_where_it_stopped(tmp_path: Path,
 
 
 def test_a_link_or_a_device_in_place_of_the_output_is_not_read(
-        tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes]) -> None:
+        tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batch, "_REFUSED", set())  # one stage per process: nothing refused before
     secret = tmp_path / "config.toml"
     secret.write_text('token = "glrt-secret"\n')
     (tmp_path / "job.out").symlink_to(secret)

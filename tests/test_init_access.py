@@ -15,7 +15,7 @@ from runnerctl.cli import main
 from runnerctl.errors import ExitCode
 from runnerctl.gitlab import InsufficientScope, PythonGitLab
 from runnerctl.sim.gitlab_server import GitLabServer
-from tests.conftest import ADMIN_TOKEN, token_file
+from tests.conftest import ADMIN_TOKEN, defaults_toml, token_file
 
 
 def _token(server: GitLabServer, user: str, scopes: list[str]) -> str:
@@ -32,7 +32,7 @@ def _init(server: GitLabServer, tmp_path: Path, token: str, *scope: str) -> int:
     secret = token_file(tmp_path, token)
     return main(["init", "--gitlab-url", server.url, "--token-file", secret, *scope, "--gpu-source", "sim:8",
                  "--host", "gpu-a", "--runner-config", str(tmp_path / "config.toml"),
-                 "--config", str(tmp_path / "absent.toml")])
+                 "--config", str(defaults_toml(tmp_path))])
 
 
 def test_create_runner_scope_alone_fails_before_anything_then_api_succeeds(
@@ -102,7 +102,7 @@ def test_doctor_names_the_missing_scope(gitlab_server: GitLabServer, tmp_path: P
     capsys.readouterr()
     reader = _token(gitlab_server, "admin", ["read_api"])
     code = main(["doctor", "--gpu-source", "sim:8", "--host", "gpu-a", "--runner-config",
-                 str(tmp_path / "config.toml"), "--config", str(tmp_path / "absent.toml"),
+                 str(tmp_path / "config.toml"), "--config", str(defaults_toml(tmp_path)),
                  "--token-file", token_file(tmp_path, reader)])
     out = capsys.readouterr().out
     assert code == 1 and "missing the `api` scope (the token has: read_api)" in out
@@ -114,7 +114,7 @@ def test_doctor_leaves_no_runner_manager_behind(gitlab_server: GitLabServer, tmp
     runner.rb): doctor uses gitlab-runner's own id, or does not verify at all."""
     assert _init(gitlab_server, tmp_path, ADMIN_TOKEN) == 0
     doctor = ["doctor", "--gpu-source", "sim:8", "--host", "gpu-a", "--runner-config",
-              str(tmp_path / "config.toml"), "--config", str(tmp_path / "absent.toml"),
+              str(tmp_path / "config.toml"), "--config", str(defaults_toml(tmp_path)),
               "--token-file", token_file(tmp_path)]
     main(doctor)
     assert "[skip] runner tokens not verified" in capsys.readouterr().out

@@ -13,13 +13,13 @@ import tomlkit
 from runnerctl.cli import main
 from runnerctl.sim.gitlab_server import Fault, GitLabServer
 from runnerctl.sim.gitlab_state import SimRunner
-from tests.conftest import ADMIN_TOKEN, token_file
+from tests.conftest import ADMIN_TOKEN, defaults_toml, token_file
 
 
 def _init(server: GitLabServer, config: Path, gpus: str = "sim:8", *extra: str) -> int:
     return main(["init", "--gitlab-url", server.url, "--token-file", token_file(config.parent),
                  "--group", "7", "--gpu-source", gpus, "--host", "gpu-a", "--runner-config", str(config),
-                 "--config", str(config.parent / "absent-runnerctl.toml"), *extra])
+                 "--config", str(defaults_toml(config.parent)), *extra])
 
 
 def _slot_runners(server: GitLabServer) -> dict[int, SimRunner]:
@@ -136,7 +136,7 @@ def test_wrong_token_one_line_config_untouched(gitlab_server: GitLabServer, tmp_
     result = subprocess.run(
         [sys.executable, "-m", "runnerctl", "init", "--gitlab-url", gitlab_server.url, "--token-file",
          token_file(tmp_path, "glpat-wrong"), "--gpu-source", "sim:2", "--runner-config", str(config),
-         "--config", str(tmp_path / "absent.toml")],
+         "--config", str(defaults_toml(tmp_path))],
         capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 4
     assert len(result.stderr.strip().splitlines()) == 1

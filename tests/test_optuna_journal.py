@@ -32,6 +32,7 @@ from runnerctl.optuna_journal import (
 )
 from runnerctl.optuna_tools import main as tools_main
 from runnerctl.postgres import PostgresServer, libpq_url, storage_url
+from tests.conftest import defaults_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 SEARCH = ROOT / "examples" / "optuna-sweep" / "search.py"
@@ -216,7 +217,7 @@ class _QuietHandler(wsgiref.simple_server.WSGIRequestHandler):
 def test_url_kinds_and_moving_an_rdb_study_into_the_journal(
         pg_server: PostgresServer, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["postgres", "--dir", str(pg_server.config.base_dir), "--port", str(pg_server.config.port),
-            "--config", str(pg_server.config.base_dir / "absent.toml")]
+            "--config", str(defaults_toml(pg_server.config.base_dir))]
     assert cli_main([*args, "url", "moved"]) == 0
     journal_url = capsys.readouterr().out.strip()
     assert cli_main([*args, "url", "moved", "--kind", "rdb"]) == 0

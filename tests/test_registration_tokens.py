@@ -10,6 +10,7 @@ import pytest
 
 from runnerctl.cli import main
 from runnerctl.sim.gitlab_server import GitLabServer
+from tests.conftest import defaults_toml
 from tests.test_cli_validation import one_line
 
 BAD_TOKENS = ["glpat-a\nglpat-b", "glpat-\U0001f600", "glpat-a b", "glpat-\x7f", "   "]
@@ -18,7 +19,7 @@ SHAPE = "must hold the token alone on one line (printable ASCII, no spaces)"
 
 def _args(command: str, server: GitLabServer, tmp_path: Path) -> list[str]:
     common = ["--gpu-source", "sim:2", "--host", "gpu-a", "--runner-config", str(tmp_path / "config.toml"),
-              "--config", str(tmp_path / "absent.toml")]
+              "--config", str(defaults_toml(tmp_path))]
     return [command, "--gitlab-url", server.url, *common]
 
 

@@ -14,6 +14,7 @@ from runnerctl.errors import ConfigError, GpuError
 from runnerctl.exporter.standalone import Observer
 from runnerctl.gpus import open_gpu_source
 from runnerctl.model import TopologyLevel
+from tests.conftest import defaults_toml
 from tests.test_cli_validation import one_line
 
 
@@ -128,7 +129,7 @@ def test_every_bad_sim_file_is_one_line_naming_the_field(tmp_path: Path, capsys:
     a 700 % utilization): now one line naming the file, the entry and the field."""
     path = tmp_path / "gpus.yaml"
     path.write_text(content)
-    code = main(["status", "--gpu-source", f"sim:{path}", "--config", str(tmp_path / "absent.toml"),
+    code = main(["status", "--gpu-source", f"sim:{path}", "--config", str(defaults_toml(tmp_path)),
                  "--runner-config", str(tmp_path / "config.toml")])
     err = one_line(capsys, code, 5, f"simulated GPU file {path}")
     assert needle in err, err
@@ -137,7 +138,7 @@ def test_every_bad_sim_file_is_one_line_naming_the_field(tmp_path: Path, capsys:
 def test_a_sim_file_that_is_not_utf8_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "gpus.yaml"
     path.write_bytes(b"host: \xff\xfe\ngpus: 1\n")
-    code = main(["status", "--gpu-source", f"sim:{path}", "--config", str(tmp_path / "absent.toml")])
+    code = main(["status", "--gpu-source", f"sim:{path}", "--config", str(defaults_toml(tmp_path))])
     one_line(capsys, code, 5, f"simulated GPU file {path} is not UTF-8 text")
 
 

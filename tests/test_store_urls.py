@@ -7,11 +7,13 @@ import pytest
 
 from runnerctl.controller.store import Store
 from runnerctl.controller.store_db import describe_url
-from runnerctl.errors import RunnerctlError
+from runnerctl.errors import ConfigError, RunnerctlError
+from runnerctl.optuna import make_storage
 from runnerctl.postgres import PostgresError, libpq_url, ping
 
 BAD = ["postgresql://ann:s3cret@[::1/db", "postgresql://ann:s3cret@db.lab/x?bogus"]
-TWO_ATS = ["postgresql://ann:s3@cret@db.lab:5433/rc", "journal+postgresql://ann:s3cr@t@db.lab/rc"]
+TWO_ATS = ["postgresql://ann:s3@cret@db.lab:5433/rc", "journal+postgresql://ann:s3cr@t@db.lab/rc",
+           "postgresql://ann:s3?cr@t@db.lab/rc"]
 
 
 @pytest.mark.parametrize("url", BAD)
@@ -46,3 +48,15 @@ def test_an_unescaped_at_in_the_password_is_refused_before_libpq_quotes_its_tail
         assert "%40" in text and "\n" not in text, text
         assert not any(part in text for part in ("s3", "cret", "cr@t", "db.lab")), text
     assert libpq_url("postgresql://ann:s3%40cret@db.lab/rc") == "postgresql://ann:s3%40cret@db.lab/rc"
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://ann:pw@db.lab/rc?application_name=a@b", "postgresql://ann:pw@db.lab?options=-c%20x=a@b",
+    "postgresql:///rc?host=/run/postgresql", "postgresql://ann@[::1]:5433/rc", "postgresql://a%40b:p%40w@h/rc"])
+def test_urls_with_an_at_after_the_host_or_none_are_taken(url: str) -> None:
+    assert libpq_url(url) == url
+
+
+def test_an_optuna_rdb_url_with_two_ats_is_refused_before_sqlalchemy_quotes_its_tail() -> None:
+    with pytest.raises(ConfigError, match="%40"):
+        make_storage("postgresql+psycopg://ann:s3@cret@127.0.0.1:9/rc")

@@ -98,9 +98,10 @@ def test_a_100_mib_body_is_refused_unread(serve: Serve) -> None:
 
 
 def test_connections_past_the_limit_get_503_at_once(serve: Serve) -> None:
-    """Slow clients that never finish their headers hold their connections (uvicorn has no
-    timeout for headers; a TLS proxy in front does): past MAX_CONNECTIONS a request gets
-    503 at once instead of more work piling up, and is served again once they close."""
+    """Slow clients that do not finish their headers hold their connections until the
+    headers' deadline (20 s, tests/test_web_header_timeout.py): past MAX_CONNECTIONS a
+    request gets 503 at once instead of more work piling up, and is served again once
+    they close."""
     held = [socket.create_connection(("127.0.0.1", serve.port), timeout=10) for _ in range(MAX_CONNECTIONS)]
     try:
         for conn in held:

@@ -65,8 +65,10 @@ class HeaderTimeoutProtocol(H11Protocol):
 
     def _expired(self) -> None:
         self._deadline = None
+        if self.transport.is_closing() or self.transport.get_protocol() is not self:
+            return  # closed, or upgraded to a websocket whose protocol now reads it
         idle = self.cycle is None or self.cycle.response_complete  # else a request is being answered
-        if idle and self.cycle is self._waiting_after and not self.transport.is_closing():
+        if idle and self.cycle is self._waiting_after:
             # no request's headers came whole since the deadline was set
             log.debug("closing %s: no request's headers within %g s", self.client, self.timeout_s)
             self.transport.close()

@@ -83,8 +83,10 @@ def is_loopback(host: str) -> bool:
 MAX_CONNECTIONS = 500
 """Open connections (and requests in flight) before uvicorn answers new requests 503 at
 once: a page for a lab's team needs far fewer, and each request holds memory and a
-thread. It does not stop a slow client from holding a connection open (uvicorn has no
-timeout for a request's headers): a TLS proxy in front does (docs/operations.md)."""
+thread. A client that holds a connection without finishing a request's headers loses it
+after HEADER_TIMEOUT_S (`HeaderTimeoutProtocol`: uvicorn has no such timeout); many
+clients that keep opening connections are stopped by a TLS proxy in front
+(docs/operations.md)."""
 KEEP_ALIVE_S = 5
 """An idle keep-alive connection is closed after this long (uvicorn's default, stated)."""
 
