@@ -9,6 +9,9 @@ open, so a few hundred such connections from one client shut the page to everyon
 `HeaderTimeoutProtocol` closes a connection whose next request's headers have not all
 arrived `timeout_s` after the connection opened or the previous response ended. A
 request whose headers came is left alone, however long its handling or body takes.
+It relies on the h11 protocol's internals (`cycle`, made once a request's headers are
+whole; `on_response_complete`; `loop`; `transport`), stable across uvicorn's releases
+so far: tests/test_web_header_timeout.py fails if they change.
 """
 
 from __future__ import annotations
