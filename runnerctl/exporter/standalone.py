@@ -20,8 +20,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from prometheus_client.exposition import start_http_server
-
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi
 from runnerctl.controller.liveness import Liveness
 from runnerctl.controller.observe import LeaseJobs, gate_step
@@ -30,6 +28,7 @@ from runnerctl.controller.store import Event
 from runnerctl.controller.view import ControllerView, GpuView, SlotView
 from runnerctl.errors import GpuError
 from runnerctl.exporter import build_registry, gpus, reconcile
+from runnerctl.exporter.http import start_server
 from runnerctl.exporter.scrape import Part
 from runnerctl.gpus import GpuSource
 
@@ -112,7 +111,7 @@ def serve_exporter(observer: Observer, *, host: str, port: int, interval_s: floa
     parts: dict[str, Part] = {"gpus": gpus.collect, "reconcile": reconcile.collect}
     observer.liveness = Liveness(host=observer.host, interval_s=interval_s)
     registry = build_registry(lambda: observer.stats.view, parts, liveness=observer.liveness)
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    server, thread = start_server(host, port, registry)
     log.warning("runnerctl exporter: http://%s:%d/metrics (observe-only)", host, server.server_port)
     try:
         observer.run(stop, interval_s)
