@@ -3,9 +3,11 @@
 Looked up at `--config`, else `$RUNNERCTL_CONFIG`, else /etc/runnerctl/runnerctl.toml
 (root) or ~/.config/runnerctl/runnerctl.toml. A missing file means all defaults, but
 the command line's `--config` must name a file that exists (click checks it: a misspelt
-path would silently mean the defaults' state directory). An unknown key or a wrong type
-is an error that names the key. Secrets (GitLab token) are not kept here: they come
-from `$RUNNERCTL_GITLAB_TOKEN` or `--token-file`.
+path would silently mean the defaults' state directory). An unknown key, a wrong type
+or a value out of range is an error that names the key; the reader (`_build`) makes
+every check, and the dataclasses none (code that builds them directly is trusted).
+Secrets (GitLab token) are not kept here: they come from `$RUNNERCTL_GITLAB_TOKEN` or
+`--token-file`.
 """
 
 from __future__ import annotations
@@ -149,23 +151,6 @@ class PlanPolicy:
     jobs with a known timeout backfill, and no job is ever killed for a drain
     (docs/controller.md "Backfill by estimate")."""
 
-    def __post_init__(self) -> None:
-        """ValueError for a value the planner cannot work with (`_build` names the file or
-        option it came from)."""
-        if isinstance(self.max_draining, bool) or not (isinstance(self.max_draining, int)
-                                                        and self.max_draining >= 1):
-            raise ValueError(f"max_draining must be a whole number of blocks, at least 1 (else no "
-                             f"multi-GPU job ever drains one), not {self.max_draining!r}")
-        if not isinstance(self.backfill_estimated, bool):
-            raise ValueError(f"backfill_estimated must be true or false, not {self.backfill_estimated!r}")
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.name in ("max_draining", "backfill_estimated"):
-                continue
-            if not (isinstance(value, int | float) and not isinstance(value, bool)
-                    and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{field.name} must be 0 or more seconds, not {value!r}")
-
 
 @dataclasses.dataclass(frozen=True)
 class ControllerSettings:
@@ -262,37 +247,6 @@ class ControllerSettings:
     """`[controller.planner]`: when blocks drain, size credits, backfill bounds (the
     fields of `PlanPolicy`, measured in docs/controller.md)."""
 
-    def __post_init__(self) -> None:
-        if not self.fair_half_life_h > 0:
-            raise ConfigError(f"[controller] fair_half_life_h must be more than 0, "
-                              f"not {self.fair_half_life_h!r}")
-        if not (math.isfinite(self.fair_queue_step_min) and self.fair_queue_step_min >= 0):
-            raise ConfigError(f"[controller] fair_queue_step_min must be 0 or more minutes, "
-                              f"not {self.fair_queue_step_min!r}")
-        for table in ("user_shares", "project_shares"):
-            for key, share in getattr(self, table).items():
-                if not (math.isfinite(share) and share > 0):
-                    raise ConfigError(f"[controller] {table}: {key} must be a share more than 0, "
-                                      f"not {share!r}")
-        caps = {}
-        for size, seconds in self.runner_max_timeout_s.items():
-            if not (size.isascii() and size.isdigit()) or int(size) < 1:
-                raise ConfigError(f"[controller] runner_max_timeout_s: {size!r} is no number of GPUs "
-                                  "(use \"1\", \"2\", \"4\" or \"8\")")
-            if (isinstance(seconds, bool) or not isinstance(seconds, int)
-                    or not MIN_RUNNER_TIMEOUT_S <= seconds <= MAX_RUNNER_TIMEOUT_S):
-                raise ConfigError(f"[controller] runner_max_timeout_s: {size} GPUs must be whole seconds "
-                                  f"from {MIN_RUNNER_TIMEOUT_S} (GitLab's minimum) to "
-                                  f"{MAX_RUNNER_TIMEOUT_S}, not {seconds!r}")
-            caps[str(int(size))] = seconds  # "01" and "1" are one size
-        object.__setattr__(self, "runner_max_timeout_s", caps)
-        for name in ("history_retention_days", "events_retention_days", "unused_after_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"[controller] {name} must be more than 0, not {getattr(self, name)!r}")
-        if not 0 <= self.unused_utilization <= 1:
-            raise ConfigError(f"[controller] unused_utilization is a ratio from 0 to 1, not "
-                              f"{self.unused_utilization!r}")
-
 
 @dataclasses.dataclass(frozen=True)
 class MonitoringSettings:
@@ -358,44 +312,91 @@ class Settings:
 LARGEST = 1e10
 """No number in the settings is larger (over 300 years in seconds): a bigger one is a
 slip, and infinity-like values would reach JSON answers and timers."""
-_RANGES: dict[tuple[type, str], tuple[float, float, str]] = {
-    (ControllerSettings, "interval_s"): (0.05, 3600.0, "seconds, as serve --interval"),
-    (ControllerSettings, "api_budget_per_min"): (1, 100_000, "requests a minute"),
-    (ControllerSettings, "foreign_utilization"): (0.0, 1.0, "a ratio"),
-    (ControllerSettings, "reopen_ratio"): (0.0, 1.0, "a ratio"),
-    (PostgresSettings, "port"): (1, 65535, "a TCP port"),
-    (WebSettings, "session_max_age_s"): (60, LARGEST, "seconds"),
-    (WebSettings, "signin_attempts"): (1, 1_000_000, "attempts a minute"),
-    (WebSettings, "max_concurrent_signins"): (1, 1000, "sign-ins at once"),
-    (WebSettings, "max_body_bytes"): (1024, 2**31, "bytes"),
-    (WebSettings, "gitlab_role_check_s"): (1, LARGEST, "seconds"),
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """A number setting's range beyond "finite, not negative, at most LARGEST"."""
+    low: float
+    high: float = LARGEST
+    unit: str = ""
+    above: bool = False
+    """`low` itself is refused ("more than 0")."""
+
+    def problem(self, key: str, value: float) -> str:
+        """Why `value` is out of range, or "" when it is in."""
+        if (value > self.low if self.above else value >= self.low) and value <= self.high:
+            return ""
+        unit = f" ({self.unit})" if self.unit else ""
+        if self.above:
+            return f"{key} must be more than {self.low:g}{unit}, not {value!r}"
+        if self.high == LARGEST:
+            return f"{key} must be at least {self.low:g}{unit}, not {value!r}"
+        return f"{key} must be from {self.low:g} to {self.high:g}{unit}, not {value!r}"
+
+
+_RATIO = Bound(0.0, 1.0, "a ratio")
+_MORE_THAN_0 = Bound(0.0, above=True)
+_RANGES: dict[tuple[type, str], Bound] = {
+    (PlanPolicy, "max_draining"): Bound(1, unit="blocks: else no multi-GPU job ever drains one"),
+    (ControllerSettings, "interval_s"): Bound(0.05, 3600.0, "seconds, as serve --interval"),
+    (ControllerSettings, "api_budget_per_min"): Bound(1, 100_000, "requests a minute"),
+    (ControllerSettings, "foreign_utilization"): _RATIO,
+    (ControllerSettings, "reopen_ratio"): _RATIO,
+    (ControllerSettings, "unused_utilization"): _RATIO,
+    (ControllerSettings, "fair_half_life_h"): _MORE_THAN_0,
+    (ControllerSettings, "history_retention_days"): _MORE_THAN_0,
+    (ControllerSettings, "events_retention_days"): _MORE_THAN_0,
+    (ControllerSettings, "unused_after_s"): _MORE_THAN_0,
+    (PostgresSettings, "port"): Bound(1, 65535, "a TCP port"),
+    (WebSettings, "session_max_age_s"): Bound(60, unit="seconds"),
+    (WebSettings, "signin_attempts"): Bound(1, 1_000_000, "attempts a minute"),
+    (WebSettings, "max_concurrent_signins"): Bound(1, 1000, "sign-ins at once"),
+    (WebSettings, "max_body_bytes"): Bound(1024, 2**31, "bytes"),
+    (WebSettings, "gitlab_role_check_s"): Bound(1, unit="seconds"),
 }
 """Settings with a narrower range than "finite, not negative" (`_build` checks them)."""
 
 
-def _check_choices(cls: type[Any], values: dict[str, Any], where: str) -> None:
-    """What a range cannot say: names from a list, addresses, absolute paths."""
+def _check_more(cls: type[Any], values: dict[str, Any]) -> str:
+    """What a range cannot say (names from a list, addresses, absolute paths, tables of
+    numbers): why the values cannot be, or "". Normalizes `runner_max_timeout_s`'s keys."""
     if cls is HostSettings and "name" in values and (problem := host_name_problem(values["name"])):
-        raise ConfigError(f"{where}: {problem}")
+        return problem
     if cls is ExecutorSettings and values.get("driver", "docker") not in DRIVERS:
-        raise ConfigError(f"{where}: driver must be one of {', '.join(DRIVERS)}, not {values['driver']!r}")
+        return f"driver must be one of {', '.join(DRIVERS)}, not {values['driver']!r}"
     if cls is PathSettings and "state_dir" in values and not Path(values["state_dir"]).is_absolute():
-        raise ConfigError(f"{where}: state_dir must be an absolute path, not {values['state_dir']!r}")
-    if cls is ControllerSettings:
-        for project, priority in values.get("project_priorities", {}).items():
-            if priority not in PRIORITIES:
-                raise ConfigError(f"{where}: project_priorities: {project} must be one of "
-                                  f"{', '.join(PRIORITIES)}, not {priority!r}")
-        if any(isinstance(p, bool) or p < 1 for p in values.get("projects", ())):
-            raise ConfigError(f"{where}: projects must be GitLab project ids (whole numbers from 1), "
-                              f"not {list(values['projects'])!r}")
+        return f"state_dir must be an absolute path, not {values['state_dir']!r}"
     if cls is WebSettings:
         for proxy in values.get("trusted_proxies", ()):
             try:
                 ipaddress.ip_network(proxy, strict=False)
             except ValueError:
-                raise ConfigError(f"{where}: trusted_proxies: {proxy!r} is no address or CIDR "
-                                  "range") from None
+                return f"trusted_proxies: {proxy!r} is no address or CIDR range"
+    if cls is ControllerSettings:
+        return _check_controller(values)
+    return ""
+
+
+def _check_controller(values: dict[str, Any]) -> str:
+    for project, priority in values.get("project_priorities", {}).items():
+        if priority not in PRIORITIES:
+            return f"project_priorities: {project} must be one of {', '.join(PRIORITIES)}, not {priority!r}"
+    if any(isinstance(p, bool) or p < 1 for p in values.get("projects", ())):
+        return f"projects must be GitLab project ids (whole numbers from 1), not {list(values['projects'])!r}"
+    for table in ("user_shares", "project_shares"):
+        for key, share in values.get(table, {}).items():
+            if not (math.isfinite(share) and share > 0):
+                return f"{table}: {key} must be a share more than 0, not {share!r}"
+    caps = {}
+    for size, seconds in values.get("runner_max_timeout_s", {}).items():
+        if not (size.isascii() and size.isdigit()) or int(size) < 1:
+            return f"runner_max_timeout_s: {size!r} is no number of GPUs (use \"1\", \"2\", \"4\" or \"8\")"
+        if not MIN_RUNNER_TIMEOUT_S <= seconds <= MAX_RUNNER_TIMEOUT_S:
+            return (f"runner_max_timeout_s: {size} GPUs must be whole seconds from {MIN_RUNNER_TIMEOUT_S} "
+                    f"(GitLab's minimum) to {MAX_RUNNER_TIMEOUT_S}, not {seconds!r}")
+        caps[str(int(size))] = seconds  # "01" and "1" are one size
+    if "runner_max_timeout_s" in values:
+        values["runner_max_timeout_s"] = caps
+    return ""
 
 
 def default_settings_path() -> Path:
@@ -450,6 +451,8 @@ def parse_planner(text: str) -> PlanPolicy:
 
 
 def _build(cls: type[Any], data: dict[str, Any], *, where: str) -> Any:
+    """A settings table from TOML data, every check made here (the dataclasses check
+    nothing: code that builds them directly is trusted). ConfigError: one line, `where`."""
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
@@ -467,27 +470,29 @@ def _build(cls: type[Any], data: dict[str, Any], *, where: str) -> Any:
         if origin in (tuple, dict):
             values[key] = _container(kind, value, where=f"{where}: {key}")
             continue
-        expected = tuple(typing.get_args(kind)) if isinstance(kind, types.UnionType) else (kind,)
-        finite = isinstance(value, int) or isinstance(value, float) and math.isfinite(value)  # inf: below
-        if finite and not isinstance(value, bool) and abs(value) > LARGEST:
-            raise ConfigError(f"{where}: {key} is too large: {value!r}")
-        if float in expected and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, expected):
-            raise ConfigError(f"{where}: {key} must be {kind.__name__}, not {value!r}")
-        if isinstance(value, int | float) and not isinstance(value, bool) and not (
-                math.isfinite(value) and value >= 0):  # TOML has nan and inf; no setting is negative
-            raise ConfigError(f"{where}: {key} must be a finite number, not negative: {value!r}")
-        if (cls, key) in _RANGES:
-            low, high, unit = _RANGES[cls, key]
-            if not low <= value <= high:
-                raise ConfigError(f"{where}: {key} must be from {low:g} to {high:g} ({unit}), not {value!r}")
-        values[key] = value
-    _check_choices(cls, values, where)
-    try:
-        return cls(**values)
-    except ValueError as exc:  # a dataclass's own check (PlanPolicy)
-        raise ConfigError(f"{where}: {exc}") from None
+        values[key] = value = _scalar(kind, key, value, where)
+        if isinstance(value, int | float) and not isinstance(value, bool) and (cls, key) in _RANGES:
+            if problem := _RANGES[cls, key].problem(key, value):
+                raise ConfigError(f"{where}: {problem}")
+    if problem := _check_more(cls, values):
+        raise ConfigError(f"{where}: {problem}")
+    return cls(**values)
+
+
+def _scalar(kind: Any, key: str, value: Any, where: str) -> Any:
+    """A TOML value of the field's type (an int where a float is asked for becomes one); a
+    number finite, not negative and at most LARGEST (TOML has nan and inf)."""
+    expected = tuple(typing.get_args(kind)) if isinstance(kind, types.UnionType) else (kind,)
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if number and (isinstance(value, int) or math.isfinite(value)) and abs(value) > LARGEST:  # 10**400: no float
+        raise ConfigError(f"{where}: {key} is too large: {value!r}")
+    if float in expected and number and isinstance(value, int):
+        value = float(value)
+    if not isinstance(value, expected) or isinstance(value, bool) and bool not in expected:
+        raise ConfigError(f"{where}: {key} must be {kind.__name__}, not {value!r}")
+    if number and not (math.isfinite(value) and value >= 0):  # no setting is negative
+        raise ConfigError(f"{where}: {key} must be a finite number, not negative: {value!r}")
+    return value
 
 
 def _container(kind: Any, value: Any, *, where: str) -> Any:

@@ -93,7 +93,7 @@ def test_a_valid_trace_still_simulates_as_json(tmp_path: Path, capsys: pytest.Ca
     ("drain_after_s=soon", "--planner 'drain_after_s=soon': give KEY=NUMBER"),
     ("drain_after_s=-1", "drain_after_s must be a finite number, not negative"),
     ("backfill_max_s=inf", "backfill_max_s must be a finite number"),
-    ("max_draining=0", "--planner: max_draining must be a whole number of blocks, at least 1"),
+    ("max_draining=0", "--planner: max_draining must be at least 1 (blocks: else no multi-GPU job ever"),
     ("max_draining=" + "9" * 400, "max_draining is too large"),
     ("drain_after_s=" + "9" * 400, "drain_after_s is too large"),
     ("drain_after_s=1,drain_after_s=2", "--planner: drain_after_s is given twice"),
