@@ -79,3 +79,7 @@ class TemporaryError(GitLabError):
 
 class PermanentError(GitLabError):
     """Retrying will not help until someone changes something (token, permissions)."""
+
+
+class NotFoundError(PermanentError):
+    """404: the runner, project or job does not exist, or the token cannot see it."""

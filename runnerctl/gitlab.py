@@ -38,7 +38,7 @@ import gitlab.exceptions
 import requests
 from gitlab.v4.objects import CurrentUserRunnerManager
 
-from runnerctl.errors import PermanentError, TemporaryError
+from runnerctl.errors import NotFoundError, PermanentError, TemporaryError
 from runnerctl.gitlab_port import (
     CreatedRunner,
     GitLabPort,
@@ -310,7 +310,7 @@ class PythonGitLab:
         return PermanentError(detail)
 
 
-class _NotFound(PermanentError):
+class _NotFound(NotFoundError):
     """404: the runner or project does not exist (or is not visible to the token)."""
 
 

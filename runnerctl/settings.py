@@ -484,7 +484,8 @@ def _scalar(kind: Any, key: str, value: Any, where: str) -> Any:
     number finite, not negative and at most LARGEST (TOML has nan and inf)."""
     expected = tuple(typing.get_args(kind)) if isinstance(kind, types.UnionType) else (kind,)
     number = isinstance(value, int | float) and not isinstance(value, bool)
-    if number and (isinstance(value, int) or math.isfinite(value)) and abs(value) > LARGEST:  # 10**400: no float
+    # before float(): an int like 10**400 has none
+    if number and (isinstance(value, int) or math.isfinite(value)) and abs(value) > LARGEST:
         raise ConfigError(f"{where}: {key} is too large: {value!r}")
     if float in expected and number and isinstance(value, int):
         value = float(value)

@@ -260,3 +260,25 @@ def test_a_failing_hook_is_logged_once_and_never_stops_the_loop(world: World,
         world.advance(20)
     assert len(calls) >= 3 and job in world.fleet.started  # ticks went on, jobs ran
     assert sum("broken failed after tick" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_runner_deleted_in_gitlab_keeps_neither_the_others_unread_nor_the_host_backed_off(
+        world: World, caplog: pytest.LogCaptureFixture) -> None:
+    """A runner that stays unknown (404 on every read) took every re-read, so a runner
+    paused by hand in GitLab's UI stayed paused while the page said open; and each pause
+    sent to it failed with 404 and backed off the whole host as if GitLab were down."""
+    c = world.controller
+    world.advance(60)
+    gone = "runnerctl/demo/gpu0-1"
+    world.gitlab.delete_runner(c.cache.ids[gone])
+    world.advance(60)
+    gpu5 = c.cache.ids["runnerctl/demo/gpu5"]
+    world.gitlab.set_paused(gpu5, True)  # by hand, in GitLab's UI
+    world.advance(3600)
+    assert world.gitlab.get_runner(gpu5).paused is False  # re-read, seen paused, opened again
+    assert c.cache.paused["runnerctl/demo/gpu5"] is False and gone in c.cache.gone
+    assert c.health.failures == 0 and c.health.last_error == ""
+    assert caplog.text.count(f"runner {gone} (id") == 1  # warned once, not each re-read
+    job = world.submit(1, 60)
+    world.advance(600)
+    assert next(j.status for j in world.state.project_jobs(PROJECT) if j.id == job) == "success"

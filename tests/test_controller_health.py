@@ -23,6 +23,7 @@ from runnerctl.errors import GpuError
 from runnerctl.exporter.scrape import RunnerctlCollector
 from runnerctl.gitlab import PythonGitLab
 from runnerctl.settings import ControllerSettings
+from runnerctl.sim.gitlab_server import Fault
 from runnerctl.sim.world import PROJECT, World, build_world
 
 INTERVAL_S = 0.1
@@ -262,3 +263,26 @@ def test_healthz_fails_while_gitlab_cannot_be_reached_and_heals(world: World) ->
     world.controller.wiring.gitlab = gitlab
     world.advance(world.controller.health.retry_at - world.clock() + 1)
     assert live.report() == (True, {**live.report()[1], "troubles": {}, "problem": ""})
+
+
+def test_gitlab_answering_reads_clears_its_failures_in_steady_state(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """With nothing to pause or resume, only the loop's reads show that GitLab is back:
+    its error and failure count go (else the page and `runnerctl_gitlab_up` said GitLab
+    was down for good, and one later 502 backed off 300 s and failed /healthz)."""
+    w = build_world(tmp_path, settings=ControllerSettings(projects=(PROJECT,), interval_s=5.0))
+    try:
+        health = w.controller.health
+        w.advance(60)
+        assert health.failures == 0
+        w.server.faults.append(Fault("*", ".", "502", count=8))
+        w.advance(900)
+        assert w.server.faults[-1].count == 0 and "GitLab failed" in caplog.text
+        w.advance(60)
+        assert (health.failures, health.last_error, w.controller.view.gitlab_error) == (0, "", "")
+        assert "GitLab answers again" in caplog.text
+        w.server.faults.append(Fault("GET", "/runners/", "502", count=1))
+        w.advance(30)
+        assert w.server.faults[-1].count == 0 and health.failures == 0  # one 502: backed off 5 s
+    finally:
+        w.close()

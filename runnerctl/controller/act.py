@@ -8,9 +8,11 @@ resumes as a failed pause does.
 One failed action never stops the loop. A failed pause leaves that runner's state
 unknown and skips every resume of the tick (a resume must never overlap a runner that
 might still be open); a failed resume leaves its runner paused or, if the request timed
-out, unknown, and the next tick sends the desired state again. GitLab
-failures are logged once per kind (repeats go to debug), and the loop backs off by the
-error's delay (`Retry-After` for a 429), doubling on repeats up to a cap.
+out, unknown, and the next tick sends the desired state again. A runner GitLab answers
+404 for is gone (`RunnerCache.lost`): nothing more is sent to it until a read finds it,
+and the others are not backed off for it. GitLab failures are logged once per kind
+(repeats go to debug), and the loop backs off by the error's delay (`Retry-After` for a
+429), doubling on repeats up to a cap.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from runnerctl.controller.observe import RunnerCache
 from runnerctl.controller.plan import Decision, differences
-from runnerctl.errors import GitLabError, TemporaryError
+from runnerctl.errors import GitLabError, NotFoundError, TemporaryError
 from runnerctl.gitlab import GitLabPort
 from runnerctl.standby import VERIFY_EVERY_S, Standby
 
@@ -79,7 +81,8 @@ def apply(decisions: Sequence[Decision], *, gitlab: GitLabPort, cache: RunnerCac
           caps: Mapping[str, int | None] | None = None) -> list[Action]:
     """Send the plan's pauses, then `caps` (runner name -> maximum timeout to set, None
     clears: `caps.to_send`), then its resumes."""
-    pauses, resumes = differences([d for d in decisions if d.slot.name in cache.ids], cache.paused)
+    pauses, resumes = differences([d for d in decisions if d.slot.name in cache.ids
+                                   and d.slot.name not in cache.gone], cache.paused)
     done: list[Action] = []
     for decision in pauses:
         done.append(_send(decision, gitlab=gitlab, cache=cache, health=health, now=now))
@@ -109,6 +112,9 @@ def _send(decision: Decision, *, gitlab: GitLabPort, cache: RunnerCache, health:
     name = decision.slot.name
     try:
         gitlab.set_paused(cache.ids[name], not decision.open)
+    except NotFoundError as exc:  # this runner is gone, not GitLab: no back-off for the others
+        cache.lost(name)
+        return Action(decision, False, str(exc))
     except GitLabError as exc:
         health.failed(exc, now)
         cache.set(name, None)  # a timed-out request may still have been applied

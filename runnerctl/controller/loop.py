@@ -214,7 +214,12 @@ class Controller:
         self.gate = new
 
     def _talk_to_gitlab(self, now: float) -> bool:
-        """Read runners and demand; False (logged once, backing off) when GitLab fails."""
+        """Read runners and demand; False (logged once, backing off) when GitLab fails. A
+        request answered clears the failures (`GitLabHealth.ok`): in steady state no pause
+        or resume is sent, and these reads are all that says GitLab is back. A 404 is no
+        answer here (a runner read gets None): with every request answered 404 (a wrong
+        URL behind a proxy), the project polls fail and the runner reads must not say ok."""
+        answers = self.cache.found + self.demand.polls
         try:
             if not self._synced:
                 self.cache.sync_all(self.wiring.gitlab)
@@ -225,6 +230,8 @@ class Controller:
         except GitLabError as exc:
             self.health.failed(exc, now)
             return False
+        if self.cache.found + self.demand.polls != answers:
+            self.health.ok()
         return True
 
     def _free_orphans(self, running: Mapping[str, tuple[int, ...]], now: float) -> None:

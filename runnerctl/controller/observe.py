@@ -165,7 +165,13 @@ class RunnerCache:
         self.online: dict[str, bool | None] = {name: None for name in runner_ids}
         self.max_timeout: dict[str, int | None] = {name: None for name in runner_ids}
         self.cap_unknown: set[str] = set(runner_ids)  # max_timeout not read yet, or a set failed
+        self.gone: set[str] = set()
+        """Runners GitLab answered 404 for (deleted, or hidden from the token): nothing is
+        sent to them (`act.apply`) until a read finds them again."""
+        self.found = 0
+        """Reads that found their runner (the loop's sign that GitLab answers)."""
         self._next = 0
+        self._next_unknown = 0
 
     def sync_all(self, gitlab: GitLabPort) -> None:
         """Read every runner once (start-up; not part of the steady-state budget)."""
@@ -173,27 +179,42 @@ class RunnerCache:
             self._read(gitlab, name)
 
     def refresh_one(self, gitlab: GitLabPort, budget: ApiBudget) -> None:
+        """Re-read one runner: every other read goes to a runner whose state is unknown
+        (in turn, when there are several), the rest to every runner in turn, so a runner
+        that stays unknown (deleted in GitLab) never keeps the others from being re-read."""
         names = list(self.ids)
         unknown = [n for n in names if self.paused[n] is None]
         if not names or not budget.try_take():
             return
-        name = unknown[0] if unknown else names[self._next % len(names)]
-        self._next += 1
+        if unknown and (self._next + self._next_unknown) % 2 == 0:
+            name = unknown[self._next_unknown % len(unknown)]
+            self._next_unknown += 1
+        else:
+            name = names[self._next % len(names)]
+            self._next += 1
         self._read(gitlab, name)
 
     def _read(self, gitlab: GitLabPort, name: str) -> None:
         info = gitlab.get_runner(self.ids[name])  # GitLabError: the loop logs once, backs off
         if info is None:  # 404: deleted, or a GitLab hiccup; keep managing it as unknown
-            if self.paused[name] is not None:
-                log.warning("runner %s (id %s) not found in GitLab; if it was deleted, run `runnerctl init`",
-                            name, self.ids[name])
-            self.paused[name] = self.online[name] = self.max_timeout[name] = None
-            self.cap_unknown.add(name)
+            self.lost(name)
             return
+        self.gone.discard(name)
+        self.found += 1
         self.paused[name] = info.paused
         self.online[name] = info.online
         self.max_timeout[name] = info.maximum_timeout
         self.cap_unknown.discard(name)
+
+    def lost(self, name: str) -> None:
+        """GitLab answered 404 for the runner: its state is unknown, and nothing is sent to
+        it until a read finds it again (warned once until then)."""
+        if name not in self.gone:
+            log.warning("runner %s (id %s) not found in GitLab; nothing is sent to it until it is "
+                        "found again; if it was deleted, run `runnerctl init`", name, self.ids[name])
+        self.gone.add(name)
+        self.paused[name] = self.online[name] = self.max_timeout[name] = None
+        self.cap_unknown.add(name)
 
     def known_caps(self) -> dict[str, int | None]:
         """Each runner's maximum timeout where it is known (`caps.to_send`)."""
