@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from runnerctl.cli import main
 from runnerctl.controller.app import create_app
+from runnerctl.controller.demand import due
 from runnerctl.controller.loop import Controller
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim.gitlab_server import Fault
@@ -282,3 +283,24 @@ def test_a_runner_deleted_in_gitlab_keeps_neither_the_others_unread_nor_the_host
     job = world.submit(1, 60)
     world.advance(600)
     assert next(j.status for j in world.state.project_jobs(PROJECT) if j.id == job) == "success"
+
+
+def test_a_wall_clock_stepped_back_stops_neither_polling_nor_gitlab(world: World) -> None:
+    """NTP stepping the clock back an hour drove the API budget an hour's tokens into
+    debt and made every project look polled in the future: no poll for an hour."""
+    c = world.controller
+    world.advance(120)
+    world.clock.now -= 3600
+    polls = c.demand.polls
+    job = world.submit(4, 600)
+    for _ in range(60):  # five minutes of ticks, on the stepped clock
+        world.clock.now += 5
+        c.tick()
+    assert c.demand.polls - polls >= 10 and any(j.job_id == job for j in c.demand.jobs)
+    assert c.health.ready(world.clock())
+
+
+def test_due_treats_a_time_further_ahead_than_its_period_as_a_clock_stepped_back() -> None:
+    assert due(10.0, 10.0, 5.0) and not due(9.0, 10.0, 5.0)
+    assert due(0.0, 3600.0, 300.0)  # planned 300 s ahead at most: the clock went back
+    assert not due(0.0, float("inf"), 300.0)  # never

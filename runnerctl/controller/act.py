@@ -21,6 +21,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
+from runnerctl.controller.demand import due
 from runnerctl.controller.observe import RunnerCache
 from runnerctl.controller.plan import Decision, differences
 from runnerctl.errors import GitLabError, NotFoundError, TemporaryError
@@ -53,7 +54,7 @@ class GitLabHealth:
         self._log = logger
 
     def ready(self, now: float) -> bool:
-        return now >= self.retry_at
+        return due(now, self.retry_at, self.backoff_max_s)
 
     def failed(self, exc: GitLabError, now: float) -> None:
         base = exc.delay if isinstance(exc, TemporaryError) else DEFAULT_DELAY_S

@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import logging
+import math
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
@@ -56,6 +57,13 @@ DISCOVER_RETRY_S = 60.0
 """After a failed discovery, the next try comes this much later (s)."""
 ACTIVE_WEIGHT = 4.0
 """A project with recent activity counts as this many times as overdue for its poll."""
+
+
+def due(now: float, at: float, period: float) -> bool:
+    """Is a thing planned for `at`, at most `period` after it was planned, due at `now`?
+    Also when `at` lies further ahead than `period`: the wall clock stepped back (NTP),
+    and waiting for it to catch up would stop the thing for as long as the step."""
+    return now >= at or period < at - now < math.inf  # inf: never
 
 
 class ApiBudget:
@@ -86,8 +94,8 @@ class ApiBudget:
         self.spent += int(count)
 
     def _refill(self) -> None:
-        now = self._clock()
-        self._tokens = min(self.capacity, self._tokens + (now - self._at) * self.rate)
+        now = self._clock()  # a clock stepped back adds nothing (no debt of the step's length)
+        self._tokens = min(self.capacity, self._tokens + max(0.0, now - self._at) * self.rate)
         self._at = now
 
 
@@ -181,7 +189,7 @@ class DemandTracker:
                 job_ids = self._lookups.pop(first)
             self._look(gitlab, first, job_ids, now)
             return
-        if now >= self._discover_at:
+        if due(now, self._discover_at, max(self._discover_s, DISCOVER_RETRY_S)):
             if self.budget.try_take():
                 self._discover(gitlab, now)
             return
@@ -250,7 +258,7 @@ class DemandTracker:
         min_gap = self._webhook_fresh if fresh else 0.0
         best, best_score = None, -1.0
         for project in list(self.projects):
-            age = now - self._polled.get(project, float("-inf"))
+            age = max(0.0, now - self._polled.get(project, float("-inf")))  # 0: clock stepped back
             if age < min_gap:
                 continue
             active = now - self._active.get(project, float("-inf")) <= self._active_window

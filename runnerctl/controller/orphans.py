@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from runnerctl.controller.demand import ApiBudget
+from runnerctl.controller.demand import ApiBudget, due
 from runnerctl.gitlab import GitLabPort
 
 
@@ -51,7 +51,7 @@ class OrphanAudit:
         leased = {slot: jobs for slot, jobs in leased.items() if jobs}
         held = {job for jobs in leased.values() for job in jobs}
         self.suspects = {job: since for job, since in self.suspects.items() if job in held}
-        if not leased or now < self._next_at or not budget.try_take():
+        if not leased or not due(now, self._next_at, self.check_s) or not budget.try_take():
             return None
         self._next_at = now + self.check_s
         slot = self._pick(leased, now)
