@@ -158,7 +158,14 @@ def _convert(name: str, raw: str, kind: str) -> Any:
     return raw
 
 
+_PASSWORD_IN_URL = re.compile(r"://[^/@\s]*:[^/@\s]*@")
+
+
 def _check(name: str, value: Any, spec: dict[str, Any]) -> None:
+    if name == "storage" and isinstance(value, str) and _PASSWORD_IN_URL.search(value):
+        raise ConfigError("input 'storage' holds a password, which would be committed with the pipeline: "
+                          "put the URL into a masked CI/CD variable and pass its name "
+                          "(-i storage='$OPTUNA_URL')")
     options = spec.get("options")
     if options is not None and value not in options:
         raise ConfigError(f"input {name!r} must be one of {', '.join(map(str, options))}, "

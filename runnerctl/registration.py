@@ -143,10 +143,15 @@ _TOKEN_VALUE = re.compile(r'^(\s*token\s*=\s*)(["\'])(?!<)[^"\']*\2', re.MULTILI
 _GITLAB_TOKEN = re.compile(r"\b(gl[a-z]{1,6}-)[0-9A-Za-z_.\-]{8,}")
 
 
+_URL_PASSWORD = re.compile(r"(://[^/:@\s\"']*:)[^/@\s\"']+(@)")
+
+
 def mask_tokens(text: str) -> str:
-    """config.toml text fit to print: every runner `token` value and anything shaped like a
-    GitLab token (`glrt-...`, `glpat-...`) masked, so a dry run shows no secret."""
+    """config.toml text fit to print: every runner `token` value, anything shaped like a
+    GitLab token (`glrt-...`, `glpat-...`) and a URL's password (the Optuna storage in
+    the runners' environment) masked, so a dry run shows no secret."""
     text = _TOKEN_VALUE.sub(r"\1\2<masked>\2", text)
+    text = _URL_PASSWORD.sub(r"\1<masked>\2", text)
     return _GITLAB_TOKEN.sub(r"\1<masked>", text)
 
 

@@ -104,7 +104,7 @@ def test_gpu_job_settings() -> None:
 def test_sweep_structure() -> None:
     pipeline = yaml.safe_load(render("optuna-sweep", {
         "study_name": "s1", "command": "python search.py", "workers": "6", "n_trials": "60",
-        "gpus_per_worker": "2", "storage": "postgresql+psycopg://u:p@db:5432/s1",
+        "gpus_per_worker": "2", "storage": "postgresql+psycopg://u@db:5432/s1",
         "direction": "maximize"}))
     assert pipeline["stages"] == ["test"]
     create = pipeline["optuna-create-study"]
@@ -113,7 +113,7 @@ def test_sweep_structure() -> None:
     worker = pipeline["optuna-worker"]
     assert worker["parallel"] == 6 and worker["extends"] == ".optuna-sweep-env"
     assert pipeline[".optuna-sweep-env"]["variables"] == {
-        "OPTUNA_STORAGE": "postgresql+psycopg://u:p@db:5432/s1", "OPTUNA_STUDY_NAME": "s1",
+        "OPTUNA_STORAGE": "postgresql+psycopg://u@db:5432/s1", "OPTUNA_STUDY_NAME": "s1",
         "OPTUNA_N_TRIALS": 60}
     report = pipeline["optuna-report"]
     assert report["stage"] == ".post" and report["when"] == "always"
@@ -168,10 +168,21 @@ def test_python_cache_keys_on_the_lock_file_and_skips_pip_when_it_matches() -> N
     ("gpu-job", {"gpus": "nan"}, "'gpus' must be a whole number"),
     ("gpu-job", {"priority": "urgent"}, "'priority' must be one of high, normal, low"),
     ("gpu-job", {"timeout": "forever"}, "'timeout' does not match"),
+    ("optuna-sweep", {"storage": "journal+postgresql://u:s3cret@db.lab/u"}, "'storage' holds a password"),
+    ("optuna-sweep", {"storage": "postgresql://u:s3cret@db.lab:5432/u"}, "'storage' holds a password"),
 ])
 def test_bad_inputs_are_refused_by_name(name: str, given: dict[str, str], needle: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(needle)):
         render(name, {**MINIMAL[name], **given})
+
+
+def test_storage_urls_without_a_password_and_variables_are_taken() -> None:
+    for url in ("$OPTUNA_URL", "postgresql+psycopg://u@db.lab:5432/u?x=a@b", "sqlite:///s.db",
+                "journal:/shared/s.log", "journal+postgresql://db.lab:5432/u"):
+        assert render("optuna-sweep", {**MINIMAL["optuna-sweep"], "storage": url})
+        assert re.fullmatch(load_component("optuna-sweep").inputs["storage"]["regex"], url)
+    assert not re.fullmatch(load_component("optuna-sweep").inputs["storage"]["regex"],
+                            "journal+postgresql://u:s3cret@db.lab/u")  # GitLab refuses it too
 
 
 def test_missing_required_input_and_unknown_component() -> None:
