@@ -24,6 +24,7 @@ budget but not the failover, so their workers do not wait for in-flight trials.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 import warnings
@@ -31,6 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import optuna
+import sqlalchemy.exc
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages._cached_storage import _CachedStorage
 from optuna.storages.journal import JournalFileBackend
@@ -50,6 +52,10 @@ GRACE_PERIOD_S = 40
 """A trial silent this long is stale: four missed heartbeats, so a long GC pause or a
 PostgreSQL restart does not fail a live trial (its worker would then crash on `tell`)."""
 MAX_RETRY = 3
+MIN_FAILED_IN_A_ROW = 10
+"""A worker stops after this many trials in a row (or the budget, if larger) whose value
+was NaN: Optuna fails them, and an objective that always diverges would else run until
+the job's timeout."""
 """A trial whose worker died is retried this often before it counts as failed."""
 POOL_SIZE = 2
 """Connections per worker: the trial's and the heartbeat thread's. No overflow: a
@@ -94,8 +100,15 @@ def make_storage(url: str, *, heartbeat_interval: int | None = None,
     with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna, and needed here
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         keyword, callback = _retry_callback()
-        return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=interval,
-                          grace_period=grace, **{keyword: callback})
+        try:
+            return RDBStorage(url, engine_kwargs=engine, heartbeat_interval=interval,
+                              grace_period=grace, **{keyword: callback})
+        except sqlalchemy.exc.SQLAlchemyError as exc:  # no server, a bad URL: one line, no password
+            first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+            why = first[0] if first else type(exc).__name__
+            raise ConfigError(f"cannot open the study's database: {why}",
+                              hint="check the storage URL and that the server runs "
+                                   "(`runnerctl postgres status`)") from None
 
 
 class SweepStorage(_CachedStorage):
@@ -188,7 +201,20 @@ def study_from_env(env: Mapping[str, str] | None = None, *,
         storage = SweepStorage(storage, refresh_s=_refresh_s(env))
     elif isinstance(storage, SweepJournalStorage):
         storage.refresh_s = _refresh_s(env)
-    return optuna.load_study(study_name=env[ENV_STUDY], storage=storage, sampler=sampler)
+    return load_study(env[ENV_STUDY], storage, sampler=sampler)
+
+
+def load_study(name: str, storage: BaseStorage, *,
+               sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
+    """Study NAME; ConfigError naming the studies there when it is not (Optuna: KeyError)."""
+    try:
+        return optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+    except KeyError:
+        names = sorted(s.study_name for s in storage.get_all_studies())
+        there = f"studies there: {', '.join(names[:10])}{', ...' if len(names) > 10 else ''}" \
+            if names else "the storage holds no study"
+        hint = "check OPTUNA_STUDY_NAME (the sweep's optuna-create-study job makes it)"
+        raise ConfigError(f"no study {name!r} in the storage ({there})", hint=hint) from None
 
 
 def run_worker(objective: Objective, *, study: optuna.Study | None = None,
@@ -219,6 +245,10 @@ def _run_until_budget(objective: Objective, study: optuna.Study, budget: int, po
             time.sleep(poll_s)  # in flight elsewhere; one may die and come back for a retry
             counter.fail_stale_trials()
             continue
+        if gate.failed_in_a_row >= max(MIN_FAILED_IN_A_ROW, budget):
+            raise ConfigError(f"the objective returned NaN in the last {gate.failed_in_a_row} trials here "
+                              "(Optuna fails them, and failed trials count toward no budget): stopping",
+                              hint="a diverging run: return a finite value, or raise optuna.TrialPruned")
         try:
             study.optimize(gate, gc_after_trial=False, show_progress_bar=False)  # until gate stops
         except optuna.exceptions.UpdateFinishedTrialError as exc:
@@ -292,6 +322,9 @@ class _Admission:
     def __init__(self, objective: Objective, counter: TrialCounter, budget: int) -> None:
         self.objective, self.counter, self.budget = objective, counter, budget
         self.ran = 0
+        self.failed_in_a_row = 0
+        """Trials here whose value Optuna fails (NaN): they count toward no budget, so an
+        objective that always diverges would run until the job's timeout."""
 
     def __call__(self, trial: Trial) -> float | tuple[float, ...]:
         taken = sum(self.counter.counts(exclude_number=trial.number))
@@ -302,6 +335,12 @@ class _Admission:
             trial.study.stop()  # the last one with room: create no surplus trial after it
         value = self.objective(trial)
         self.ran += 1
+        values = value if isinstance(value, tuple | list) else (value,)
+        nan = any(isinstance(v, float) and math.isnan(v) for v in values)
+        self.failed_in_a_row = self.failed_in_a_row + 1 if nan else 0
+        if self.failed_in_a_row >= max(MIN_FAILED_IN_A_ROW, self.budget):
+            trial.study.stop()
+            return value
         if sum(self.counter.counts(exclude_number=trial.number)) + 1 >= self.budget:
             trial.study.stop()  # the others took the rest meanwhile: no trial to prune unrun
         return value

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
@@ -25,20 +27,33 @@ from runnerctl.optuna import ENV_STORAGE, ENV_STUDY, make_storage, study_from_en
 
 
 def report(study: optuna.Study, out_dir: Path) -> Path:
-    """Write best_trial.json, trials.json and two plots (HTML, no network needed) to out_dir."""
+    """Write best_trial.json, trials.json and two plots (HTML, no network needed) to out_dir;
+    for a study of several objectives, its best trials (the Pareto front) and that plot."""
     out_dir.mkdir(parents=True, exist_ok=True)
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if not complete:
         raise ConfigError(f"study {study.study_name!r} has no complete trial to report")
-    best = study.best_trial
+    if len(study.directions) > 1:  # no single best: the Pareto front
+        front = study.best_trials
+        summary: dict[str, Any] = {"study": study.study_name, "best_trials": [
+            {"number": t.number, "values": _json_values(t.values), "params": t.params} for t in front]}
+    else:
+        best = study.best_trial
+        summary = {"study": study.study_name, "number": best.number, "value": _json_value(best.value),
+                   "params": best.params}
     (out_dir / "best_trial.json").write_text(json.dumps(
-        {"study": study.study_name, "number": best.number, "value": best.value,
-         "params": best.params, "complete_trials": len(complete)}, indent=2) + "\n")
+        {**summary, "complete_trials": len(complete)}, indent=2, allow_nan=False) + "\n")
     (out_dir / "trials.json").write_text(json.dumps(
-        [{"number": t.number, "state": t.state.name, "value": t.value, "params": t.params}
-         for t in study.get_trials(deepcopy=False)], indent=1) + "\n")
+        [{"number": t.number, "state": t.state.name, "values": _json_values(t.values), "params": t.params}
+         if len(study.directions) > 1 else
+         {"number": t.number, "state": t.state.name, "value": _json_value(t.value), "params": t.params}
+         for t in study.get_trials(deepcopy=False)], indent=1, allow_nan=False) + "\n")
     from optuna import visualization
 
+    if len(study.directions) > 1:
+        visualization.plot_pareto_front(study).write_html(
+            out_dir / "pareto_front.html", include_plotlyjs=True)
+        return out_dir / "best_trial.json"
     visualization.plot_optimization_history(study).write_html(
         out_dir / "optimization_history.html", include_plotlyjs=True)
     if len(complete) > 1 and best.params:
@@ -51,15 +66,32 @@ def report(study: optuna.Study, out_dir: Path) -> Path:
     return out_dir / "best_trial.json"
 
 
+def _json_value(value: float | None) -> float | str | None:
+    """A value strict JSON can hold: inf and -inf as strings (JSON has neither)."""
+    return value if value is None or math.isfinite(value) else str(value)
+
+
+def _json_values(values: list[float] | None) -> list[float | str | None] | None:
+    return None if values is None else [_json_value(v) for v in values]
+
+
 def create_study(url: str, name: str, *, direction: str = "minimize",
                  skip_if_exists: bool = True) -> optuna.Study:
-    """The study NAME in `url` (any storage runnerctl knows); an existing one is kept."""
+    """The study NAME in `url` (any storage runnerctl knows); an existing one is kept,
+    if it optimizes in the same direction (a sweep that maximizes would else run
+    nothing and report another sweep's minimum)."""
     storage = make_storage(url, env={})
+    wanted = optuna.study.StudyDirection[direction.upper()]
     try:
-        return optuna.create_study(study_name=name, storage=storage, load_if_exists=skip_if_exists,
-                                   direction=optuna.study.StudyDirection[direction.upper()])
+        study = optuna.create_study(study_name=name, storage=storage, load_if_exists=skip_if_exists,
+                                    direction=wanted)
     except optuna.exceptions.DuplicatedStudyError:
         raise ConfigError(f"study {name!r} already exists", hint="--skip-if-exists keeps it") from None
+    if study.directions != [wanted]:
+        have = ", ".join(d.name.lower() for d in study.directions)
+        raise ConfigError(f"study {name!r} already exists and optimizes {have}, not {direction}",
+                          hint="give the sweep another study_name") from None
+    return study
 
 
 def copy_to_journal(rdb_url: str, journal_url: str, name: str) -> int:

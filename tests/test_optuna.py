@@ -3,6 +3,7 @@ and the failover of a dead worker's trial, on the real PostgreSQL."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -15,6 +16,8 @@ from optuna.trial import TrialState
 
 from runnerctl.errors import ConfigError
 from runnerctl.optuna import (
+    ENV_STORAGE,
+    ENV_STUDY,
     GRACE_PERIOD_S,
     HEARTBEAT_INTERVAL_S,
     POOL_SIZE,
@@ -25,6 +28,7 @@ from runnerctl.optuna import (
     run_worker,
     study_from_env,
 )
+from runnerctl.optuna_tools import create_study, report
 from runnerctl.postgres import PostgresServer
 
 pytestmark = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
@@ -153,3 +157,42 @@ def test_trial_counter_counts_in_the_database(pg_server: PostgresServer) -> None
     assert counter.failover
     assert counter.counts() == (3, 1)
     assert counter.counts(exclude_number=running.number) == (3, 0)
+
+
+def test_a_study_that_is_not_there_is_one_line_naming_the_studies_there(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/s.db"
+    create_study(url, "lr_search")
+    with pytest.raises(ConfigError, match=r"no study 'lr_serach' in the storage \(studies there: lr_search"):
+        study_from_env({ENV_STORAGE: url, ENV_STUDY: "lr_serach"})
+
+
+def test_an_unreachable_rdb_database_is_one_line() -> None:
+    with pytest.raises(ConfigError, match="cannot open the study's database: .*") as caught:
+        make_storage("postgresql+psycopg://u:s3cret@127.0.0.1:1/db", env={})
+    assert "s3cret" not in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_an_existing_study_of_the_other_direction_is_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/s.db"
+    create_study(url, "lr_search", direction="minimize")
+    assert create_study(url, "lr_search", direction="minimize").study_name == "lr_search"  # kept
+    with pytest.raises(ConfigError, match="already exists and optimizes minimize, not maximize"):
+        create_study(url, "lr_search", direction="maximize")
+
+
+def test_a_worker_whose_objective_always_returns_nan_stops(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/s.db"
+    study = create_study(url, "diverging")
+    with pytest.raises(ConfigError, match="returned NaN in the last 10 trials here"):
+        run_worker(lambda trial: float("nan"), study=study, n_trials=5)
+    assert len(study.trials) == 10
+
+
+def test_report_of_a_multi_objective_study_and_infinite_values_is_strict_json(tmp_path: Path) -> None:
+    storage = make_storage(f"sqlite:///{tmp_path}/s.db", env={})
+    multi = optuna.create_study(study_name="multi", storage=storage, directions=["minimize", "maximize"])
+    multi.optimize(lambda t: (t.suggest_float("x", 0, 1), float("inf")), n_trials=3)
+    best = json.loads(report(multi, tmp_path / "multi").read_text())
+    assert best["best_trials"] and best["best_trials"][0]["values"][1] == "inf"
+    json.loads((tmp_path / "multi" / "trials.json").read_text())
+    assert (tmp_path / "multi" / "pareto_front.html").exists()

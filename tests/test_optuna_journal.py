@@ -165,7 +165,8 @@ def test_report_and_dashboard_open_a_journal_study(pg_server: PostgresServer, tm
     monkeypatch.setenv("OPTUNA_STUDY_NAME", "shown")
     assert tools_main(["create-study", "--direction", "maximize"]) == 0
     assert tools_main(["create-study"]) == 3  # exists; the sweep's job says --skip-if-exists
-    assert tools_main(["create-study", "--skip-if-exists"]) == 0
+    assert tools_main(["create-study", "--skip-if-exists", "--direction", "maximize"]) == 0
+    assert tools_main(["create-study", "--skip-if-exists"]) == 3  # minimize: not this study
     study = study_from_env()
     assert isinstance(study._storage, SweepJournalStorage)
     assert run_worker(lambda t: t.suggest_float("x", 0, 1), study=study, n_trials=5) == 5

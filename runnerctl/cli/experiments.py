@@ -185,7 +185,7 @@ def pg_url(target: _Target, database: str, admin: bool, kind: str, host: str | N
 @click.pass_obj
 def pg_create_study(target: _Target, name: str, database: str | None, direction: str, kind: str,
                     host: str | None) -> None:
-    """Create the Optuna study NAME (idempotent) and print its storage URL.
+    """Create the Optuna study NAME (idempotent in one direction) and print its storage URL.
 
     Its database and role come first when missing. Creating the study here, before any
     worker starts, also creates the storage's tables once: workers racing to do it fail.
