@@ -255,3 +255,25 @@ def test_init_on_a_one_gpu_host_notes_no_backfill(gitlab_server: GitLabServer, t
     settings.write_text("[controller]\nrunner_max_timeout_s = { '1' = 86400 }\n")
     assert _init(gitlab_server, tmp_path / "config.toml", "sim:1", "--config", str(settings)) == 0
     assert "note:" not in capsys.readouterr().out
+
+
+def test_a_relative_config_is_written_absolute_and_a_changed_file_says_wrote(
+        gitlab_server: GitLabServer, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """gitlab-runner runs the executor's stages in another directory: a relative --config
+    there named no file, so every stage ran on the defaults."""
+    config = tmp_path / "config.toml"
+    settings = tmp_path / "runnerctl.toml"
+    settings.write_text("[executor]\ndriver = 'shell'\n")
+    monkeypatch.chdir(tmp_path)
+    base = ["init", "--gitlab-url", gitlab_server.url, "--token-file", token_file(tmp_path), "--group", "7",
+            "--gpu-source", "sim:2", "--host", "gpu-a", "--runner-config", str(config), "--config"]
+    assert main([*base, "runnerctl.toml"]) == 0
+    written = config.read_text()
+    assert f'"--config", "{settings}"' in written and '"--config", "runnerctl.toml"' not in written
+    assert capsys.readouterr().out.strip().endswith(f"wrote {config}")
+    assert main([*base, "runnerctl.toml"]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"{config} already up to date")
+    settings.write_text("[executor]\ndriver = 'docker'\n")  # no runner made or retired; the file changes
+    assert main([*base, "runnerctl.toml"]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"wrote {config}")

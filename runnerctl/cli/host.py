@@ -95,7 +95,7 @@ def token_option(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _settings(config_path: Path | None) -> tuple[Settings, Path]:
-    path = config_path or default_settings_path()
+    path = (config_path or default_settings_path()).absolute()  # init writes it into config.toml
     return load_settings(path), path
 
 
@@ -165,6 +165,7 @@ def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: i
         raise ConfigError("no GitLab token", hint=NO_TOKEN_HINT)
     gitlab = PythonGitLab(options.gitlab_url, token)
     access.require(gitlab, scope)  # before anything is created or deleted
+    before = _text(config.path)
     result = apply_registration(plan, snapshot, options, gitlab, config)
     for line in left_alone:
         click.echo(line)
@@ -173,8 +174,15 @@ def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: i
                          ("unchanged", result.unchanged), ("orphans", result.orphans)):
         if names:
             click.echo(f"{label:9} {len(names):3}  " + ", ".join(slot_key(n) for n in names))
-    click.echo(f"wrote {config.path}" if (result.created or result.retired) else
-               f"{config.path} already up to date")
+    changed = _text(config.path) != before
+    click.echo(f"wrote {config.path}" if changed else f"{config.path} already up to date")
+
+
+def _text(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
 
 
 @click.command()

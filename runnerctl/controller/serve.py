@@ -173,6 +173,8 @@ def serve(controller: Controller, listen: str, *,
     finally:
         stop.set()
         worker.join(timeout=10)
+        if not worker.is_alive():  # SQLite: the last close moves the write-ahead log into the file
+            controller.wiring.store.close()
 
 
 def serve_in_background(controller: Controller, listen: str, metrics: Metrics | None = None, *,
