@@ -29,6 +29,7 @@ import os
 import pwd
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -102,7 +103,11 @@ class ShellDriver:
                     group=user.pw_gid if switch else None,
                     extra_groups=os.getgrouplist(user.pw_name, user.pw_gid) if switch else None)
                 stop.arm(lambda: _stop_group(proc, token, user.pw_uid))  # before the slow write below
-                LeaseTable(ctx.settings.state_dir).update(token, pgid=proc.pid)
+                try:
+                    LeaseTable(ctx.settings.state_dir).update(token, pgid=proc.pid)
+                except OSError as exc:  # a full disk: the job runs on, watched (reap finds it by its token)
+                    print(f"runnerctl: cannot note the job's process group in its lease ({exc.strerror}); "
+                          "the job runs on", file=sys.stderr)
                 return proc.wait()
         finally:
             if copy_dir is not None:

@@ -310,3 +310,35 @@ def test_a_lease_with_a_string_owner_pid_fails_prepare_in_one_line(host: Path) -
     assert result.code == SYSTEM_FAILURE
     assert "GPU 6 has an unreadable lease (owner_pid is '1234')" in result.output, result.output
     assert "Traceback" not in result.output and path.exists()
+
+
+def test_a_lease_that_cannot_note_the_job_leaves_the_job_watched(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """A full disk as the run stage notes the job's process group in its lease: the stage
+    used to return at once, leaving the job running unwatched beside after_script."""
+    import errno
+
+    from runnerctl.executors import shell
+    from runnerctl.executors.contract import DriverArgs
+    from runnerctl.executors.driver import Job, StageContext
+    from runnerctl.settings import ExecutorSettings, PathSettings, Settings
+
+    settings = Settings(paths=PathSettings(state_dir=str(tmp_path / "state")),
+                        executor=ExecutorSettings(driver="shell", allow_root=True, run_as_user=""))
+    lease = Lease(gpu=0, job_id="7", slot="runnerctl/gpu-a/gpu0", driver="shell", owner_pid=os.getpid(),
+                  owner_started=0.0, created_at=0.0, nonce="n0")
+    ctx = StageContext(args=DriverArgs("runnerctl/gpu-a/gpu0", (0,), "sim:1", "", "shell"), settings=settings,
+                       env={"PATH": os.environ["PATH"]}, job=Job("7", "1", "g/p", "ann", None), lease=lease)
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(shell.LeaseTable, "update", full)
+    done = tmp_path / "done"
+    script = tmp_path / "step.sh"
+    script.write_text(f"sleep 0.5; touch {done}; exit 3\n")
+    (tmp_path / "state" / "builds").mkdir(parents=True)
+    assert shell.ShellDriver().run(ctx, script, "build_script") == 3
+    assert done.exists()  # the stage waited for the job, as without the failure
+    assert "cannot note the job's process group in its lease (No space left on device); the job runs on" \
+        in capfd.readouterr().err
