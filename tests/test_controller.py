@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -13,6 +14,7 @@ from runnerctl.cli import main
 from runnerctl.controller.app import create_app
 from runnerctl.controller.demand import due
 from runnerctl.controller.loop import Controller
+from runnerctl.controller.toggles import request
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim.gitlab_server import Fault
 from runnerctl.sim.world import PROJECT, World, build_world
@@ -304,3 +306,26 @@ def test_due_treats_a_time_further_ahead_than_its_period_as_a_clock_stepped_back
     assert due(10.0, 10.0, 5.0) and not due(9.0, 10.0, 5.0)
     assert due(0.0, 3600.0, 300.0)  # planned 300 s ahead at most: the clock went back
     assert not due(0.0, float("inf"), 300.0)  # never
+
+
+def test_a_pause_set_while_the_loop_handles_a_reopen_stays(world: World,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Alice resumes gpu:3 (a reopen for the loop); Bob pauses it between the loop's read
+    of the toggles and its removal of the reopen: the loop removed Bob's pause with it."""
+    import runnerctl.controller.loop as loop
+
+    store = world.store
+    world.advance(5)
+    request(store, action="resume", host="demo", target="gpu:3", who="alice", why="fixed", now=world.clock())
+    real = loop.reopen
+
+    def bob_pauses_meanwhile(state: Any, found: Any) -> Any:
+        request(store, action="pause", host="demo", target="gpu:3", who="bob", why="fan", now=world.clock())
+        return real(state, found)
+
+    monkeypatch.setattr(loop, "reopen", bob_pauses_meanwhile)
+    world.advance(5)  # a tick
+    monkeypatch.setattr(loop, "reopen", real)
+    world.advance(15)
+    assert [(t.target, t.action, t.who) for t in store.toggles("demo")] == [("gpu:3", "pause", "bob")]
+    assert "gpu3" not in _open(world)

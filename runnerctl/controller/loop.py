@@ -195,7 +195,7 @@ class Controller:
             gpu = target.gpu
             found = next((g for g in snapshot.gpus if g.index == gpu), None) if snapshot else None
             self.gate[gpu] = reopen(self.gate.get(gpu, GateState()), found)
-            self.wiring.store.clear_toggles(self.host, toggle.target)
+            self.wiring.store.clear_toggle(toggle)  # a pause set on it since stays
             self._event(now, "reopen", f"gpu{gpu}", f"by {toggle.who}: {toggle.why}")
         return [t for t in toggles if t.action != "reopen"]
 

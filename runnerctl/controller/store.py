@@ -215,6 +215,13 @@ class Store:
                 return cur.execute("DELETE FROM toggles WHERE host = ?", (host,))
             return cur.execute("DELETE FROM toggles WHERE host = ? AND target = ?", (host, target))
 
+    def clear_toggle(self, toggle: Toggle) -> bool:
+        """Remove this very toggle (not one set on its target since it was read)."""
+        with self._tx() as cur:
+            return bool(cur.execute("DELETE FROM toggles WHERE host = ? AND target = ? AND action = ? "
+                                    "AND who = ? AND at = ?", (toggle.host, toggle.target, toggle.action,
+                                                               toggle.who, toggle.at)))
+
     def toggles(self, host: str) -> list[Toggle]:
         with self._tx() as cur:
             rows = cur.query("SELECT host, target, action, who, at, why FROM toggles WHERE host = ? "

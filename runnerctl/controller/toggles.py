@@ -124,11 +124,15 @@ def set_toggle(store: Store, toggle: Toggle) -> None:
 
 
 def resume(store: Store, *, host: str, target: str, who: str, why: str, now: float) -> int:
-    """Remove the toggle on `target` (`host` removes every toggle of the host); the number
-    of pauses and drains removed (a reopen a controller has not read yet is no toggle an
-    admin set)."""
+    """Remove the toggle on `target` (`host` removes every toggle of the host; a GPU's is
+    replaced by a reopen, in one transaction, so that a pause set in between is not lost
+    unseen); the number of pauses and drains removed (a reopen a controller has not read
+    yet is no toggle an admin set)."""
     held = [t for t in store.toggles(host) if t.action in ACTIONS and target in ("host", t.target)]
-    store.clear_toggles(host, None if target == "host" else target)
+    if target.startswith("gpu:"):  # also acknowledged healthy: the reopen replaces the toggle in one step
+        store.set_toggle(Toggle(host, target, "reopen", who, now, why))
+    else:
+        store.clear_toggles(host, None if target == "host" else target)
     store.record(Event(now, host, "resume", target, f"by {who}: {why or 'no reason given'}"))
     return len(held)
 
@@ -146,8 +150,6 @@ def request(store: Store, *, action: str, host: str, target: str, who: str, why:
     target = check_target(store, host, target)
     if action == "resume":
         removed = resume(store, host=host, target=target, who=who, why=why, now=now)
-        if target.startswith("gpu:"):
-            store.set_toggle(Toggle(host, target, "reopen", who, now, why))
         return f"{host} {target}: resumed ({removed} toggle{'s' if removed != 1 else ''} removed)"
     set_toggle(store, Toggle(host, target, action, who, now, why))
     return f"{host} {target}: {action} by {who}" + (f" ({why})" if why else "")
