@@ -159,6 +159,25 @@ def test_serve_refuses_a_port_in_use_before_starting(tmp_path: Path,
     assert not (tmp_path / "controller.sqlite").exists()  # nothing started
 
 
+def test_a_second_serve_of_the_same_state_directory_refuses_to_start(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two controllers of one host both acted, spent the API budget twice and recorded every
+    event twice; the second now stops in one line naming the first one's pid."""
+    import os
+
+    from runnerctl.controller.serve import hold_state_dir
+
+    first = hold_state_dir(tmp_path)  # as the first serve holds it
+    try:
+        code = main(["serve", "--gitlab", "sim", "--listen", "127.0.0.1:0", "--state-dir", str(tmp_path)])
+        one_line(capsys, code, 3, f"another runnerctl serve runs on {tmp_path} (pid {os.getpid()})")
+        assert not (tmp_path / "controller.sqlite").exists()  # nothing started
+    finally:
+        os.close(first)
+    second = hold_state_dir(tmp_path)  # free once the first ends
+    os.close(second)
+
+
 @pytest.fixture
 def immutable() -> Iterator[list[Path]]:
     """Paths made immutable (chattr +i: even root may not change them), made mutable after."""

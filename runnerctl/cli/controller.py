@@ -75,11 +75,23 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
         settings = dataclasses.replace(settings, controller=dataclasses.replace(settings.controller,
                                                                                 interval_s=interval))
     serving.check_listen(listen)  # a bad or taken --listen fails before anything starts
+    if gitlab_url != "sim" and not token:
+        raise ConfigError("no GitLab token", hint=NO_TOKEN_HINT)
+    lock = serving.hold_state_dir(settings.state_dir)
+    try:
+        _serve(settings, listen, gpu_source, gitlab_url, token or "", runner_config, webhook_secret,
+               sim_workload)
+    finally:
+        os.close(lock)
+
+
+def _serve(settings: Settings, listen: str, gpu_source: str | None, gitlab_url: str, token: str,
+           runner_config: Path | None, webhook_secret: str, sim_workload: str) -> None:
+    from runnerctl.controller import serve as serving
+
     if gitlab_url == "sim":
         _serve_sim(settings, listen, gpu_source, webhook_secret, sim_workload)
         return
-    if not token:
-        raise ConfigError("no GitLab token", hint=NO_TOKEN_HINT)
     controller = serving.production_controller(
         settings, gitlab_url=gitlab_url, token=token, gpu_source=gpu_source or settings.host.gpu_source,
         runner_config=_runner_config(settings, runner_config).path, webhook_secret=webhook_secret)

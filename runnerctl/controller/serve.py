@@ -8,8 +8,10 @@ simulated source). The store is SQLite in the state dir unless a PostgreSQL URL 
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import logging
+import os
 import socket
 import threading
 import time
@@ -20,6 +22,7 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from runnerctl import private
 from runnerctl.controller.app import create_app
 from runnerctl.controller.header_timeout import HEADER_TIMEOUT_S, HeaderTimeoutProtocol
 from runnerctl.controller.loop import Controller, Wiring
@@ -78,6 +81,28 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def hold_state_dir(state_dir: Path) -> int:
+    """Make this the one `serve` of `state_dir`: an exclusive lock on its `serve.lock`,
+    held until the process ends (the returned descriptor). A second serve of the same host
+    would act beside the first, spend its own API budget and record every event twice;
+    it stops here in one line, naming the first one's pid."""
+    try:
+        private.state_dir(state_dir)
+        fd = os.open(state_dir / "serve.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot lock the state directory {state_dir}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        other = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise ConfigError(f"another runnerctl serve runs on {state_dir} (pid {other or 'unknown'})",
+                          hint="stop it first (systemctl stop runnerctl-serve)") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 MAX_CONNECTIONS = 500
