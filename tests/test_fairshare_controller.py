@@ -65,3 +65,27 @@ def test_the_controller_drains_for_the_light_users_job(tmp_path: Path, weight_h:
         assert str(jobs[drains_for]) in drains[0].detail, drains
     finally:
         world.close()
+
+
+def test_an_open_job_of_a_host_gone_for_good_stops_counting_and_is_pruned(tmp_path: Path) -> None:
+    """A host retired (or renamed) with a job running leaves an open history row: it
+    counted as continuous GPU use up to now in fair share, and retention never pruned it."""
+    from runnerctl.controller.history import History
+    from runnerctl.controller.observe import LeasedJob
+
+    day = 86400.0
+    store = Store.open(state_dir=tmp_path)
+    settings = ControllerSettings(fair_weight_h=24.0, history_retention_days=30)
+    now = time.time()
+    old = History(store, "gpu-old", settings)
+    lease = LeasedJob(slot="runnerctl/gpu-old/gpu0-7", gpus=tuple(range(8)), user="alice", project="ml/a",
+                      created_at=now - 20 * day)
+    for k in range(3):  # seen three ticks, then the host is gone
+        old.tick({1: lease}, None, now - 20 * day + 5 * k, lambda *event: None)
+    jobs = [PendingJob(10, 1, 1, now - 60, "normal", None, user="alice", web_url="http://g/ml/a/-/jobs/10"),
+            PendingJob(11, 1, 1, now - 60, "normal", None, user="bob", web_url="http://g/ml/b/-/jobs/11")]
+    fair = FairShare(store, settings)
+    fair.penalties(jobs, now)
+    assert fair.usage is not None and fair.usage.users["alice"] < 8 * 60  # 8 GPUs for 10 s, decayed
+    History(store, "gpu-new", settings)._prune(now + 11 * day)  # last seen 31 days before
+    assert jobs_store.open_jobs(store) == []

@@ -48,7 +48,7 @@ class FairShare:
             return {}
         if self.usage is None or now - self._read_at >= REFRESH_S:
             since = now - 10 * self.policy.half_life_s
-            spans = (Span(r.user, r.project, len(r.gpus), r.started_at, r.ended_at)
+            spans = (Span(r.user, r.project, len(r.gpus), r.started_at, self._end(r, now))
                      for r in jobs_store.jobs(self.store, since=since))
             self.usage, self._read_at = Usage.of(spans, now, self.policy.half_life_s), now
         running = [Queued(r.job_id, r.user, r.project, len(r.gpus), r.started_at)
@@ -57,6 +57,15 @@ class FairShare:
         table = Penalties(self.usage, self.policy, users={j.user for j in jobs},
                           projects={j.project for j in jobs})
         return fair_seconds(table, jobs, running)
+
+
+    def _end(self, record: jobs_store.JobRecord, now: float) -> float | None:
+        """A job's end as fair share counts it: None while its host still sees it; an open
+        job no host has seen for `alive_s` (its host stopped for good) ends where it was
+        last seen, else it would count as GPU use up to now, for ever."""
+        if record.ended_at is not None or now - record.seen_at < self.alive_s:
+            return record.ended_at
+        return record.seen_at
 
 
 def queued(job: PendingJob) -> Queued:

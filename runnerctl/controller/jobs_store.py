@@ -146,10 +146,11 @@ def latest(store: Store, *, limit: int, since: float | None = None, user: str | 
 
 
 def prune(store: Store, *, jobs_before: float, events_before: float) -> tuple[int, int]:
-    """Delete closed jobs that ended before `jobs_before` and events before
-    `events_before` (every host's: any host may prune a shared store); returns counts."""
+    """Delete jobs that ended before `jobs_before` (or, still open, were last seen then: a
+    host that stopped for good never closes them) and events before `events_before`
+    (every host's: any host may prune a shared store); returns counts."""
     with store.transaction() as cur:
-        gone_jobs = cur.execute("DELETE FROM job_history WHERE ended_at IS NOT NULL AND ended_at < ?",
+        gone_jobs = cur.execute("DELETE FROM job_history WHERE COALESCE(ended_at, seen_at) < ?",
                                 (jobs_before,))
         gone_events = cur.execute("DELETE FROM events WHERE at < ?", (events_before,))
     return gone_jobs, gone_events
