@@ -355,3 +355,22 @@ def test_a_freed_job_ends_by_the_tick_that_heard_its_status(tmp_path: Path, free
     assert record.outcome == "success"
     assert record.ended_at == (100.0 if freed else 522.5)
     store.close()
+
+
+def test_a_job_across_a_clock_stepped_back_stays_in_the_history_and_the_report(tmp_path: Path) -> None:
+    """NTP steps the clock back an hour while a 4-GPU job runs: its row ended before it
+    started, and the report left it out without a word."""
+    store = Store.open(state_dir=tmp_path)
+    history = History(store, "gpu-a", ControllerSettings())
+    start = 1_800_000_000.0
+    lease = LeasedJob(slot="runnerctl/gpu-a/gpu0-3", gpus=(0, 1, 2, 3), user="carol", project="ml/a",
+                      created_at=start)
+    for k in range(0, 600, 5):
+        history.tick({7: lease}, None, start + k, lambda *event: None)
+    for k in range(0, 3000, 5):  # an hour back, then 50 more minutes
+        history.tick({7: lease}, None, start + 600 - 3600 + k, lambda *event: None)
+    history.tick({}, None, start + 600 - 3600 + 3000, lambda *event: None)
+    (row,) = jobs_store.jobs(store, since=0)
+    assert row.started_at <= row.seen_at <= row.ended_at  # type: ignore[operator]
+    assert row.ended_at is not None and row.ended_at - row.started_at >= 590  # the part it saw
+    assert "carol" in to_text(build([row], by="user", since=None, until=start + 7200))

@@ -94,7 +94,7 @@ class History:
             changed.append(record)
         for job_id in [j for j in self.open if j not in leased]:
             record = self.open.pop(job_id)
-            gap = now - record.seen_at
+            gap = max(0.0, now - record.seen_at)  # a clock stepped back: no end before the last sighting
             end = record.seen_at + (min(gap, interval) / 2 if not first else 0.0)
             outcome = "freed" if job_id in self.freed else "ended"
             closed = dataclasses.replace(record, ended_at=end, outcome=outcome, low_since=None)
@@ -137,6 +137,7 @@ class History:
     def _sample(self, record: JobRecord, values: list[float | None], now: float, dt: float,
                 event: EventSink) -> JobRecord:
         known = [v for v in values if v is not None]
+        now = max(now, record.seen_at)  # a clock stepped back (NTP) moves no sighting back, below the start
         if not known:  # unknown: no sample, and the idle clock neither runs nor resets
             return dataclasses.replace(record, seen_at=now)
         limit = self.settings.unused_utilization
