@@ -114,9 +114,12 @@ def render(name: str, given: dict[str, str]) -> str:
     stages: list[str] = []
     for job in jobs.values():
         stage = job.get("stage", "test") if isinstance(job, dict) else None
-        if isinstance(stage, str) and not stage.startswith(".") and stage not in stages:
+        if isinstance(stage, str) and stage not in (".pre", ".post") and stage not in stages:
             stages.append(stage)
     header = f"# rendered by `runnerctl render {name}`\n"
+    if not any(isinstance(key, str) and not key.startswith(".") for key in jobs):
+        header += ("# hidden jobs only: no pipeline by itself; paste them beside your jobs, which "
+                   "`extends:` them\n")
     return header + yaml.dump({"stages": stages or ["test"], **jobs}, Dumper=_Dumper,
                               sort_keys=False, width=100, allow_unicode=True)
 
@@ -159,9 +162,35 @@ def _convert(name: str, raw: str, kind: str) -> Any:
 
 
 _PASSWORD_IN_URL = re.compile(r"://[^/@\s]*:[^/@\s]*@")
+KEYWORDS = ("after_script", "before_script", "cache", "default", "image", "include", "services", "stages",
+            "types", "variables", "workflow")
+"""Top-level keys GitLab reads as keywords, not jobs (lib/gitlab/ci/config/entry/root.rb); a
+job of such a name would replace the keyword."""
+MAX_JOB_NAME = 255
+"""GitLab refuses longer job names: "name is too long (maximum is 255 characters)" (the job
+entry's length validation, gitlab merge request 73559)."""
+_NOT_BLANK = ("stage", "image", "job_name")
+
+
+def _check_shape(name: str, value: Any) -> None:
+    """What GitLab would refuse or misread in a value: a blank name, a job named like a
+    keyword, hidden (.name) or too long, an empty list of artifacts."""
+    if name in _NOT_BLANK and isinstance(value, str) and not value.strip():
+        raise ConfigError(f"input {name!r} must not be empty")
+    if name == "job_name" and isinstance(value, str):
+        if value in KEYWORDS:
+            raise ConfigError(f"input 'job_name' {value!r} is a GitLab CI keyword, not a job name")
+        if value.startswith("."):
+            raise ConfigError(f"input 'job_name' {value!r} starts with '.': GitLab would hide the job")
+        if len(value) > MAX_JOB_NAME:
+            raise ConfigError(f"input 'job_name' is {len(value)} characters; GitLab takes at most "
+                              f"{MAX_JOB_NAME}")
+    if name == "artifacts" and value == []:
+        raise ConfigError("input 'artifacts' needs at least one path (GitLab refuses an empty list)")
 
 
 def _check(name: str, value: Any, spec: dict[str, Any]) -> None:
+    _check_shape(name, value)
     if name == "storage" and isinstance(value, str) and _PASSWORD_IN_URL.search(value):
         raise ConfigError("input 'storage' holds a password, which would be committed with the pipeline: "
                           "put the URL into a masked CI/CD variable and pass its name "

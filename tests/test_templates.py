@@ -169,11 +169,24 @@ def test_python_cache_keys_on_the_lock_file_and_skips_pip_when_it_matches() -> N
     ("gpu-job", {"priority": "urgent"}, "'priority' must be one of high, normal, low"),
     ("gpu-job", {"timeout": "forever"}, "'timeout' does not match"),
     ("optuna-sweep", {"storage": "journal+postgresql://u:s3cret@db.lab/u"}, "'storage' holds a password"),
+    ("gpu-job", {"job_name": "stages"}, "'job_name' 'stages' is a GitLab CI keyword"),
+    ("gpu-job", {"job_name": "workflow"}, "'job_name' 'workflow' is a GitLab CI keyword"),
+    ("gpu-job", {"job_name": ".train"}, "starts with '.': GitLab would hide the job"),
+    ("gpu-job", {"job_name": "a" * 256}, "'job_name' is 256 characters; GitLab takes at most 255"),
+    ("gpu-job", {"stage": " "}, "input 'stage' must not be empty"),
+    ("gpu-job", {"image": ""}, "input 'image' must not be empty"),
+    ("gpu-job", {"artifacts": "[]"}, "'artifacts' needs at least one path"),
     ("optuna-sweep", {"storage": "postgresql://u:s3cret@db.lab:5432/u"}, "'storage' holds a password"),
 ])
 def test_bad_inputs_are_refused_by_name(name: str, given: dict[str, str], needle: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(needle)):
         render(name, {**MINIMAL[name], **given})
+
+
+def test_a_stage_starting_with_a_dot_is_listed_and_only_pre_and_post_are_not() -> None:
+    pipeline = yaml.safe_load(render("gpu-job", {**MINIMAL["gpu-job"], "stage": ".train"}))
+    assert pipeline["stages"] == [".train"]
+    assert "hidden jobs only" in render("python-cache", {}).splitlines()[1]
 
 
 def test_storage_urls_without_a_password_and_variables_are_taken() -> None:
