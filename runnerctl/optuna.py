@@ -251,9 +251,13 @@ def _run_until_budget(objective: Objective, study: optuna.Study, budget: int, po
                               hint="a diverging run: return a finite value, or raise optuna.TrialPruned")
         try:
             study.optimize(gate, gc_after_trial=False, show_progress_bar=False)  # until gate stops
-        except optuna.exceptions.UpdateFinishedTrialError as exc:
-            # another worker took our trial for dead (heartbeats late); its retry copy runs
-            _log.warning("trial finished elsewhere while it ran here: %s", exc)
+        except Exception as exc:
+            if not gate.finished_elsewhere(study):
+                raise  # the objective's own error, or the storage's: the worker stops
+            # another worker took our trial for dead (heartbeats late): its retry copy runs. Optuna
+            # says so in several ways (UpdateFinishedTrialError; 5.x: "Cannot tell a FAIL trial")
+            _log.warning("trial %d was failed by another worker while it ran here (its heartbeats came "
+                         "late), so its retry runs instead: %s", gate.current, exc)
 
 
 def _budget_from_env() -> int:
@@ -322,6 +326,9 @@ class _Admission:
     def __init__(self, objective: Objective, counter: TrialCounter, budget: int) -> None:
         self.objective, self.counter, self.budget = objective, counter, budget
         self.ran = 0
+        self.current: int | None = None
+        """The trial whose objective ran last, and whether it returned (`finished_elsewhere`)."""
+        self.returned = self.found_finished = False
         self.failed_in_a_row = 0
         """Trials here whose value Optuna fails (NaN): they count toward no budget, so an
         objective that always diverges would run until the job's timeout."""
@@ -333,8 +340,13 @@ class _Admission:
             raise optuna.TrialPruned("trial budget reached; not run")
         if taken + 1 >= self.budget:
             trial.study.stop()  # the last one with room: create no surplus trial after it
-        value = self.objective(trial)
-        self.ran += 1
+        self.current, self.returned, self.found_finished = trial._trial_id, False, False
+        try:
+            value = self.objective(trial)
+        except optuna.exceptions.UpdateFinishedTrialError:  # a suggest or report in it
+            self.found_finished = True
+            raise
+        self.ran, self.returned = self.ran + 1, True
         values = value if isinstance(value, tuple | list) else (value,)
         nan = any(isinstance(v, float) and math.isnan(v) for v in values)
         self.failed_in_a_row = self.failed_in_a_row + 1 if nan else 0
@@ -344,6 +356,19 @@ class _Admission:
         if sum(self.counter.counts(exclude_number=trial.number)) + 1 >= self.budget:
             trial.study.stop()  # the others took the rest meanwhile: no trial to prune unrun
         return value
+
+
+    def finished_elsewhere(self, study: optuna.Study) -> bool:
+        """Did another worker fail the last trial while it ran here? Then its objective
+        returned (and telling the value failed), or a suggest or report in it found the
+        trial finished; an error of the objective's own also leaves the trial FAIL."""
+        stale = self.returned or self.found_finished
+        if self.current is None or not stale:
+            return False
+        try:
+            return study._storage.get_trial(self.current).state == TrialState.FAIL
+        except Exception:  # noqa: BLE001 - the storage fails too: not this case, the caller re-raises
+            return False
 
 
 def main(argv: list[str] | None = None) -> int:

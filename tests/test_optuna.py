@@ -196,3 +196,32 @@ def test_report_of_a_multi_objective_study_and_infinite_values_is_strict_json(tm
     assert best["best_trials"] and best["best_trials"][0]["values"][1] == "inf"
     json.loads((tmp_path / "multi" / "trials.json").read_text())
     assert (tmp_path / "multi" / "pareto_front.html").exists()
+
+
+def test_a_trial_failed_elsewhere_while_it_ran_here_is_a_warning_not_a_crash(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Another worker took a live trial for dead (its heartbeats late) and failed it: the
+    worker's tell then fails (Optuna 5: "Cannot tell a FAIL trial", then an AssertionError);
+    the worker warns and goes on, and the budget is still met."""
+    url = f"sqlite:///{tmp_path}/s.db"
+    create_study(url, "late")
+    study = study_from_env({ENV_STORAGE: url, ENV_STUDY: "late"})
+    other = make_storage(url, env={})
+    failed: list[int] = []
+
+    def objective(trial: optuna.Trial) -> float:
+        x = trial.suggest_float("x", 0, 1)
+        if len(failed) < 2:  # the first two trials: another worker fails them as they run
+            failed.append(trial._trial_id)
+            other.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            if len(failed) == 2:
+                trial.report(x, step=1)  # a report on the finished trial (UpdateFinishedTrialError)
+        return x
+
+    run_worker(objective, study=study, n_trials=3)
+    states = Counter(t.state for t in optuna.load_study(study_name="late", storage=url).trials)
+    assert states[TrialState.COMPLETE] == 3 and states[TrialState.FAIL] == 2
+    for trial_id in failed:
+        assert f"trial {trial_id} was failed by another worker while it ran here" in caplog.text
+    with pytest.raises(KeyError, match="its own"):  # the objective's own error still stops the worker
+        run_worker(lambda trial: {}["its own"], study=study, n_trials=4)
