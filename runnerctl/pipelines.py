@@ -117,11 +117,13 @@ def render(name: str, given: dict[str, str]) -> str:
         if isinstance(stage, str) and stage not in (".pre", ".post") and stage not in stages:
             stages.append(stage)
     header = f"# rendered by `runnerctl render {name}`\n"
+    top: dict[str, Any] = {"stages": stages or ["test"]}
     if not any(isinstance(key, str) and not key.startswith(".") for key in jobs):
-        header += ("# hidden jobs only: no pipeline by itself; paste them beside your jobs, which "
-                   "`extends:` them\n")
-    return header + yaml.dump({"stages": stages or ["test"], **jobs}, Dumper=_Dumper,
-                              sort_keys=False, width=100, allow_unicode=True)
+        header += ("# hidden jobs only, no pipeline by itself: append them to one (no `stages:` of\n"
+                   "# their own) and have its jobs `extends:` them\n")
+        top = {}
+    return header + yaml.dump({**top, **jobs}, Dumper=_Dumper, sort_keys=False, width=100,
+                              allow_unicode=True)
 
 
 class _Dumper(yaml.SafeDumper):

@@ -186,7 +186,11 @@ def test_bad_inputs_are_refused_by_name(name: str, given: dict[str, str], needle
 def test_a_stage_starting_with_a_dot_is_listed_and_only_pre_and_post_are_not() -> None:
     pipeline = yaml.safe_load(render("gpu-job", {**MINIMAL["gpu-job"], "stage": ".train"}))
     assert pipeline["stages"] == [".train"]
-    assert "hidden jobs only" in render("python-cache", {}).splitlines()[1]
+    hidden = render("python-cache", {})
+    assert "hidden jobs only" in hidden.splitlines()[1] and "stages" not in yaml.safe_load(hidden)
+    sweep = render("optuna-sweep", MINIMAL["optuna-sweep"])
+    both = yaml.safe_load(sweep + hidden)  # appended as docs/experiments.md says: one pipeline
+    assert ".runnerctl-python-env" in both and both["stages"] == yaml.safe_load(sweep)["stages"]
 
 
 def test_storage_urls_without_a_password_and_variables_are_taken() -> None:
