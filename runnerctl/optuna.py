@@ -52,11 +52,11 @@ GRACE_PERIOD_S = 40
 """A trial silent this long is stale: four missed heartbeats, so a long GC pause or a
 PostgreSQL restart does not fail a live trial (its worker would then crash on `tell`)."""
 MAX_RETRY = 3
+"""A trial whose worker died is retried this often before it counts as failed."""
 MIN_FAILED_IN_A_ROW = 10
 """A worker stops after this many trials in a row (or the budget, if larger) whose value
-was NaN: Optuna fails them, and an objective that always diverges would else run until
-the job's timeout."""
-"""A trial whose worker died is retried this often before it counts as failed."""
+Optuna fails (NaN, None, not a number): an objective that always diverges would else
+run until the job's timeout."""
 POOL_SIZE = 2
 """Connections per worker: the trial's and the heartbeat thread's. No overflow: a
 third would only wait, and a fixed size keeps 16 workers at 32 connections."""
@@ -246,8 +246,9 @@ def _run_until_budget(objective: Objective, study: optuna.Study, budget: int, po
             counter.fail_stale_trials()
             continue
         if gate.failed_in_a_row >= max(MIN_FAILED_IN_A_ROW, budget):
-            raise ConfigError(f"the objective returned NaN in the last {gate.failed_in_a_row} trials here "
-                              "(Optuna fails them, and failed trials count toward no budget): stopping",
+            raise ConfigError(f"the objective returned no number (NaN, None) in the last "
+                              f"{gate.failed_in_a_row} trials here (Optuna fails them, and they count "
+                              "toward no budget): stopping",
                               hint="a diverging run: return a finite value, or raise optuna.TrialPruned")
         try:
             study.optimize(gate, gc_after_trial=False, show_progress_bar=False)  # until gate stops
@@ -257,7 +258,7 @@ def _run_until_budget(objective: Objective, study: optuna.Study, budget: int, po
             # another worker took our trial for dead (heartbeats late): its retry copy runs. Optuna
             # says so in several ways (UpdateFinishedTrialError; 5.x: "Cannot tell a FAIL trial")
             _log.warning("trial %d was failed by another worker while it ran here (its heartbeats came "
-                         "late), so its retry runs instead: %s", gate.current, exc)
+                         "late), so its retry runs instead: %s", gate.current[1] if gate.current else -1, exc)
 
 
 def _budget_from_env() -> int:
@@ -326,8 +327,9 @@ class _Admission:
     def __init__(self, objective: Objective, counter: TrialCounter, budget: int) -> None:
         self.objective, self.counter, self.budget = objective, counter, budget
         self.ran = 0
-        self.current: int | None = None
-        """The trial whose objective ran last, and whether it returned (`finished_elsewhere`)."""
+        self.current: tuple[int, int] | None = None
+        """(storage id, number) of the trial whose objective ran last, whether it returned a
+        value Optuna takes, or found the trial finished (`finished_elsewhere`)."""
         self.returned = self.found_finished = False
         self.failed_in_a_row = 0
         """Trials here whose value Optuna fails (NaN): they count toward no budget, so an
@@ -340,23 +342,22 @@ class _Admission:
             raise optuna.TrialPruned("trial budget reached; not run")
         if taken + 1 >= self.budget:
             trial.study.stop()  # the last one with room: create no surplus trial after it
-        self.current, self.returned, self.found_finished = trial._trial_id, False, False
+        self.current, self.returned, self.found_finished = (trial._trial_id, trial.number), False, False
         try:
             value = self.objective(trial)
         except optuna.exceptions.UpdateFinishedTrialError:  # a suggest or report in it
             self.found_finished = True
             raise
-        self.ran, self.returned = self.ran + 1, True
-        values = value if isinstance(value, tuple | list) else (value,)
-        nan = any(isinstance(v, float) and math.isnan(v) for v in values)
-        self.failed_in_a_row = self.failed_in_a_row + 1 if nan else 0
+        self.ran += 1
+        fails = _fails(value)
+        self.returned = not fails  # a value Optuna fails itself is no sign of another worker
+        self.failed_in_a_row = self.failed_in_a_row + 1 if fails else 0
         if self.failed_in_a_row >= max(MIN_FAILED_IN_A_ROW, self.budget):
             trial.study.stop()
             return value
         if sum(self.counter.counts(exclude_number=trial.number)) + 1 >= self.budget:
             trial.study.stop()  # the others took the rest meanwhile: no trial to prune unrun
         return value
-
 
     def finished_elsewhere(self, study: optuna.Study) -> bool:
         """Did another worker fail the last trial while it ran here? Then its objective
@@ -366,9 +367,20 @@ class _Admission:
         if self.current is None or not stale:
             return False
         try:
-            return study._storage.get_trial(self.current).state == TrialState.FAIL
+            return study._storage.get_trial(self.current[0]).state == TrialState.FAIL
         except Exception:  # noqa: BLE001 - the storage fails too: not this case, the caller re-raises
             return False
+
+
+def _fails(value: Any) -> bool:
+    """Would Optuna fail a trial with this value (NaN, None, anything not a number)?"""
+    for one in value if isinstance(value, tuple | list) else (value,):
+        try:
+            if math.isnan(float(one)):
+                return True
+        except (TypeError, ValueError):
+            return True
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,8 +51,9 @@ def report(study: optuna.Study, out_dir: Path) -> Path:
     from optuna import visualization
 
     if len(study.directions) > 1:
-        visualization.plot_pareto_front(study).write_html(
-            out_dir / "pareto_front.html", include_plotlyjs=True)
+        if len(study.directions) <= 3:  # Optuna plots a front of 2 or 3 objectives only
+            visualization.plot_pareto_front(study).write_html(
+                out_dir / "pareto_front.html", include_plotlyjs=True)
         return out_dir / "best_trial.json"
     visualization.plot_optimization_history(study).write_html(
         out_dir / "optimization_history.html", include_plotlyjs=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,9 @@ from fastapi.testclient import TestClient
 
 from runnerctl.cli import main
 from runnerctl.controller.app import create_app
-from runnerctl.controller.demand import due
+from runnerctl.controller.demand import ApiBudget, DemandTracker, due
 from runnerctl.controller.loop import Controller
+from runnerctl.controller.plan import PlanPolicy
 from runnerctl.controller.toggles import request
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim.gitlab_server import Fault
@@ -329,3 +331,51 @@ def test_a_pause_set_while_the_loop_handles_a_reopen_stays(world: World,
     world.advance(15)
     assert [(t.target, t.action, t.who) for t in store.toggles("demo")] == [("gpu:3", "pause", "bob")]
     assert "gpu3" not in _open(world)
+
+
+def test_a_runner_deleted_in_gitlab_gets_no_cap_either(tmp_path: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """With backfill by estimate, a gone runner still needed its maximum timeout set: each
+    404 on it backed off the whole host."""
+    settings = ControllerSettings(projects=(PROJECT,), cooldown_s=30.0,
+                                  runner_max_timeout_s={"1": 7200, "2": 7200, "4": 7200, "8": 7200})
+    world = build_world(tmp_path, settings=settings, policy=PlanPolicy(backfill_estimated=True))
+    try:
+        c = world.controller
+        world.advance(60)
+        world.gitlab.delete_runner(c.cache.ids["runnerctl/demo/gpu5"])
+        world.advance(1800)
+        assert "runnerctl/demo/gpu5" in c.cache.gone
+        assert c.health.failures == 0 and "GitLab failed" not in caplog.text
+    finally:
+        world.close()
+
+
+def test_every_project_is_polled_after_the_clock_stepped_back() -> None:
+    """Every project polled 'in the future' had age 0 but the first polled after the step,
+    which then won every poll: the others went unpolled for the step's length."""
+    class Clock:
+        now = 1_700_000_000.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    class GitLab:
+        def __init__(self) -> None:
+            self.polled: Counter[int] = Counter()
+
+        def pending_jobs(self, project: int) -> list[object]:
+            self.polled[project] += 1
+            return []
+
+    clock, gitlab = Clock(), GitLab()
+    tracker = DemandTracker(projects=[1, 2, 3], priorities={}, budget=ApiBudget(600, clock), clock=clock)
+    for _ in range(120):
+        clock.now += 5
+        tracker.poll(gitlab)  # type: ignore[arg-type]
+    gitlab.polled.clear()
+    clock.now -= 3600
+    for _ in range(120):  # the ten minutes after an hour's step back
+        clock.now += 5
+        tracker.poll(gitlab)  # type: ignore[arg-type]
+    assert set(gitlab.polled) == {1, 2, 3} and min(gitlab.polled.values()) >= 30, gitlab.polled

@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy
 import optuna
 import pytest
 from optuna.storages import JournalStorage, RDBStorage
@@ -180,11 +181,12 @@ def test_an_existing_study_of_the_other_direction_is_refused(tmp_path: Path) -> 
         create_study(url, "lr_search", direction="maximize")
 
 
-def test_a_worker_whose_objective_always_returns_nan_stops(tmp_path: Path) -> None:
+@pytest.mark.parametrize("nan", [float("nan"), numpy.float32("nan"), None, (1.0, float("nan"))])
+def test_a_worker_whose_objective_always_returns_nan_stops(tmp_path: Path, nan: object) -> None:
     url = f"sqlite:///{tmp_path}/s.db"
     study = create_study(url, "diverging")
-    with pytest.raises(ConfigError, match="returned NaN in the last 10 trials here"):
-        run_worker(lambda trial: float("nan"), study=study, n_trials=5)
+    with pytest.raises(ConfigError, match=r"returned no number \(NaN, None\) in the last 10 trials here"):
+        run_worker(lambda trial: nan, study=study, n_trials=5)  # type: ignore[arg-type,return-value]
     assert len(study.trials) == 10
 
 
@@ -196,6 +198,9 @@ def test_report_of_a_multi_objective_study_and_infinite_values_is_strict_json(tm
     assert best["best_trials"] and best["best_trials"][0]["values"][1] == "inf"
     json.loads((tmp_path / "multi" / "trials.json").read_text())
     assert (tmp_path / "multi" / "pareto_front.html").exists()
+    four = optuna.create_study(study_name="four", storage=storage, directions=["minimize"] * 4)
+    four.optimize(lambda t: (t.suggest_float("x", 0, 1), 1.0, 2.0, 3.0), n_trials=2)
+    assert len(json.loads(report(four, tmp_path / "four").read_text())["best_trials"]) >= 1  # no plot: 4
 
 
 def test_a_trial_failed_elsewhere_while_it_ran_here_is_a_warning_not_a_crash(
@@ -212,7 +217,7 @@ def test_a_trial_failed_elsewhere_while_it_ran_here_is_a_warning_not_a_crash(
     def objective(trial: optuna.Trial) -> float:
         x = trial.suggest_float("x", 0, 1)
         if len(failed) < 2:  # the first two trials: another worker fails them as they run
-            failed.append(trial._trial_id)
+            failed.append(trial.number)
             other.set_trial_state_values(trial._trial_id, TrialState.FAIL)
             if len(failed) == 2:
                 trial.report(x, step=1)  # a report on the finished trial (UpdateFinishedTrialError)
@@ -221,7 +226,7 @@ def test_a_trial_failed_elsewhere_while_it_ran_here_is_a_warning_not_a_crash(
     run_worker(objective, study=study, n_trials=3)
     states = Counter(t.state for t in optuna.load_study(study_name="late", storage=url).trials)
     assert states[TrialState.COMPLETE] == 3 and states[TrialState.FAIL] == 2
-    for trial_id in failed:
-        assert f"trial {trial_id} was failed by another worker while it ran here" in caplog.text
+    for number in failed:
+        assert f"trial {number} was failed by another worker while it ran here" in caplog.text
     with pytest.raises(KeyError, match="its own"):  # the objective's own error still stops the worker
         run_worker(lambda trial: {}["its own"], study=study, n_trials=4)

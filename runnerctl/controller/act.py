@@ -94,7 +94,7 @@ def apply(decisions: Sequence[Decision], *, gitlab: GitLabPort, cache: RunnerCac
         return done
     by_name = {d.slot.name: d for d in decisions}
     for name, seconds in (caps or {}).items():
-        if name not in cache.ids or name not in by_name:
+        if name not in cache.ids or name not in by_name or name in cache.gone:
             continue
         done.append(_cap(by_name[name], seconds, gitlab=gitlab, cache=cache, health=health, now=now))
         on_action(done[-1])
@@ -130,6 +130,9 @@ def _cap(decision: Decision, seconds: int | None, *, gitlab: GitLabPort, cache: 
     name = decision.slot.name
     try:
         gitlab.set_maximum_timeout(cache.ids[name], seconds)
+    except NotFoundError as exc:  # this runner is gone, not GitLab: no back-off for the others
+        cache.lost(name)
+        return Action(decision, False, str(exc), cap=True)
     except GitLabError as exc:
         health.failed(exc, now)
         cache.cap_unknown.add(name)  # a timed-out request may still have been applied
@@ -160,9 +163,9 @@ class StandbyKeeper:
         self._log = logger
 
     def due(self, now: float) -> bool:
-        if self.standby is None or now < self.retry_at:
+        if self.standby is None or not due(now, self.retry_at, self.every_s):
             return False
-        return self.verified_at is None or now - self.verified_at >= self.every_s
+        return self.verified_at is None or due(now, self.verified_at + self.every_s, self.every_s)
 
     def status(self) -> str:
         if self.standby is None:

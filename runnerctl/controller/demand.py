@@ -159,6 +159,8 @@ class DemandTracker:
         self._last_webhook: float | None = None
         self._warned_instance = False
         self.polls = 0
+        self.answered = 0
+        """Polls GitLab answered with something found (a 404 is no answer: `_talk_to_gitlab`)."""
         self._lock = threading.Lock()  # webhooks arrive on the web server's thread
 
     @property
@@ -205,6 +207,7 @@ class DemandTracker:
         (job_id,) = job_ids
         found = gitlab.job(project, job_id)
         self.polls += 1
+        self.answered += found is not None
         with self._lock:
             known = self._jobs.get(job_id)
             pending = None if found is None or found.status != "pending" else pending_job(
@@ -218,6 +221,7 @@ class DemandTracker:
         self._polled[project] = now
         jobs = gitlab.pending_jobs(project)
         self.polls += 1
+        self.answered += 1
         with self._lock:
             self._replace(project, jobs, now)
 
@@ -258,7 +262,10 @@ class DemandTracker:
         min_gap = self._webhook_fresh if fresh else 0.0
         best, best_score = None, -1.0
         for project in list(self.projects):
-            age = max(0.0, now - self._polled.get(project, float("-inf")))  # 0: clock stepped back
+            polled = self._polled.get(project, float("-inf"))
+            if polled > now:  # the clock stepped back: polled just now, as every project polled "later"
+                polled = self._polled[project] = now
+            age = now - polled
             if age < min_gap:
                 continue
             active = now - self._active.get(project, float("-inf")) <= self._active_window

@@ -35,7 +35,7 @@ import collections
 from collections.abc import Iterable, Mapping
 
 from runnerctl.controller import jobs_store
-from runnerctl.controller.demand import PendingJob
+from runnerctl.controller.demand import PendingJob, due
 from runnerctl.controller.fair_usage import project_path
 from runnerctl.controller.store import Store
 
@@ -80,7 +80,7 @@ class Estimates:
 
     def of(self, pending: Iterable[PendingJob], now: float) -> Mapping[int, float]:
         """Job id -> its estimated run time, for the pending jobs that have one."""
-        if now - self._read_at >= REFRESH_S:
+        if due(now, self._read_at + REFRESH_S, REFRESH_S):  # due: a clock stepped back too
             times = RunTimes()
             ended = sorted((r.ended_at, r.job_id, r.project, r.name, r.ended_at - r.started_at)
                            for r in jobs_store.jobs(self.store, since=now - WINDOW_S)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from runnerctl.controller import jobs_store
-from runnerctl.controller.demand import PendingJob
+from runnerctl.controller.demand import PendingJob, due
 from runnerctl.controller.fairshare import FairPolicy, Penalties, Queued, Span, Usage, fair_seconds
 from runnerctl.controller.history import project_of
 from runnerctl.controller.store import Store
@@ -46,7 +46,7 @@ class FairShare:
         """Job id -> seconds it counts younger (empty when fair share is off)."""
         if not self.policy.on:
             return {}
-        if self.usage is None or now - self._read_at >= REFRESH_S:
+        if self.usage is None or due(now, self._read_at + REFRESH_S, REFRESH_S):  # a clock stepped back too
             since = now - 10 * self.policy.half_life_s
             spans = (Span(r.user, r.project, len(r.gpus), r.started_at, self._end(r, now))
                      for r in jobs_store.jobs(self.store, since=since))

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 from urllib.parse import urlsplit
 
 from runnerctl.controller import jobs_store
-from runnerctl.controller.demand import PendingJob
+from runnerctl.controller.demand import PendingJob, due
 from runnerctl.controller.jobs_store import JobRecord
 from runnerctl.controller.observe import LeasedJob
 from runnerctl.controller.store import Store
@@ -115,7 +115,7 @@ class History:
         self._unsaved.update((r.job_id, r) for r in changed)  # the latest row of each job
         jobs_store.save_jobs(self.store, self._unsaved.values())  # a StoreError fails the tick
         self._unsaved.clear()
-        if now >= self._next_prune:
+        if due(now, self._next_prune, PRUNE_EVERY_S):  # a clock stepped back too
             self._prune(now)
 
     def unused(self) -> tuple[int, ...]:

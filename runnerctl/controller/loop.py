@@ -219,7 +219,7 @@ class Controller:
         or resume is sent, and these reads are all that says GitLab is back. A 404 is no
         answer here (a runner read gets None): with every request answered 404 (a wrong
         URL behind a proxy), the project polls fail and the runner reads must not say ok."""
-        answers = self.cache.found + self.demand.polls
+        answers = self.cache.found + self.demand.answered
         try:
             if not self._synced:
                 self.cache.sync_all(self.wiring.gitlab)
@@ -230,7 +230,7 @@ class Controller:
         except GitLabError as exc:
             self.health.failed(exc, now)
             return False
-        if self.cache.found + self.demand.polls != answers:
+        if self.cache.found + self.demand.answered != answers:
             self.health.ok()
         return True
 

@@ -24,8 +24,10 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from runnerctl.controller.header_timeout import HEADER_TIMEOUT_S
 
-MAX_CONNECTIONS = 64
-"""Connections handled at once; Prometheus keeps one per target, a person's curl one more."""
+MAX_CONNECTIONS = 256
+"""Connections handled at once (a thread each); Prometheus keeps one per target. One
+client that keeps this many open (reopening each 20 s) still keeps scrapes out: on a host
+with untrusted users, a firewall rule must let Prometheus alone reach it (docs/operations.md)."""
 BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 log = logging.getLogger(__name__)
