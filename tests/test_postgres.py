@@ -70,7 +70,9 @@ def test_fresh_machine_init_start_url_and_a_study_survives_stop_start(
         assert url.startswith("postgresql+psycopg://cli_study:") and "@127.0.0.1:" in url
         study = optuna.load_study(study_name="cli_study", storage=url)
         study.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=0.5))
-        assert main([*args, "create-study", "cli_study", "--kind", "rdb"]) == 0  # idempotent, same URL
+        assert main([*args, "create-study", "cli_study", "--kind", "rdb"]) == 3  # minimize: not this study
+        capsys.readouterr()
+        assert main([*args, "create-study", "cli_study", "--direction", "maximize", "--kind", "rdb"]) == 0
         assert _out(capsys) == url
         assert main([*args, "stop"]) == 0
         assert main([*args, "stop"]) == 0

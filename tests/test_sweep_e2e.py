@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -45,12 +46,12 @@ class Pipeline:
         (self.project / "search.py").write_text(example.read_text())
         (tmp_path / "host").mkdir()
         self.host = make_host(tmp_path / "host")
-        self.jobs = ci_jobs.load(render("optuna-sweep", {
-            "study_name": study, "storage": url, "n_trials": str(trials), "workers": str(workers),
+        self.jobs = ci_jobs.load(render("optuna-sweep", {  # the URL as a masked CI/CD variable
+            "study_name": study, "storage": "$OPTUNA_URL", "n_trials": str(trials), "workers": str(workers),
             "command": f'echo $$ > "worker-$CI_NODE_INDEX.pid"\npython {script}'}))
         self.env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
                     "PYTHONPATH": str(ROOT), "CI": "true", "GITLAB_CI": "true",
-                    "CI_PROJECT_DIR": str(self.project), **extra_env}
+                    "CI_PROJECT_DIR": str(self.project), "OPTUNA_URL": url, **extra_env}
         self._job_ids = itertools.count(1001)  # next() is atomic: jobs start from threads
 
     def run(self, name: str, *, gpu: int = 0, index: int = 1, total: int = 1) -> dict[str, StageResult]:
@@ -58,8 +59,9 @@ class Pipeline:
         job = ci_jobs.resolve(self.jobs, name)
         variables = {**self.env, "CI_JOB_NAME": f"{name} {index}/{total}" if total > 1 else name,
                      "CI_NODE_INDEX": str(index), "CI_NODE_TOTAL": str(total)}
-        for key, value in job.get("variables", {}).items():
-            variables[key] = os.path.expandvars(str(value))
+        for key, value in job.get("variables", {}).items():  # GitLab expands them from the CI/CD variables
+            variables[key] = re.sub(r"\$\{?(\w+)\}?", lambda m: variables.get(m.group(1), m.group(0)),
+                                    str(value))
         body = 'cd "$CI_PROJECT_DIR"\n' + "\n".join(job["script"])
         return harness_for(self.host, (gpu,), "shell").run_job(
             FakeJob(id=next(self._job_ids), variables=variables), body, timeout=120)
