@@ -95,3 +95,22 @@ def test_a_full_server_answers_503_and_serves_again_once_connections_close() -> 
             assert answer.status_code == 503 and time.monotonic() < deadline
             time.sleep(0.05)  # polling the state: the closed connections' threads end by themselves
         assert "runnerctl_test_value 7.0" in answer.text
+
+
+def test_a_fault_in_the_handler_is_logged_not_hidden(monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A cut connection is a debug line; any other error in handling is ours and logged."""
+    from runnerctl.exporter import http
+
+    def broken(self: object) -> bool:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(http._Handler, "parse_request", broken)
+    with _server() as address, _connect(address) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        _closed_by_server(sock)
+    deadline = time.monotonic() + WAIT_S
+    while "handling a request from" not in caplog.text:
+        assert time.monotonic() < deadline, caplog.text
+        time.sleep(0.01)  # polling the state: the handler thread logs as it ends
+    assert "RuntimeError: a bug" in caplog.text

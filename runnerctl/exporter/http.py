@@ -96,8 +96,13 @@ class _Server(ThreadingMixIn, WSGIServer):
             raise
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """A connection cut or timed out: one debug line, not socketserver's traceback."""
-        log.debug("exporter: connection from %s ended: %s", client_address, sys.exc_info()[1])
+        """A connection cut or timed out: one debug line, not socketserver's traceback;
+        anything else is a fault of ours, logged with its traceback."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):
+            log.debug("exporter: connection from %s ended: %s", client_address, exc)
+        else:
+            log.error("exporter: handling a request from %s failed", client_address, exc_info=exc)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
