@@ -245,7 +245,7 @@ def _run_until_budget(objective: Objective, study: optuna.Study, budget: int, po
             time.sleep(poll_s)  # in flight elsewhere; one may die and come back for a retry
             counter.fail_stale_trials()
             continue
-        if gate.failed_in_a_row >= max(MIN_FAILED_IN_A_ROW, budget):
+        if gate.gave_up:
             raise ConfigError(f"the objective returned no number (NaN, None) in the last "
                               f"{gate.failed_in_a_row} trials here (Optuna fails them, and they count "
                               "toward no budget): stopping",
@@ -332,8 +332,13 @@ class _Admission:
         value Optuna takes, or found the trial finished (`finished_elsewhere`)."""
         self.returned = self.found_finished = False
         self.failed_in_a_row = 0
-        """Trials here whose value Optuna fails (NaN): they count toward no budget, so an
-        objective that always diverges would run until the job's timeout."""
+        """Trials here whose value Optuna fails (NaN, None): they count toward no budget,
+        so an objective that always diverges would run until the job's timeout."""
+
+    @property
+    def gave_up(self) -> bool:
+        """So many trials in a row failed by their value that the worker stops."""
+        return self.failed_in_a_row >= max(MIN_FAILED_IN_A_ROW, self.budget)
 
     def __call__(self, trial: Trial) -> float | tuple[float, ...]:
         taken = sum(self.counter.counts(exclude_number=trial.number))
@@ -352,7 +357,7 @@ class _Admission:
         fails = _fails(value)
         self.returned = not fails  # a value Optuna fails itself is no sign of another worker
         self.failed_in_a_row = self.failed_in_a_row + 1 if fails else 0
-        if self.failed_in_a_row >= max(MIN_FAILED_IN_A_ROW, self.budget):
+        if self.gave_up:
             trial.study.stop()
             return value
         if sum(self.counter.counts(exclude_number=trial.number)) + 1 >= self.budget:
