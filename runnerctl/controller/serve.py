@@ -12,6 +12,7 @@ import fcntl
 import ipaddress
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -187,6 +188,10 @@ def serve(controller: Controller, listen: str, *,
     web = web or WebSettings()
     app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend,
                      health=controller.liveness.report, max_body_bytes=web.max_body_bytes)
+    server = uvicorn.Server(http_config(app, host, port, web, "warning"))
+    terminated: list[int] = []
+    previous = signal.getsignal(signal.SIGTERM)
+    armed = _stop_on_sigterm(server, terminated)
     stop = threading.Event()
     worker = threading.Thread(target=loop or controller.run, args=(stop,), name="reconcile", daemon=True)
     controller.liveness.watch(worker)  # /healthz fails if it ever ends
@@ -194,12 +199,35 @@ def serve(controller: Controller, listen: str, *,
     log.warning("runnerctl serve: http://%s:%d/ (page), /api/state, /metrics, webhooks at /webhooks/gitlab",
                 host, port)
     try:
-        uvicorn.Server(http_config(app, host, port, web, "warning")).run()
+        server.run()
     finally:
         stop.set()
         worker.join(timeout=10)
         if not worker.is_alive():  # SQLite: the last close moves the write-ahead log into the file
             controller.wiring.store.close()
+        if armed and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if terminated:
+        log.warning("runnerctl serve: stopped (SIGTERM)")
+
+
+def _stop_on_sigterm(server: uvicorn.Server, terminated: list[int]) -> bool:
+    """SIGTERM (systemd's stop) ends `server` and returns from its `run`, so that `serve`
+    stops its loop and closes the store, and exits 0. uvicorn handles SIGTERM while it
+    serves, then restores the handler it found and raises the signal again
+    (uvicorn/server.py `capture_signals`): with the default handler the process died
+    there, before `serve`'s own clean-up. This handler, found and called again, notes it;
+    one that lands before uvicorn starts serving or after it stopped ends the server too.
+    False off the main thread, where no handler can be set."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+
+    def note(signum: int, frame: object) -> None:
+        terminated.append(signum)
+        server.should_exit = True
+
+    signal.signal(signal.SIGTERM, note)
+    return True
 
 
 def serve_in_background(controller: Controller, listen: str, metrics: Metrics | None = None, *,
