@@ -175,6 +175,19 @@ def test_healthz_counts_from_start_before_the_first_tick() -> None:
     assert live.report()[0] and live.age_s() == 0.0
 
 
+def test_healthz_fails_at_once_when_every_tick_since_the_start_failed() -> None:
+    now = [100.0]
+    live = Liveness(host="h", interval_s=5.0, clock=lambda: now[0])
+    live.failed(OSError("database is locked"), 1)  # a store that never opened, a bad token
+    now[0] += 1.0
+    ok, detail = live.report()
+    assert not ok and detail["problem"] == ("no good tick since the start (1 failed); "
+                                            "last error: OSError: database is locked")
+    live.good()
+    live.failed(OSError("database is locked"), 2)  # after a good tick: the age decides
+    assert live.report()[0]
+
+
 def test_the_standalone_exporter_loop_survives_a_failing_tick(caplog: pytest.LogCaptureFixture) -> None:
     from runnerctl.controller.gate import GateThresholds
     from runnerctl.exporter.standalone import Observer

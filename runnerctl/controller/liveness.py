@@ -3,8 +3,9 @@
 A controller whose ticks fail (a store locked or restarting, a bug) or whose thread
 died still answers HTTP, so "the process is up" says nothing. The loop reports each
 finished tick and each failed one here; `/healthz` answers 503 while the last good
-tick is older than `stale_after_s` (a few intervals) or the thread is gone, and the
-exporter shows the age (`runnerctl_reconcile_last_success_age_seconds`) for the alert
+tick is older than `stale_after_s` (a few intervals), while every tick since the start
+has failed, or once the thread is gone, and the exporter shows the age
+(`runnerctl_reconcile_last_success_age_seconds`) for the alert
 `RunnerctlReconcileStalled`. Failures are logged once per kind while they last, and
 the loop backs off between failed ticks (`backoff_s`).
 
@@ -113,6 +114,8 @@ class Liveness:
             problems.append("the reconcile thread has stopped")
         if age > self.stale_after_s:
             problems.append(f"no good tick for {age:.1f} s (limit {self.stale_after_s:.1f} s)")
+        elif self.last_good is None and self.streak:  # a serve that never worked is no healthy start
+            problems.append(f"no good tick since the start ({self.streak} failed)")
         if problems and self.last_error:
             problems.append(f"last error: {self.last_error}")
         now = self._clock()
