@@ -91,3 +91,45 @@ def test_concurrent_claims_have_one_winner(stores: tuple[Store, Store]) -> None:
         t.join()
     winners = [name for name, won in results if won]
     assert len(winners) == 30 and len({w.split(":")[1] for w in winners}) == 30
+
+
+def test_postgres_connections_bound_every_wait_and_keep_the_urls_own_settings() -> None:
+    from runnerctl.controller.store import pg_params
+
+    params = pg_params("postgresql://u@db.lab/store?keepalives_idle=5&options=-c%20search_path%3Dx", 2.0)
+    assert params["keepalives_idle"] == "5" and params["keepalives"] == 1 and params["keepalives_count"] == 3
+    assert params["connect_timeout"] == 2 and params["tcp_user_timeout"] == 2000
+    assert params["options"] == "-c search_path=x -c statement_timeout=2000 -c lock_timeout=2000"
+    own = pg_params("postgresql://u@db.lab/store?options=-c%20statement_timeout%3D0&connect_timeout=9", 30.0)
+    assert own["options"] == "-c statement_timeout=0 -c lock_timeout=30000" and own["connect_timeout"] == "9"
+
+
+def test_a_lock_held_by_another_host_fails_the_write_after_the_timeout_then_it_heals(pg_url: str) -> None:
+    import threading
+
+    import psycopg
+
+    from runnerctl.controller.migrations import StoreError
+    from runnerctl.postgres import libpq_url
+
+    store = Store.open(url=pg_url, timeout_s=1.0)
+    outcome: list[BaseException | None] = []
+
+    def write() -> None:
+        try:
+            store.record(Event(time.time(), "gpu-a", "toggle", "gpu:0", "blocked"))
+            outcome.append(None)
+        except StoreError as exc:
+            outcome.append(exc)
+
+    with psycopg.connect(libpq_url(pg_url)) as other:  # another host's transaction, left open
+        other.execute("LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        writer.join(timeout=60)  # waited for ever before: no lock or statement timeout
+        assert not writer.is_alive(), "the write still waits for the lock"
+        other.rollback()
+    assert isinstance(outcome[0], StoreError) and "canceling statement due to" in str(outcome[0])
+    store.record(Event(time.time(), "gpu-a", "toggle", "gpu:0", "after"))
+    assert [e.detail for e in store.events("gpu-a")] == ["after"]
+    store.close()

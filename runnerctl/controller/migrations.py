@@ -111,7 +111,9 @@ def migrate(cur: Cursor, *, postgres: bool, migrations: Sequence[Migration] = MI
     """Bring the store to the newest version inside the caller's transaction; returns it.
     Refuses a store newer than `migrations` (a newer runnerctl wrote it)."""
     check(migrations)
-    if postgres:
+    if postgres:  # hosts wait here while one migrates, and a migration takes what it takes
+        cur.execute("SET LOCAL statement_timeout = 0")
+        cur.execute("SET LOCAL lock_timeout = 0")
         cur.query(f"SELECT pg_advisory_xact_lock({LOCK_KEY})")
     cur.execute(_VERSIONS)
     current = int(cur.query("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")[0][0])

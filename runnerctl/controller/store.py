@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -68,6 +69,35 @@ class Event:
     detail: str
 
 
+KEEPALIVE_IDLE_S = 30
+"""A PostgreSQL connection quiet this long is probed (TCP keepalive), every 10 s, 3 times."""
+
+
+def pg_params(conninfo: str, timeout_s: float) -> dict[str, Any]:
+    """libpq parameters of a store connection: the URL's own, and where it sets none, limits
+    so that no call waits for ever. A statement or a lock wait longer than `timeout_s`
+    fails (`statement_timeout`, `lock_timeout`: a host holding a lock, a server that
+    stopped answering mid-query), and so does a connection whose server vanished
+    (keepalives; `tcp_user_timeout` for data left unacknowledged): without them a
+    partitioned server held the loop, and every web request behind the store's lock,
+    until the kernel gave up, hours later. The store reconnects at the next transaction.
+    `PGOPTIONS` is kept where the URL sets no `options` (libpq reads it only then)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    params: dict[str, Any] = conninfo_to_dict(conninfo)
+    limit_ms = max(1000, int(timeout_s * 1000))
+    for name, value in (("connect_timeout", max(1, int(timeout_s))), ("keepalives", 1),
+                        ("keepalives_idle", KEEPALIVE_IDLE_S), ("keepalives_interval", 10),
+                        ("keepalives_count", 3), ("tcp_user_timeout", limit_ms)):
+        params.setdefault(name, value)
+    options = str(params.get("options", os.environ.get("PGOPTIONS", "")))
+    for setting in ("statement_timeout", "lock_timeout"):
+        if setting not in options:
+            options = f"{options} -c {setting}={limit_ms}".strip()
+    params["options"] = options
+    return params
+
+
 class Store:
     """One store API over SQLite or PostgreSQL; only the placeholders differ.
 
@@ -91,18 +121,16 @@ class Store:
              migrations: Sequence[Migration] = MIGRATIONS) -> Store:
         """PostgreSQL when `url` is set (libpq's form, or SQLAlchemy's as `runnerctl
         postgres url` prints it), else SQLite at <state_dir>/controller.sqlite. `timeout_s`
-        bounds waiting for a lock (SQLite) or a connection (PostgreSQL)."""
+        bounds waiting for a lock (SQLite), and for a connection, a statement or a lock
+        on PostgreSQL (`pg_params`)."""
         if url:
             import psycopg
 
             from runnerctl.postgres import libpq_url
 
             conninfo = libpq_url(url)
-            extra: dict[str, Any] = {"connect_timeout": max(1, int(timeout_s))}
-            if "connect_timeout" in conninfo:
-                extra = {}
-            return cls(lambda: psycopg.connect(conninfo, autocommit=True, **extra), postgres=True,
-                       where=describe_url(url), migrations=migrations)
+            return cls(lambda: psycopg.connect(**pg_params(conninfo, timeout_s), autocommit=True),
+                       postgres=True, where=describe_url(url), migrations=migrations)
         if state_dir is None:
             raise ValueError("a store needs a PostgreSQL URL or a state directory")
         try:
