@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Container
 from typing import Any
 
@@ -51,14 +53,21 @@ from runnerctl.postgres import libpq_url
 # live beside it).
 LOG_TABLE = "runnerctl_optuna_journal"
 BEAT_TABLE = "runnerctl_optuna_heartbeats"
+APPEND_TABLE = "runnerctl_optuna_appends"
 CONNECT_TIMEOUT_S = 10
+RECONNECT_S = 120.0
+"""How long a worker whose connection was lost (a server restart) tries to connect again
+before it gives up; the first connection fails at once."""
+log = logging.getLogger(__name__)
 
 SEQUENCE = "runnerctl_optuna_journal_ids"
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {LOG_TABLE} (id bigint PRIMARY KEY, log text NOT NULL);
 CREATE SEQUENCE IF NOT EXISTS {SEQUENCE} MINVALUE 0 START WITH 0;
 CREATE TABLE IF NOT EXISTS {BEAT_TABLE} (trial_id bigint PRIMARY KEY, beat timestamptz NOT NULL);
+CREATE TABLE IF NOT EXISTS {APPEND_TABLE} (append_id uuid PRIMARY KEY);
 """
+_ONCE = f"{APPEND_TABLE}_pkey"
 
 
 def _insert(count: int) -> str:
@@ -68,10 +77,17 @@ def _insert(count: int) -> str:
     return f"INSERT INTO {LOG_TABLE} (id, log) VALUES {rows} RETURNING id"
 
 
-def _append(count: int) -> str:
-    """`_insert` and, in the same statement, every entry from a number on (own entries
-    come back as NULL: the caller has their text)."""
-    return (f"WITH mine AS ({_insert(count)}) SELECT id, NULL FROM mine "
+_ONCE_CTE = f"once AS (INSERT INTO {APPEND_TABLE} (append_id) VALUES (%s))"
+"""The append's own id, inserted by the same statement: a second try of an append that
+committed fails on it (`_ONCE`) and appends nothing, so an append is sent again safely."""
+
+
+def _append(count: int, *, read: bool) -> str:
+    """`_insert` with its id, and with `read`, in the same statement, every entry from a
+    number on (own entries come back as NULL: the caller has their text)."""
+    if not read:
+        return f"WITH {_ONCE_CTE} {_insert(count)}"
+    return (f"WITH {_ONCE_CTE}, mine AS ({_insert(count)}) SELECT id, NULL FROM mine "
             f"UNION ALL SELECT id, log FROM {LOG_TABLE} WHERE id >= %s ORDER BY 1")
 
 
@@ -99,9 +115,10 @@ class PostgresJournalBackend(BaseJournalBackend):
     """Optuna's journal as an append-only table of a PostgreSQL database.
 
     Thread-safe (one connection behind a lock): JournalStorage calls it under its own
-    lock, the heartbeat thread beside that. A connection the server dropped is replaced
-    before the next call, and a read that failed on it is tried once more; an append
-    that failed raises, since it may or may not have been committed.
+    lock, the heartbeat thread beside that. A call on a connection the server dropped (a
+    restart) is tried again on a new one, for up to `RECONNECT_S` while the server is
+    away; an append too, since its id makes a second copy of one that committed append
+    nothing.
     """
 
     def __init__(self, url: str, *, connect: Callable[[str], Any] | None = None) -> None:
@@ -135,34 +152,31 @@ class PostgresJournalBackend(BaseJournalBackend):
 
         if not logs:
             return
-        texts = [json.dumps(log, separators=(",", ":")) for log in logs]
+        texts = [json.dumps(entry, separators=(",", ":")) for entry in logs]
+        append_id = uuid.uuid4()
+
+        def append(conn: Any) -> bool:
+            """True once appended (here or by a try whose answer was lost)."""
+            try:
+                if self.next_read is None:
+                    conn.execute(_append(len(texts), read=False), [append_id, *texts])
+                    return True
+                rows = conn.execute(_append(len(texts), read=True),
+                                    [append_id, *texts, self.next_read]).fetchall()
+            except psycopg.errors.UniqueViolation as exc:
+                # ours: an earlier try committed; else a reader filled one of our numbers
+                # as we took it: take others
+                return exc.diag.constraint_name == _ONCE
+            own = iter(texts)
+            rows = [(i, next(own) if entry is None else entry) for i, entry in rows]
+            self._prefetched = (self.next_read, self._read(conn, self.next_read, rows))
+            return True
+
         with self._lock:
-            conn = self._connection()
             for _ in range(MAX_TRIES):
-                try:
-                    if self.next_read is None:
-                        conn.execute(_insert(len(texts)), texts)
-                    else:
-                        rows = conn.execute(_append(len(texts)), [*texts, self.next_read]).fetchall()
-                        own = iter(texts)
-                        rows = [(i, next(own) if entry is None else entry) for i, entry in rows]
-                        self._prefetched = (self.next_read, self._read(conn, self.next_read, rows))
+                if self._retrying(append):
                     return
-                except psycopg.errors.UniqueViolation:
-                    continue  # a reader filled one of our numbers as we took it: take others
             raise RuntimeError(f"no free log number after {MAX_TRIES} tries")
-
-    def append_idempotent(self, logs: list[dict[str, Any]]) -> None:
-        """`append_logs` of entries whose second copy changes nothing (system attributes):
-        tried once more on a connection the server dropped, as a read is."""
-        import psycopg
-
-        try:
-            self.append_logs(logs)
-        except psycopg.OperationalError:
-            if self._conn is not None and not self._conn.broken:
-                raise
-            self.append_logs(logs)
 
     def _read(self, conn: Any, start: int, rows: list[tuple[int, str]] | None) -> list[dict[str, Any]]:
         """The entries from `start` on that every worker reads alike: up to the first gap.
@@ -230,24 +244,51 @@ class PostgresJournalBackend(BaseJournalBackend):
 
     # -- the connection -------------------------------------------------------------------
     def _connection(self) -> Any:
-        if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = self._connect(self._url)
-        return self._conn
-
-    def _retrying(self, call: Callable[[Any], Any]) -> Any:
+        """The connection; one the server dropped is replaced, trying for up to
+        `RECONNECT_S` while the server is away (a restart), saying so once."""
         import psycopg
 
-        try:
-            return call(self._connection())
-        except psycopg.OperationalError:
-            if self._conn is not None and not self._conn.broken:
-                raise  # a failed statement on a good connection, not a lost one
-            return call(self._connection())  # the server dropped it (restart): once more
+        if self._conn is not None and not self._conn.closed and not self._conn.broken:
+            return self._conn
+        lost, self._conn = self._conn is not None, None
+        if not lost:
+            self._conn = self._connect(self._url)
+            return self._conn
+        deadline, wait, said = time.monotonic() + RECONNECT_S, 0.5, False
+        while True:
+            try:
+                self._conn = self._connect(self._url)
+            except (ConfigError, psycopg.OperationalError) as exc:
+                if time.monotonic() + wait > deadline:
+                    raise
+                if not said:
+                    log.warning("lost the connection to the study's PostgreSQL; connecting again for up "
+                                "to %.0f s (%s)", RECONNECT_S, str(exc).splitlines()[0] if str(exc) else exc)
+                    said = True
+                time.sleep(wait)
+                wait = min(2 * wait, 5.0)
+                continue
+            if said:
+                log.warning("connected to the study's PostgreSQL again")
+            return self._conn
+
+    def _retrying(self, call: Callable[[Any], Any]) -> Any:
+        """`call(connection)`, on a new connection again while the server drops it."""
+        import psycopg
+
+        for attempt in range(MAX_TRIES):
+            conn = self._connection()
+            try:
+                return call(conn)
+            except psycopg.OperationalError:
+                if attempt + 1 == MAX_TRIES or not (conn.closed or conn.broken):
+                    raise  # a failed statement on a good connection, not a lost one
+        raise AssertionError("unreachable")
 
     def _ensure_schema(self) -> None:
         conn = self._connection()
-        found = conn.execute("SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)",
-                             (LOG_TABLE, BEAT_TABLE, SEQUENCE)).fetchone()
+        found = conn.execute("SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s), to_regclass(%s)",
+                             (LOG_TABLE, BEAT_TABLE, SEQUENCE, APPEND_TABLE)).fetchone()
         if found is not None and None not in found:
             return
         with conn.transaction():  # workers starting together: one creates, the others wait
@@ -317,7 +358,7 @@ class SweepJournalStorage(JournalStorage, BaseHeartbeat):
 
     def _sync_with_backend(self) -> None:
         if self._unsent:  # reads what is new in the same round trip
-            self._journal.append_idempotent(self._unsent)
+            self._journal.append_logs(self._unsent)
             self._unsent = []
         super()._sync_with_backend()
         self._journal.next_read = self._replay_result.log_number_read

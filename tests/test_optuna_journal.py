@@ -361,13 +361,22 @@ def test_a_grid_sweep_reads_its_own_system_attributes(pg_server: PostgresServer)
     assert sorted(t.params["x"] for t in study.trials) == [0, 1, 2, 3]
 
 
-def test_a_system_attribute_survives_a_dropped_connection_and_bad_values_fail_at_once(
-        pg_server: PostgresServer) -> None:
-    """An attribute waiting for the next write is not lost when that write fails, a read
-    with one waiting reconnects as reads do, and a value JSON cannot hold is refused by
-    the call that sets it."""
+def _terminate(pg_server: PostgresServer, pid: int) -> None:
+    """The server ends a worker's connection, as in a restart."""
     import psycopg
 
+    deadline = time.monotonic() + 60
+    with psycopg.connect(libpq_url(pg_server.admin_url()), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+            assert time.monotonic() < deadline
+
+
+def test_writes_on_a_dropped_connection_are_sent_again_and_bad_values_fail_at_once(
+        pg_server: PostgresServer) -> None:
+    """A write, an attribute waiting for the next write and a read each go on over a new
+    connection when the server dropped the old one; a value JSON cannot hold is refused
+    by the call that sets it."""
     url = _journal(pg_server, "journal_attr_drop")
     storage = make_storage(url)
     assert isinstance(storage, SweepJournalStorage)
@@ -375,21 +384,103 @@ def test_a_system_attribute_survives_a_dropped_connection_and_bad_values_fail_at
     trial_id = study.ask()._trial_id
     with pytest.raises(TypeError):
         storage.set_trial_system_attr(trial_id, "bad", object())
-
-    def drop() -> None:  # the server ends the worker's connection, as in a restart
-        pid = storage._journal._conn.info.backend_pid
-        deadline = time.monotonic() + 60
-        with psycopg.connect(libpq_url(pg_server.admin_url()), autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
-                assert time.monotonic() < deadline
-
     storage.set_trial_system_attr(trial_id, "first", 1)
-    drop()
-    with pytest.raises(psycopg.OperationalError):  # a write is not retried: it may have committed
-        storage.set_trial_param(trial_id, "x", 0.5, optuna.distributions.FloatDistribution(0, 1))
+    _terminate(pg_server, storage._journal._conn.info.backend_pid)
+    storage.set_trial_param(trial_id, "x", 0.5, optuna.distributions.FloatDistribution(0, 1))  # raised before
     storage.set_trial_system_attr(trial_id, "second", 2)
-    drop()
+    _terminate(pg_server, storage._journal._conn.info.backend_pid)
     assert storage.get_trial(trial_id).system_attrs == {"first": 1, "second": 2}  # read: reconnects
     other = optuna.load_study(study_name="drop", storage=make_storage(url))
-    assert other.trials[0].system_attrs == {"first": 1, "second": 2}
+    assert other.trials[0].system_attrs == {"first": 1, "second": 2} and other.trials[0].params == {"x": 0.5}
+
+
+class _AnswerLost:
+    """A connection whose next statement commits, and then the connection breaks before
+    its answer arrives (a server or network failing at the worst moment)."""
+
+    def __init__(self, conn: Any, armed: list[bool]) -> None:
+        self._conn, self._armed = conn, armed
+
+    def execute(self, query: Any, *args: Any, **kw: Any) -> Any:
+        import psycopg
+
+        cursor = self._conn.execute(query, *args, **kw)
+        if self._armed and self._armed.pop():
+            self._conn.close()
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return cursor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+def test_an_append_whose_answer_was_lost_is_sent_again_and_appended_once(pg_server: PostgresServer) -> None:
+    import psycopg
+
+    url = _journal(pg_server, "journal_answer_lost")
+    armed: list[bool] = []
+    connects: list[int] = []
+
+    def connect(conninfo: str) -> Any:
+        connects.append(1)
+        return _AnswerLost(psycopg.connect(conninfo, autocommit=True), armed)
+
+    storage = SweepJournalStorage(PostgresJournalBackend(url, connect=connect), heartbeat_interval=60,
+                                  grace_period=240, stale_trial_callback=None)
+    study = optuna.create_study(study_name="lost", storage=storage)
+    armed.append(True)
+    study.ask()  # its creation committed, its answer lost: sent again on a new connection
+    assert not armed and len(connects) == 2
+    study.ask()
+    other = optuna.load_study(study_name="lost", storage=make_storage(url))
+    assert [t.number for t in other.trials] == [0, 1]  # a second copy would have made three
+
+
+def test_a_worker_gives_up_reconnecting_after_its_limit_and_says_so_once(
+        pg_server: PostgresServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import psycopg
+
+    from runnerctl import optuna_journal
+
+    url = _journal(pg_server, "journal_gone")
+    refused: list[int] = []
+
+    def connect(conninfo: str) -> Any:
+        if refused:
+            refused.append(1)
+            raise psycopg.OperationalError("connection refused")
+        return psycopg.connect(conninfo, autocommit=True)
+
+    backend = PostgresJournalBackend(url, connect=connect)
+    monkeypatch.setattr(optuna_journal, "RECONNECT_S", 2.0)
+    refused.append(1)  # the server goes away for good
+    _terminate(pg_server, backend._conn.info.backend_pid)
+    with pytest.raises(psycopg.OperationalError, match="refused"):
+        backend.read_logs(0)
+    assert len(refused) > 2  # tried again meanwhile
+    said = [r.getMessage() for r in caplog.records if "connecting again" in r.getMessage()]
+    assert len(said) == 1 and "up to 2 s" in said[0]
+
+
+def test_workers_go_on_through_a_server_restart_and_complete_the_exact_total() -> None:
+    """`systemctl restart runnerctl-postgres` mid-sweep: every worker's connection is
+    ended and the server is away for a while; the workers connect again and the study
+    still gets exactly its trial count."""
+    from tests.pg import running_server
+
+    with running_server() as server:
+        url = storage_url(server.create_database("restart"), "journal")
+        optuna.create_study(study_name="restart", storage=make_storage(url))
+        procs = _workers([url, url], "restart", 24, SEARCH_SLEEP_S="0.3")
+        watcher = make_storage(url)
+        deadline = time.monotonic() + 120
+        while len(watcher.get_all_trials(0, deepcopy=False, states=(TrialState.COMPLETE,))) < 4:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), _finish(procs)
+            time.sleep(0.05)
+        watcher._journal.close()
+        server.stop()
+        server.start()
+        results = _finish(procs)
+        assert [code for code, _ in results] == [0, 0], results
+        trials = optuna.load_study(study_name="restart", storage=make_storage(url)).trials
+        assert Counter(t.state for t in trials)[TrialState.COMPLETE] == 24
