@@ -10,10 +10,12 @@ Who runs what, and why:
   install), reads /proc/<pid>/environ of other users' processes for the gate, and shares
   the state directory with the executor's stages, which gitlab-runner runs as root.
   Hardening keeps the rest of the system read-only (ProtectSystem=strict with the state
-  directory and gitlab-runner's directory writable, NoNewPrivileges, PrivateTmp).
+  directory, gitlab-runner's directory and dcgm-exporter's job mapping directory
+  writable, NoNewPrivileges, PrivateTmp).
 - `postgres` runs `runnerctl postgres start/stop` as root, which hands the server to the
   `postgres` user (runuser) exactly as by hand; systemd follows the postmaster's pid file.
-- `exporter` only reads (NVML, leases): the state directory is read-only for it.
+- `exporter` only reads (NVML, leases): the state directory is read-only for it; it
+  writes only dcgm-exporter's job mapping, when `[monitoring] dcgm_job_mapping_dir` is set.
 The GitLab token reaches `serve` from an EnvironmentFile (0600), never from its command
 line (which `ps` shows to every user). `serve` and `exporter` may hold 65536 files
 (LimitNOFILE): at the default 1024, a thousand half-open connections took `serve` offline.
@@ -36,6 +38,8 @@ from runnerctl.settings import Settings
 
 UNIT_DIR = Path("/etc/systemd/system")
 ENV_FILE = Path("/etc/runnerctl/serve.env")
+TMPFILES = Path("/etc/tmpfiles.d/runnerctl.conf")
+TMPFILES_HEADER = "# runnerctl install: dcgm-exporter's job mapping directory, made again at every boot\n"
 SERVICES = ("serve", "postgres", "exporter")
 MAX_FILES = 65536
 """LimitNOFILE of serve and exporter: each connection is a file."""
@@ -65,16 +69,38 @@ def render(options: InstallOptions) -> list[UnitFile]:
         files.append(UnitFile(UNIT_DIR / f"runnerctl-{service}.service", _UNITS[service](options)))
     if "serve" in options.services:
         files.append(UnitFile(ENV_FILE, _env_file(), mode=0o600))
+    mapping = mapping_dir(options)
+    if mapping is not None:
+        files.append(UnitFile(TMPFILES, f"{TMPFILES_HEADER}d {_word(str(mapping))} 0755 root root -\n"))
     return files
 
 
-def write(files: list[UnitFile], root: Path, *, state_dir: Path) -> list[Path]:
+def mapping_dir(options: InstallOptions) -> Path | None:
+    """`[monitoring] dcgm_job_mapping_dir` where an installed unit writes it (serve and
+    exporter both do), else None. ProtectSystem=strict makes /run read-only too, so the
+    units name it in ReadWritePaths=, which needs it to exist when the unit starts: a
+    tmpfiles.d entry makes it at every boot (/run is empty then), before any service
+    (systemd-tmpfiles-setup.service runs in sysinit.target), and `write` makes it now."""
+    value = options.settings.monitoring.dcgm_job_mapping_dir
+    if not value or not {"serve", "exporter"} & set(options.services):
+        return None
+    path = Path(value)
+    if not path.is_absolute():
+        raise ConfigError(f"[monitoring] dcgm_job_mapping_dir {value!r} is not an absolute path",
+                          hint='a service runs in /; give e.g. "/run/dcgm-job-map"')
+    return path
+
+
+def write(files: list[UnitFile], root: Path, *, state_dir: Path, mapping: Path | None = None) -> list[Path]:
     """Write `files` below `root` ("/" on a host); an existing env file is kept (it holds
     the token an admin filled in). The state directory is made too (0711: other users may
-    pass, not list), since ProtectSystem=strict lets serve write only where it exists.
-    Returns the paths written."""
+    pass, not list), since ProtectSystem=strict lets serve write only where it exists, and
+    so is dcgm-exporter's job mapping directory `mapping` (0755, as its tmpfiles.d line
+    makes it at boot). Returns the paths written."""
     state = root / state_dir.relative_to("/")
     state.mkdir(parents=True, exist_ok=True, mode=0o711)
+    if mapping is not None:
+        (root / mapping.relative_to("/")).mkdir(parents=True, exist_ok=True, mode=0o755)
     written = []
     for unit in files:
         target = root / unit.path.relative_to("/")
@@ -142,6 +168,7 @@ def _env_lines(options: InstallOptions) -> str:
 def _serve(options: InstallOptions) -> str:
     state = options.settings.state_dir
     runner_dir = Path(options.settings.paths.runner_config or "/etc/gitlab-runner/config.toml").parent
+    writable = [_word(str(state)), _word(f"-{runner_dir}"), *_mapping_words(options)]
     return f"""[Unit]
 Description=runnerctl controller: GPU runners on demand, gate, web page
 After=network-online.target runnerctl-postgres.service
@@ -155,7 +182,7 @@ ExecStart={_command(options, "serve", "--gitlab", options.gitlab_url, "--listen"
 Restart=always
 RestartSec=5
 TimeoutStopSec=30
-{_STRICT}ReadWritePaths={_word(str(state))} {_word(f"-{runner_dir}")}
+{_STRICT}ReadWritePaths={" ".join(writable)}
 UMask=0077
 LimitNOFILE={MAX_FILES}
 
@@ -193,6 +220,7 @@ WantedBy=multi-user.target
 
 
 def _exporter(options: InstallOptions) -> str:
+    writable = "".join(f"ReadWritePaths={word}\n" for word in _mapping_words(options))
     return f"""[Unit]
 Description=runnerctl exporter: observe-only GPU, lease and gate metrics
 After=network-online.target
@@ -205,12 +233,19 @@ User=root
 Restart=always
 RestartSec=5
 {_STRICT}ReadOnlyPaths={_word(str(options.settings.state_dir))}
-UMask=0077
+{writable}UMask=0077
 LimitNOFILE={MAX_FILES}
 
 [Install]
 WantedBy=multi-user.target
 """
+
+
+def _mapping_words(options: InstallOptions) -> list[str]:
+    """The job mapping directory as a ReadWritePaths= word ('-': a unit still starts
+    without it, and the writer logs that it cannot write), if a unit writes it."""
+    mapping = mapping_dir(options)
+    return [] if mapping is None else [_word(f"-{mapping}")]
 
 
 def _env_file() -> str:

@@ -9,8 +9,9 @@ What runnerctl made, and how it is recognized:
 - those config.toml entries (every other entry and key is kept as it is, byte for byte)
   and the stand-by record;
 - the systemd units `runnerctl install` wrote (`runnerctl-<service>.service` whose
-  `ExecStart` runs `-m runnerctl`); a file of that name that runnerctl did not write is
-  left and named.
+  `ExecStart` runs `-m runnerctl`), and its tmpfiles.d entry (`runnerctl.conf` starting
+  with install's header line); a file of such a name that runnerctl did not write is
+  left and named. (The job mapping directory that entry made goes at the next boot.)
 The state directory, the PostgreSQL data, `/etc/runnerctl` (settings, serve.env with
 the token) are left for the admin (docs/operations.md, "Uninstall").
 
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runnerctl import standby
-from runnerctl.install import SERVICES, UNIT_DIR
+from runnerctl.install import SERVICES, TMPFILES, TMPFILES_HEADER, UNIT_DIR
 from runnerctl.runner_config import RunnerConfigFile, replace_owned_entries
 
 if TYPE_CHECKING:
@@ -65,14 +66,21 @@ def plan_uninstall(config: RunnerConfigFile, *, root: Path, gitlab_url: str | No
         path = root / UNIT_DIR.relative_to("/") / f"runnerctl-{service}.service"
         if path.is_file():
             (units if _written_by_runnerctl(path) else foreign).append(path)
+    tmpfiles = root / TMPFILES.relative_to("/")
+    if tmpfiles.is_file():
+        (units if _read(tmpfiles).startswith(TMPFILES_HEADER) else foreign).append(tmpfiles)
     return UninstallPlan(runners, kept, tuple(units), tuple(foreign))
 
 
-def _written_by_runnerctl(path: Path) -> bool:
+def _read(path: Path) -> str:
     try:
-        text = path.read_text(errors="replace")
+        return path.read_text(errors="replace")
     except OSError:
-        return False
+        return ""
+
+
+def _written_by_runnerctl(path: Path) -> bool:
+    text = _read(path)
     return any(line.startswith("ExecStart=") and " -m runnerctl " in line for line in text.splitlines())
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -250,8 +252,14 @@ def test_dcgm_job_mapping_files_follow_the_jobs(world: World, tmp_path: Path) ->
     world.controller.on_tick.append(JobMappingWriter(directory))
     world.submit(2, 30.0)
     world.submit(1, 200.0)
-    world.advance(12)
+    umask = os.umask(0o077)  # the units' UMask=
+    try:
+        world.advance(12)
+    finally:
+        os.umask(umask)
     files = {p.name: p.read_text() for p in directory.iterdir()}
+    modes = {stat.S_IMODE(p.stat().st_mode) for p in directory.iterdir()}
+    assert modes == {0o644}  # a dcgm-exporter that is not root reads them
     running = {j.job_id: j.slot.gpus for j in world.fleet.jobs.values()}
     expected = {str(g): f"{job}\n" for job, gpus in running.items() for g in gpus}
     assert files == expected and len(files) == 3

@@ -154,3 +154,44 @@ def test_a_control_character_in_a_path_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="quote or backslash"):
         render(dataclasses.replace(options, settings=load_settings(tmp_path / "none.toml"),
                                    python="/opt/it's/python"))
+
+
+def test_the_dcgm_job_mapping_directory_is_writable_made_at_boot_and_uninstalled(tmp_path: Path) -> None:
+    """ProtectSystem=strict makes /run read-only too: with `dcgm_job_mapping_dir` set, serve
+    and the exporter name it in ReadWritePaths=, a tmpfiles.d line (read by the real
+    systemd-tmpfiles) makes it at every boot, install makes it now, uninstall removes the
+    line; a relative directory is refused in one line."""
+    mapping = "/run/dcgm job-map"  # a space: one quoted word for systemd and tmpfiles.d
+    settings = tmp_path / "runnerctl.toml"
+    settings.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n'
+                        f'runner_config = "{tmp_path / "cfg.toml"}"\n'
+                        f'[monitoring]\ndcgm_job_mapping_dir = "{mapping}"\n')
+    root = tmp_path / "root"
+    assert main(["install", "--config", str(settings), "--gitlab-url", "https://gitlab.example",
+                 "--root", str(root)]) == 0
+    units = root / "etc" / "systemd" / "system"
+    assert _verify(units).stderr == ""
+    serve = (units / "runnerctl-serve.service").read_text()
+    exporter = (units / "runnerctl-exporter.service").read_text()
+    assert f'ReadWritePaths={tmp_path / "state"} -{tmp_path} "-/run/dcgm job-map"\n' in serve
+    assert 'ReadWritePaths="-/run/dcgm job-map"\n' in exporter
+    made = root / "run" / "dcgm job-map"
+    assert made.is_dir() and stat.S_IMODE(made.stat().st_mode) == 0o755
+    conf = root / "etc" / "tmpfiles.d" / "runnerctl.conf"
+    made.rmdir()  # a reboot empties /run
+    result = subprocess.run(["systemd-tmpfiles", "--create", f"--root={root}", str(conf)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert made.is_dir() and stat.S_IMODE(made.stat().st_mode) == 0o755
+    runner_config = tmp_path / "cfg.toml"
+    runner_config.write_text("concurrent = 1\n")
+    assert main(["uninstall", "--runner-config", str(runner_config), "--root", str(root),
+                 "--config", str(settings)]) == 0
+    assert not conf.exists() and not list(units.iterdir())
+    settings.write_text(settings.read_text().replace(mapping, "dcgm-map"))
+    with pytest.raises(ConfigError, match="dcgm_job_mapping_dir 'dcgm-map' is not an absolute path"):
+        render(InstallOptions(settings=load_settings(settings), settings_path=settings, gitlab_url="",
+                              services=("exporter",)))
+    only_postgres = InstallOptions(settings=load_settings(settings), settings_path=settings, gitlab_url="",
+                                   services=("postgres",))
+    assert [f.path.name for f in render(only_postgres)] == ["runnerctl-postgres.service"]  # writes no mapping

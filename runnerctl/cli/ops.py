@@ -18,7 +18,7 @@ from runnerctl.cli.host import (
 from runnerctl.cli.params import config_option
 from runnerctl.errors import ConfigError
 from runnerctl.gitlab import PythonGitLab
-from runnerctl.install import ENV_FILE, SERVICES, InstallOptions, render, write
+from runnerctl.install import ENV_FILE, SERVICES, InstallOptions, mapping_dir, render, write
 from runnerctl.uninstall import apply_uninstall, plan_uninstall
 
 
@@ -60,7 +60,7 @@ def install(gitlab_url: str | None, listen: str, services: tuple[str, ...], root
             click.echo(f"# {unit.path} (mode {unit.mode:o})\n{unit.text}")
         return
     try:
-        written = write(files, root, state_dir=settings.state_dir.resolve())
+        written = write(files, root, state_dir=settings.state_dir.resolve(), mapping=mapping_dir(options))
     except OSError as exc:
         raise ConfigError(f"cannot write below {root}: {exc.strerror or exc}",
                           hint="run as root, or pass --root DIR") from None

@@ -8,8 +8,10 @@ whose names are not integers are skipped, and an EMPTY file drops the GPU's metr
 altogether, so a GPU without a CI job gets no file (an old one is removed) rather than
 an empty one.
 
-Written after every tick, atomically (a `.N.tmp` temp file, which dcgm-exporter skips,
-renamed over `N`), and only when the content changes. A write that fails is logged
+Written after every tick, atomically (a `.N.<pid>.tmp` temp file, which dcgm-exporter
+skips, renamed over `N`: `serve` and `exporter` on one host never share a temp file),
+and only when the content changes. Files are 0644 whatever the umask (the units' is
+0077), so a dcgm-exporter that is not root reads them too. A write that fails is logged
 once and retried next tick; it never stops the controller.
 """
 
@@ -65,7 +67,10 @@ class JobMappingWriter:
                 (self.directory / str(gpu)).unlink(missing_ok=True)
                 self._written.pop(gpu, None)
             elif self._written.get(gpu) != content:
-                temp = self.directory / f".{gpu}.tmp"
-                temp.write_text(content)
+                temp = self.directory / f".{gpu}.{os.getpid()}.tmp"
+                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                with os.fdopen(fd, "w") as handle:
+                    os.fchmod(fd, 0o644)  # whatever the umask (the units' is 0077)
+                    handle.write(content)
                 os.replace(temp, self.directory / str(gpu))
                 self._written[gpu] = content
