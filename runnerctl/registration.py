@@ -28,7 +28,7 @@ from runnerctl.executors.contract import DriverArgs, custom_section
 from runnerctl.gitlab import CreatedRunner, GitLabPort, RunnerInfo, RunnerScope
 from runnerctl.layout import plan_slots, slot_tags, standby_name
 from runnerctl.model import GpuSnapshot, Slot
-from runnerctl.runner_config import RunnerConfigFile, replace_owned_entries
+from runnerctl.runner_config import RunnerConfigFile, raise_concurrent, replace_owned_entries
 from runnerctl.settings import Settings
 
 Executor = Literal["custom", "docker", "shell"]
@@ -257,10 +257,9 @@ def _write(config: RunnerConfigFile, entries: dict[str, dict[str, Any]], retired
 
 
 def _ensure_globals(doc: tomlkit.TOMLDocument, slot_count: int) -> None:
-    """gitlab-runner needs `concurrent` >= the jobs that may run at once (one per slot)."""
-    current = doc.get("concurrent")
-    if not isinstance(current, int) or current < slot_count:
-        doc["concurrent"] = slot_count
+    """gitlab-runner needs `concurrent` >= the jobs that may run at once (one per slot);
+    `uninstall` puts back what the lab had."""
+    raise_concurrent(doc, slot_count)
 
 
 def _gpus(slot: Slot) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
-from tomlkit.items import AoT, Table
+from tomlkit.items import AoT, Item, Table
 from tomlkit.toml_document import TOMLDocument
 
 from runnerctl.errors import ConfigError
@@ -138,6 +139,61 @@ def runner_id(entry: dict[str, Any], *, name: str, path: Path) -> int | None:
                           "(a positive whole number)",
                           hint="fix or remove that entry by hand, then run the command again")
     return value
+
+
+_RAISED = re.compile(r"# runnerctl init (?:raised it from (\d+)|set it, absent before,) to (\d+)(?:; (.*))?")
+"""The comment `raise_concurrent` leaves on `concurrent`: what it was before (a number, or
+absent), what init set, and the lab's own comment that ours replaced."""
+
+
+def raise_concurrent(doc: TOMLDocument, at_least: int) -> None:
+    """`concurrent` at least `at_least` (gitlab-runner runs no more jobs at once than it
+    says), with a comment saying what it was, so `restore_concurrent` can put it back;
+    a second raise keeps the first one's origin."""
+    current = doc.get("concurrent")
+    if isinstance(current, int) and current >= at_least:
+        return
+    comment = _comment(doc)
+    mark = _RAISED.fullmatch(comment)
+    if mark is not None:
+        origin, lab = mark[1], mark[3]
+    else:
+        origin = str(current) if isinstance(current, int) else None
+        lab = comment.lstrip("#").strip() or None
+    said = f"raised it from {origin}" if origin is not None else "set it, absent before,"
+    item = tomlkit.item(at_least)
+    item.comment(f"runnerctl init {said} to {at_least}" + (f"; {lab}" if lab else ""))
+    doc["concurrent"] = item
+
+
+def _comment(doc: TOMLDocument) -> str:
+    item = doc.item("concurrent") if "concurrent" in doc else None
+    return item.trivia.comment if isinstance(item, Item) else ""
+
+
+def restore_concurrent(doc: TOMLDocument) -> str | None:
+    """Undo `raise_concurrent`: `concurrent` back to what it was (removed if it was absent),
+    the lab's comment back, unless it was changed since (then only our comment goes).
+    Returns what it did, None when init never raised it."""
+    mark = _RAISED.fullmatch(_comment(doc))
+    if mark is None:
+        return None
+    origin, set_to, lab = mark[1], int(mark[2]), mark[3]
+    value = doc.get("concurrent")
+    if value != set_to:
+        kept = tomlkit.item(value)
+        if lab:
+            kept.comment(lab)
+        doc["concurrent"] = kept
+        return f"keep concurrent = {value} (changed since runnerctl init set it to {set_to})"
+    if origin is None:
+        del doc["concurrent"]
+        return f"remove concurrent = {set_to} (runnerctl init added it)"
+    back = tomlkit.item(int(origin))
+    if lab:
+        back.comment(lab)
+    doc["concurrent"] = back
+    return f"set concurrent back to {origin} (runnerctl init raised it to {set_to})"
 
 
 def _runners(doc: TOMLDocument) -> list[Table]:

@@ -7,7 +7,9 @@ What runnerctl made, and how it is recognized:
   deleted only when GitLab still lists that id under that name (an id GitLab gave to
   another runner since is left alone); one already gone counts as deleted;
 - those config.toml entries (every other entry and key is kept as it is, byte for byte)
-  and the stand-by record;
+  and the stand-by record; once the last of them is gone, the `concurrent` that init
+  raised goes back to the lab's value (its comment says what that was), unless it was
+  changed since;
 - the systemd units `runnerctl install` wrote (`runnerctl-<service>.service` whose
   `ExecStart` runs `-m runnerctl`), and its tmpfiles.d entry (`runnerctl.conf` starting
   with install's header line); a file of such a name that runnerctl did not write is
@@ -27,9 +29,11 @@ from typing import TYPE_CHECKING
 
 from runnerctl import standby
 from runnerctl.install import SERVICES, TMPFILES, TMPFILES_HEADER, UNIT_DIR
-from runnerctl.runner_config import RunnerConfigFile, replace_owned_entries
+from runnerctl.runner_config import OWNED_PREFIX, RunnerConfigFile, replace_owned_entries, restore_concurrent
 
 if TYPE_CHECKING:
+    from tomlkit.toml_document import TOMLDocument
+
     from runnerctl.gitlab import GitLabPort
 
 
@@ -39,6 +43,7 @@ class UninstallPlan:
     standby: standby.Standby | None
     units: tuple[Path, ...]  # absolute, below the root
     foreign_units: tuple[Path, ...]  # named like ours, not written by runnerctl: kept
+    concurrent: str | None = None  # what becomes of the `concurrent` init raised, if it did
 
     def describe(self, config: Path) -> list[str]:
         lines = [f"delete runner {rid} ({name}) in GitLab" if rid else f"no runner id for {name}"
@@ -46,6 +51,8 @@ class UninstallPlan:
         if self.standby is not None:
             lines.append(f"delete runner {self.standby.id} ({self.standby.name}, the stand-by) in GitLab")
         lines += [f"remove {name} from {config}" for name, _ in self.runners]
+        if self.concurrent is not None:
+            lines.append(f"{self.concurrent} in {config}")
         if self.standby is not None:
             lines.append(f"remove {standby.standby_path(config)}")
         lines += [f"remove {unit}" for unit in self.units]
@@ -69,7 +76,7 @@ def plan_uninstall(config: RunnerConfigFile, *, root: Path, gitlab_url: str | No
     tmpfiles = root / TMPFILES.relative_to("/")
     if tmpfiles.is_file():
         (units if _read(tmpfiles).startswith(TMPFILES_HEADER) else foreign).append(tmpfiles)
-    return UninstallPlan(runners, kept, tuple(units), tuple(foreign))
+    return UninstallPlan(runners, kept, tuple(units), tuple(foreign), restore_concurrent(config.read()))
 
 
 def _read(path: Path) -> str:
@@ -89,6 +96,7 @@ class UninstallResult:
     deleted: list[str] = dataclasses.field(default_factory=list)
     not_ours: list[str] = dataclasses.field(default_factory=list)
     removed: list[str] = dataclasses.field(default_factory=list)
+    changed: list[str] = dataclasses.field(default_factory=list)
 
 
 def apply_uninstall(plan: UninstallPlan, *, config: RunnerConfigFile,
@@ -108,9 +116,19 @@ def apply_uninstall(plan: UninstallPlan, *, config: RunnerConfigFile,
             standby.standby_path(config.path).unlink(missing_ok=True)
             result.removed.append(str(standby.standby_path(config.path)))
     finally:
-        if done:
-            config.edit(lambda doc: replace_owned_entries(doc, {}, retire=done))
+        said: list[str | None] = [None]
+
+        def change(doc: TOMLDocument) -> None:
+            if done:
+                replace_owned_entries(doc, {}, retire=done)
+            if not any(str(e.get("name", "")).startswith(OWNED_PREFIX) for e in doc.get("runners", [])):
+                said[0] = restore_concurrent(doc)  # the last of runnerctl's entries is gone
+
+        if done or plan.concurrent is not None:
+            config.edit(change)
             result.removed += [f"{name} (config.toml)" for name in sorted(done)]
+            if said[0] is not None:
+                result.changed.append(said[0])
     for unit in plan.units:
         unit.unlink(missing_ok=True)
         result.removed.append(str(unit))

@@ -11,7 +11,12 @@ import pytest
 import tomlkit
 
 from runnerctl.errors import ConfigError
-from runnerctl.runner_config import RunnerConfigFile, replace_owned_entries
+from runnerctl.runner_config import (
+    RunnerConfigFile,
+    raise_concurrent,
+    replace_owned_entries,
+    restore_concurrent,
+)
 
 ORIGINAL = """\
 # managed partly by hand: keep this comment
@@ -143,3 +148,33 @@ def test_missing_file_is_created(tmp_path: Path) -> None:
     assert config.owned_entries() == {}
     config.edit(lambda doc: doc.__setitem__("concurrent", 3))
     assert tomlkit.parse(config.path.read_text())["concurrent"] == 3
+
+
+@pytest.mark.parametrize(("before", "after_raise", "restored", "said"), [
+    ("concurrent = 4  # the lab's limit\ncheck_interval = 3\n",
+     "concurrent = 15 # runnerctl init raised it from 4 to 15; the lab's limit\ncheck_interval = 3\n",
+     "concurrent = 4 # the lab's limit\ncheck_interval = 3\n", "set concurrent back to 4"),
+    ("check_interval = 3\n",
+     "check_interval = 3\nconcurrent = 15 # runnerctl init set it, absent before, to 15\n",
+     "check_interval = 3\n", "remove concurrent = 15"),
+])
+def test_concurrent_raised_by_init_goes_back_to_the_labs_value(before: str, after_raise: str, restored: str,
+                                                                said: str) -> None:
+    doc = tomlkit.parse(before)
+    raise_concurrent(doc, 8)
+    raise_concurrent(doc, 15)  # init again with more slots: the first origin is kept
+    assert tomlkit.dumps(doc) == after_raise
+    doc = tomlkit.parse(after_raise)
+    raise_concurrent(doc, 10)  # enough already: untouched
+    assert tomlkit.dumps(doc) == after_raise
+    answer = restore_concurrent(doc)
+    assert answer is not None and answer.startswith(said) and tomlkit.dumps(doc) == restored
+    assert restore_concurrent(doc) is None  # nothing of init's left
+
+
+def test_concurrent_changed_since_init_is_kept_and_one_never_raised_is_left_alone() -> None:
+    doc = tomlkit.parse("concurrent = 20 # runnerctl init raised it from 4 to 15; the lab's limit\n")
+    assert restore_concurrent(doc) == "keep concurrent = 20 (changed since runnerctl init set it to 15)"
+    assert tomlkit.dumps(doc) == "concurrent = 20 # the lab's limit\n"
+    doc = tomlkit.parse("concurrent = 40  # mine\n")
+    assert restore_concurrent(doc) is None and tomlkit.dumps(doc) == "concurrent = 40  # mine\n"

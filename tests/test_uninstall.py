@@ -28,14 +28,14 @@ def sim() -> Iterator[SimGitLab]:
         yield found
 
 
-def _setup(sim: SimGitLab, tmp: Path) -> tuple[Path, Path, int]:
+def _setup(sim: SimGitLab, tmp: Path, head: str = OWN_HEAD) -> tuple[Path, Path, int]:
     server, info = sim
     scope = RunnerScope("group_type", group_id=info["group_id"])
     lab = PythonGitLab(info["url"], info["admin_token"]).create_runner(
         description="lab/cpu", tags=["cpu"], paused=False, scope=scope)
     config = tmp / "gitlab-runner" / "config.toml"
     config.parent.mkdir()
-    config.write_text(OWN_HEAD + OWN_FIRST.format(url=info["url"], id=lab.id))
+    config.write_text(head + OWN_FIRST.format(url=info["url"], id=lab.id))
     settings = tmp / "runnerctl.toml"
     settings.write_text(f'[paths]\nstate_dir = "{tmp / "state"}"\nrunner_config = "{config}"\n')
     assert main(["init", "--gitlab-url", info["url"], "--token-file", token_file(tmp, info["admin_token"]),
@@ -104,3 +104,22 @@ def test_a_runner_id_gitlab_gave_to_another_runner_is_left(sim: SimGitLab, tmp_p
                  "--root", str(tmp_path / "root"), "--config", str(settings)]) == 0
     assert sorted(r.description for r in server.state.runners.values()) == ["lab/cpu", "lab/other"]
     assert "left" in capsys.readouterr().out
+
+
+def test_the_concurrent_init_raised_goes_back_to_the_labs(sim: SimGitLab, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """init raised `concurrent` from the lab's 4 to its 15 slots; uninstall puts 4 back with
+    the lab's comment (gitlab-runner would otherwise run 15 of the lab's jobs at once)."""
+    _, info = sim
+    head = "concurrent = 4  # the lab's limit\ncheck_interval = 3\n\n"
+    config, settings, _ = _setup(sim, tmp_path, head)
+    assert "concurrent = 15 # runnerctl init raised it from 4 to 15; the lab's limit\n" in config.read_text()
+    root = str(tmp_path / "root")
+    capsys.readouterr()
+    assert main(["uninstall", "--dry-run", "--root", root, "--config", str(settings)]) == 0
+    said = capsys.readouterr().out
+    assert f"# set concurrent back to 4 (runnerctl init raised it to 15) in {config}\n" in said
+    assert main(["uninstall", "--token-file", token_file(tmp_path, info["admin_token"]), "--root", root,
+                 "--config", str(settings)]) == 0
+    assert "changed  set concurrent back to 4" in capsys.readouterr().out
+    assert config.read_text().startswith("concurrent = 4 # the lab's limit\ncheck_interval = 3\n")

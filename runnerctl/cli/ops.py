@@ -125,7 +125,8 @@ def uninstall(runner_config: Path | None, gitlab_url: str | None, token: str | N
             raise ConfigError(f"no GitLab URL in {config.path}", hint="pass --gitlab-url")
         gitlab = PythonGitLab(url, token)
     result = apply_uninstall(plan, config=config, gitlab=gitlab)
-    for label, items in (("deleted", result.deleted), ("left", result.not_ours), ("removed", result.removed)):
+    for label, items in (("deleted", result.deleted), ("left", result.not_ours), ("removed", result.removed),
+                         ("changed", result.changed)):
         for item in items:
             click.echo(f"{label:8} {item}")
     for unit in plan.foreign_units:
