@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -41,6 +42,7 @@ ENV_FILE = Path("/etc/runnerctl/serve.env")
 TMPFILES = Path("/etc/tmpfiles.d/runnerctl.conf")
 TMPFILES_HEADER = "# runnerctl install: dcgm-exporter's job mapping directory, made again at every boot\n"
 SERVICES = ("serve", "postgres", "exporter")
+DEFAULT_LISTEN = "127.0.0.1:8080"
 MAX_FILES = 65536
 """LimitNOFILE of serve and exporter: each connection is a file."""
 
@@ -52,7 +54,7 @@ class InstallOptions:
     gitlab_url: str
     python: str = sys.executable
     services: tuple[str, ...] = SERVICES
-    listen: str = "127.0.0.1:8080"
+    listen: str = DEFAULT_LISTEN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +62,50 @@ class UnitFile:
     path: Path  # absolute, as on the host
     text: str
     mode: int = 0o644
+
+
+@dataclasses.dataclass(frozen=True)
+class Installed:
+    """What an earlier `runnerctl install` left below a root: the services whose units it
+    wrote, and serve's `--gitlab` and `--listen` (None where it wrote no serve unit)."""
+    services: tuple[str, ...] = ()
+    gitlab_url: str | None = None
+    listen: str | None = None
+
+
+def unit_path(root: Path, service: str) -> Path:
+    return root / UNIT_DIR.relative_to("/") / f"runnerctl-{service}.service"
+
+
+def written_by_runnerctl(path: Path) -> bool:
+    """A unit of `install`'s: its ExecStart runs `-m runnerctl`."""
+    return _exec_start(path) is not None
+
+
+def installed(root: Path) -> Installed:
+    """What `install` wrote below `root` before, so that running it again (an upgrade)
+    keeps the services, GitLab URL and listen address chosen then."""
+    services = tuple(s for s in SERVICES if written_by_runnerctl(unit_path(root, s)))
+    words = _exec_start(unit_path(root, "serve")) or []
+    given = dict(zip(words, words[1:], strict=False))
+    return Installed(services, given.get("--gitlab"), given.get("--listen"))
+
+
+def _exec_start(path: Path) -> list[str] | None:
+    """The words of a runnerctl unit's ExecStart (systemd's `$$` and `%%` read back), None
+    for a file that is missing, unreadable or not runnerctl's."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("ExecStart=") and " -m runnerctl " in line:
+            try:
+                words = shlex.split(line.removeprefix("ExecStart="))
+            except ValueError:
+                return []
+            return [w.replace("$$", "$").replace("%%", "%") for w in words]
+    return None
 
 
 def render(options: InstallOptions) -> list[UnitFile]:

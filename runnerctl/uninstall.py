@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runnerctl import standby
-from runnerctl.install import SERVICES, TMPFILES, TMPFILES_HEADER, UNIT_DIR
+from runnerctl.install import SERVICES, TMPFILES, TMPFILES_HEADER, unit_path, written_by_runnerctl
 from runnerctl.runner_config import OWNED_PREFIX, RunnerConfigFile, replace_owned_entries, restore_concurrent
 
 if TYPE_CHECKING:
@@ -70,9 +70,9 @@ def plan_uninstall(config: RunnerConfigFile, *, root: Path, gitlab_url: str | No
     units: list[Path] = []
     foreign: list[Path] = []
     for service in SERVICES:
-        path = root / UNIT_DIR.relative_to("/") / f"runnerctl-{service}.service"
+        path = unit_path(root, service)
         if path.is_file():
-            (units if _written_by_runnerctl(path) else foreign).append(path)
+            (units if written_by_runnerctl(path) else foreign).append(path)
     tmpfiles = root / TMPFILES.relative_to("/")
     if tmpfiles.is_file():
         (units if _read(tmpfiles).startswith(TMPFILES_HEADER) else foreign).append(tmpfiles)
@@ -84,11 +84,6 @@ def _read(path: Path) -> str:
         return path.read_text(errors="replace")
     except OSError:
         return ""
-
-
-def _written_by_runnerctl(path: Path) -> bool:
-    text = _read(path)
-    return any(line.startswith("ExecStart=") and " -m runnerctl " in line for line in text.splitlines())
 
 
 @dataclasses.dataclass

@@ -14,7 +14,7 @@ import pytest
 
 from runnerctl.cli import main
 from runnerctl.errors import ConfigError, ExitCode
-from runnerctl.install import InstallOptions, render
+from runnerctl.install import Installed, InstallOptions, installed, render
 from runnerctl.settings import load_settings
 
 UNITS = ("runnerctl-serve.service", "runnerctl-postgres.service", "runnerctl-exporter.service")
@@ -83,7 +83,7 @@ def test_only_chosen_services_and_clear_errors(settings: Path, tmp_path: Path,
     assert [p.name for p in (root / "etc" / "systemd" / "system").iterdir()] == ["runnerctl-exporter.service"]
     assert not (root / "etc" / "runnerctl").exists()
     capsys.readouterr()
-    assert main(["install", "--config", str(settings), "--root", str(root)]) != 0
+    assert main(["install", "--config", str(settings), "--root", str(tmp_path / "new-root")]) != 0
     err = capsys.readouterr().err
     assert "--gitlab-url" in err and len(err.strip().splitlines()) <= 2
     blocker = tmp_path / "a-file"
@@ -195,3 +195,30 @@ def test_the_dcgm_job_mapping_directory_is_writable_made_at_boot_and_uninstalled
     only_postgres = InstallOptions(settings=load_settings(settings), settings_path=settings, gitlab_url="",
                                    services=("postgres",))
     assert [f.path.name for f in render(only_postgres)] == ["runnerctl-postgres.service"]  # writes no mapping
+
+
+def test_install_again_keeps_the_services_url_and_listen_installed_before(
+        settings: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An upgrade's `runnerctl install` with no options rewrites what was installed as it
+    was: serve's page stays on the address the admin chose (it went back to 127.0.0.1),
+    and an exporter-only host stays exporter-only (it asked for --gitlab-url)."""
+    root = tmp_path / "root"
+    url = "https://gitlab.example/a%2Fb$x"  # systemd's %% and $$ read back
+    assert main(["install", "--config", str(settings), "--gitlab-url", url, "--listen", "0.0.0.0:9000",
+                 "--root", str(root)]) == 0
+    units = root / "etc" / "systemd" / "system"
+    first = {p.name: p.read_text() for p in units.iterdir()}
+    capsys.readouterr()
+    assert main(["install", "--config", str(settings), "--root", str(root)]) == 0
+    assert {p.name: p.read_text() for p in units.iterdir()} == first
+    assert f"kept from the installed serve unit: --gitlab-url {url}, --listen 0.0.0.0:9000" \
+        in capsys.readouterr().err
+    args = ["install", "--config", str(settings), "--root"]
+    assert main([*args, str(root), "--listen", "127.0.0.1:8081"]) == 0
+    assert installed(root) == Installed(("serve", "postgres", "exporter"), url, "127.0.0.1:8081")
+    assert '"https://gitlab.example/a%%2Fb$$x"' in (units / "runnerctl-serve.service").read_text()
+    exporter_only = tmp_path / "exporter-host"
+    assert main([*args, str(exporter_only), "--service", "exporter"]) == 0
+    assert main([*args, str(exporter_only)]) == 0
+    assert [p.name for p in (exporter_only / "etc" / "systemd" / "system").iterdir()] == \
+        ["runnerctl-exporter.service"]

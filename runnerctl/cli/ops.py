@@ -18,31 +18,53 @@ from runnerctl.cli.host import (
 from runnerctl.cli.params import config_option
 from runnerctl.errors import ConfigError
 from runnerctl.gitlab import PythonGitLab
-from runnerctl.install import ENV_FILE, SERVICES, InstallOptions, mapping_dir, render, write
+from runnerctl.install import (
+    DEFAULT_LISTEN,
+    ENV_FILE,
+    SERVICES,
+    InstallOptions,
+    installed,
+    mapping_dir,
+    render,
+    write,
+)
 from runnerctl.uninstall import apply_uninstall, plan_uninstall
 
 
 @click.command()
-@click.option("--gitlab-url", help="GitLab base URL for `serve` (needed when serve is installed).")
-@click.option("--listen", default="127.0.0.1:8080", show_default=True,
-              help="HOST:PORT of serve's web page and /metrics.")
+@click.option("--gitlab-url", help="GitLab base URL for `serve` (needed when serve is installed) "
+              "[default: the installed serve unit's].")
+@click.option("--listen", help="HOST:PORT of serve's web page and /metrics [default: the installed "
+              "serve unit's, else 127.0.0.1:8080].")
 @click.option("--service", "services", type=click.Choice(SERVICES), multiple=True,
-              help="Install only these (repeat the option) [default: all three].")
+              help="Install only these (repeat the option) [default: the ones installed before, "
+                   "else all three].")
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=Path("/"),
               show_default=True, help="Write below this directory instead of / (packaging, tests).")
 @click.option("--dry-run", is_flag=True, help="Print the files instead of writing them.")
 @config_option
-def install(gitlab_url: str | None, listen: str, services: tuple[str, ...], root: Path, dry_run: bool,
+def install(gitlab_url: str | None, listen: str | None, services: tuple[str, ...], root: Path, dry_run: bool,
             config_path: Path | None) -> None:
     """Install systemd units for `runnerctl serve`, `postgres` and `exporter`.
 
     Units restart their service after a crash and start at boot once enabled. The GitLab
     token goes into /etc/runnerctl/serve.env (0600, kept when it exists), never onto a
     command line. Then: `systemctl daemon-reload && systemctl enable --now runnerctl-serve`.
+    Run again after an upgrade, it rewrites the services installed before with the
+    GitLab URL and listen address they had, unless given.
     """
     from runnerctl.controller.serve import parse_listen
 
-    chosen = tuple(s for s in SERVICES if s in services) if services else SERVICES
+    before = installed(root)
+    chosen = tuple(s for s in SERVICES if s in services) if services else (before.services or SERVICES)
+    kept = []
+    if "serve" in chosen and gitlab_url is None and before.gitlab_url:
+        gitlab_url = before.gitlab_url
+        kept.append(f"--gitlab-url {gitlab_url}")
+    if "serve" in chosen and listen is None and before.listen:
+        listen = before.listen
+        kept.append(f"--listen {listen}")
+    listen = listen or DEFAULT_LISTEN
     if "serve" in chosen and not gitlab_url:
         raise ConfigError("--gitlab-url is needed to install runnerctl-serve",
                           hint="give the GitLab base URL, or --service postgres --service exporter")
@@ -55,6 +77,8 @@ def install(gitlab_url: str | None, listen: str, services: tuple[str, ...], root
     options = InstallOptions(settings=settings, settings_path=settings_path.resolve(),
                              gitlab_url=(gitlab_url or "").rstrip("/"), services=chosen, listen=listen)
     files = render(options)
+    if kept:
+        click.echo(f"kept from the installed serve unit: {', '.join(kept)}", err=True)
     if dry_run:
         for unit in files:
             click.echo(f"# {unit.path} (mode {unit.mode:o})\n{unit.text}")
