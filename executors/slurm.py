@@ -8,7 +8,9 @@ are dropped with a note in the job log. Slurm sets CUDA_VISIBLE_DEVICES for the
 allocation; the wrapper records it in the lease and keeps it readonly.
 
 sbatch refuses at once a request no node can meet ("Requested node configuration is not
-available"). The outcome comes from `scontrol show job` (JobState, ExitCode=RC:SIG;
+available"), and a SCHEDULER_PARAMETERS the controller rejects (an unknown partition or
+feature, a bad `--time`): a build failure with sbatch's words, since the job's own
+variables asked for it; only a controller that does not answer is a system failure. The outcome comes from `scontrol show job` (JobState, ExitCode=RC:SIG;
 kept MinJobAge seconds after the end): COMPLETED/FAILED/TIMEOUT/OUT_OF_MEMORY carry
 the script's code (a build failure); CANCELLED when runnerctl did not cancel it (an
 administrator's scancel), NODE_FAIL, BOOT_FAIL, PREEMPTED and DEADLINE are the
@@ -46,8 +48,16 @@ _VALUED = dict.fromkeys(_ONE_VALUE, 1)
 memory and CPUs. Not the GPUs, nodes or arrays (`--gres`, `--gpus*`, `--tres*`, `-N`,
 `--array`), another cluster (`-M`), the output, name or directory, `--wrap`."""
 _FLAGS = ("--exclusive", "--requeue", "--no-requeue")
-_NEVER = {"BadConstraints", "PartitionConfig", "PartitionNodeLimit"}
-"""squeue reasons (%r) for a pending job that can never start as asked."""
+_NEVER = {"BadConstraints", "PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit",
+          "QOSMaxWallDurationPerJobLimit", "AssocMaxWallDurationPerJobLimit"}
+"""squeue reasons (%r) for a pending job that can never start as asked: among them a
+`--time` (the driver's default is the GitLab timeout) over the partition's MaxTime, its
+QOS's or its association's: sbatch(1), "the job will be left in a PENDING state
+(possibly indefinitely)" unless EnforcePartLimits refuses it at submit."""
+_UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "temporarily unavailable",
+                "temporarily unable", "Zero Bytes were transmitted", "Communication connection failure")
+"""sbatch errors that say the controller did not answer (a system failure); any other
+refusal is the controller's answer to the job's own request (a build failure)."""
 
 
 def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
@@ -83,9 +93,9 @@ class Slurm:
         result = run_command(command, env=request.env)
         if result.returncode != 0:
             message = result.stderr.strip()
-            if "node configuration is not available" in message or "Invalid generic resource" in message:
-                raise Refused(f"{message} (sbatch {' '.join(command[2:-1])})")
-            raise SystemFailure(f"sbatch refused the job: {message}")
+            if any(words in message for words in _UNREACHABLE):
+                raise SystemFailure(f"sbatch could not submit the job: {message}")
+            raise Refused(f"{message} (sbatch {' '.join(command[2:-1])})")
         return result.stdout.strip().split(";")[0]
 
     def active(self, job_id: str) -> bool:

@@ -164,3 +164,43 @@ def _squeue_name(name: str) -> list[str]:
     return subprocess.run(["squeue", "-h", "-n", name, "-o", "%T"], capture_output=True, text=True,
                           check=False).stdout.split()
 
+
+
+def test_a_request_the_controller_rejects_is_the_jobs_build_failure(host: Path) -> None:
+    """An unknown partition or a malformed --time in SCHEDULER_PARAMETERS is the job's own
+    mistake: a build failure with sbatch's words, not a runner system failure (which GitLab
+    blames on the runner and may retry)."""
+    harness = _harness(host, (0,))
+    for job_id, parameters, said in ((806, "--partition=no-such-partition", "Invalid partition name"),
+                                     (807, "--time=abc", "Invalid --time specification")):
+        results = harness.run_job(FakeJob(id=job_id, variables={"SCHEDULER_PARAMETERS": parameters}),
+                                  "echo should-not-run")
+        build = results["build_script"]
+        assert build.code == BUILD_FAILURE and said in build.output, build.output
+        assert "should-not-run" not in build.output and "Traceback" not in build.output
+
+
+def test_a_time_over_the_partitions_limit_fails_at_once_instead_of_pending(host: Path) -> None:
+    """sbatch(1): a --time over the partition's MaxTime leaves the job PENDING (reason
+    PartitionTimeLimit), possibly for ever; the driver's --time is GitLab's timeout, often
+    hours. The stage fails at once with the reason instead of waiting for GitLab's timeout."""
+    node = subprocess.run(["sinfo", "-h", "-p", "gpu", "-o", "%N"], capture_output=True, text=True,
+                          check=True, timeout=30).stdout.strip()
+    subprocess.run(["scontrol", "create", "PartitionName=rc-short", f"Nodes={node}", "MaxTime=1",
+                    "State=UP"], capture_output=True, text=True, check=True, timeout=30)
+    try:
+        harness = _harness(host, (0,))
+        job = FakeJob(id=808, variables={"CI_JOB_TIMEOUT": "7200",
+                                         "SCHEDULER_PARAMETERS": "--partition=rc-short"})
+        started = time.monotonic()
+        results = harness.run_job(job, "echo should-not-run", timeout=120)
+        build = results["build_script"]
+        # PartitionConfig for a moment after submitting, PartitionTimeLimit from the first
+        # scheduling pass on: either is final
+        assert build.code == BUILD_FAILURE and re.search(
+            r"can never run: pending for reason Partition(Config|TimeLimit)", build.output), build.output
+        assert time.monotonic() - started < 100 and "should-not-run" not in build.output
+        assert _slurm_jobs(host, 808) == []  # cancelled, not left pending
+    finally:
+        subprocess.run(["scontrol", "delete", "PartitionName=rc-short"], capture_output=True, timeout=30,
+                       check=False)
