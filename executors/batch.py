@@ -91,6 +91,7 @@ class Scheduler(Protocol):
     name: str  # driver name: slurm, sge, pbs, pjm
     title: str  # for messages: "Slurm", "Grid Engine"
     node_launch: NodeLaunch  # node names and the per-node launcher (executors/rendezvous.py)
+    reserved_exits: tuple[int, ...]  # script exit codes the scheduler acts on (sge: 99, 100)
 
     def check(self) -> None:
         """Raise SystemFailure when the batch system cannot be reached."""
@@ -151,7 +152,8 @@ class BatchDriver:
                 setup = self.scheduler.gpu_exports(request) + setup_bash(
                     self.scheduler.node_launch, nodefile=paths.nodes, each_node=paths.each_node)
                 paths.wrapper.write_text(wrapper_script(paths, setup, image=ctx.job.image,
-                                                        bind=request.workdir))
+                                                        bind=request.workdir,
+                                                        reserved=self.scheduler.reserved_exits))
                 job_id = self.scheduler.submit(request)
             except (BadNodes, BadParameters) as exc:  # the job's own variables: a build failure
                 print(f"runnerctl: {exc}", flush=True)
@@ -184,6 +186,10 @@ class BatchDriver:
         outcome = self.scheduler.outcome(job_id)
         if outcome.failure is not None:
             raise SystemFailure(f"{self.scheduler.title} job {job_id} {outcome.failure}")
+        if outcome.code == 1 and self.scheduler.reserved_exits:
+            own = _rc_written(paths.rc)  # the wrapper ended with 1 for a code the scheduler acts on
+            if own in self.scheduler.reserved_exits:
+                return own
         return 1 if outcome.code is None else outcome.code
 
     def reap(self, lease: Lease, settings: Settings) -> None:
@@ -257,15 +263,18 @@ class _Paths:
     each_node = property(lambda self: self._p(".each-node"))
 
 
-def wrapper_script(paths: _Paths, setup: str, *, image: str | None, bind: Path) -> str:
-    """The batch script: output to the shared file, GPU set recorded, the stage run."""
+def wrapper_script(paths: _Paths, setup: str, *, image: str | None, bind: Path,
+                   reserved: Sequence[int] = ()) -> str:
+    """The batch script: output to the shared file, GPU set recorded, the stage run, its
+    code recorded; it exits 1 for a code in `reserved` (one the scheduler would act on)."""
     q = shlex.quote
+    mask = f"case $rc in {'|'.join(map(str, reserved))}) exit 1 ;; esac\n" if reserved else ""
     return ("#!/bin/bash\n"
             f"exec >>{q(str(paths.output))} 2>&1\n"
             f"{setup}"
             f"echo \"${{CUDA_VISIBLE_DEVICES-}}\" > {q(str(paths.gpus))}\n"
             + run_line(image=image, script=paths.copy, bind=bind, guard=GUARD)
-            + f"echo $rc > {q(str(paths.rc))}\nexit $rc\n")
+            + f"echo $rc > {q(str(paths.rc))}\n{mask}exit $rc\n")
 
 
 def label(lease: Lease) -> str:
@@ -418,6 +427,16 @@ def _stream(path: Path, offset: int) -> int:
             offset += len(data)
     sys.stdout.flush()
     return offset
+
+
+def _rc_written(path: Path) -> int | None:
+    """The script's exit code as the wrapper wrote it on the node, None if it did not."""
+    handle = _open_plain(path)
+    if handle is None:
+        return None
+    with handle:
+        text = handle.read(32).decode(errors="replace").strip()
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def _gpus_written(path: Path) -> str | None:

@@ -56,6 +56,7 @@ def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
 class Pbs:
     name = "pbs"
     title = "PBS"
+    reserved_exits: tuple[int, ...] = ()
     node_launch = mpirun_launch(names='awk \'!seen[$0]++\' "$PBS_NODEFILE"', job_id="PBS_JOBID")
 
     def check(self) -> None:

@@ -49,6 +49,7 @@ def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
 class Pjm:
     name = "pjm"
     title = "PJM"
+    reserved_exits: tuple[int, ...] = ()
     node_launch = mpirun_launch(names='awk \'!seen[$0]++\' "$PJM_O_NODEINF"', job_id="PJM_JOBID")
 
     def check(self) -> None:

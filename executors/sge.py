@@ -11,8 +11,12 @@ Grid Engine (Son of Grid Engine / Debian's gridengine 8.1.9, `qsub(1)`, `qacct(1
 - while a job is pending or running `qstat -j <id>` answers 0; after, it does not;
 - the truth about an ended job is `qacct -j <id>` (the accounting file, written moments
   after the end): `failed 0` and `exit_status` is the script's code; a job deleted with
-  qdel shows `failed 100 : assumedly after job` (exit_status 137). `qsub -sync y` is not
-  used: it returns 0 for a deleted job;
+  qdel shows `failed 100 : assumedly after job` (exit_status 137), one past its h_rt or
+  h_vmem `failed 37` (a build failure). `qsub -sync y` is not used: it returns 0 for a
+  deleted job;
+- a script's exit 99 or 100 means requeue or error state to Grid Engine: the wrapper
+  exits 1 then, and the stage returns the script's own code from its `.rc` file; a job
+  in error state for any other reason fails the stage at once (`never_runs`);
 - `qdel <id>` cancels; `qdel <name>` deletes this user's jobs of that name (reaping).
 SCHEDULER_PARAMETERS: `-pe`, `-q`, `-l h_rt=...` and the like pass; `-l gpu=...`, output,
 name, working-dir and submission-mode options are dropped with a note.
@@ -40,6 +44,20 @@ parallel environment (`-pe mpi 4`), priority, mail. Not arrays (`-t`), an option
 (`-@`), the output, name, shell or directory, `-sync`, `-now`."""
 
 
+_UNREACHABLE = ("unable to contact qmaster", "commlib error", "failed receiving gdi request",
+                "unable to send message to qmaster")
+"""qsub errors that say the qmaster did not answer (a system failure); any other refusal
+is its answer to the job's own request (a build failure)."""
+_OVER_LIMIT = {"37"}
+"""qacct `failed` codes of a job that ran past its own limits (accounting(5): 37, "qmaster
+enforced h_rt, h_cpu, or h_vmem limit"): the job's doing, a build failure, as Slurm's
+TIMEOUT and OUT_OF_MEMORY are."""
+RESERVED_EXITS = (99, 100)
+"""Exit codes of a job script that Grid Engine acts on (queue_conf(5): 99 requeues the job,
+100 puts it in error state, where it waits for an administrator): the wrapper ends with
+1 instead and the stage reads the script's own code from its `.rc` file."""
+
+
 def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
     """(options passed on, options dropped) from the job's SCHEDULER_PARAMETERS."""
     return allowed_options(text, valued=_VALUED, resource_option="-l", refused_resources=("gpu",))
@@ -48,6 +66,7 @@ def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
 class GridEngine:
     name = "sge"
     title = "Grid Engine"
+    reserved_exits: tuple[int, ...] = RESERVED_EXITS
     node_launch = mpirun_launch(names='if [ -n "${PE_HOSTFILE-}" ]; then awk \'{print $1}\' "$PE_HOSTFILE"; '
                                       "else hostname; fi", job_id="JOB_ID")
 
@@ -75,10 +94,12 @@ class GridEngine:
         result = run_command(command, env=request.env)
         if result.returncode != 0:
             message = " ".join(result.stdout.split() + result.stderr.split())
+            if any(words in message for words in _UNREACHABLE):
+                raise SystemFailure(f"qsub could not submit the job: {message}")
             if "no suitable queues" in message:
                 raise Refused(f"{message} (no queue offers -l gpu={request.gpus} "
                               f"{' '.join(request.options)})".replace(" )", ")"))
-            raise SystemFailure(f"qsub refused the job: {message}")
+            raise Refused(message)  # the qmaster's answer to the job's own request
         return result.stdout.strip().split(".")[0]
 
     def active(self, job_id: str) -> bool:
@@ -88,7 +109,13 @@ class GridEngine:
         return "do not exist" not in result.stdout + result.stderr  # unknown counts as active
 
     def never_runs(self, job_id: str) -> str | None:
-        return None  # qsub -w e refused it already
+        """A job in error state (Eqw) waits for an administrator's `qmod -cj`, for ever
+        as far as the CI job goes; what qsub -w e can refuse it refused already."""
+        result = run_command(["qstat", "-j", job_id])
+        for line in result.stdout.splitlines():
+            if line.startswith("error reason"):
+                return f"it is in error state ({' '.join(line.partition(':')[2].split())})"
+        return None
 
     def outcome(self, job_id: str) -> Outcome:
         record = wait_for_record(lambda: _qacct(job_id))
@@ -97,6 +124,10 @@ class GridEngine:
         failed = record.get("failed", "0")
         status = record.get("exit_status", "1").split()[0]
         code = int(status) if status.isdigit() else 1
+        if failed.split()[0] in _OVER_LIMIT:
+            print(f"runnerctl: Grid Engine job {job_id} ran past its limit: qacct failed {failed}",
+                  flush=True)
+            return Outcome(code=code or 1)
         if failed.split()[0] != "0":
             return Outcome(None, f"was deleted or killed by Grid Engine (qdel by an administrator?): "
                                  f"qacct failed {failed}, exit_status {code}")

@@ -10,8 +10,10 @@ allocation; the wrapper records it in the lease and keeps it readonly.
 sbatch refuses at once a request no node can meet ("Requested node configuration is not
 available"), and a SCHEDULER_PARAMETERS the controller rejects (an unknown partition or
 feature, a bad `--time`): a build failure with sbatch's words, since the job's own
-variables asked for it; only a controller that does not answer is a system failure. The outcome comes from `scontrol show job` (JobState, ExitCode=RC:SIG;
-kept MinJobAge seconds after the end): COMPLETED/FAILED/TIMEOUT/OUT_OF_MEMORY carry
+variables asked for it; only a controller that does not answer is a system failure.
+
+The outcome comes from `scontrol show job` (JobState, ExitCode=RC:SIG; kept MinJobAge
+seconds after the end): COMPLETED/FAILED/TIMEOUT/OUT_OF_MEMORY carry
 the script's code (a build failure); CANCELLED when runnerctl did not cancel it (an
 administrator's scancel), NODE_FAIL, BOOT_FAIL, PREEMPTED and DEADLINE are the
 cluster's doing (a system failure naming the job).
@@ -68,6 +70,7 @@ def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
 class Slurm:
     name = "slurm"
     title = "Slurm"
+    reserved_exits: tuple[int, ...] = ()
     node_launch = NodeLaunch(
         names='scontrol show hostnames "$SLURM_JOB_NODELIST"',
         address='scontrol show node "$1" | grep -o "NodeAddr=[^ ]*" | cut -d= -f2',

@@ -7,8 +7,9 @@
 #    `localhost`; the alias file makes both names one host;
 #  - min_uid/min_gid 0 in the global config, so root (gitlab-runner's user in CI) may run jobs;
 #  - load_thresholds NONE on all.q, so a busy 2-core box never puts the queue in alarm;
-#  - a `gpu` INT consumable (requestable, consumable, default 0) with gpu=8 on this host:
-#    `qsub -l gpu=N` is counted and refused when no host has N; Grid Engine hands out no
+#  - a `gpu` INT consumable per job (requestable, consumable JOB, default 0) with gpu=8 on
+#    this host: `qsub -l gpu=N` is counted once per job (a per-slot YES would count it once
+#    per slot of `-pe smp K`) and refused when no host has N; Grid Engine hands out no
 #    device ids (the sge driver picks them);
 #  - the scheduler runs every second (default 15 s), all.q has 16 slots on this host; `qsub -w e` refuses impossible requests at once.
 # Daemons run as sgeadmin (started as root: /usr/sbin/sge_qmaster, /usr/sbin/sge_execd),
@@ -49,8 +50,8 @@ if ! qconf -sconf global | grep -Eq '^min_uid +0$'; then
     qconf -sconf global | sed -E 's/^(min_uid|min_gid) .*/\1 0/' > "$tmp/global"
     qconf -Mconf "$tmp/global" >/dev/null
 fi
-if ! qconf -sc | grep -q '^gpu '; then
-    { qconf -sc | grep -v '^#'; echo "gpu gpu INT <= YES YES 0 0"; } > "$tmp/complex"
+if ! qconf -sc | grep -Eq '^gpu +gpu +INT +<= +YES +JOB '; then  # absent, or per slot (YES) before
+    { qconf -sc | grep -v '^#' | grep -v '^gpu '; echo "gpu gpu INT <= YES JOB 0 0"; } > "$tmp/complex"
     qconf -Mc "$tmp/complex" >/dev/null
 fi
 if ! qconf -se "$node" >/dev/null 2>&1; then
