@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
+import pwd
 import shlex
 import stat
 import subprocess
@@ -46,7 +47,7 @@ from runnerctl.executors.contract import USER_SCRIPT_STAGES
 from runnerctl.executors.driver import StageContext, SystemFailure
 from runnerctl.executors.lease import Lease, LeaseTable
 from runnerctl.executors.rendezvous import BadNodes, NodeLaunch, nodes_requested, setup_bash
-from runnerctl.executors.shell import GUARD, ShellDriver
+from runnerctl.executors.shell import GUARD, ShellDriver, job_user
 from runnerctl.executors.stop import on_stop
 from runnerctl.settings import Settings
 
@@ -77,6 +78,8 @@ class Request:
     options: list[str]  # the job's SCHEDULER_PARAMETERS, filtered
     env: dict[str, str]
     gpu_ids: tuple[int, ...]  # the slot's GPUs, for schedulers that hand out no ids
+    runas: dict[str, Any] = dataclasses.field(default_factory=dict)  # as_user's: submit as the job user
+    # (every submit also runs in `workdir`: gitlab-runner's own directory may be root's alone)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,8 +120,8 @@ class Scheduler(Protocol):
     def cancel_command(self, job_id: str) -> list[str]:
         """The command that cancels the job (run without waiting: from a signal handler)."""
 
-    def reap(self, label: str, job_id: str | None) -> None:
-        """Cancel this job and every job of this user named `label`."""
+    def reap(self, label: str, job_id: str | None, user: pwd.struct_passwd) -> None:
+        """Cancel this job and every job of `user` named `label`, as `user` (`as_user`)."""
 
 
 class BatchDriver:
@@ -142,18 +145,20 @@ class BatchDriver:
         lease = ctx.lease
         if lease is None:
             raise SystemFailure(f"job {ctx.job.id} holds no lease")
-        paths = _Paths(Path(ctx.settings.builds_dir).resolve() / ".runnerctl", f"{ctx.job.id}-{stage}")
-        paths.copy.write_bytes(script.read_bytes())  # gitlab-runner's TMPDIR is not on the node
-        paths.copy.chmod(0o600)
+        user = job_user(ctx.settings)  # the batch job runs as the user who submits it
+        owner = user if user.pw_uid != os.geteuid() else None
+        paths = _Paths(Path(ctx.settings.builds_dir).resolve() / ".runnerctl", f"{ctx.job.id}-{stage}", owner)
+        paths.write(paths.copy, script.read_bytes())  # gitlab-runner's TMPDIR is not on the node
+        runas = as_user(user)
         cancelled = False
         with on_stop() as stop:  # a SIGTERM from here on is latched, never lost
             try:
-                request = self._request(ctx, lease, paths)
+                request = self._request(ctx, lease, paths, user)
                 setup = self.scheduler.gpu_exports(request) + setup_bash(
                     self.scheduler.node_launch, nodefile=paths.nodes, each_node=paths.each_node)
-                paths.wrapper.write_text(wrapper_script(paths, setup, image=ctx.job.image,
-                                                        bind=request.workdir,
-                                                        reserved=self.scheduler.reserved_exits))
+                wrapper = wrapper_script(paths, setup, image=ctx.job.image, bind=request.workdir,
+                                         reserved=self.scheduler.reserved_exits)
+                paths.write(paths.wrapper, wrapper.encode())
                 job_id = self.scheduler.submit(request)
             except (BadNodes, BadParameters) as exc:  # the job's own variables: a build failure
                 print(f"runnerctl: {exc}", flush=True)
@@ -166,7 +171,7 @@ class BatchDriver:
                 nonlocal cancelled
                 cancelled = True
                 subprocess.Popen(self.scheduler.cancel_command(job_id), stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
+                                 stderr=subprocess.DEVNULL, **runas)
 
             stop.arm(cancel)  # before the slow write below
             table = LeaseTable(ctx.settings.state_dir)
@@ -176,7 +181,7 @@ class BatchDriver:
             verdict = self._follow(job_id, paths, lambda gpus: table.update(lease.token, batch_gpus=gpus))
         if verdict is not None:
             subprocess.run(self.scheduler.cancel_command(job_id), capture_output=True, check=False,
-                           timeout=COMMAND_TIMEOUT_S)
+                           timeout=COMMAND_TIMEOUT_S, **runas)
             print(f"runnerctl: {self.scheduler.title} job {job_id} can never run: {verdict}",
                   flush=True)
             return 1
@@ -195,11 +200,15 @@ class BatchDriver:
     def reap(self, lease: Lease, settings: Settings) -> None:
         try:
             job = (lease.batch_job or "").partition(":")[2] or lease.slurm_job
-            self.scheduler.reap(label(lease), job)
+            try:  # the user prepare recorded (the batch jobs are theirs)
+                user = pwd.getpwuid(lease.uid)
+            except (KeyError, OverflowError):  # a lease that could not be read (uid -1)
+                user = pwd.getpwuid(os.geteuid())
+            self.scheduler.reap(label(lease), job, user)
         finally:
             self._host.reap(lease, settings)
 
-    def _request(self, ctx: StageContext, lease: Lease, paths: _Paths) -> Request:
+    def _request(self, ctx: StageContext, lease: Lease, paths: _Paths, user: pwd.struct_passwd) -> Request:
         kept, dropped = self.scheduler.filter(ctx.env.get("CUSTOM_ENV_SCHEDULER_PARAMETERS", ""))
         if dropped:
             print(f"runnerctl: ignoring SCHEDULER_PARAMETERS {' '.join(dropped)}: the runner sets GPUs, "
@@ -208,11 +217,14 @@ class BatchDriver:
         env = {**ctx.env, **ctx.gpu_env(ctx.gpu_uuids())}
         env.pop("CUDA_VISIBLE_DEVICES")  # the scheduler's (or gpu_exports') choice, on its node
         env.pop("NVIDIA_VISIBLE_DEVICES")
-        return Request(label=label(lease), wrapper=paths.wrapper, log=paths.log,
-                       workdir=Path(ctx.settings.builds_dir).resolve(), gpus=len(ctx.args.gpus),
-                       nodes=nodes_requested(ctx.env), time_limit_s=time_limit(ctx.env), options=kept,
-                       env=env,
-                       gpu_ids=ctx.args.gpus)
+        workdir = Path(ctx.settings.builds_dir).resolve()
+        runas = as_user(user)
+        if runas:  # the job's environment, as the shell driver gives it
+            env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
+        return Request(label=label(lease), wrapper=paths.wrapper, log=paths.log, workdir=workdir,
+                       gpus=len(ctx.args.gpus), nodes=nodes_requested(ctx.env),
+                       time_limit_s=time_limit(ctx.env), options=kept, env=env, gpu_ids=ctx.args.gpus,
+                       runas=runas)
 
     def _follow(self, job_id: str, paths: _Paths, record_gpus: Any) -> str | None:
         """Stream the output until the job ends; the scheduler's reason if it can never run."""
@@ -241,14 +253,32 @@ class BatchDriver:
 class _Paths:
     work: Path
     base: str
+    owner: pwd.struct_passwd | None = None  # the job user, when not the driver's own
 
     def __post_init__(self) -> None:
         """The directory is the submitting user's alone (the batch job runs as that user):
         the scripts export the job's CI_JOB_TOKEN and variables, the output is unmasked."""
         self.work.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not stat.S_ISDIR(os.lstat(self.work).st_mode):
+            raise SystemFailure(f"{self.work} is not a directory")
+        if self.owner is not None:
+            os.chown(self.work, self.owner.pw_uid, self.owner.pw_gid, follow_symlinks=False)
         self.work.chmod(0o700)
         for stale in (self.rc, self.output, self.log, self.gpus):
             stale.unlink(missing_ok=True)
+
+    def write(self, path: Path, data: bytes) -> None:
+        """A new 0600 file of the owner's. The directory is the job user's: what was at
+        `path` goes first and a link planted there is never followed (O_EXCL|O_NOFOLLOW)."""
+        path.unlink(missing_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            raise SystemFailure(f"{path.name} was made again as the driver wrote it") from None
+        with os.fdopen(fd, "wb") as handle:
+            if self.owner is not None:
+                os.fchown(fd, self.owner.pw_uid, self.owner.pw_gid)
+            handle.write(data)
 
     def _p(self, suffix: str) -> Path:
         return self.work / f"{self.base}{suffix}"
@@ -275,6 +305,16 @@ def wrapper_script(paths: _Paths, setup: str, *, image: str | None, bind: Path,
             f"echo \"${{CUDA_VISIBLE_DEVICES-}}\" > {q(str(paths.gpus))}\n"
             + run_line(image=image, script=paths.copy, bind=bind, guard=GUARD)
             + f"echo $rc > {q(str(paths.rc))}\n{mask}exit $rc\n")
+
+
+def as_user(user: pwd.struct_passwd) -> dict[str, Any]:
+    """subprocess arguments that run a scheduler command as `user` ([executor] run_as_user),
+    so the batch job is theirs: with gitlab-runner as root it ran as root on the cluster.
+    Empty when `user` is the driver's own."""
+    if user.pw_uid == os.geteuid():
+        return {}
+    return {"user": user.pw_uid, "group": user.pw_gid,
+            "extra_groups": os.getgrouplist(user.pw_name, user.pw_gid)}
 
 
 def label(lease: Lease) -> str:

@@ -8,7 +8,12 @@ On the batch contract of executors/batch.py, with OpenPBS's documented behaviour
 - PBS accepts a request no vnode can meet and leaves it queued with the comment "Can
   Never Run: ..." (src/scheduler/constant.h): the driver reads the comment while the job
   waits, deletes the job and fails the stage at once with the scheduler's words;
-- state and outcome from `qstat -x -f -F json <id>`: `job_state` F is finished;
+- state and outcome from `qstat -x -f <id>` (text: `    name = value`, a long value
+  going on in lines that start with a tab): `job_state` F is finished. Not `-F json`:
+  OpenPBS up to 23.06 prints any value that strtod() reads whole as a bare number
+  (src/lib/Libcmds/pbs_json.c, add_json_node; openpbs/openpbs issues 1255 and 2541),
+  and `qsub -V` puts every CI variable into `Variable_List`, so `LR: ".001"` made the
+  JSON invalid and the stage poll it until GitLab's timeout;
   `Exit_status` is the script's code (a build failure); above 256 a signal (256 + N)
   ended it, i.e. qdel by someone else: a system failure naming the job; negative is
   PBS's own failure (src/include/job.h JOB_EXEC_*), except -29, the walltime (a build
@@ -23,16 +28,15 @@ SCHEDULER_PARAMETERS: `-q`, `-A`, `-l walltime=`, `-l place=` and the like pass;
 
 from __future__ import annotations
 
-import json
-import os
 import pwd
-from typing import Any
 
 from runnerctl.executors.batch import (
     BatchDriver,
     Outcome,
+    Refused,
     Request,
     allowed_options,
+    as_user,
     hms,
     run_command,
     wait_for_record,
@@ -51,6 +55,12 @@ _WALLTIME = -29  # JOB_EXEC_KILL_WALLTIME (src/include/job.h)
 def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
     """(options passed on, options dropped) from the job's SCHEDULER_PARAMETERS."""
     return allowed_options(text, valued=_VALUED, resource_option="-l", refused_resources=_GPU_RESOURCES)
+
+
+_UNREACHABLE = ("cannot connect to server", "Connection refused", "Communication failure", "pbs_iff",
+                "Connection timed out")
+"""qsub errors that say the server did not answer (a system failure); any other refusal
+(an unknown queue or resource, a bad value) is its answer to the job's own request."""
 
 
 class Pbs:
@@ -75,9 +85,12 @@ class Pbs:
         command = ["qsub", "-V", "-N", request.label, "-j", "oe", "-o", str(request.log),
                    "-l", f"select={request.nodes}:ngpus={request.gpus}", *limit, *request.options,
                    str(request.wrapper)]
-        result = run_command(command, env=request.env, cwd=request.workdir)
+        result = run_command(command, env=request.env, cwd=request.workdir, **request.runas)
         if result.returncode != 0:
-            raise SystemFailure(f"qsub refused the job: {result.stderr.strip() or result.stdout.strip()}")
+            message = result.stderr.strip() or result.stdout.strip()
+            if any(words in message for words in _UNREACHABLE):
+                raise SystemFailure(f"qsub could not submit the job: {message}")
+            raise Refused(message)  # the server's answer to the job's own request
         return result.stdout.strip()
 
     def active(self, job_id: str) -> bool:
@@ -92,10 +105,10 @@ class Pbs:
     def outcome(self, job_id: str) -> Outcome:
         job = wait_for_record(lambda: _finished(job_id))
         if job is None:
-            raise SystemFailure(f"PBS has no record of job {job_id} (qstat -x -f -F json)")
+            raise SystemFailure(f"PBS has no record of job {job_id} (qstat -x -f)")
         if "Exit_status" not in job:
             return Outcome(None, "was deleted before it ran (qdel by an administrator?)")
-        status = int(job["Exit_status"])
+        status = int(job["Exit_status"]) if job["Exit_status"].lstrip("-").isdigit() else -1
         if status == _WALLTIME:
             print(f"runnerctl: PBS job {job_id} ran past its walltime", flush=True)
             return Outcome(1)
@@ -108,25 +121,36 @@ class Pbs:
     def cancel_command(self, job_id: str) -> list[str]:
         return ["qdel", job_id]
 
-    def reap(self, label: str, job_id: str | None) -> None:
-        user = pwd.getpwuid(os.getuid()).pw_name
-        found = run_command(["qselect", "-N", label, "-u", user]).stdout.split()
+    def reap(self, label: str, job_id: str | None, user: pwd.struct_passwd) -> None:
+        found = run_command(["qselect", "-N", label, "-u", user.pw_name], **as_user(user)).stdout.split()
         for job in {*found, *([job_id] if job_id else [])}:
-            run_command(["qdel", job])
+            run_command(["qdel", job], **as_user(user))
 
 
-def _qstat(job_id: str) -> dict[str, Any] | None:
-    result = run_command(["qstat", "-x", "-f", "-F", "json", job_id])
+def _qstat(job_id: str) -> dict[str, str] | None:
+    """The job's attributes from `qstat -x -f` (None: no such job, or qstat failed)."""
+    result = run_command(["qstat", "-x", "-f", job_id])
     if result.returncode != 0:
         return None
-    try:
-        jobs: dict[str, Any] = json.loads(result.stdout).get("Jobs", {})
-    except ValueError:
-        return None
-    return next(iter(jobs.values()), None)
+    return _attributes(result.stdout)
 
 
-def _finished(job_id: str) -> dict[str, Any] | None:
+def _attributes(text: str) -> dict[str, str] | None:
+    """`    name = value` lines of qstat -f, with the tab-led lines a long value goes on in."""
+    attrs: dict[str, str] = {}
+    key = None
+    for line in text.splitlines():
+        if line.startswith("\t") and key is not None:
+            attrs[key] += line[1:]
+            continue
+        name, sep, value = line.strip().partition(" = ")
+        key = name if sep else None
+        if key is not None:
+            attrs[key] = value
+    return attrs if "job_state" in attrs else None
+
+
+def _finished(job_id: str) -> dict[str, str] | None:
     job = _qstat(job_id)
     return job if job is not None and job.get("job_state") == "F" else None
 

@@ -18,6 +18,7 @@ SCHEDULER_PARAMETERS: `-L rscgrp=`, `-L elapse=`, `--mpi ...`, `-g` and the like
 
 from __future__ import annotations
 
+import pwd
 import re
 
 from runnerctl.executors.batch import (
@@ -26,6 +27,7 @@ from runnerctl.executors.batch import (
     Refused,
     Request,
     allowed_options,
+    as_user,
     hms,
     run_command,
     wait_for_record,
@@ -68,7 +70,7 @@ class Pjm:
         command = ["pjsub", "-X", "-N", request.label, "-j", "-o", str(request.log),
                    "-L", f"node={request.nodes}", "-L", f"gpu={request.gpus}", *limit,
                    *request.options, str(request.wrapper)]
-        result = run_command(command, env=request.env, cwd=request.workdir)
+        result = run_command(command, env=request.env, cwd=request.workdir, **request.runas)
         found = _SUBMITTED.search(result.stdout)
         if result.returncode == 0 and found:
             return found.group(1)
@@ -102,11 +104,11 @@ class Pjm:
     def cancel_command(self, job_id: str) -> list[str]:
         return ["pjdel", job_id]
 
-    def reap(self, label: str, job_id: str | None) -> None:
-        rows = run_command(["pjstat"]).stdout.splitlines()[1:]
+    def reap(self, label: str, job_id: str | None, user: pwd.struct_passwd) -> None:
+        rows = run_command(["pjstat"], **as_user(user)).stdout.splitlines()[1:]  # the user's own jobs
         found = {row.split()[0] for row in rows if row.split()[1:2] == [label]}
         for job in found | ({job_id} if job_id else set()):
-            run_command(["pjdel", job])
+            run_command(["pjdel", job], **as_user(user))
 
 
 def _history(job_id: str) -> dict[str, str] | None:

@@ -24,6 +24,7 @@ name, working-dir and submission-mode options are dropped with a note.
 
 from __future__ import annotations
 
+import pwd
 import shlex
 
 from runnerctl.executors.batch import (
@@ -32,6 +33,7 @@ from runnerctl.executors.batch import (
     Refused,
     Request,
     allowed_options,
+    as_user,
     run_command,
     wait_for_record,
 )
@@ -91,7 +93,7 @@ class GridEngine:
         command = ["qsub", "-terse", "-w", "e", "-V", "-S", "/bin/bash", "-N", request.label,
                    "-o", str(request.log), "-j", "y", "-wd", str(request.workdir),
                    "-l", f"gpu={request.gpus}", *limit, *request.options, str(request.wrapper)]
-        result = run_command(command, env=request.env)
+        result = run_command(command, env=request.env, cwd=request.workdir, **request.runas)
         if result.returncode != 0:
             message = " ".join(result.stdout.split() + result.stderr.split())
             if any(words in message for words in _UNREACHABLE):
@@ -136,10 +138,10 @@ class GridEngine:
     def cancel_command(self, job_id: str) -> list[str]:
         return ["qdel", job_id]
 
-    def reap(self, label: str, job_id: str | None) -> None:
+    def reap(self, label: str, job_id: str | None, user: pwd.struct_passwd) -> None:
         if job_id:
-            run_command(["qdel", job_id])
-        run_command(["qdel", label])  # submitted just before the driver was killed
+            run_command(["qdel", job_id], **as_user(user))
+        run_command(["qdel", label], **as_user(user))  # submitted just before the driver was killed
 
 
 def _qacct(job_id: str) -> dict[str, str] | None:

@@ -21,7 +21,6 @@ cluster's doing (a system failure naming the job).
 
 from __future__ import annotations
 
-import os
 import pwd
 
 from runnerctl.executors.batch import (
@@ -30,6 +29,7 @@ from runnerctl.executors.batch import (
     Refused,
     Request,
     allowed_options,
+    as_user,
     run_command,
     wait_for_record,
 )
@@ -93,7 +93,7 @@ class Slurm:
         command = ["sbatch", "--parsable", *limit, f"--nodes={request.nodes}", *request.options,
                    f"--job-name={request.label}", f"--gres=gpu:{request.gpus}",
                    f"--output={request.log}", f"--chdir={request.workdir}", str(request.wrapper)]
-        result = run_command(command, env=request.env)
+        result = run_command(command, env=request.env, cwd=request.workdir, **request.runas)
         if result.returncode != 0:
             message = result.stderr.strip()
             if any(words in message for words in _UNREACHABLE):
@@ -132,11 +132,11 @@ class Slurm:
     def cancel_command(self, job_id: str) -> list[str]:
         return ["scancel", job_id]
 
-    def reap(self, label: str, job_id: str | None) -> None:
+    def reap(self, label: str, job_id: str | None, user: pwd.struct_passwd) -> None:
         if job_id:
-            run_command(["scancel", job_id])
+            run_command(["scancel", job_id], **as_user(user))
         # a job submitted just before the driver was killed, not yet recorded
-        run_command(["scancel", "--name", label, "--user", pwd.getpwuid(os.getuid()).pw_name])
+        run_command(["scancel", "--name", label, "--user", user.pw_name], **as_user(user))
 
 
 def _job_fields(job_id: str) -> dict[str, str] | None:

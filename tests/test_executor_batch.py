@@ -8,8 +8,12 @@ PATH with their own job table per test.
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +21,10 @@ import pytest
 
 from tests import batch_acceptance
 from tests.batch_acceptance import Cluster
-from tests.harness_custom_executor import make_host
+from tests.harness_custom_executor import BUILD_FAILURE, FakeJob, make_host
+from tests.unix_users import unix_user
+
+__all__ = ["unix_user"]  # the fixture
 
 FAKES = Path(__file__).parent / "fakes"
 
@@ -119,3 +126,67 @@ def test_pbs_and_pjm_parameters_keep_all_but_gpus_nodes_and_bookkeeping() -> Non
         ["-q", "gpu"], ["-lselect=1:ngpus=8", "-J", "0-63", "--", "exe"])
     assert pjm.scheduler_parameters("-Lgpu=8 --bulk --sparam 0-63 -g lab") == (
         ["-g", "lab"], ["-Lgpu=8", "--bulk", "--sparam", "0-63"])
+
+
+@pytest.mark.parametrize("name", ["slurm", "sge"])
+def test_batch_jobs_run_as_the_configured_user_and_are_cancelled_and_reaped_as_theirs(
+        name: str, unix_user: pwd.struct_passwd) -> None:
+    """With `[executor] run_as_user` (needed when gitlab-runner runs as root), the batch job
+    runs as that user, not as the driver's root; a cancel and a later prepare's reap reach
+    it as theirs. Before, the submission ran as root, and so did the job on the cluster."""
+    cluster = CLUSTERS[name]
+    root = Path(tempfile.mkdtemp(prefix="runnerctl-batch-user-"))
+    root.chmod(0o755)  # pytest's tmp dirs are root's alone
+    try:
+        host = make_host(root, shell_user=unix_user.pw_name)
+        h = batch_acceptance.harness(host, cluster, (1,))
+        job = FakeJob(id=920)
+        results = h.run_job(job, 'echo "as=$(id -un) home=$HOME"; touch mine; exit 4', timeout=120)
+        build = results["build_script"]
+        assert build.code == BUILD_FAILURE and h.outcomes[920].exit_code == 4, build.output
+        assert f"as={unix_user.pw_name} home={unix_user.pw_dir}" in build.output, build.output
+        made = next((host / "state" / "builds").rglob("mine"))
+        assert made.stat().st_uid == unix_user.pw_uid
+        assert (host / "state" / "builds" / ".runnerctl").stat().st_uid == unix_user.pw_uid
+        batch_acceptance.sigterm_cancels_and_lease_holds_the_gpus(host, cluster)
+        batch_acceptance.killed_driver_is_reaped_by_next_prepare(host, cluster)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_link_planted_in_the_job_users_batch_directory_is_never_followed(tmp_path: Path) -> None:
+    """The batch directory is the job user's: a link they leave where the driver (root)
+    writes the next stage's wrapper is replaced, and the file it pointed at is untouched."""
+    from runnerctl.executors.batch import _Paths
+
+    victim = tmp_path / "config.toml"
+    victim.write_text("root's own\n")
+    paths = _Paths(tmp_path / "work", "7-build_script")
+    paths.wrapper.symlink_to(victim)
+    paths.write(paths.wrapper, b"#!/bin/bash\n")
+    assert victim.read_text() == "root's own\n"
+    assert not paths.wrapper.is_symlink() and paths.wrapper.read_bytes() == b"#!/bin/bash\n"
+    assert (paths.wrapper.stat().st_mode & 0o777) == 0o600
+
+
+def test_pbs_is_read_from_qstat_text_since_its_json_breaks_on_a_variable_like_point_001(
+        host: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenPBS up to 23.06 writes a value strtod() reads whole as a bare number in qstat's
+    JSON (`"CUSTOM_ENV_LR":.001`: no JSON), and qsub -V puts every CI variable into
+    Variable_List; the stage polled the broken JSON until GitLab's timeout. The stand-in
+    writes what 23.06 writes; the driver reads `qstat -x -f` text (wrapped long lines too)."""
+    monkeypatch.setenv("PATH", f"{FAKES / 'bin' / 'pbs'}:{os.environ['PATH']}")
+    monkeypatch.setenv("RUNNERCTL_FAKE_BATCH", str(tmp_path / "fake-pbs"))
+    h = batch_acceptance.harness(host, CLUSTERS["pbs"], (0,))
+    job = FakeJob(id=930, variables={"LR": ".001", "NOTE": "x" * 300})
+    results = h.run_job(job, 'echo "lr=$LR"; exit 6', timeout=60)
+    build = results["build_script"]
+    assert build.code == BUILD_FAILURE and "lr=.001" in build.output, build.output
+    assert h.outcomes[930].exit_code == 6
+    job_id = next(line.split()[3] for line in build.output.splitlines() if "PBS job" in line)
+    raw = _out("qstat", "-x", "-f", "-F", "json", job_id)
+    assert '"CUSTOM_ENV_LR":.001' in raw  # the stand-in breaks JSON as OpenPBS 23.06 does
+    with pytest.raises(ValueError):
+        json.loads(raw)
+    text = _out("qstat", "-x", "-f", job_id)
+    assert "\n\t" in text and "job_state = F" in text  # a long Variable_List goes on after a tab

@@ -12,7 +12,12 @@ Rules modelled, from openpbs/openpbs:
   (src/scheduler/constant.h NEVER_RUN_PREFIX) and the job stays queued (Q).
 - The output file is staged out when the job ends, not written while it runs (PBS
   spools it on the MoM), so a driver that wants live output must write its own file.
-- `qstat -f -F json <id>` prints {"Jobs": {"<id>": {...}}} (doc/man1/qstat.1B, -F json);
+- `qstat -f <id>` prints `    name = value` lines, a long one wrapped with a newline and
+  a tab (src/cmds/qstat.c, prt_attr); `-F json` prints {"Jobs": {"<id>": {...}}}
+  (doc/man1/qstat.1B), where OpenPBS up to 23.06 writes any value that strtod() reads
+  whole as a bare number, `.001` and `005` included, which is no JSON
+  (src/lib/Libcmds/pbs_json.c, add_json_node; openpbs/openpbs issues 1255 and 2541);
+- `Variable_List` holds the job's environment from `-V` (doc/man1/qsub.1B);
   `job_state` Q, R, F; a finished job is shown only with `-x` (without: "Job has
   finished, use -x or -H", exit 35); an unknown id answers "Unknown Job Id" (exit 153,
   src/lib/Liblog/pbs_messages.c msg_unkjobid).
@@ -127,20 +132,42 @@ def qstat(args: list[str]) -> int:
                                  "Resource_List": {"select": job["select"], "walltime": job["walltime"]}}
         if job["state"] == "done" and "exit_status" in job:
             attrs["Exit_status"] = job["exit_status"]
+        attrs["Variable_List"] = {k: v for k, v in job["env"].items()
+                                  if k.startswith(("PBS_O_", "CUSTOM_ENV_"))}
         jobs[f"{job['id']}.{SERVER}"] = attrs
     if as_json:
-        print(json.dumps({"timestamp": int(time.time()), "pbs_version": "fake", "pbs_server": SERVER,
-                          "Jobs": jobs}))
+        print(_json({"timestamp": int(time.time()), "pbs_version": "fake", "pbs_server": SERVER,
+                     "Jobs": jobs}))
     else:
         for full, attrs in jobs.items():
             print(f"Job Id: {full}")
             for key, value in attrs.items():
-                if isinstance(value, dict):
+                if key == "Variable_List":
+                    _line(f"    {key} = " + ",".join(f"{k}={v}" for k, v in value.items()))
+                elif isinstance(value, dict):
                     for sub, val in value.items():
-                        print(f"    {key}.{sub} = {val}")
+                        _line(f"    {key}.{sub} = {val}")
                 else:
-                    print(f"    {key} = {value}")
+                    _line(f"    {key} = {value}")
     return 0
+
+
+def _line(text: str, width: int = 80) -> None:
+    """One attribute of qstat -f: past `width`, it goes on in lines that start with a tab."""
+    print(text[:width] + "".join(f"\n\t{text[i:i + width - 8]}" for i in range(width, len(text), width - 8)))
+
+
+def _json(value: Any) -> str:
+    """JSON as OpenPBS 23.06 writes it: a string that strtod() reads whole goes out bare."""
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{json.dumps(k)}:{_json(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, str) and value.strip():
+        try:
+            float(value)
+        except ValueError:
+            return json.dumps(value)
+        return value
+    return json.dumps(value)
 
 
 def qdel(args: list[str]) -> int:
