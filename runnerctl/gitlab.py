@@ -26,9 +26,12 @@ A token without the scope an endpoint accepts gets 403 with the body
 from __future__ import annotations
 
 import collections
+import datetime
+import email.utils
 import json
 import logging
 import math
+import time
 import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -67,6 +70,29 @@ _NO_RETRY: dict[str, Any] = {"obey_rate_limit": False, "max_retries": 0}
 """Per-request options: python-gitlab must not sleep and retry by itself; callers do."""
 
 
+MAX_RETRY_AFTER_S = 3600.0
+"""The longest wait a Retry-After date asks for; one further ahead (a proxy's clock off)
+is taken as this."""
+
+
+def retry_after(header: str | None, now: float) -> float | None:
+    """Seconds to wait from a `Retry-After` header (RFC 9110 10.2.3: seconds, or an
+    HTTP date, as a proxy in front of GitLab may send), None when absent or unreadable;
+    a date already past is 0."""
+    if not header:
+        return None
+    text = header.strip()
+    if text.isascii() and text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # RFC 9110: HTTP dates are GMT
+        when = when.replace(tzinfo=datetime.UTC)
+    return min(max(0.0, when.timestamp() - now), MAX_RETRY_AFTER_S)
+
+
 class PythonGitLab:
     """GitLabPort over python-gitlab."""
 
@@ -86,8 +112,7 @@ class PythonGitLab:
 
     def _observe(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
         self.requests_by_status[str(response.status_code)] += 1
-        header = response.headers.get("Retry-After")
-        self._retry_after = float(header) if header and header.isdigit() else None
+        self._retry_after = retry_after(response.headers.get("Retry-After"), time.time())
 
     def create_runner(self, *, description: str, tags: list[str], paused: bool,
                       scope: RunnerScope, maximum_timeout: int | None = None) -> CreatedRunner:

@@ -131,3 +131,18 @@ def test_insufficient_scope_body_names_the_scope() -> None:
     assert _insufficient_scope(b"<html>") is None
     error = InsufficientScope("http://gl", "list runners", ("api", "read_api"))
     assert error.missing == "api" and "missing the `api` scope" in str(error)
+
+
+@pytest.mark.parametrize(("header", "wait"), [
+    ("7", 7.0), (" 120 ", 120.0),
+    ("Sun, 29 Nov 2026 00:01:30 GMT", 90.0),  # an HTTP date, as a proxy in front of GitLab may send
+    ("Sunday, 29-Nov-26 00:01:30 GMT", 90.0),  # RFC 850's form, which RFC 9110 still accepts
+    ("Sat, 28 Nov 2026 23:00:00 GMT", 0.0),  # already past
+    ("Mon, 30 Nov 2026 00:00:00 GMT", 3600.0),  # a day ahead: a clock off, an hour at most
+    ("soon", None), ("", None), (None, None), ("-5", None),
+])
+def test_retry_after_is_read_as_seconds_or_an_http_date(header: str | None, wait: float | None) -> None:
+    from runnerctl.gitlab import retry_after
+
+    now = 1795910400.0  # Sun, 29 Nov 2026 00:00:00 GMT
+    assert retry_after(header, now) == wait
