@@ -212,3 +212,27 @@ def test_an_unreachable_postgres_store_is_one_line() -> None:
     message = str(caught.value)
     assert "\n" not in message and "s3cret" not in message
     assert message.startswith("the controller store postgresql://127.0.0.1:1/controller failed: ")
+
+
+def test_report_reads_but_never_upgrades_a_store_older_controllers_share(
+        pg_server: PostgresServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`runnerctl report` of a newer runnerctl on a shared version-4 store: upgrading it
+    would make every older controller sharing it refuse the store (a newer schema); it
+    says so in one line and leaves the store at version 4."""
+    from runnerctl.cli import main
+
+    url = pg_server.create_database("store_v4_report")
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+        conn.execute((DATA / "v4.postgres.sql").read_text().encode())
+    settings = tmp_path / "runnerctl.toml"
+    settings.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n[controller]\nstore_url = "{url}"\n')
+    assert main(["report", "--config", str(settings)]) != 0
+    err = capsys.readouterr().err
+    assert f"schema version 4, this runnerctl reads version {len(MIGRATIONS)}" in err and "serve" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 2
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
+        versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY 1")]
+    assert versions == [1, 2, 3, 4]
+    store = Store.open(url=url)  # serve upgrades it; then report reads it
+    store.close()
+    assert main(["report", "--config", str(settings), "--json"]) == 0

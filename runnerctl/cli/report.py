@@ -51,7 +51,8 @@ def report(since: str | None, by: str, as_json: bool, as_csv: bool, state_dir: P
 
 def _existing_store(state_dir: Path | None, config_path: Path | None) -> Store:
     """The store of --state-dir, else the settings' (PostgreSQL, or SQLite in their state
-    directory); a report only reads, so a missing SQLite store is refused, never made."""
+    directory); a report only reads, so a missing SQLite store is refused, never made, and
+    an older one is refused, never upgraded."""
     url = ""
     if state_dir is None:
         settings, _ = _settings(config_path)
@@ -59,4 +60,4 @@ def _existing_store(state_dir: Path | None, config_path: Path | None) -> Store:
     if not url and not (state_dir / "controller.sqlite").is_file():
         raise ConfigError(f"no controller store in {state_dir} (controller.sqlite is missing)",
                           hint="pass the state directory of `serve` or `demo --state-dir`")
-    return Store.open(url=url, state_dir=state_dir)
+    return Store.open(url=url, state_dir=state_dir, upgrade=False)  # other hosts' controllers may be older

@@ -107,9 +107,12 @@ _VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRI
     name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"""
 
 
-def migrate(cur: Cursor, *, postgres: bool, migrations: Sequence[Migration] = MIGRATIONS) -> int:
+def migrate(cur: Cursor, *, postgres: bool, migrations: Sequence[Migration] = MIGRATIONS,
+            upgrade: bool = True) -> int:
     """Bring the store to the newest version inside the caller's transaction; returns it.
-    Refuses a store newer than `migrations` (a newer runnerctl wrote it)."""
+    Refuses a store newer than `migrations` (a newer runnerctl wrote it), and without
+    `upgrade` (a command that only reads) an older one, which it leaves as it is: older
+    controllers sharing it would refuse it once upgraded."""
     check(migrations)
     if postgres:  # hosts wait here while one migrates, and a migration takes what it takes
         cur.execute("SET LOCAL statement_timeout = 0")
@@ -121,6 +124,11 @@ def migrate(cur: Cursor, *, postgres: bool, migrations: Sequence[Migration] = MI
     if current > newest:
         raise StoreError(f"the controller store has schema version {current}, this runnerctl knows "
                          f"up to {newest}", hint="upgrade runnerctl on this host")
+    if current < newest and not upgrade:
+        raise StoreError(f"the controller store has schema version {current}, this runnerctl reads "
+                         f"version {newest} and does not upgrade a store to read it",
+                         hint="upgrade it by starting this version's `runnerctl serve` (docs/operations.md, "
+                              "Upgrade), or use the runnerctl the controllers run")
     serial = "BIGSERIAL PRIMARY KEY" if postgres else "INTEGER PRIMARY KEY AUTOINCREMENT"
     for migration in migrations:
         if migration.version <= current:

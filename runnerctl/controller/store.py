@@ -107,22 +107,23 @@ class Store:
     `StoreError` (one line for the CLI; the loop logs it and retries the tick)."""
 
     def __init__(self, connect: Callable[[], Any], *, postgres: bool, where: str,
-                 migrations: Sequence[Migration] = MIGRATIONS) -> None:
+                 migrations: Sequence[Migration] = MIGRATIONS, upgrade: bool = True) -> None:
         self._connect = connect
         self._pg = postgres
         self.where = where  # for messages: the SQLite path or PostgreSQL host/db, never a password
         self._lock = threading.Lock()  # the web thread and the loop share one connection
         self._conn: Any = None
         with self._tx() as cur:
-            self.version = migrate(cur, postgres=postgres, migrations=migrations)
+            self.version = migrate(cur, postgres=postgres, migrations=migrations, upgrade=upgrade)
 
     @classmethod
     def open(cls, *, url: str = "", state_dir: Path | None = None, timeout_s: float = 30.0,
-             migrations: Sequence[Migration] = MIGRATIONS) -> Store:
+             migrations: Sequence[Migration] = MIGRATIONS, upgrade: bool = True) -> Store:
         """PostgreSQL when `url` is set (libpq's form, or SQLAlchemy's as `runnerctl
         postgres url` prints it), else SQLite at <state_dir>/controller.sqlite. `timeout_s`
         bounds waiting for a lock (SQLite), and for a connection, a statement or a lock
-        on PostgreSQL (`pg_params`)."""
+        on PostgreSQL (`pg_params`). Without `upgrade` an older store is refused, not
+        migrated (`migrate`)."""
         if url:
             import psycopg
 
@@ -130,7 +131,7 @@ class Store:
 
             conninfo = libpq_url(url)
             return cls(lambda: psycopg.connect(**pg_params(conninfo, timeout_s), autocommit=True),
-                       postgres=True, where=describe_url(url), migrations=migrations)
+                       postgres=True, where=describe_url(url), migrations=migrations, upgrade=upgrade)
         if state_dir is None:
             raise ValueError("a store needs a PostgreSQL URL or a state directory")
         try:
@@ -145,7 +146,7 @@ class Store:
             conn.execute("PRAGMA journal_mode=WAL")
             return conn
 
-        return cls(connect, postgres=False, where=str(path), migrations=migrations)
+        return cls(connect, postgres=False, where=str(path), migrations=migrations, upgrade=upgrade)
 
     def close(self) -> None:
         with self._lock:
