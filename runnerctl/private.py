@@ -21,6 +21,9 @@ from runnerctl.errors import ConfigError
 STATE_DIR_MODE = 0o711
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
+SERVE_LOCK = "serve.lock"
+"""In the state dir: the lock `serve` holds while it runs, with its pid
+(controller/serve.hold_state_dir); the exporter reads it (`serve_pid`)."""
 KEY_MIN_CHARS = 32
 """A generated key has 64 URL-safe characters (384 bits); anything under 32 is refused."""
 
@@ -95,3 +98,22 @@ def key_file(path: Path, *, min_chars: int = KEY_MIN_CHARS) -> str:
     if stat.S_IMODE(path.stat().st_mode) & 0o077:
         path.chmod(PRIVATE_FILE_MODE)  # an older runnerctl's, or a copied file
     return key
+
+
+def serve_pid(state_dir: Path) -> int | None:
+    """The pid of the `runnerctl serve` running on `state_dir`, None when none does: the
+    pid its lock file names, if that process is still a runnerctl serve. Reads only, and
+    takes no lock (one taken even for a moment would make a serve starting then refuse)."""
+    try:
+        fd = os.open(state_dir / SERVE_LOCK, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        text = handle.read(32).decode(errors="replace").strip()
+    if not text.isdigit():
+        return None
+    try:
+        argv = Path(f"/proc/{text}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return int(text) if b"runnerctl" in b" ".join(argv) and b"serve" in argv else None

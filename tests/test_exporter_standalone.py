@@ -127,3 +127,35 @@ def test_an_unreadable_lease_keeps_its_gpu_closed_in_the_exporter_too(tmp_path: 
     assert not gpu3.open and "unreadable lease" in gpu3.reason, gpu3
     found = states(generate_latest(registry).decode())
     assert found["3"] not in ("idle", "ci") and found["0"] == "idle", found
+
+
+def test_the_exporter_stands_by_while_serve_runs_on_the_host(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """serve exports the host's GPUs; an exporter beside it exported them again, so every
+    fleet panel counted each GPU twice and the dcgm join found duplicate series. While the
+    state dir's serve.lock names a live serve, the exporter exports no GPU series; when
+    that serve stops, it exports them again."""
+    from runnerctl.private import serve_pid
+
+    state = tmp_path / "state"
+    holder = subprocess.Popen(  # the real lock, held by a process whose command line is a serve's
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from runnerctl.controller.serve import hold_state_dir; hold_state_dir(Path(sys.argv[1])); "
+         "print('held', flush=True); time.sleep(120)", str(state), "runnerctl", "serve"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        observer = Observer(host="gpu-c", gpus=open_gpu_source("sim:2", host="gpu-c"), held=dict,
+                            is_ci=lambda pid: False, limits=GateThresholds(), serve=lambda: serve_pid(state))
+        registry = build_registry(lambda: observer.stats.view,
+                                  {"gpus": gpus.collect, "reconcile": reconcile.collect})
+        assert observer.tick() is None and observer.tick() is None
+        assert "runnerctl_gpu_info" not in generate_latest(registry).decode()
+        assert caplog.text.count(f"runnerctl serve (pid {holder.pid}) runs on this host") == 1
+    finally:
+        holder.kill()
+        holder.wait()
+    assert serve_pid(state) is None  # the lock file stays, naming a process that is gone
+    assert observer.tick() is not None
+    assert generate_latest(registry).decode().count("runnerctl_gpu_info{") == 2
+    assert f"runnerctl serve (pid {holder.pid}) stopped" in caplog.text

@@ -44,6 +44,7 @@ def exporter(listen: str | None, gpu_source: str | None, host_name: str | None, 
     from runnerctl.exporter.dcgm import JobMappingWriter
     from runnerctl.exporter.standalone import Observer, lease_holders, serve_exporter
     from runnerctl.gpus import open_gpu_source
+    from runnerctl.private import serve_pid
 
     settings, _ = _settings(config_path)
     if state_dir is not None:
@@ -58,7 +59,7 @@ def exporter(listen: str | None, gpu_source: str | None, host_name: str | None, 
     observer = Observer(host=host, gpus=open_gpu_source(gpu_source or settings.host.gpu_source, host=host,
                                                           watch_xid=True),
                         held=lease_holders(jobs), unreadable=jobs.unreadable, is_ci=jobs.is_ci,
-                        on_tick=list(hooks),
+                        on_tick=list(hooks), serve=lambda: serve_pid(settings.state_dir),
                         limits=GateThresholds(c.foreign_memory_mib, c.foreign_utilization, c.reopen_ratio,
                                               c.cooldown_s))
     stop = threading.Event()

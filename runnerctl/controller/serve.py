@@ -91,7 +91,7 @@ def hold_state_dir(state_dir: Path) -> int:
     it stops here in one line, naming the first one's pid."""
     try:
         private.state_dir(state_dir)
-        fd = os.open(state_dir / "serve.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fd = os.open(state_dir / private.SERVE_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         raise ConfigError(f"cannot lock the state directory {state_dir}: {exc.strerror}") from None
     try:

@@ -6,8 +6,11 @@ processes, memory or utilization without an owner, cool-down, unhealthy GPUs) an
 serves the GPU and tick metrics on its own HTTP port. It talks to no GitLab, so runner,
 demand and GitLab metrics are absent; use `runnerctl serve`'s `/metrics` for those.
 Run it where runners are plain per-GPU gitlab-runner runners with runnerctl's executor
-(leases exist), or beside a controller for a second opinion. It also writes
-dcgm-exporter's job mapping files when `[monitoring] dcgm_job_mapping_dir` is set.
+(leases exist). On a host where `runnerctl serve` runs (its state directory's lock names
+a live serve), it stands by: serve exports the same GPU series, and both together counted
+every GPU twice in the fleet panels; it exports again once serve stops. It also writes
+dcgm-exporter's job mapping files when `[monitoring] dcgm_job_mapping_dir` is set (not
+while it stands by: serve writes them).
 No failure ends its loop: a failing tick is logged once per kind and retried with a
 back-off, and the age of its last good tick is exported as under `serve`
 (`runnerctl_reconcile_last_success_age_seconds`, alert `RunnerctlReconcileStalled`).
@@ -51,9 +54,11 @@ class Observer:
     def __init__(self, *, host: str, gpus: GpuSource, held: HeldBy, is_ci: IsCi, limits: GateThresholds,
                  clock: Callable[[], float] = time.time,
                  on_tick: list[Callable[[ControllerView], None]] | None = None,
-                 unreadable: Callable[[], Mapping[int, str]] = dict) -> None:
+                 unreadable: Callable[[], Mapping[int, str]] = dict,
+                 serve: Callable[[], int | None] = lambda: None) -> None:
         """`unreadable` (read after `held`): GPU -> why its lease cannot be read; the gate
-        keeps such a GPU closed, as under the controller (`LeaseJobs.unreadable`)."""
+        keeps such a GPU closed, as under the controller (`LeaseJobs.unreadable`).
+        `serve`: the pid of a serve running on this host (`private.serve_pid`), if any."""
         self.host, self.gpus, self.held, self.is_ci, self.limits = host, gpus, held, is_ci, limits
         self.unreadable = unreadable
         self.clock = clock
@@ -62,11 +67,16 @@ class Observer:
         self.gate: dict[int, GateState] = {}
         self.ticks = 0
         self.liveness = Liveness(host=host, interval_s=5.0)  # serve_exporter sets its interval
+        self.serve = serve
+        self.beside: int | None = None  # the serve it stands by for
 
-    def tick(self) -> StatsView:
+    def tick(self) -> StatsView | None:
         started = time.perf_counter()
         now = self.clock()
         self.ticks += 1
+        if self._stands_by():
+            self.liveness.good()
+            return None
         try:
             snapshot = self.gpus.snapshot()
         except GpuError as exc:
@@ -93,6 +103,21 @@ class Observer:
             hook(view)
         self.liveness.good()
         return stats
+
+    def _stands_by(self) -> bool:
+        """True while a serve runs on this host: it exports these GPUs, so the exporter
+        exports none (its series start again from nothing when serve stops). Said once
+        each way."""
+        pid = self.serve()
+        if pid is not None and self.beside is None:
+            log.warning("runnerctl serve (pid %d) runs on this host and exports its GPUs: the exporter "
+                        "stands by until it stops", pid)
+            self.stats, self.gate = ControllerStats(), {}
+        elif pid is None and self.beside is not None:
+            log.warning("runnerctl serve (pid %d) stopped: the exporter exports this host's GPUs again",
+                        self.beside)
+        self.beside = pid
+        return pid is not None
 
     def run(self, stop: threading.Event, interval_s: float) -> None:
         """Tick until `stop`; no failure ends it (logged once per kind, backed off, and
