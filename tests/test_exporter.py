@@ -140,8 +140,14 @@ def test_a_block_opened_on_idle_gpus_is_a_reserve_not_a_drain(world: World) -> N
     assert "drain" not in {e.kind for e in world.store.events("demo")}
 
 
-def test_a_snapshot_failure_is_unknown_not_idle(world: World) -> None:
+def test_a_snapshot_failure_is_unknown_not_idle_and_keeps_each_gpus_series(world: World) -> None:
+    """While NVML cannot be read, each GPU's series keep their UUID: relabelled UUID="" they
+    were new series, and Grafana's sum of the occupancy seconds counted the unknown time
+    twice once the read came back."""
     world.advance(6)
+    before = {dict(ls)["gpu"]: dict(ls)["UUID"] for (n, ls) in scrape(world) if n == "runnerctl_gpu_info"}
+    assert len(before) == 8 and all(before.values())
+    working = world.gpus.snapshot
 
     def broken() -> GpuSnapshot:
         raise GpuError("NVML: driver not loaded")
@@ -150,7 +156,22 @@ def test_a_snapshot_failure_is_unknown_not_idle(world: World) -> None:
     world.advance(5)
     samples = scrape(world)
     assert all(state_of(samples, g) == "unknown" for g in range(8))
-    assert not [k for k in samples if k[0] == "runnerctl_gpu_info"]  # identity unknown this tick
+    assert not [k for k in samples if k[0] == "runnerctl_gpu_utilization_ratio"]  # not measured now
+    kept = ("runnerctl_gpu_occupancy_seconds_total", "runnerctl_gpu_occupancy_state", "runnerctl_gpu_info")
+    during = {(dict(ls)["gpu"], dict(ls)["UUID"]) for (n, ls) in samples if n in kept}
+    assert during == set(before.items())  # the same series as before the failure
+    world.gpus.snapshot = working  # type: ignore[method-assign]
+    world.advance(5)
+    samples = scrape(world)
+    seconds = [dict(ls) for (n, ls) in samples if n == "runnerctl_gpu_occupancy_seconds_total"]
+    assert {(s["gpu"], s["UUID"]) for s in seconds} == set(before.items())  # no UUID="" twins
+    stats = world.controller.stats.view
+    assert stats is not None
+    for gpu in range(8):
+        total = sum(v for (n, ls), v in samples.items()
+                    if n == "runnerctl_gpu_occupancy_seconds_total" and dict(ls)["gpu"] == str(gpu))
+        assert total == pytest.approx(stats.view.at - stats.first_at)
+    assert value(samples, "runnerctl_gpu_occupancy_seconds_total", gpu="0", state="unknown") >= 4
 
 
 def test_occupancy_seconds_add_up_per_gpu(world: World) -> None:

@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 
 from runnerctl.controller.store import Event
 from runnerctl.controller.view import ControllerView
-from runnerctl.model import GpuProcess
+from runnerctl.model import Gpu, GpuProcess
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,9 @@ class StatsView:
     reserves: Mapping[str, int]  # block name -> times opened at once on idle GPUs for a job
     admin_toggles: Mapping[str, int]  # pause | drain -> toggles seen
     gitlab_requests: Mapping[str, int] | None  # HTTP status -> count; None if not counted
+    known_gpus: Mapping[int, Gpu] = dataclasses.field(default_factory=dict)
+    """GPU index -> the GPU as the last snapshot that had it read it: its identity (UUID,
+    model) stays while NVML cannot be read, so its series keep their labels."""
 
 
 def occupancy(view: ControllerView, gpus: tuple[int, ...]) -> dict[int, str]:
@@ -94,6 +97,7 @@ class ControllerStats:
     def __init__(self) -> None:
         self.view: StatsView | None = None
         self._gpus: tuple[int, ...] = ()
+        self._known: dict[int, Gpu] = {}
         self._gpu_seconds: dict[tuple[int, str], float] = {}
         self._waits: dict[int, Histogram] = {}
         self._reconcile = Histogram(RECONCILE_BUCKETS_S)
@@ -116,6 +120,7 @@ class ControllerStats:
                 gitlab: object = None) -> StatsView:
         if view.snapshot is not None:
             self._gpus = tuple(g.index for g in view.snapshot.gpus)
+            self._known = {g.index: g for g in view.snapshot.gpus}
         previous = self.view
         if previous is not None:
             elapsed = max(0.0, view.at - previous.view.at)
@@ -134,7 +139,7 @@ class ControllerStats:
             foreign_processes=foreign, gpu_seconds=dict(self._gpu_seconds), job_waits=dict(self._waits),
             reconcile=self._reconcile, events=dict(self._events), drains=dict(self._drains),
             reserves=dict(self._reserves),
-            admin_toggles=dict(self._admin), gitlab_requests=requests)
+            admin_toggles=dict(self._admin), gitlab_requests=requests, known_gpus=dict(self._known))
         return self.view
 
     def _time_waits(self, view: ControllerView) -> None:

@@ -24,7 +24,9 @@ def collect(stats: StatsView) -> Iterator[Metric]:
     view = stats.view
     snapshot = view.snapshot
     gpus = {} if snapshot is None else {g.index: g for g in snapshot.gpus}
-    uuids = {index: gpu.uuid for index, gpu in gpus.items()}
+    # a GPU's identity stays while NVML cannot be read: its series keep their UUID (with
+    # "" they became new series, and the `unknown` seconds were counted twice)
+    uuids = {index: gpu.uuid for index, gpu in stats.known_gpus.items()}
     info = InfoMetricFamily("runnerctl_gpu", "GPU identity, labelled like dcgm-exporter's metrics.",
                             labels=[*GPU_LABELS, "device", "model_name", "pci_bus_id"])
     utilization = GaugeMetricFamily("runnerctl_gpu_utilization_ratio",
@@ -34,10 +36,11 @@ def collect(stats: StatsView) -> Iterator[Metric]:
     total = GaugeMetricFamily("runnerctl_gpu_memory_total_bytes", "GPU memory in all.", labels=GPU_LABELS)
     foreign = GaugeMetricFamily("runnerctl_gpu_foreign_processes",
                                 "Processes on the GPU that no CI job's lease covers.", labels=GPU_LABELS)
+    for index, known in sorted(stats.known_gpus.items()):
+        info.add_metric([str(index), known.uuid, view.host], {
+            "device": f"nvidia{index}", "model_name": known.name, "pci_bus_id": known.pci_bus_id or ""})
     for index, gpu in sorted(gpus.items()):
         labels = [str(index), gpu.uuid, view.host]
-        info.add_metric(labels, {"device": f"nvidia{index}", "model_name": gpu.name,
-                                 "pci_bus_id": gpu.pci_bus_id or ""})
         if gpu.utilization is not None:
             utilization.add_metric(labels, gpu.utilization)
         if gpu.memory_used_bytes is not None:
