@@ -332,3 +332,25 @@ def test_runner_online_follows_gitlab_and_goes_to_zero_when_gitlab_runner_stops(
     samples = scrape(world)
     assert value(samples, "runnerctl_runner_online", slot="gpu3") == 0.0
     assert value(samples, "runnerctl_runner_online", slot="gpu2") == 1.0
+
+
+def test_counters_start_at_zero_and_pending_counts_only_sizes_the_host_runs(world: World) -> None:
+    """increase() and rate() miss a series' step from absent to 1, so a block's first drain
+    and the first wait of a GPU size after each start were lost from the panels: every
+    block's drain and reserve counter and every size's wait histogram start at 0. A job
+    asking for more GPUs than any runner here has is not this host's pending demand (the
+    wait alert fired for it on every host that polled its project)."""
+    world.submit(16, 100.0)
+    world.advance(6)
+    samples = scrape(world)
+    blocks = {dict(ls)["slot"] for (n, ls) in samples if n == "runnerctl_drains_total"}
+    assert blocks == {"gpu0-1", "gpu2-3", "gpu4-5", "gpu6-7", "gpu0-3", "gpu4-7", "gpu0-7"}
+    counters = ("runnerctl_drains_total", "runnerctl_reserves_total")
+    assert all(v == 0 for (n, _), v in samples.items() if n in counters)
+
+    def sizes(name: str) -> set[str]:
+        return {dict(ls)["gpus"] for (n, ls) in samples if n == name}
+
+    assert sizes("runnerctl_job_wait_seconds_count") == {"1", "2", "4", "8"}
+    assert sizes("runnerctl_pending_jobs") == {"1", "2", "4", "8"}
+    assert not [k for k in samples if k[0] == "runnerctl_pending_job_oldest_age_seconds"]

@@ -13,13 +13,13 @@ from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from runnerctl.controller.stats import StatsView
+from runnerctl.controller.stats import WAIT_BUCKETS_S, Histogram, StatsView
 
 
 def collect(stats: StatsView) -> Iterator[Metric]:
     view = stats.view
-    mine = [j for j in view.demand if j.host in (None, view.host)]
-    sizes = sorted({len(s.gpus) for s in view.slots} | {j.gpus for j in mine})
+    sizes = sorted({len(s.gpus) for s in view.slots})  # a job of another size has no runner here
+    mine = [j for j in view.demand if j.host in (None, view.host) and j.gpus in sizes]
     pending = GaugeMetricFamily("runnerctl_pending_jobs", "GPU jobs pending in GitLab that this host could "
                                 "run, by GPUs asked.", labels=["Hostname", "gpus"])
     oldest = GaugeMetricFamily("runnerctl_pending_job_oldest_age_seconds",
@@ -35,7 +35,10 @@ def collect(stats: StatsView) -> Iterator[Metric]:
     yield oldest
     waits = HistogramMetricFamily("runnerctl_job_wait_seconds", "Time from a job's creation to its start "
                                   "on this host, by GPUs asked.", labels=["Hostname", "gpus"])
-    for size, hist in sorted(stats.job_waits.items()):
+    empty = Histogram(WAIT_BUCKETS_S, (0,) * (len(WAIT_BUCKETS_S) + 1))
+    run_here = {len(slot.gpus) for slot in view.slots} | set(stats.job_waits)
+    for size in sorted(run_here):  # each size this host runs from 0: rate() misses a series' first step
+        hist = stats.job_waits.get(size, empty)
         waits.add_metric([view.host, str(size)], bucket_samples(hist.bounds, hist.counts), hist.sum)
     yield waits
 

@@ -51,14 +51,17 @@ def collect(stats: StatsView) -> Iterator[Metric]:
     drains = CounterMetricFamily("runnerctl_drains", "Drains started: a block held for a pending "
                                  "multi-GPU job while jobs still ran on its GPUs (its singles "
                                  "closed until they end).", labels=["Hostname", "slot"])
-    for name, count in sorted(stats.drains.items()):
-        drains.add_metric([view.host, _key(name)], count)
+    blocks = {slot.name for slot in view.slots if len(slot.gpus) > 1}
+    # every block from 0, not from its first drain: increase() and rate() miss the step
+    # from a series' absence to 1, so the first drain of a block after a start went unseen
+    for name in sorted(blocks | set(stats.drains)):
+        drains.add_metric([view.host, _key(name)], stats.drains.get(name, 0))
     yield drains
     reserves = CounterMetricFamily("runnerctl_reserves", "Blocks opened at once on idle GPUs for a "
                                    "pending multi-GPU job (nothing waited: not a drain).",
                                    labels=["Hostname", "slot"])
-    for name, count in sorted(stats.reserves.items()):
-        reserves.add_metric([view.host, _key(name)], count)
+    for name in sorted(blocks | set(stats.reserves)):
+        reserves.add_metric([view.host, _key(name)], stats.reserves.get(name, 0))
     yield reserves
 
 
