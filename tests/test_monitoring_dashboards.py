@@ -105,3 +105,18 @@ def test_provisioning_points_grafana_at_prometheus_and_the_dashboards() -> None:
     assert providers["apiVersion"] == 1
     provider = providers["providers"][0]
     assert provider["type"] == "file" and provider["options"]["path"]
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_table_panels_ask_for_one_row_per_series_not_a_time_series(path: Path) -> None:
+    """A Prometheus query defaults to the time-series format (one frame per series, columns
+    Time and Value): a table panel then shows values over time, not the labels of each
+    series. Its targets must be instant queries in table format."""
+    for panel in _panels(json.loads(path.read_text())):
+        if panel["type"] != "table":
+            continue
+        for target in panel["targets"]:
+            assert target.get("format") == "table" and target.get("instant") is True, (panel["title"], target)
+        hidden = {name for t in panel.get("transformations", []) if t["id"] == "organize"
+                  for name, off in t["options"].get("excludeByName", {}).items() if off}
+        assert {"Time", "Value"} <= hidden, panel["title"]
