@@ -47,7 +47,7 @@ from runnerctl.executors.contract import USER_SCRIPT_STAGES
 from runnerctl.executors.driver import StageContext, SystemFailure
 from runnerctl.executors.lease import Lease, LeaseTable
 from runnerctl.executors.rendezvous import BadNodes, NodeLaunch, nodes_requested, setup_bash
-from runnerctl.executors.shell import GUARD, ShellDriver, job_user
+from runnerctl.executors.shell import GUARD, ShellDriver, as_user, job_user
 from runnerctl.executors.stop import on_stop
 from runnerctl.settings import Settings
 
@@ -146,14 +146,14 @@ class BatchDriver:
         if lease is None:
             raise SystemFailure(f"job {ctx.job.id} holds no lease")
         user = job_user(ctx.settings)  # the batch job runs as the user who submits it
-        owner = user if user.pw_uid != os.geteuid() else None
-        paths = _Paths(Path(ctx.settings.builds_dir).resolve() / ".runnerctl", f"{ctx.job.id}-{stage}", owner)
-        paths.write(paths.copy, script.read_bytes())  # gitlab-runner's TMPDIR is not on the node
         runas = as_user(user)
+        paths = _Paths(Path(ctx.settings.builds_dir).resolve() / ".runnerctl", f"{ctx.job.id}-{stage}",
+                       user if runas else None)
+        paths.write(paths.copy, script.read_bytes())  # gitlab-runner's TMPDIR is not on the node
         cancelled = False
         with on_stop() as stop:  # a SIGTERM from here on is latched, never lost
             try:
-                request = self._request(ctx, lease, paths, user)
+                request = self._request(ctx, lease, paths, user, runas)
                 setup = self.scheduler.gpu_exports(request) + setup_bash(
                     self.scheduler.node_launch, nodefile=paths.nodes, each_node=paths.each_node)
                 wrapper = wrapper_script(paths, setup, image=ctx.job.image, bind=request.workdir,
@@ -208,7 +208,8 @@ class BatchDriver:
         finally:
             self._host.reap(lease, settings)
 
-    def _request(self, ctx: StageContext, lease: Lease, paths: _Paths, user: pwd.struct_passwd) -> Request:
+    def _request(self, ctx: StageContext, lease: Lease, paths: _Paths, user: pwd.struct_passwd,
+                 runas: dict[str, Any]) -> Request:
         kept, dropped = self.scheduler.filter(ctx.env.get("CUSTOM_ENV_SCHEDULER_PARAMETERS", ""))
         if dropped:
             print(f"runnerctl: ignoring SCHEDULER_PARAMETERS {' '.join(dropped)}: the runner sets GPUs, "
@@ -218,7 +219,6 @@ class BatchDriver:
         env.pop("CUDA_VISIBLE_DEVICES")  # the scheduler's (or gpu_exports') choice, on its node
         env.pop("NVIDIA_VISIBLE_DEVICES")
         workdir = Path(ctx.settings.builds_dir).resolve()
-        runas = as_user(user)
         if runas:  # the job's environment, as the shell driver gives it
             env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
         return Request(label=label(lease), wrapper=paths.wrapper, log=paths.log, workdir=workdir,
@@ -305,16 +305,6 @@ def wrapper_script(paths: _Paths, setup: str, *, image: str | None, bind: Path,
             f"echo \"${{CUDA_VISIBLE_DEVICES-}}\" > {q(str(paths.gpus))}\n"
             + run_line(image=image, script=paths.copy, bind=bind, guard=GUARD)
             + f"echo $rc > {q(str(paths.rc))}\n{mask}exit $rc\n")
-
-
-def as_user(user: pwd.struct_passwd) -> dict[str, Any]:
-    """subprocess arguments that run a scheduler command as `user` ([executor] run_as_user),
-    so the batch job is theirs: with gitlab-runner as root it ran as root on the cluster.
-    Empty when `user` is the driver's own."""
-    if user.pw_uid == os.geteuid():
-        return {}
-    return {"user": user.pw_uid, "group": user.pw_gid,
-            "extra_groups": os.getgrouplist(user.pw_name, user.pw_gid)}
 
 
 def label(lease: Lease) -> str:

@@ -36,13 +36,13 @@ from runnerctl.executors.batch import (
     Refused,
     Request,
     allowed_options,
-    as_user,
     hms,
     run_command,
     wait_for_record,
 )
 from runnerctl.executors.driver import SystemFailure
 from runnerctl.executors.rendezvous import mpirun_launch
+from runnerctl.executors.shell import as_user
 
 _VALUED = dict.fromkeys(("-q", "-A", "-P", "-p", "-m", "-M", "-r", "-l"), 1)
 """qsub options a job may add (PBS Professional's qsub): queue, account, project,

@@ -27,13 +27,13 @@ from runnerctl.executors.batch import (
     Refused,
     Request,
     allowed_options,
-    as_user,
     hms,
     run_command,
     wait_for_record,
 )
 from runnerctl.executors.driver import SystemFailure
 from runnerctl.executors.rendezvous import mpirun_launch
+from runnerctl.executors.shell import as_user
 
 _VALUED = dict.fromkeys(("-L", "--mpi", "-g", "-m", "--mail-list", "-p"), 1)
 """pjsub options a job may add: resources but nodes and GPUs (`-L rscgrp=small`), MPI

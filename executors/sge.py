@@ -33,12 +33,12 @@ from runnerctl.executors.batch import (
     Refused,
     Request,
     allowed_options,
-    as_user,
     run_command,
     wait_for_record,
 )
 from runnerctl.executors.driver import SystemFailure
 from runnerctl.executors.rendezvous import mpirun_launch
+from runnerctl.executors.shell import as_user
 
 _VALUED = {"-q": 1, "-P": 1, "-A": 1, "-l": 1, "-p": 1, "-m": 1, "-M": 1, "-R": 1, "-js": 1, "-pe": 2}
 """qsub options a job may add (qsub(1)): queue, project, account, resources but `gpu`, a

@@ -99,9 +99,7 @@ class ShellDriver:
             with on_stop() as stop:  # a SIGTERM from here on is latched, never lost
                 proc = subprocess.Popen(
                     ["bash", "--noprofile", "--norc", "-c", _PRELUDE, str(script)], env=env,
-                    start_new_session=True, user=user.pw_uid if switch else None,
-                    group=user.pw_gid if switch else None,
-                    extra_groups=os.getgrouplist(user.pw_name, user.pw_gid) if switch else None)
+                    start_new_session=True, **as_user(user))
                 stop.arm(lambda: _stop_group(proc, token, user.pw_uid))  # before the slow write below
                 try:
                     LeaseTable(ctx.settings.state_dir).update(token, pgid=proc.pid)
@@ -135,6 +133,16 @@ def job_user(settings: Settings) -> pwd.struct_passwd:
         raise SystemFailure(f"running jobs as {user.pw_name} needs gitlab-runner to run as root "
                             f"(it runs as uid {os.geteuid()}); or leave [executor] run_as_user empty")
     return user
+
+
+def as_user(user: pwd.struct_passwd) -> dict[str, Any]:
+    """subprocess arguments that run a command as `user` (`job_user`): the shell driver's
+    job, and the batch drivers' submit, cancel and reap, so a batch job is the user's
+    (with gitlab-runner as root it ran as root on the cluster). Empty for our own user."""
+    if user.pw_uid == os.geteuid():
+        return {}
+    return {"user": user.pw_uid, "group": user.pw_gid,
+            "extra_groups": os.getgrouplist(user.pw_name, user.pw_gid)}
 
 
 def _chown_tree(path: Path, user: pwd.struct_passwd) -> None:

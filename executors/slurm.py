@@ -29,12 +29,12 @@ from runnerctl.executors.batch import (
     Refused,
     Request,
     allowed_options,
-    as_user,
     run_command,
     wait_for_record,
 )
 from runnerctl.executors.driver import SystemFailure
 from runnerctl.executors.rendezvous import NodeLaunch
+from runnerctl.executors.shell import as_user
 
 _DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE"}

@@ -78,7 +78,10 @@ def unit_path(root: Path, service: str) -> Path:
 
 
 def written_by_runnerctl(path: Path) -> bool:
-    """A unit of `install`'s: its ExecStart runs `-m runnerctl`."""
+    """A file of `install`'s: a unit whose ExecStart runs `-m runnerctl`, or the tmpfiles.d
+    entry that starts with its header line."""
+    if path.name == TMPFILES.name:
+        return (_text(path) or "").startswith(TMPFILES_HEADER)
     return _exec_start(path) is not None
 
 
@@ -94,11 +97,7 @@ def installed(root: Path) -> Installed:
 def _exec_start(path: Path) -> list[str] | None:
     """The words of a runnerctl unit's ExecStart (systemd's `$$` and `%%` read back), None
     for a file that is missing, unreadable or not runnerctl's."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
+    for line in (_text(path) or "").splitlines():
         if line.startswith("ExecStart=") and " -m runnerctl " in line:
             try:
                 words = shlex.split(line.removeprefix("ExecStart="))
@@ -106,6 +105,14 @@ def _exec_start(path: Path) -> list[str] | None:
                 return []
             return [w.replace("$$", "$").replace("%%", "%") for w in words]
     return None
+
+
+def _text(path: Path) -> str | None:
+    """A file's text, None when it is missing or unreadable."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
 
 
 def render(options: InstallOptions) -> list[UnitFile]:

@@ -50,11 +50,7 @@ class RunnerConfigFile:
     def owned_entries(self) -> dict[str, dict[str, Any]]:
         """runnerctl's `[[runners]]` entries by name, as plain values; `id` is the GitLab
         runner id (`runner_id`), None when the entry has none."""
-        entries = {
-            str(entry["name"]): entry.unwrap()
-            for entry in _runners(self.read())
-            if str(entry.get("name", "")).startswith(OWNED_PREFIX)
-        }
+        entries = {str(entry["name"]): entry.unwrap() for entry in owned(self.read())}
         for name, entry in entries.items():
             entry["id"] = runner_id(entry, name=name, path=self.path)
         return entries
@@ -161,9 +157,8 @@ def raise_concurrent(doc: TOMLDocument, at_least: int) -> None:
         origin = str(current) if isinstance(current, int) else None
         lab = comment.lstrip("#").strip() or None
     said = f"raised it from {origin}" if origin is not None else "set it, absent before,"
-    item = tomlkit.item(at_least)
-    item.comment(f"runnerctl init {said} to {at_least}" + (f"; {lab}" if lab else ""))
-    doc["concurrent"] = item
+    ours = f"runnerctl init {said} to {at_least}"
+    doc["concurrent"] = _commented(at_least, f"{ours}; {lab}" if lab else ours)
 
 
 def _comment(doc: TOMLDocument) -> str:
@@ -181,19 +176,25 @@ def restore_concurrent(doc: TOMLDocument) -> str | None:
     origin, set_to, lab = mark[1], int(mark[2]), mark[3]
     value = doc.get("concurrent")
     if value != set_to:
-        kept = tomlkit.item(value)
-        if lab:
-            kept.comment(lab)
-        doc["concurrent"] = kept
+        doc["concurrent"] = _commented(value, lab)
         return f"keep concurrent = {value} (changed since runnerctl init set it to {set_to})"
     if origin is None:
         del doc["concurrent"]
         return f"remove concurrent = {set_to} (runnerctl init added it)"
-    back = tomlkit.item(int(origin))
-    if lab:
-        back.comment(lab)
-    doc["concurrent"] = back
+    doc["concurrent"] = _commented(int(origin), lab)
     return f"set concurrent back to {origin} (runnerctl init raised it to {set_to})"
+
+
+def _commented(value: Any, comment: str | None) -> Item:
+    item: Item = tomlkit.item(value)
+    if comment:
+        item.comment(comment)
+    return item
+
+
+def owned(doc: TOMLDocument) -> list[Table]:
+    """runnerctl's `[[runners]]` entries of `doc` (name `runnerctl/...`)."""
+    return [entry for entry in _runners(doc) if str(entry.get("name", "")).startswith(OWNED_PREFIX)]
 
 
 def _runners(doc: TOMLDocument) -> list[Table]:

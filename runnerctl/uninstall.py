@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runnerctl import standby
-from runnerctl.install import SERVICES, TMPFILES, TMPFILES_HEADER, unit_path, written_by_runnerctl
-from runnerctl.runner_config import OWNED_PREFIX, RunnerConfigFile, replace_owned_entries, restore_concurrent
+from runnerctl.install import SERVICES, TMPFILES, unit_path, written_by_runnerctl
+from runnerctl.runner_config import RunnerConfigFile, owned, replace_owned_entries, restore_concurrent
 
 if TYPE_CHECKING:
     from tomlkit.toml_document import TOMLDocument
@@ -75,15 +75,8 @@ def plan_uninstall(config: RunnerConfigFile, *, root: Path, gitlab_url: str | No
             (units if written_by_runnerctl(path) else foreign).append(path)
     tmpfiles = root / TMPFILES.relative_to("/")
     if tmpfiles.is_file():
-        (units if _read(tmpfiles).startswith(TMPFILES_HEADER) else foreign).append(tmpfiles)
+        (units if written_by_runnerctl(tmpfiles) else foreign).append(tmpfiles)
     return UninstallPlan(runners, kept, tuple(units), tuple(foreign), restore_concurrent(config.read()))
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
 
 
 @dataclasses.dataclass
@@ -116,7 +109,7 @@ def apply_uninstall(plan: UninstallPlan, *, config: RunnerConfigFile,
         def change(doc: TOMLDocument) -> None:
             if done:
                 replace_owned_entries(doc, {}, retire=done)
-            if not any(str(e.get("name", "")).startswith(OWNED_PREFIX) for e in doc.get("runners", [])):
+            if not owned(doc):
                 said[0] = restore_concurrent(doc)  # the last of runnerctl's entries is gone
 
         if done or plan.concurrent is not None:
