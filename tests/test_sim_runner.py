@@ -161,7 +161,14 @@ def test_sigterm_ends_a_wrapped_script_with_exit_1(tmp_path: Path) -> None:
     path.write_text(generate("step_script", info) or "")
     proc = subprocess.Popen(["bash", str(path)], process_group=0)
     deadline = time.monotonic() + 120
-    while not any(c.name() == "sleep" for c in psutil.Process(proc.pid).children(recursive=True)):
+
+    def named(child: psutil.Process) -> str:
+        try:
+            return child.name()
+        except psutil.NoSuchProcess:  # a short-lived child of the script ended as it was listed
+            return ""
+
+    while not any(named(c) == "sleep" for c in psutil.Process(proc.pid).children(recursive=True)):
         assert time.monotonic() < deadline, "the script never reached its step"
         time.sleep(0.05)  # bash has set its traps once the step runs
     os.killpg(proc.pid, signal.SIGTERM)
