@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import math
 import os
 import pwd
 import shlex
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from runnerctl.executors.apptainer import run_line
-from runnerctl.executors.contract import USER_SCRIPT_STAGES
+from runnerctl.executors.contract import AFTER_SCRIPT_TIMEOUT_S, USER_SCRIPT_STAGES, parse_duration
 from runnerctl.executors.driver import StageContext, SystemFailure
 from runnerctl.executors.lease import Lease, LeaseTable
 from runnerctl.executors.rendezvous import BadNodes, NodeLaunch, nodes_requested, setup_bash
@@ -153,7 +154,7 @@ class BatchDriver:
         cancelled = False
         with on_stop() as stop:  # a SIGTERM from here on is latched, never lost
             try:
-                request = self._request(ctx, lease, paths, user, runas)
+                request = self._request(ctx, lease, paths, user, runas, stage)
                 setup = self.scheduler.gpu_exports(request) + setup_bash(
                     self.scheduler.node_launch, nodefile=paths.nodes, each_node=paths.each_node)
                 wrapper = wrapper_script(paths, setup, image=ctx.job.image, bind=request.workdir,
@@ -209,7 +210,7 @@ class BatchDriver:
             self._host.reap(lease, settings)
 
     def _request(self, ctx: StageContext, lease: Lease, paths: _Paths, user: pwd.struct_passwd,
-                 runas: dict[str, Any]) -> Request:
+                 runas: dict[str, Any], stage: str) -> Request:
         kept, dropped = self.scheduler.filter(ctx.env.get("CUSTOM_ENV_SCHEDULER_PARAMETERS", ""))
         if dropped:
             print(f"runnerctl: ignoring SCHEDULER_PARAMETERS {' '.join(dropped)}: the runner sets GPUs, "
@@ -223,7 +224,7 @@ class BatchDriver:
             env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
         return Request(label=label(lease), wrapper=paths.wrapper, log=paths.log, workdir=workdir,
                        gpus=len(ctx.args.gpus), nodes=nodes_requested(ctx.env),
-                       time_limit_s=time_limit(ctx.env), options=kept, env=env, gpu_ids=ctx.args.gpus,
+                       time_limit_s=time_limit(ctx.env, stage), options=kept, env=env, gpu_ids=ctx.args.gpus,
                        runas=runas)
 
     def _follow(self, job_id: str, paths: _Paths, record_gpus: Any) -> str | None:
@@ -312,12 +313,23 @@ def label(lease: Lease) -> str:
     return f"runnerctl-{lease.job_id}-{lease.nonce}"
 
 
-def time_limit(env: dict[str, str] | Any) -> int | None:
-    """The job's GitLab timeout (CI_JOB_TIMEOUT, seconds) as the batch job's time limit."""
+def time_limit(env: dict[str, str] | Any, stage: str = "build_script") -> int | None:
+    """The stage's time limit in gitlab-runner, as the batch job's: the job's GitLab timeout
+    (CI_JOB_TIMEOUT, seconds), for `build_script` and `step_*` cut to the job's
+    `RUNNER_SCRIPT_TIMEOUT` when set; for `after_script` its own 5 minutes
+    (`RUNNER_AFTER_SCRIPT_TIMEOUT` when set, never over the job's timeout): gitlab-runner
+    ends the stage then, so a longer limit would only keep the batch job waiting longer
+    for a slot."""
     raw = str(env.get("CUSTOM_ENV_CI_JOB_TIMEOUT", "")).strip()
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 10:  # GitLab's timeouts fit an int
-        return None
-    return int(raw) or None
+    job = (int(raw) or None) if raw.isascii() and raw.isdigit() and len(raw) <= 10 else None  # fits an int
+    after = stage == "after_script"
+    variable = "CUSTOM_ENV_RUNNER_AFTER_SCRIPT_TIMEOUT" if after else "CUSTOM_ENV_RUNNER_SCRIPT_TIMEOUT"
+    own = parse_duration(str(env.get(variable, "")).strip())
+    own = own or (AFTER_SCRIPT_TIMEOUT_S if after else None)  # 0 or malformed: ignored, as gitlab-runner does
+    if own is None:
+        return job
+    limit = max(1, math.ceil(own))
+    return limit if job is None else min(job, limit)
 
 
 def hms(seconds: int) -> str:

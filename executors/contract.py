@@ -12,6 +12,7 @@ init` writes `custom_section(...)`, and the drivers parse the same arguments.
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 
 from runnerctl.settings import DRIVERS as DRIVERS  # the one list, re-exported for the drivers
@@ -47,6 +48,27 @@ PREPARE_EXEC_TIMEOUT_S = 900
 CLEANUP_EXEC_TIMEOUT_S = 300
 GRACEFUL_KILL_TIMEOUT_S = 30  # SIGTERM to the stage, then this long before SIGKILL
 FORCE_KILL_TIMEOUT_S = 30
+
+AFTER_SCRIPT_TIMEOUT_S = 300.0
+"""gitlab-runner's `common.AfterScriptTimeout`: the after_script stage's own limit, unless
+the job's `RUNNER_AFTER_SCRIPT_TIMEOUT` sets another (gitlab-runner 16.4 and later)."""
+
+_DURATION_PART = r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)"
+_DURATION = re.compile(f"(?:{_DURATION_PART})+")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
+                   "h": 3600.0}
+
+
+def parse_duration(text: str) -> float | None:
+    """Go's `time.ParseDuration` for the non-negative forms (`90s`, `1h30m`, `1.5h`, `0`),
+    as gitlab-runner reads `RUNNER_SCRIPT_TIMEOUT` and `RUNNER_AFTER_SCRIPT_TIMEOUT`
+    (build.go `getStageTimeoutContexts`); None for anything else."""
+    text = text.removeprefix("+")
+    if text == "0":
+        return 0.0
+    if len(text) > 64 or not _DURATION.fullmatch(text):
+        return None
+    return sum(float(n) * _DURATION_UNITS[u] for n, u in re.findall(_DURATION_PART, text))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,14 +70,28 @@ def start_sleeper(host: Path, cluster: Cluster, job: FakeJob, gpus: tuple[int, .
 
 def exit_code_is_a_build_failure(host: Path, cluster: Cluster) -> None:
     h = harness(host, cluster, (0,))
-    job = FakeJob(id=901, variables={"CI_JOB_TIMEOUT": "120"})
+    job = FakeJob(id=901, variables={"CI_JOB_TIMEOUT": "120"}, after_script=[cluster.limit_probe])
     results = h.run_job(job, f'echo before; {cluster.limit_probe}; exit 3')
     build = results["build_script"]
     assert build.code == BUILD_FAILURE, build.output
     assert "before" in build.output and cluster.limit_seen in build.output, build.output
+    after = results["after_script"].output  # its own 5 minutes, never over the job's 120 s
+    assert cluster.limit_seen in after, after
     assert f"{cluster.title} job" in build.output
     assert h.outcomes[901].exit_code == 3
     assert results["cleanup"].code == 0 and LeaseTable(host / "state").all() == []
+
+
+def stage_limits_are_gitlab_runners(host: Path, cluster: Cluster) -> None:
+    """gitlab-runner ends build_script at the job's RUNNER_SCRIPT_TIMEOUT and after_script at
+    RUNNER_AFTER_SCRIPT_TIMEOUT (5 minutes unset), not at the job's timeout: the batch
+    jobs ask for those limits (2 minutes each here, under a 1-hour job timeout)."""
+    h = harness(host, cluster, (0,))
+    limits = {"CI_JOB_TIMEOUT": "3600", "RUNNER_SCRIPT_TIMEOUT": "2m", "RUNNER_AFTER_SCRIPT_TIMEOUT": "1m60s"}
+    job = FakeJob(id=906, variables=limits, after_script=[cluster.limit_probe])
+    results = h.run_job(job, cluster.limit_probe)
+    for stage in ("build_script", "after_script"):
+        assert results[stage].code == 0 and cluster.limit_seen in results[stage].output, results[stage]
 
 
 def sigterm_cancels_and_lease_holds_the_gpus(host: Path, cluster: Cluster) -> None:

@@ -95,6 +95,10 @@ def test_exit_3_is_a_build_failure_with_3_recorded_and_the_timeout_as_limit(host
     batch_acceptance.exit_code_is_a_build_failure(host, cluster)
 
 
+def test_script_and_after_script_ask_gitlab_runners_stage_limits(host: Path, cluster: Cluster) -> None:
+    batch_acceptance.stage_limits_are_gitlab_runners(host, cluster)
+
+
 def test_sigterm_cancels_the_batch_job_and_the_lease_names_its_gpus(host: Path, cluster: Cluster) -> None:
     batch_acceptance.sigterm_cancels_and_lease_holds_the_gpus(host, cluster)
 

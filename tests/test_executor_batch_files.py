@@ -78,6 +78,27 @@ def test_the_time_limit_is_the_gitlab_timeout_when_it_is_one(raw: str, limit: in
     assert time_limit({"CUSTOM_ENV_CI_JOB_TIMEOUT": raw}) == limit
 
 
+@pytest.mark.parametrize(("env", "stage", "limit"), [
+    ({"CI_JOB_TIMEOUT": "7200"}, "after_script", 300),  # gitlab-runner's own 5 minutes
+    ({"CI_JOB_TIMEOUT": "120"}, "after_script", 120),  # never over the job's timeout
+    ({}, "after_script", 300),
+    ({"CI_JOB_TIMEOUT": "7200", "RUNNER_AFTER_SCRIPT_TIMEOUT": "10m"}, "after_script", 600),
+    ({"CI_JOB_TIMEOUT": "7200", "RUNNER_AFTER_SCRIPT_TIMEOUT": "1.5m30s"}, "after_script", 120),
+    ({"CI_JOB_TIMEOUT": "7200", "RUNNER_AFTER_SCRIPT_TIMEOUT": "ten"}, "after_script", 300),  # ignored
+    ({"CI_JOB_TIMEOUT": "7200", "RUNNER_AFTER_SCRIPT_TIMEOUT": "0"}, "after_script", 300),
+    ({"CI_JOB_TIMEOUT": "7200", "RUNNER_SCRIPT_TIMEOUT": "15m"}, "build_script", 900),
+    ({"CI_JOB_TIMEOUT": "7200", "RUNNER_SCRIPT_TIMEOUT": "15m"}, "step_train", 900),
+    ({"CI_JOB_TIMEOUT": "600", "RUNNER_SCRIPT_TIMEOUT": "2h"}, "build_script", 600),
+    ({"RUNNER_SCRIPT_TIMEOUT": "90s"}, "build_script", 90),
+    ({"CI_JOB_TIMEOUT": "7200", "RUNNER_SCRIPT_TIMEOUT": "-5m"}, "build_script", 7200),  # ignored
+    ({"CI_JOB_TIMEOUT": "7200", "RUNNER_SCRIPT_TIMEOUT": "500ms"}, "build_script", 1),  # whole seconds
+    ({"CI_JOB_TIMEOUT": "7200"}, "build_script", 7200),
+])
+def test_each_stage_asks_for_the_limit_gitlab_runner_gives_it(env: dict[str, str], stage: str,
+                                                              limit: int) -> None:
+    assert time_limit({f"CUSTOM_ENV_{k}": v for k, v in env.items()}, stage) == limit
+
+
 @pytest.mark.parametrize("scheduler", [slurm_parameters, sge_parameters, pbs_parameters, pjm_parameters])
 def test_scheduler_parameters_with_an_unclosed_quote_are_the_jobs_error(scheduler: Any) -> None:
     with pytest.raises(BadParameters, match="SCHEDULER_PARAMETERS cannot be split into words"):

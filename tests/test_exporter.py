@@ -79,6 +79,22 @@ def test_before_the_first_tick_only_scrape_success_is_served(world: World) -> No
     assert all(v == 0.0 for (n, _), v in samples.items() if n == "runnerctl_exporter_scrape_success")
 
 
+def test_collector_success_names_the_host_before_and_after_the_first_tick(world: World) -> None:
+    """A panel or alert picks a host's collectors by `Hostname` alone: no join on a
+    series (runnerctl_controller_info) that a host before its first tick does not serve."""
+    registry = build_registry(lambda: world.controller.stats.view, liveness=world.controller.liveness)
+    host = world.controller.host
+    for ticks in (0, 6):
+        world.advance(ticks)
+        text = prometheus_client.generate_latest(registry).decode()
+        found = [s for f in text_string_to_metric_families(text) for s in f.samples
+                 if s.name.startswith("runnerctl_exporter_scrape_")]
+        assert len(found) == 2 * len(ALL_PARTS)
+        assert all(s.labels["Hostname"] == host for s in found), found
+        ok = {s.value for s in found if s.name == "runnerctl_exporter_scrape_success"}
+        assert ok == {1.0 if ticks else 0.0}
+
+
 def test_gpu_identity_and_labels_line_up_with_dcgm_exporter(world: World) -> None:
     world.advance(6)
     samples = scrape(world)
@@ -223,6 +239,8 @@ def test_gitlab_requests_counted_by_status_and_unanswered(world: World) -> None:
     samples = scrape(world)
     assert value(samples, "runnerctl_gitlab_api_requests_total", status="200") > 0
     assert value(samples, "runnerctl_gitlab_up") == 1.0
+    for status in ("500", "503", "429", "unanswered"):  # served at 0 before the first: increase() sees it
+        assert value(samples, "runnerctl_gitlab_api_requests_total", status=status) == 0
     world.server.faults.append(Fault("*", r"/runners|/projects", "500", count=1))
     world.server.faults.append(Fault("*", r"/runners|/projects", "drop", count=10_000))
     world.advance(60)
@@ -243,8 +261,9 @@ def test_a_failing_collector_is_reported_and_the_others_still_answer(
     registry = build_registry(lambda: world.controller.stats.view, parts)
     with caplog.at_level(logging.ERROR):
         text = prometheus_client.generate_latest(registry).decode()
-    assert 'runnerctl_exporter_scrape_success{collector="runners"} 0.0' in text
-    assert 'runnerctl_exporter_scrape_success{collector="gpus"} 1.0' in text
+    host = world.controller.host
+    assert f'runnerctl_exporter_scrape_success{{Hostname="{host}",collector="runners"}} 0.0' in text
+    assert f'runnerctl_exporter_scrape_success{{Hostname="{host}",collector="gpus"}} 1.0' in text
     assert "runnerctl_gpu_info" in text and "runnerctl_runner_state" not in text
     assert "collector runners failed" in caplog.text
 

@@ -19,9 +19,9 @@ from typing import Any
 import psutil
 import pytest
 
-from runnerctl.executors.contract import DriverArgs
+from runnerctl.executors.contract import DriverArgs, parse_duration
 from runnerctl.executors.lease import LeaseTable
-from runnerctl.sim.runner_build import Build, parse_duration
+from runnerctl.sim.runner_build import Build
 from runnerctl.sim.runner_exec import Ctx, classify, run_command
 from runnerctl.sim.runner_script import ScriptInfo, generate
 from runnerctl.sim.runner_toml import load_system_id

@@ -59,9 +59,18 @@ def collect(stats: StatsView) -> Iterator[Metric]:
     requests = CounterMetricFamily("runnerctl_gitlab_api_requests", "HTTP requests to GitLab's API by "
                                    "status code (`unanswered`: timeout or no connection).",
                                    labels=["Hostname", "status"])
-    for status, count in sorted((stats.gitlab_requests or {}).items()):
-        requests.add_metric([view.host, status], count)
+    if stats.gitlab_requests is not None:  # expected statuses from 0: increase() misses a first step
+        counts = {status: 0 for status in EXPECTED_STATUSES} | dict(stats.gitlab_requests)
+        for status, count in sorted(counts.items()):
+            requests.add_metric([view.host, status], count)
     yield requests
+
+
+EXPECTED_STATUSES = ("200", "201", "204", "400", "401", "403", "404", "409", "429", "500", "502", "503",
+                     "504", "unanswered")
+"""Statuses the controller's GitLab calls answer in practice, served at 0 before the first:
+a first 500 or timeout then shows in `rate()`/`increase()` (another status still appears
+from its first count, at 1)."""
 
 
 def liveness(live: Liveness) -> Iterator[Metric]:

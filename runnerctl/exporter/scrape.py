@@ -2,11 +2,14 @@
 
 Each part (`gpus`, `runners`, `demand`, `reconcile`) gets the same view, so a scrape
 never mixes two ticks. A part that fails is logged and reported as
-`runnerctl_exporter_scrape_success{collector="..."} 0`; the other parts still answer
+`runnerctl_exporter_scrape_success{collector="...", Hostname="..."} 0`; the other parts still answer
 (node_exporter's `node_scrape_collector_success` pattern). Before the first tick only
 the success metrics are served, and, under `serve`, the loop's liveness (the age of
 its last good tick, measured at scrape time, so a stalled loop shows as a growing age
-though its last `StatsView` stays as it was).
+though its last `StatsView` stays as it was). The success and duration series carry the
+host's `Hostname` like every other series (from the loop's liveness, which exists before
+the first tick), so a panel or alert picks a host's collectors without a join on a
+series that a failing host may not serve.
 """
 
 from __future__ import annotations
@@ -42,11 +45,15 @@ class RunnerctlCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         stats = self.source()
+        live = self.liveness
+        host = live.host if live is not None else stats.view.host if stats is not None else ""
         success = GaugeMetricFamily("runnerctl_exporter_scrape_success",
                                     "1 if the collector produced its metrics in this scrape, else 0 "
-                                    "(also 0 before the controller's first tick).", labels=["collector"])
+                                    "(also 0 before the controller's first tick).",
+                                    labels=["Hostname", "collector"])
         duration = GaugeMetricFamily("runnerctl_exporter_scrape_duration_seconds",
-                                     "Wall time each collector took in this scrape.", labels=["collector"])
+                                     "Wall time each collector took in this scrape.",
+                                     labels=["Hostname", "collector"])
         for name, part in self.parts.items():
             started = time.perf_counter()
             ok = stats is not None
@@ -58,8 +65,8 @@ class RunnerctlCollector(Collector):
                     ok = False
                 else:
                     yield from found
-            success.add_metric([name], 1.0 if ok else 0.0)
-            duration.add_metric([name], time.perf_counter() - started)
+            success.add_metric([host, name], 1.0 if ok else 0.0)
+            duration.add_metric([host, name], time.perf_counter() - started)
         yield success
         yield duration
         if self.liveness is not None:

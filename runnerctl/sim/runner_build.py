@@ -29,12 +29,12 @@ Follows gitlab-org/gitlab-runner common/build.go:
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
+from runnerctl.executors.contract import AFTER_SCRIPT_TIMEOUT_S, parse_duration
 from runnerctl.sim.runner_exec import Ctx, CtxError, CustomExecutor, JobError
 from runnerctl.sim.runner_script import ScriptInfo, Variable, description, generate
 from runnerctl.sim.runner_toml import RunnerEntry
@@ -43,7 +43,6 @@ from runnerctl.sim.runner_trace import MaskingTrace, Outcome, Trace
 DEFAULT_TIMEOUT_S = 7200.0
 PREPARATION_RETRIES = 3
 PREPARATION_RETRY_INTERVAL_S = 3.0
-AFTER_SCRIPT_TIMEOUT_S = 300.0
 WAIT_FOR_BUILD_FINISH_S = 300.0
 ALWAYS_SUPPORTED = ("script_failure", "runner_system_failure", "job_execution_timeout")
 COMPATIBLE = {"image_pull_failure": "runner_system_failure", "runner_configuration_error": "script_failure",
@@ -328,17 +327,3 @@ def runtime_state(err: JobError | None) -> str:
     if err.reason == "job_execution_timeout" or (isinstance(err, CtxError) and err.kind == "deadline"):
         return "timedout"
     return "failed"
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d*)?)(ns|us|µs|ms|s|m|h)")
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float | None:
-    """Go's time.ParseDuration for the non-negative forms (`90s`, `1h30m`, `0`)."""
-    if text == "0":
-        return 0.0
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        return None
-    return sum(float(n) * _UNITS[u] for n, u in parts)
