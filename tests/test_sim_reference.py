@@ -63,9 +63,10 @@ def test_json_reports_users_and_jain(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["simulate", "--trace", str(trace), "--policy", "easy-oracle", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["users"] == {
-        "ann": {"jobs": 2, "gpu_hours": 0.056, "wait_p50_s": 0.0, "wait_p95_s": 0.0, "mean_slowdown": 1.0},
-        "bob": {"jobs": 1, "gpu_hours": 0.222, "wait_p50_s": 100.0, "wait_p95_s": 100.0,
-                "mean_slowdown": 2.0}}
+        "ann": {"jobs": 2, "gpu_hours": 0.056, "timed_out": 0, "dropped": 0, "wait_p50_s": 0.0,
+                "wait_p95_s": 0.0, "mean_slowdown": 1.0},
+        "bob": {"jobs": 1, "gpu_hours": 0.222, "timed_out": 0, "dropped": 0, "wait_p50_s": 100.0,
+                "wait_p95_s": 100.0, "mean_slowdown": 2.0}}
     assert result["jain_slowdown"] == 0.9
 
 

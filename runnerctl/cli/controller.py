@@ -32,8 +32,9 @@ from runnerctl.controller.toggles import target_of
 from runnerctl.errors import ConfigError
 from runnerctl.settings import PathSettings, Settings, parse_planner
 from runnerctl.sim.fair import RUNNER_TYPES
+from runnerctl.sim.hosts import slot_sizes
 from runnerctl.sim.simulator import POLICIES, SimConfig, Simulator
-from runnerctl.sim.timeouts import PENDING_TIMEOUTS, parse_runner_timeouts
+from runnerctl.sim.timeouts import PENDING_TIMEOUTS, parse_runner_timeouts, uncapped_sizes
 from runnerctl.sim.trace import read_foreign, read_jobs
 
 if TYPE_CHECKING:
@@ -277,7 +278,8 @@ def resume(**kwargs: object) -> None:
 @click.option("--policy", type=click.Choice(POLICIES), default="dynamic", show_default=True)
 @click.option("--runner-type", type=click.Choice(RUNNER_TYPES), default="group", show_default=True,
               help="group: GitLab hands a runner the oldest job; instance: fair by project "
-                   "(fewest jobs running first), as GitLab does for instance runners.")
+                   "(fewest jobs running first), as GitLab does for instance runners. For the "
+                   "runnerctl policies; greedy, fifo and easy-oracle always take the oldest first.")
 @click.option("--fair-weight-h", type=Finite(0, 10_000, "hours"), default=0.0, show_default=True,
               help="dynamic: fair share, the most hours a heavy user's job counts younger (0: off).")
 @click.option("--fair-half-life-h", type=Finite(0.01, 100_000, "hours"), default=168.0, show_default=True,
@@ -321,11 +323,7 @@ def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, 
     backfills draining blocks with 1-GPU jobs whose timeouts it knows (--pending-timeouts)
     to end before the drain does. See docs/fairshare.md for `--runner-type` and the
     fair-share options, docs/controller.md for what the planner knows of timeouts."""
-    from runnerctl.gpus.sim import count_snapshot
-    from runnerctl.layout import plan_slots
-
-    sizes = {slot.size for slot in plan_slots(count_snapshot("gpu-a", gpus_per_host))}
-    jobs = read_jobs(trace, sizes=sizes)
+    jobs = read_jobs(trace, sizes=slot_sizes(gpus_per_host))
     uses = read_foreign(foreign, hosts=hosts, gpus_per_host=gpus_per_host) if foreign else []
     try:
         fair = FairPolicy(weight_s=fair_weight_h * 3600, half_life_s=fair_half_life_h * 3600,
@@ -337,6 +335,11 @@ def simulate(trace: Path, foreign: Path | None, hosts: int, gpus_per_host: int, 
                            runner_max_timeout_s=cap, runner_max_timeout_by_gpus=caps)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    uncapped = uncapped_sizes(config)
+    if uncapped:  # what the controller logs (Controller._timed), said before the run
+        click.echo(f"runnerctl: --pending-timeouts cap: the {', '.join(map(str, uncapped))}-GPU runners have "
+                   "no maximum timeout, so the planner knows no pending job's timeout (all sizes or "
+                   "none, as the controller); give every size one", err=True)
     try:
         simulator = Simulator(jobs, config, uses)
     except ValueError as exc:

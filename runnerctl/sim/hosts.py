@@ -6,12 +6,21 @@ only by `Simulator`. Hosts are named as FOREIGN.csv names them: gpu-a ... gpu-z,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 from runnerctl.controller.plan import SlotState
 from runnerctl.gpus.sim import count_snapshot
 from runnerctl.layout import plan_slots
 from runnerctl.model import Slot
+
+
+@functools.cache
+def slot_sizes(gpus_per_host: int) -> frozenset[int]:
+    """The GPU counts of a simulated host's slots (`layout.plan_slots` on its GPUs: 1, 2,
+    4, 8 and the whole host on 8; 1, 2, 4 and 5 on 5): the runner sizes a job may ask for
+    and `--runner-max-timeout-s` may name."""
+    return frozenset(slot.size for slot in plan_slots(count_snapshot(host_name(0), gpus_per_host)))
 
 
 def host_name(index: int) -> str:

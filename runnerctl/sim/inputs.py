@@ -11,6 +11,7 @@ import math
 
 from runnerctl.controller.fairshare import FairPolicy
 from runnerctl.controller.plan import PlanPolicy
+from runnerctl.sim.hosts import slot_sizes
 from runnerctl.sim.timeouts import MIN_RUNNER_TIMEOUT_S, PENDING_TIMEOUTS
 
 
@@ -88,6 +89,12 @@ class SimConfig:
             if cap is not None and not MIN_RUNNER_TIMEOUT_S <= cap < math.inf:
                 raise ValueError(f"runner maximum timeout {cap:g} s: GitLab needs a number of seconds, "
                                  f"at least {MIN_RUNNER_TIMEOUT_S} (10 minutes)")
+        sizes = slot_sizes(self.gpus_per_host)
+        unknown = sorted(n for n, _ in self.runner_max_timeout_by_gpus if n not in sizes)
+        if unknown:
+            raise ValueError(f"runner maximum timeout for {', '.join(map(str, unknown))}-GPU runners: "
+                             f"no runner holds that many GPUs on a {self.gpus_per_host}-GPU host "
+                             f"(runners hold {', '.join(map(str, sorted(sizes)))})")
         if self.pending_timeouts == "cap" and caps == [None]:
             raise ValueError('pending_timeouts "cap" needs the runners\' maximum timeout '
                              "(runner_max_timeout_s; simulate --runner-max-timeout-s)")

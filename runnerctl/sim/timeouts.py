@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from runnerctl.settings import MAX_RUNNER_TIMEOUT_S, MIN_RUNNER_TIMEOUT_S
+from runnerctl.sim.hosts import slot_sizes
 
 if TYPE_CHECKING:
     from runnerctl.sim.inputs import SimConfig, TraceJob
@@ -52,9 +53,7 @@ def job_timeouts(jobs: Iterable[TraceJob], config: SimConfig) -> tuple[Timeouts,
     is pending (`SimConfig.pending_timeouts`)."""
     jobs = list(jobs)
     caps = {n: config.runner_cap(n) for n in {job.gpus for job in jobs}}
-    per_host = config.gpus_per_host  # its slots (layout.plan_slots): singles, pairs, quads, ..., whole
-    slot_sizes = {n for n in (1, 2, 4, 8, 16) if n <= per_host} | {per_host}
-    every_size = all(config.runner_cap(n) is not None for n in slot_sizes)
+    every_size = all(config.runner_cap(n) is not None for n in slot_sizes(config.gpus_per_host))
     runs: Timeouts = {}
     known: Timeouts = {}
     for job in jobs:
@@ -64,6 +63,15 @@ def job_timeouts(jobs: Iterable[TraceJob], config: SimConfig) -> tuple[Timeouts,
     if config.pending_timeouts == "trace":
         return runs, runs
     return runs, known if config.pending_timeouts == "cap" else dict.fromkeys(runs)
+
+
+def uncapped_sizes(config: SimConfig) -> list[int]:
+    """With `pending_timeouts` "cap", the runner sizes without a maximum timeout where
+    others have one: the planner then knows no pending job's timeout (all sizes or none,
+    as `Controller._timed`, which logs the same). Empty where that is not so."""
+    sizes = sorted(slot_sizes(config.gpus_per_host))
+    missing = [n for n in sizes if config.runner_cap(n) is None]
+    return missing if config.pending_timeouts == "cap" and len(missing) < len(sizes) else []
 
 
 def parse_runner_timeouts(text: str) -> tuple[float | None, tuple[tuple[int, float], ...]]:

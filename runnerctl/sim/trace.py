@@ -15,7 +15,11 @@ starts, and the first bad one is reported with its line number: a row with fewer
 more fields than the header, a number that is not one (NaN and infinity included), a
 negative time or duration, a timeout that is not above zero, a job asking for a GPU
 count no runner of the simulated hosts has (0, 3, -2, more than a host), a foreign use
-on a host or GPU that does not exist, a job id given twice.
+on a host or GPU that does not exist, a job id given twice; so is a header naming a
+column twice or a column neither file has (a misspelt `Timeout` or `usr` would otherwise
+be left out without a word), and a jobs file with no job. Numbers are ASCII decimals
+(`1_000` and other digits Python's `float` takes are refused). A duration of 0 (a job
+that ended at once) is allowed.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ MAX_SECONDS = 1e9
 """Times and durations beyond ~31 years are typos (and would overflow the metrics)."""
 MAX_INT = 2**63 - 1
 _EXTRA = "\x00extra"  # DictReader's key for fields beyond the header
+JOB_COLUMNS = ("job_id", "submit_time", "gpus", "duration")
+JOB_OPTIONAL = ("project", "priority", "user", "timeout", "name")
+FOREIGN_COLUMNS = ("start", "duration", "host", "gpu")
 
 
 def read_jobs(path: Path, *, sizes: Collection[int] | None = None) -> list[TraceJob]:
@@ -44,7 +51,7 @@ def read_jobs(path: Path, *, sizes: Collection[int] | None = None) -> list[Trace
     runner would ever take it."""
     jobs: list[TraceJob] = []
     seen: set[int] = set()
-    for line, row in _rows(path, ("job_id", "submit_time", "gpus", "duration")):
+    for line, row in _rows(path, JOB_COLUMNS, JOB_OPTIONAL):
         where = f"{path}: line {line}"
         job = TraceJob(_int(row, "job_id", where, low=0), _time(row, "submit_time", where),
                        _int(row, "gpus", where, low=1), _time(row, "duration", where),
@@ -59,6 +66,8 @@ def read_jobs(path: Path, *, sizes: Collection[int] | None = None) -> list[Trace
             raise ConfigError(f"{where}: job id {job.job_id} appears twice")
         seen.add(job.job_id)
         jobs.append(job)
+    if not jobs:
+        raise ConfigError(f"{path}: no jobs, only the header", hint="one line per job after the header")
     return jobs
 
 
@@ -66,7 +75,7 @@ def read_foreign(path: Path, *, hosts: int | None = None,
                  gpus_per_host: int | None = None) -> list[ForeignUse]:
     """Foreign uses of FOREIGN.csv, checked against the simulated hosts when given."""
     uses: list[ForeignUse] = []
-    for line, row in _rows(path, ("start", "duration", "host", "gpu")):
+    for line, row in _rows(path, FOREIGN_COLUMNS, ()):
         where = f"{path}: line {line}"
         try:
             host = _host(row["host"])
@@ -95,7 +104,7 @@ def _int(row: dict[str, str], column: str, where: str, *, low: int) -> int:
 def _time(row: dict[str, str], column: str, where: str) -> float:
     """Seconds: a finite number from 0 to MAX_SECONDS."""
     try:
-        value = float(row[column])
+        value = _float(row[column])
     except ValueError:
         raise ConfigError(f"{where}: {column} {row[column]!r} is not a number of seconds") from None
     if not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
@@ -109,13 +118,20 @@ def _timeout(text: str | None, where: str) -> float | None:
     if text is None or not text.strip():
         return None
     try:
-        value = float(text)
+        value = _float(text)
     except ValueError:
         raise ConfigError(f"{where}: timeout {text!r} is not a number of seconds") from None
     if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
         raise ConfigError(f"{where}: timeout {text!r} is not a number of seconds above 0 "
                           f"and at most {MAX_SECONDS:.0e}")
     return value
+
+
+def _float(text: str) -> float:
+    """`float` of ASCII text without `_`: `float` also reads "1_000" and non-ASCII digits."""
+    if not text.isascii() or "_" in text:
+        raise ValueError(text)
+    return float(text)
 
 
 def _host(name: str) -> int:
@@ -128,9 +144,10 @@ def _host(name: str) -> int:
     return index - 1
 
 
-def _rows(path: Path, needed: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
-    """(line number, row) of a UTF-8 CSV file with a header naming `needed` columns;
-    a row with fewer or more fields than the header is refused."""
+def _rows(path: Path, needed: tuple[str, ...], optional: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
+    """(line number, row) of a UTF-8 CSV file with a header naming `needed` columns and
+    any of `optional`, each once; a row with fewer or more fields than the header is
+    refused."""
     try:
         text = path.read_bytes().decode("utf-8-sig")
     except OSError as exc:
@@ -144,10 +161,18 @@ def _rows(path: Path, needed: tuple[str, ...]) -> list[tuple[int, dict[str, str]
     reader = csv.DictReader(io.StringIO(text, newline=""), restkey=_EXTRA, strict=True)
     last = 1  # the line the last good record ended on (the header's at first)
     try:
-        missing = [c for c in needed if c not in (reader.fieldnames or [])]
+        names = list(reader.fieldnames or [])
+        missing = [c for c in needed if c not in names]
         if missing:
             raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}",
                               hint=f"the first line names the columns: {','.join(needed)}")
+        twice = sorted({c for c in names if names.count(c) > 1})
+        unknown = [c for c in names if c not in needed + optional]
+        if twice or unknown:
+            what = (f"column(s) named twice: {', '.join(twice)}" if twice
+                    else f"unknown column(s) {', '.join(map(repr, unknown))}")
+            raise ConfigError(f"{path}: line 1: {what}",
+                              hint=f"the columns are {','.join(needed + optional)}")
         rows = []
         for row in reader:
             header = len(reader.fieldnames or [])
