@@ -32,6 +32,7 @@ from runnerctl.model import GpuSnapshot
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim.gitlab_server import Fault
 from runnerctl.sim.world import PROJECT, World, build_world
+from runnerctl.tags import job_tags
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -110,6 +111,22 @@ def test_gpu_identity_and_labels_line_up_with_dcgm_exporter(world: World) -> Non
         assert value(samples, "runnerctl_gpu_memory_total_bytes", UUID=gpu.uuid) == gpu.memory_total_bytes
         assert value(samples, "runnerctl_gpu_utilization_ratio", UUID=gpu.uuid) == 0.0
         assert state_of(samples, gpu.index) == "idle"
+
+
+def test_pending_jobs_pinned_to_this_host_are_counted_apart(world: World) -> None:
+    """A fleet's total is the max over hosts of the shared jobs plus each host's pinned ones
+    (the fleet dashboard's sum): a job pinned elsewhere is in neither of this host's counts."""
+    for _ in range(8):
+        world.submit(1, 600.0)  # every GPU busy: the 4-GPU jobs below stay pending
+    world.advance(6)
+    world.submit(4, 60.0)
+    for host in (world.controller.host, world.controller.host, "gpu-elsewhere"):
+        world.state.enqueue_job(project_id=PROJECT, tags=job_tags(gpus=4, host=host), user="bob", name="job")
+    world.advance(6)
+    samples = scrape(world)
+    assert value(samples, "runnerctl_pending_jobs", gpus="4") == 3.0
+    assert value(samples, "runnerctl_pending_jobs_pinned", gpus="4") == 2.0
+    assert value(samples, "runnerctl_pending_jobs_pinned", gpus="8") == 0.0
 
 
 def test_states_follow_ci_foreign_draining_paused_and_unhealthy(world: World) -> None:

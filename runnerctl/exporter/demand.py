@@ -1,6 +1,9 @@
 """Demand metrics: pending GPU jobs by GPUs asked, the oldest one's age, and waits.
 
 `gpus` (1, 2, 4, 8, ...) is the only label: job ids, projects and users stay out.
+Every host sees the same GitLab queue, so a fleet's count of the shared pending jobs is
+the max over hosts, not the sum; jobs a `host:` tag pins are seen by their host alone,
+and `runnerctl_pending_jobs_pinned` counts them apart so a fleet total can add them.
 Pending counts are exported for every block size of the host, 0 included, so a panel
 shows "no demand" rather than "no data". Waits are timed by the controller from a job's
 creation in GitLab to the first tick that sees it running on this host (see
@@ -22,16 +25,22 @@ def collect(stats: StatsView) -> Iterator[Metric]:
     mine = [j for j in view.demand if j.host in (None, view.host) and j.gpus in sizes]
     pending = GaugeMetricFamily("runnerctl_pending_jobs", "GPU jobs pending in GitLab that this host could "
                                 "run, by GPUs asked.", labels=["Hostname", "gpus"])
+    pinned = GaugeMetricFamily("runnerctl_pending_jobs_pinned", "Of runnerctl_pending_jobs, those a `host:` "
+                               "tag pins to this host (no other host counts them: a fleet total is the "
+                               "max over hosts of the rest plus the sum of these).",
+                               labels=["Hostname", "gpus"])
     oldest = GaugeMetricFamily("runnerctl_pending_job_oldest_age_seconds",
                                "Age of the oldest pending job asking for this many GPUs (absent when none).",
                                labels=["Hostname", "gpus"])
     for size in sizes:
         jobs = [j for j in mine if j.gpus == size]
         pending.add_metric([view.host, str(size)], len(jobs))
+        pinned.add_metric([view.host, str(size)], sum(j.host == view.host for j in jobs))
         created = [j.created_at for j in jobs if j.created_at > 0]
         if created:
             oldest.add_metric([view.host, str(size)], max(0.0, view.at - min(created)))
     yield pending
+    yield pinned
     yield oldest
     waits = HistogramMetricFamily("runnerctl_job_wait_seconds", "Time from a job's creation to its start "
                                   "on this host, by GPUs asked.", labels=["Hostname", "gpus"])
