@@ -24,6 +24,7 @@ from typing import Any, Literal
 import tomlkit
 
 from runnerctl import standby
+from runnerctl.errors import ConfigError
 from runnerctl.executors.contract import DriverArgs, custom_section
 from runnerctl.gitlab import CreatedRunner, GitLabPort, RunnerInfo, RunnerScope
 from runnerctl.layout import plan_slots, slot_tags, standby_name
@@ -46,6 +47,9 @@ class RegistrationOptions:
     settings_path: str
     optuna_storage: str | None = None
     """Put into every runner's environment as RUNNERCTL_OPTUNA_STORAGE (sweeps' default)."""
+    take_over: bool = False
+    """Delete orphans GitLab shows online too (`init --take-over`): this host's own runners
+    whose config.toml was lost while their gitlab-runner still ran."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +176,9 @@ def apply_registration(plan: RegistrationPlan, snapshot: GpuSnapshot,
     entries: dict[str, dict[str, Any]] = {}
     retired: set[str] = set()
     now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
-    for orphan in find_orphans(plan, options.scope, gitlab):
+    orphans = find_orphans(plan, options.scope, gitlab)
+    refuse_live_orphans(plan, options, gitlab, orphans, runner_config=Path(config.path))
+    for orphan in orphans:
         gitlab.delete_runner(orphan.id)
         result.orphans.append(f"{orphan.description} (runner {orphan.id}, deleted: its token was lost)")
     try:
@@ -224,6 +230,27 @@ def _ensure_standby(plan: RegistrationPlan, options: RegistrationOptions, gitlab
     name = standby_name(plan.slots[0].host)
     {"created": result.created, "retagged": result.retagged}.get(done, result.unchanged).append(name)
     result.orphans.extend(orphans)
+
+
+def refuse_live_orphans(plan: RegistrationPlan, options: RegistrationOptions, gitlab: GitLabPort,
+                        orphans: list[RunnerInfo], *, runner_config: Path) -> None:
+    """Before anything is deleted: an "orphan" GitLab shows online is no lost create (a
+    runner whose token nobody ever had never contacts GitLab): some gitlab-runner polls
+    with its token, most likely another machine given the same `[host] name`, whose
+    runners deleting would break (its jobs failing, its controller told to run init,
+    which would delete these in turn). Refused, naming them, unless `take_over`."""
+    if options.take_over or not plan.slots:
+        return
+    standby_orphans = standby.find_orphans(gitlab, gitlab_url=options.gitlab_url, host=plan.slots[0].host,
+                                           scope=options.scope, runner_config=runner_config)
+    live = [r for r in [*orphans, *standby_orphans] if r.online]
+    if live:
+        names = ", ".join(f"{r.description} (runner {r.id})" for r in live[:3]) + (
+            f" and {len(live) - 3} more" if len(live) > 3 else "")
+        raise ConfigError(f"{names}: online in GitLab but not in this host's config.toml; another machine "
+                          f"registers runners as host {plan.slots[0].host!r}? Nothing was changed",
+                          hint="give each machine its own [host] name; if they are this host's own "
+                          "(its config.toml was lost), run init again with --take-over to replace them")
 
 
 def find_orphans(plan: RegistrationPlan, scope: RunnerScope, gitlab: GitLabPort) -> list[RunnerInfo]:

@@ -40,7 +40,7 @@ from runnerctl.layout import standby_name, standby_tags
 from runnerctl.model import Slot
 
 if TYPE_CHECKING:  # the simulator reads this module without loading python-gitlab
-    from runnerctl.gitlab import GitLabPort, RunnerScope
+    from runnerctl.gitlab import GitLabPort, RunnerInfo, RunnerScope
 
 STANDBY_FILE = "runnerctl-standby.json"
 VERIFY_EVERY_S = 900.0
@@ -107,6 +107,21 @@ def save(runner_config: Path, standby: Standby) -> None:
     os.replace(tmp, path)
 
 
+def _known(runner_config: Path, *, gitlab_url: str, name: str) -> Standby | None:
+    """The recorded stand-by runner, where it is this GitLab's and host's."""
+    known = load(runner_config)
+    return None if known is None or known.gitlab_url != gitlab_url or known.name != name else known
+
+
+def find_orphans(gitlab: GitLabPort, *, gitlab_url: str, host: str, scope: RunnerScope,
+                 runner_config: Path) -> list[RunnerInfo]:
+    """Runners named like this host's stand-by that the record does not know."""
+    name = standby_name(host)
+    known = _known(runner_config, gitlab_url=gitlab_url, name=name)
+    return [r for r in gitlab.list_runners(scope.runner_type)
+            if r.description == name and (known is None or r.id != known.id)]
+
+
 def ensure(gitlab: GitLabPort, *, gitlab_url: str, host: str, slots: list[Slot], scope: RunnerScope,
            runner_config: Path) -> tuple[str, list[str]]:
     """Make this host's stand-by runner exist, unpaused and tagged for its slots.
@@ -119,11 +134,8 @@ def ensure(gitlab: GitLabPort, *, gitlab_url: str, host: str, slots: list[Slot],
     if not slots:
         return "none", []
     name, tags = standby_name(host), standby_tags(slots)
-    known = load(runner_config)
-    if known is not None and (known.gitlab_url != gitlab_url or known.name != name):
-        known = None
-    orphans = [r for r in gitlab.list_runners(scope.runner_type)
-               if r.description == name and (known is None or r.id != known.id)]
+    known = _known(runner_config, gitlab_url=gitlab_url, name=name)
+    orphans = find_orphans(gitlab, gitlab_url=gitlab_url, host=host, scope=scope, runner_config=runner_config)
     for orphan in orphans:
         gitlab.delete_runner(orphan.id)
     gone = [f"{r.description} (runner {r.id}, deleted: its token was lost)" for r in orphans]

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import tomlkit
 
@@ -175,6 +176,35 @@ def test_a_create_whose_answer_was_lost_leaves_no_orphan(gitlab_server: GitLabSe
     gitlab_server.requests.clear()
     assert _init(gitlab_server, config, "sim:2") == 0
     assert gitlab_server.changing_requests() == []  # known runners are never taken for orphans
+
+
+def test_a_second_machine_with_the_same_host_name_deletes_nothing(
+        gitlab_server: GitLabServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Machine one's runners, polled by its gitlab-runner, are online; machine two, given
+    the same [host] name by mistake, once took them for lost creates and deleted all of
+    them (found by a review as a lab admin running three hosts). It now refuses in one
+    line, changing nothing; --take-over (a host whose config.toml was lost) replaces them."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    assert _init(gitlab_server, one / "config.toml", "sim:2") == 0
+    for entry in tomlkit.parse((one / "config.toml").read_text()).unwrap()["runners"]:
+        answer = httpx.post(f"{gitlab_server.url}/api/v4/runners/verify", json={"token": entry["token"]})
+        assert answer.status_code == 200, answer.text  # what gitlab-runner's polling does
+    standby = next(r for r in gitlab_server.state.runners.values() if r.description.endswith("/standby"))
+    gitlab_server.state.heartbeat(standby)  # serve keeps it online (runnerctl.standby)
+    before = dict(gitlab_server.state.runners)
+    capsys.readouterr()
+    gitlab_server.requests.clear()
+    assert _init(gitlab_server, two / "config.toml", "sim:2") == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "online in GitLab but not in this host's config.toml" in err, err
+    assert "runnerctl/gpu-a/gpu0 (runner" in err and "--take-over" in err
+    assert gitlab_server.changing_requests() == [] and gitlab_server.state.runners == before
+    assert not (two / "config.toml").exists()
+    assert _init(gitlab_server, two / "config.toml", "sim:2", "--take-over") == 0
+    assert not set(before) & set(gitlab_server.state.runners)  # replaced: machine one's are gone
+    assert len(_slot_runners(gitlab_server)) == 3
 
 
 def test_init_sets_the_runners_maximum_job_timeouts_and_leaves_sizes_not_listed(

@@ -128,10 +128,14 @@ def _runner_config(settings: Settings, path: Path | None) -> RunnerConfigFile:
               "RUNNERCTL_OPTUNA_STORAGE, the optuna-sweep template's default.")
 @click.option("--dry-run", is_flag=True, help="Contact nothing; print the plan and the "
               "config.toml that would be written, tokens as placeholders.")
+@click.option("--take-over", is_flag=True, help="Also delete and replace runners named like this "
+              "host's that config.toml does not know while GitLab shows them online (init refuses "
+              "them otherwise: another machine with the same [host] name?). For a host whose "
+              "config.toml was lost.")
 def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: int | None,
          executor: str, runner_config: Path | None, gpu_source: str | None,
          host_name: str | None, config_path: Path | None, optuna_storage: str | None,
-         dry_run: bool) -> None:
+         dry_run: bool, take_over: bool) -> None:
     """Register one GitLab runner per GPU and per aligned GPU block, and write config.toml.
 
     Block runners are created paused; the controller (`runnerctl serve`) opens them on
@@ -153,7 +157,8 @@ def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: i
              RunnerScope("instance_type"))
     options = RegistrationOptions(gitlab_url=gitlab_url.rstrip("/"), executor=executor,  # type: ignore[arg-type]
                                   scope=scope, gpu_source=spec, settings=settings,
-                                  settings_path=str(settings_path), optuna_storage=optuna_storage)
+                                  settings_path=str(settings_path), optuna_storage=optuna_storage,
+                                  take_over=take_over)
     plan = plan_registration(snapshot, config.owned_entries())
     left_alone = [*mig_note(snapshot), *_timeout_note(plan.slots, settings)]
     if dry_run:
