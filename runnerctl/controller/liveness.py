@@ -129,5 +129,6 @@ class Liveness:
                               "troubles": troubles, "problem": "; ".join(problems)}
 
 
-_PARTS = {"gitlab": "GitLab fails", "gpus": "the GPUs cannot be read (every runner stays closed)"}
-_PART_NAMES = {"gitlab": "GitLab", "gpus": "reading the GPUs"}
+_PARTS = {"gitlab": "GitLab fails", "gpus": "the GPUs cannot be read (every runner stays closed)",
+          "clock": "this host's clock is off the shared store's"}
+_PART_NAMES = {"gitlab": "GitLab", "gpus": "reading the GPUs", "clock": "this host's clock"}

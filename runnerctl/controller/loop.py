@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -51,6 +52,33 @@ CANNOT_READ_GPUS = "cannot read GPUs (every runner stays closed)"
 Clock = Callable[[], float]
 
 
+
+CLOCK_CHECK_S = 300.0
+"""How often a controller on a shared store compares its clock with the store's."""
+MAX_CLOCK_SKEW_S = 10.0
+"""Hosts' clocks may differ by this much: claims (`claim_ttl_s`, 120 s) and the fleet
+page's host ages compare one host's stamps with another's clock, so hosts minutes apart
+both drain for one job, and the page shows a live host stopped (NTP keeps them within
+milliseconds)."""
+CLOCK_OFF = "this host's clock is off the shared store's; claims and the fleet page compare hosts' clocks"
+
+
+def clock_skew(store: Store, clock: Clock) -> str:
+    """Where `clock` differs from the shared store's (its PostgreSQL server's) by more
+    than `MAX_CLOCK_SKEW_S`, how far (the query's round trip taken out); "" where it does
+    not, or the store is SQLite (one host)."""
+    before = clock()
+    server = store.server_time()
+    after = clock()
+    if server is None:
+        return ""
+    skew = (before + after) / 2 - server
+    if abs(skew) <= MAX_CLOCK_SKEW_S + (after - before) / 2:
+        return ""
+    return (f"{abs(skew):.0f} s {'ahead of' if skew > 0 else 'behind'} the store's server "
+            f"(at most {MAX_CLOCK_SKEW_S:.0f} s): sync the clocks (NTP)")
+
+
 @dataclasses.dataclass
 class Wiring:
     """What a controller talks to; all injected (the demo and tests pass fakes)."""
@@ -66,6 +94,8 @@ class Wiring:
     webhook_secret: str = ""
     on_event: Callable[[Event], None] = lambda event: None
     standby: Standby | None = None  # kept online so GitLab never drops a job waiting for a drain
+    check_clock: bool = False
+    """Compare `clock` (then the wall clock: serve) with a shared store's (`clock_skew`)."""
 
 
 class Controller:
@@ -101,6 +131,7 @@ class Controller:
         self.stats = ControllerStats()  # counters for the exporter, fed once per tick
         self.on_tick: list[Callable[[ControllerView], None]] = []  # e.g. dcgm job mapping files
         self._failing: set[str] = set()  # side tasks failing now (logged once)
+        self._clock_checked = -math.inf  # when check_clock last compared the clocks
         self.liveness = Liveness(host=self.host, interval_s=settings.interval_s)  # for /healthz, /metrics
         self.history = History(wiring.store, self.host, settings)  # job history, retention
         self.fair = FairShare(wiring.store, settings)  # fair share from the job history
@@ -141,6 +172,9 @@ class Controller:
                                         waiting=why_waiting(observed, result))
         self.liveness.good()
         self.liveness.trouble("gitlab", "" if gitlab_ok else self.health.last_error or "not asked yet")
+        if self.wiring.check_clock and now >= self._clock_checked + CLOCK_CHECK_S:
+            self._clock_checked = now
+            self.liveness.trouble("clock", clock_skew(self.wiring.store, self.wiring.clock), warn=CLOCK_OFF)
         view, took = self.view, time.perf_counter() - started
         self._aside("stats", lambda: self.stats.observe(view, duration_s=took, is_ci=self.wiring.is_ci,
                                                         gitlab=self.wiring.gitlab))

@@ -55,7 +55,8 @@ def production_controller(settings: Settings, *, gitlab_url: str, token: str, gp
     gpus = open_gpu_source(gpu_source, host=settings.host.name, watch_xid=True)
     wiring = Wiring(host=settings.host.name, gpus=gpus,
                     gitlab=PythonGitLab(gitlab_url, token), runner_ids=runner_ids, store=store, jobs=jobs,
-                    clock=time.time, is_ci=jobs.is_ci, webhook_secret=webhook_secret, standby=standby)
+                    clock=time.time, is_ci=jobs.is_ci, webhook_secret=webhook_secret, standby=standby,
+                    check_clock=True)
     return Controller(wiring, settings.controller)
 
 

@@ -148,6 +148,14 @@ class Store:
 
         return cls(connect, postgres=False, where=str(path), migrations=migrations, upgrade=upgrade)
 
+    def server_time(self) -> float | None:
+        """The PostgreSQL server's clock (Unix seconds), the one clock every host sharing
+        the store reads; None for SQLite (one host's file, its own clock)."""
+        if not self._pg:
+            return None
+        with self._tx() as cur:
+            return float(cur.query("SELECT extract(epoch FROM clock_timestamp())", ())[0][0])
+
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
