@@ -18,6 +18,7 @@ from runnerctl.controller.jobs_store import JobRecord
 from runnerctl.exporter import endpoint
 from runnerctl.settings import ControllerSettings, WebSettings
 from runnerctl.sim.world import PROJECT, World, build_world
+from runnerctl.tags import job_tags
 from runnerctl.web.fleet import publisher
 from runnerctl.web.routes import install
 
@@ -95,6 +96,25 @@ def test_the_queue_merges_hosts_with_the_most_telling_reason(world: World, tmp_p
     assert mine["host"] == "demo" and mine["detail"] == f"runner gpu0-7 drains for it, waiting on job {first}"
     assert {r["host"]: r["reason"] for r in mine["hosts"]} == {"demo": "draining", "gpu-b": "draining"}
     assert mine["waiting_s"] >= 3.0
+
+
+def test_a_job_pinned_to_another_host_says_so_and_that_hosts_reason_wins(world: World,
+                                                                          tmp_path: Path) -> None:
+    """This host's planner leaves out a job a `host:` tag pins to gpu-b: the page said
+    `resources`, "not planned yet", the only line left while gpu-b is stopped (found by a
+    review as a lab admin running three hosts)."""
+    job = world.state.enqueue_job(project_id=PROJECT, tags=job_tags(gpus=8, host="gpu-b"), user="erin",
+                                  name="x")
+    world.advance(3.0)
+    now = world.clock()
+    theirs = [_queued(job.id, "draining", created_at=now - 3)]
+    _other_host(world, "gpu-b", at=now - 5, queue=theirs)  # stopped
+    [shown] = _client(world, tmp_path).get("/api/queue").json()
+    assert (shown["reason"], shown["host"]) == ("pinned", "demo")
+    assert shown["detail"] == "its host: tag pins it to gpu-b"
+    _other_host(world, "gpu-b", at=now, queue=theirs)  # back
+    [shown] = _client(world, tmp_path).get("/api/queue").json()
+    assert (shown["reason"], shown["host"]) == ("draining", "gpu-b")
 
 
 def test_a_host_that_never_ticked_is_unknown(world: World, tmp_path: Path) -> None:

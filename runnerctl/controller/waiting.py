@@ -30,7 +30,9 @@ from typing import NamedTuple
 from runnerctl.controller.plan import Decision, Demand, Observed, Plan
 from runnerctl.model import slot_key
 
-RANK = {"starting": 0, "draining": 1, "priority": 2, "resources": 3, "foreign": 4, "held": 5}
+RANK = {"starting": 0, "draining": 1, "priority": 2, "resources": 3, "foreign": 4, "held": 5, "pinned": 6}
+"""Most telling first, where hosts give a job different reasons; `pinned` is the fleet
+page's word for a job another host's `host:` tag holds (that host's own reason wins)."""
 """Most telling first: a job one host starts or drains for waits for that host."""
 
 

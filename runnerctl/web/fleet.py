@@ -101,11 +101,13 @@ def publisher(store: Store, *, interval_s: float,
         queue = []
         for job in view.demand:
             why = view.waiting.get(job.job_id)
+            reason, detail, elsewhere = (why.code, why.detail, why.elsewhere) if why else (
+                ("pinned", f"its host: tag pins it to {job.host}", True) if job.host not in (None, view.host)
+                else ("resources", "not planned yet", False))  # the planner leaves out jobs pinned elsewhere
             queue.append({"job_id": job.job_id, "gpus": job.gpus, "project_id": job.project_id,
                           "priority": job.priority, "user": job.user, "url": job.web_url,
-                          "created_at": job.created_at, "reason": why.code if why else "resources",
-                          "detail": why.detail if why else "not planned yet",
-                          "elsewhere": why.elsewhere if why else False})
+                          "created_at": job.created_at, "reason": reason, "detail": detail,
+                          "elsewhere": elsewhere})
         at = clock()  # the loop waits an interval after each tick: its period is the sum
         host_views.save(store, host=view.host, at=at, interval_s=interval_s + max(0.0, at - view.at),
                         tick=view.tick,

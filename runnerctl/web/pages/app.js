@@ -109,7 +109,8 @@ function render(host) {
 }
 
 const REASONS = { starting: "starting", draining: "draining for it", priority: "behind a higher priority",
-                  resources: "resources", foreign: "foreign use", held: "held by an admin" };
+                  resources: "resources", foreign: "foreign use", held: "held by an admin",
+                  pinned: "pinned to another host" };
 
 function tile(host, gpu) {
   const who = gpu.jobs.map((j) => `job ${j.job_id}` + (j.user ? ` by ${j.user}` : ""))
