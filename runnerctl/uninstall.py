@@ -15,7 +15,8 @@ What runnerctl made, and how it is recognized:
   with install's header line); a file of such a name that runnerctl did not write is
   left and named. (The job mapping directory that entry made goes at the next boot.)
 The state directory, the PostgreSQL data, `/etc/runnerctl` (settings, serve.env with
-the token) are left for the admin (docs/operations.md, "Uninstall").
+the token) are left for the admin (docs/operations.md, "Uninstall"). In a shared store
+the command retires the host (`Store.retire_host`): off the fleet page, history kept.
 
 Order: each runner is deleted in GitLab before its entry leaves config.toml, so a
 failure midway (GitLab down) leaves exactly what is still to do for the next run.

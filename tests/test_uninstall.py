@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from runnerctl.cli import main
+from runnerctl.controller import host_views
+from runnerctl.controller.store import Event, Store
 from runnerctl.gitlab import PythonGitLab, RunnerScope
+from runnerctl.postgres import PostgresServer
 from runnerctl.standby import standby_path
 from tests.conftest import token_file
 from tests.sim_gitlab import SimGitLab, running_sim
@@ -123,3 +126,49 @@ def test_the_concurrent_init_raised_goes_back_to_the_labs(sim: SimGitLab, tmp_pa
                  "--config", str(settings)]) == 0
     assert "changed  set concurrent back to 4" in capsys.readouterr().out
     assert config.read_text().startswith("concurrent = 4 # the lab's limit\ncheck_interval = 3\n")
+
+
+@pytest.fixture(scope="module")
+def shared_store(pg_server: PostgresServer) -> str:
+    return pg_server.create_database("uninstall_fleet")
+
+
+def test_uninstall_retires_the_host_in_a_shared_store(sim: SimGitLab, tmp_path: Path, shared_store: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """An uninstalled host left the fleet page showing it `stopped` for ever (found by a
+    review as a lab admin running three hosts): its rows go, a `retired` event says so,
+    its job history and the other hosts stay; a host that runs again is back."""
+    _, info = sim
+    _, settings, _ = _setup(sim, tmp_path)
+    with settings.open("a") as handle:
+        handle.write(f'[controller]\nstore_url = "{shared_store}"\n')
+    store = Store.open(url=shared_store)
+    for host in ("gpu-a", "gpu-b"):
+        store.record(Event(1.0, host, "drain", "gpu0-7", "for pending job 5"))
+        host_views.save(store, host=host, at=2.0, interval_s=5.0, tick=1, view={"gpus": [], "queue": []})
+    capsys.readouterr()
+    assert main(["uninstall", "--dry-run", "--root", str(tmp_path / "root"), "--config", str(settings)]) == 0
+    assert "# retire host gpu-a in the shared store" in capsys.readouterr().out
+    assert store.hosts() == ["gpu-a", "gpu-b"]
+    assert main(["uninstall", "--token-file", token_file(tmp_path, info["admin_token"]),
+                 "--root", str(tmp_path / "root"), "--config", str(settings)]) == 0
+    assert "retired  host gpu-a in the shared store" in capsys.readouterr().out
+    assert store.hosts() == ["gpu-b"] and [r.host for r in host_views.load(store)] == ["gpu-b"]
+    assert [e.kind for e in store.events("gpu-a", 5)] == ["retired", "drain"]  # the history stays
+    store.record(Event(3.0, "gpu-a", "drain", "gpu0-7", "installed again"))
+    assert store.hosts() == ["gpu-a", "gpu-b"]
+    store.close()
+
+
+def test_an_unreachable_shared_store_is_named_and_the_rest_is_done(sim: SimGitLab, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    server, info = sim
+    _, settings, _ = _setup(sim, tmp_path)
+    with settings.open("a") as handle:
+        handle.write('[controller]\nstore_url = "postgresql://nobody:pw@127.0.0.1:1/none?connect_timeout=2"\n')
+    capsys.readouterr()
+    assert main(["uninstall", "--token-file", token_file(tmp_path, info["admin_token"]),
+                 "--root", str(tmp_path / "root"), "--config", str(settings)]) == 0
+    out = capsys.readouterr().out
+    assert "left     host gpu-a in the shared store: " in out, out
+    assert [r.description for r in server.state.runners.values()] == ["lab/cpu"]

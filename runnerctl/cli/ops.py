@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -16,7 +17,8 @@ from runnerctl.cli.host import (
     token_option,
 )
 from runnerctl.cli.params import config_option
-from runnerctl.errors import ConfigError
+from runnerctl.controller.store import Store, StoreError
+from runnerctl.errors import ConfigError, first_line
 from runnerctl.gitlab import PythonGitLab
 from runnerctl.install import (
     DEFAULT_LISTEN,
@@ -135,9 +137,15 @@ def uninstall(runner_config: Path | None, gitlab_url: str | None, token: str | N
                           hint="pass --gitlab-url for the one to uninstall from")
     url = gitlab_url.rstrip("/") if gitlab_url else next(iter(urls), None)
     plan = plan_uninstall(config, root=root, gitlab_url=url)
+    shared = settings.controller.store_url  # a SQLite store is this host's alone: nothing to retire
+    named = {name.split("/")[1] for name, _ in plan.runners if name.count("/") >= 2}  # runnerctl/HOST/KEY
+    host = named.pop() if len(named) == 1 else settings.host.name  # init --host may have named them
+    retire = f"host {host} in the shared store (off its fleet page; its job history stays)"
     if dry_run:
         for line in plan.describe(config.path):
             click.echo(f"# {line}")
+        if shared:
+            click.echo(f"# retire {retire}")
         return
     gitlab: PythonGitLab | None = None
     if plan.runners or plan.standby is not None:
@@ -155,5 +163,16 @@ def uninstall(runner_config: Path | None, gitlab_url: str | None, token: str | N
             click.echo(f"{label:8} {item}")
     for unit in plan.foreign_units:
         click.echo(f"kept     {unit} (not written by runnerctl install)")
+    if shared:
+        try:
+            store = Store.open(url=shared, upgrade=False)  # other hosts' controllers may be older
+            try:
+                store.retire_host(host, time.time(), "by runnerctl uninstall")
+            finally:
+                store.close()
+        except StoreError as exc:
+            click.echo(f"left     {retire.split(' (', 1)[0]}: {first_line(exc)}")
+        else:
+            click.echo(f"retired  {retire}")
     if plan.units:
         click.echo("then: systemctl daemon-reload")

@@ -98,6 +98,9 @@ def pg_params(conninfo: str, timeout_s: float) -> dict[str, Any]:
     return params
 
 
+RETIRED = "retired"
+"""The event `retire_host` records: the host left the fleet."""
+
 class Store:
     """One store API over SQLite or PostgreSQL; only the placeholders differ.
 
@@ -352,10 +355,24 @@ class Store:
         return (json.loads(rows[0][0]), json.loads(rows[0][1])) if rows else None
 
     def hosts(self) -> list[str]:
-        """Every host that wrote to this store (the fleet, when hosts share PostgreSQL)."""
+        """Every host that wrote to this store (the fleet, when hosts share PostgreSQL), but
+        those whose last event is `retired` (`retire_host`)."""
         with self._tx() as cur:
             rows = cur.query("SELECT DISTINCT host FROM events UNION SELECT DISTINCT host FROM toggles")
-        return sorted(r[0] for r in rows)
+            gone = cur.query("SELECT host FROM events WHERE kind = ? AND id IN "
+                             "(SELECT max(id) FROM events GROUP BY host)", (RETIRED,))
+        return sorted({r[0] for r in rows} - {r[0] for r in gone})
+
+    def retire_host(self, host: str, now: float, detail: str) -> None:
+        """A host taken out of the fleet (`runnerctl uninstall`): its toggles, drains,
+        claims, gate, inventory and fleet-page row go, and a `retired` event says so, so
+        the fleet page no longer lists it as stopped; its job history and events stay
+        (`report`). A host that runs again is back with its first tick."""
+        with self._tx() as cur:
+            for table in ("toggles", "drains", "protected", "claims", "gate", "inventory", "host_views"):
+                cur.execute(f"DELETE FROM {table} WHERE host = ?", (host,))  # noqa: S608 - names above
+            cur.execute("INSERT INTO events (at, host, kind, subject, detail) VALUES (?, ?, ?, ?, ?)",
+                        (now, host, RETIRED, "host", detail))
 
     # -- web users (local accounts; the hash comes from runnerctl.web.auth) -----------
     def save_user(self, name: str, password_hash: str, role: str, now: float) -> None:
