@@ -72,9 +72,11 @@ class GitLabError(RunnerctlError):
 class TemporaryError(GitLabError):
     """Worth retrying after `delay` seconds (rate limit, 5xx, connection failure)."""
 
-    def __init__(self, message: str, *, delay: float, hint: str | None = None) -> None:
+    def __init__(self, message: str, *, delay: float, hint: str | None = None, told: bool = False) -> None:
         super().__init__(message, hint=hint)
         self.delay = delay
+        self.told = told
+        """GitLab said when (`Retry-After`): wait that long, not longer for each failure."""
 
 
 class PermanentError(GitLabError):

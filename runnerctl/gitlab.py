@@ -316,7 +316,9 @@ class PythonGitLab:
 
     def _http_error(self, what: str, exc: gitlab.exceptions.GitlabError) -> Exception:
         code = exc.response_code
-        detail = f"GitLab answered {code} ({exc.error_message}) to a request to {what}"
+        detail = (f"GitLab answered {code} ({exc.error_message}) to a request to {what}" if code is not None
+                  else f"GitLab's answer to a request to {what} could not be read ({exc.error_message}): "
+                  "is the URL GitLab's, not a proxy's or login page's?")
         if code == 404:
             return _NotFound(detail)
         if code == 400:
@@ -328,10 +330,9 @@ class PythonGitLab:
             return PermanentError(detail, hint="the token's user lacks permission: it needs Owner "
                                   "on the group (group runners), Maintainer on the project "
                                   "(project runners) or to be an administrator (instance runners)")
-        if code == 429:
-            return TemporaryError(detail, delay=self._retry_after or DEFAULT_RETRY_S)
-        if code is None or code >= 500:
-            return TemporaryError(detail, delay=self._retry_after or DEFAULT_RETRY_S)
+        if code == 429 or code is None or code >= 500:
+            return TemporaryError(detail, delay=self._retry_after or DEFAULT_RETRY_S,
+                                  told=self._retry_after is not None)
         return PermanentError(detail)
 
 

@@ -154,13 +154,19 @@ def test_admin_toggles_pause_drain_resume(world: World, tmp_path: Path,
     assert {"drain", "pause", "resume"} <= set(kinds)
 
 
-def test_restart_recovers_drain_and_never_resumes_a_covered_single(world: World) -> None:
+def _whole_host_drained(world: World, singles_s: float, settle_s: float) -> int:
+    """Eight 1-GPU jobs of `singles_s`, then an 8-GPU job the host drains for (its id)."""
     for _ in range(8):
-        world.submit(1, 200.0)
+        world.submit(1, singles_s)
     world.advance(5)
     big = world.submit(8, 30.0)
-    world.advance(12)
+    world.advance(settle_s)
     assert world.controller.drains
+    return big
+
+
+def test_restart_recovers_drain_and_never_resumes_a_covered_single(world: World) -> None:
+    big = _whole_host_drained(world, 200.0, 12)
     assert world.controller.protected == {big}  # it came when no other multi-GPU job waited
     # restart: a fresh controller on the same store and GitLab
     world.controller = Controller(world.controller.wiring, SETTINGS)
@@ -171,6 +177,27 @@ def test_restart_recovers_drain_and_never_resumes_a_covered_single(world: World)
         _assert_s1(world)
         assert not _open(world) & {f"gpu{i}" for i in range(8)} or big in world.fleet.started
     assert big in world.fleet.started
+
+
+def test_a_restart_keeps_the_stored_drains_until_every_project_is_read(world: World) -> None:
+    """Demand polls are metered (the API budget; discovery first), so a restarted
+    controller ticks a while before it has read the drained-for job again. It dropped the
+    drain at once and resumed the singles under it, and younger 1-GPU jobs took the GPUs
+    (found by a review as an operator killing serve mid-drain)."""
+    big = _whole_host_drained(world, 40.0, 10)
+    younger = {world.submit(1, 300.0) for _ in range(4)}
+    world.controller = Controller(world.controller.wiring, SETTINGS)
+    poll = world.controller.demand.poll
+    world.controller.demand.poll = lambda gitlab: None  # type: ignore[method-assign] # no poll answered yet
+    world.advance(60)  # the 40 s jobs end meanwhile
+    assert not world.controller.demand.complete and world.controller.drains
+    assert not younger & set(world.fleet.started)
+    assert not _open(world) & {f"gpu{i}" for i in range(8)}
+    world.controller.demand.poll = poll  # type: ignore[method-assign]
+    world.advance(30)
+    assert world.controller.demand.complete and big in world.fleet.started
+    started = world.fleet.started
+    assert all(started[big] < started[job] for job in younger & set(started))  # the 8-GPU job first
 
 
 def test_job_another_host_drains_for_is_not_drained_for_here_but_takes_an_idle_block(world: World) -> None:

@@ -146,3 +146,21 @@ def test_retry_after_is_read_as_seconds_or_an_http_date(header: str | None, wait
 
     now = 1795910400.0  # Sun, 29 Nov 2026 00:00:00 GMT
     assert retry_after(header, now) == wait
+
+
+def test_a_retry_after_is_waited_as_said_not_doubled_per_failure(gitlab_server: GitLabServer) -> None:
+    """After a spell of 500s a 429 saying `Retry-After: 7` was waited 7 x 2^4 = 112 s
+    (found by a review as an operator breaking GitLab); without one, the wait doubles."""
+    from runnerctl.controller.act import GitLabHealth
+
+    gl = _client(gitlab_server)
+    runner = gitlab_server.state.create_runner(description="r", tags=[])
+    health = GitLabHealth(backoff_max_s=300.0)
+    waits = []
+    for kind in ("500", "500", "500", "500", "429", "429"):  # the fake sends Retry-After with a 429 only
+        gitlab_server.faults.append(Fault("PUT", r"^/runners/\d+$", kind, retry_after=7))
+        with pytest.raises(TemporaryError) as caught:
+            gl.set_paused(runner.id, True)
+        health.failed(caught.value, 1000.0)
+        waits.append(health.retry_at - 1000.0)
+    assert waits == [5.0, 10.0, 20.0, 40.0, 7.0, 7.0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+from tests.e2e_fleet import wait_for
 from tests.serve_proc import Serve
 
 
@@ -18,3 +19,19 @@ def test_sigterm_stops_the_loop_closes_the_store_and_exits_0(tmp_path: Path) -> 
     assert code == 0, serve.output()  # was -15: uvicorn raised SIGTERM again, before serve's clean-up
     assert "runnerctl serve: stopped (SIGTERM)" in serve.output()
     assert not (state / "controller.sqlite-wal").exists()  # the store's last close moved it into the file
+
+
+def test_sighup_stops_it_cleanly_saying_so_and_sigusr1_is_ignored(tmp_path: Path) -> None:
+    """A closed terminal (SIGHUP) and a stray SIGUSR1 killed serve without a log line (found
+    by a review as an operator sending signals)."""
+    state = tmp_path / "state"
+    serve = Serve(tmp_path, "--state-dir", str(state))
+    serve.proc.send_signal(signal.SIGUSR1)
+    wait_for("serve to say it ignored SIGUSR1", lambda: "SIGUSR1 ignored" in serve.output(), timeout=60)
+    assert serve.proc.poll() is None
+    serve.proc.send_signal(signal.SIGHUP)
+    code = serve.proc.wait(timeout=60)
+    serve.log.close()
+    assert code == 0, serve.output()
+    assert "runnerctl serve: stopped (SIGHUP); it has no reload" in serve.output()
+    assert not (state / "controller.sqlite-wal").exists()

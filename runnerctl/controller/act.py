@@ -58,7 +58,8 @@ class GitLabHealth:
 
     def failed(self, exc: GitLabError, now: float) -> None:
         base = exc.delay if isinstance(exc, TemporaryError) else DEFAULT_DELAY_S
-        delay = min(self.backoff_max_s, base * (2 ** min(self.failures, 10)))
+        told = isinstance(exc, TemporaryError) and exc.told  # Retry-After: as GitLab said, not doubled
+        delay = min(self.backoff_max_s, base if told else base * (2 ** min(self.failures, 10)))
         self.failures += 1
         self.retry_at = now + delay
         self.last_error = str(exc)

@@ -150,6 +150,7 @@ class DemandTracker:
         self._webhook_fresh = webhook_fresh_s
         self._discover_s = discover_s
         self._discover_at = float("inf") if self.override or not self._runner_ids else clock()
+        self._discovered = self._discover_at == float("inf")  # the projects are known
         self._named: set[int] = set()  # projects webhooks told of (kept across discoveries)
         self._jobs: dict[int, PendingJob] = {}
         self._outcomes: dict[int, str] = {}  # job id -> final status from a webhook (job history)
@@ -162,6 +163,15 @@ class DemandTracker:
         self.answered = 0
         """Polls GitLab answered with something found (a 404 is no answer: `_talk_to_gitlab`)."""
         self._lock = threading.Lock()  # webhooks arrive on the web server's thread
+
+    @property
+    def complete(self) -> bool:
+        """Is every watched project polled since the start (its projects discovered
+        first)? Before, a pending job may just not be read yet: a restarted controller
+        keeps the drains it stored for such jobs until then (`Controller._observed`)."""
+        with self._lock:
+            projects = list(self.projects)
+        return self._discovered and all(p in self._polled for p in projects)
 
     @property
     def jobs(self) -> list[PendingJob]:
@@ -251,6 +261,7 @@ class DemandTracker:
                         "list of pending jobs: set [controller] projects, or send job events "
                         "(webhook) from the projects that use GPUs")
         self._discover_at = now + self._discover_s
+        self._discovered = True
         with self._lock:
             self.projects = list(dict.fromkeys([*served, *sorted(self._named)]))
         log.info("watching %d projects for pending GPU jobs (%s runners)", len(self.projects),

@@ -155,6 +155,7 @@ class Controller:
         gitlab_ok = gitlab_ready and self._talk_to_gitlab(now)
         observed = self._observed(snapshot, running, toggles, now)
         result, observed = self.claims.plan(observed, self.policy, now)
+        self._remember(result, now)  # before acting: a serve killed mid-drain finds it stored
         if gitlab_ok:
             caps = None
             if self.policy.backfill_estimated:  # controller/caps.py
@@ -164,7 +165,6 @@ class Controller:
                          now=now, on_action=lambda a: self._acted(a, now), caps=caps)
         if gitlab_ready:
             self.standby.keep_online(self.wiring.gitlab, now)
-        self._remember(result, now)
         # a store failure here fails the tick like any other (not a side task): /healthz sees it
         self.history.tick(self.wiring.jobs.leased(), snapshot, now, lambda *event: self._event(now, *event),
                           self.demand.take_outcomes())
@@ -303,6 +303,8 @@ class Controller:
         pending = self.demand.jobs
         demand = self._timed(self.demand.demand(self.host, self.fair.penalties(pending, now),
                                                 self.estimates.of(pending, now)))
+        if self.drains and not self.demand.complete:
+            demand = self._still_drained(demand)
         elsewhere = frozenset(d.job_id for d in demand if d.job_id in claimed)
         started: dict[str, float] = {}  # slot -> when its latest job took its lease
         ends: dict[str, list[float | None]] = {}  # slot -> when each of its jobs ends at the latest
@@ -315,6 +317,18 @@ class Controller:
                        for s in self._slots)
         return Observed(states, closed, demand, self.drains, held_slots(toggles, self._slots), self.protected,
                         elsewhere, now)
+
+    def _still_drained(self, demand: tuple[Demand, ...]) -> tuple[Demand, ...]:
+        """A restart: the jobs of the drains the store kept that no poll has read yet, as
+        pending, most urgent, so the plan keeps their blocks drained and their singles
+        paused (else it resumed them at once, and younger 1-GPU jobs took those GPUs)
+        until every project is read once (`DemandTracker.complete`): a job that left
+        meanwhile goes then. Found by a review as an operator killing serve mid-drain."""
+        known = {d.job_id for d in demand}
+        sizes = {s.name: s.size for s in self._slots}
+        kept = tuple(Demand(job, sizes[name], 0.0) for name, job in sorted(self.drains.items())
+                     if job not in known and name in sizes)
+        return kept + demand
 
     def _timed(self, demand: tuple[Demand, ...]) -> tuple[Demand, ...]:
         """Pending jobs with the timeout they will have here at the most: GitLab's jobs

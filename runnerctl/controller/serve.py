@@ -191,7 +191,7 @@ def serve(controller: Controller, listen: str, *,
                      health=controller.liveness.report, max_body_bytes=web.max_body_bytes)
     server = uvicorn.Server(http_config(app, host, port, web, "warning"))
     terminated: list[int] = []
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in (*STOP_SIGNALS, *IGNORED_SIGNALS)}
     armed = _stop_on_sigterm(server, terminated)
     stop = threading.Event()
     worker = threading.Thread(target=loop or controller.run, args=(stop,), name="reconcile", daemon=True)
@@ -206,14 +206,25 @@ def serve(controller: Controller, listen: str, *,
         worker.join(timeout=10)
         if not worker.is_alive():  # SQLite: the last close moves the write-ahead log into the file
             controller.wiring.store.close()
-        if armed and previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        if armed:
+            for signum, handler in previous.items():
+                if handler is not None:
+                    signal.signal(signum, handler)
     if terminated:
-        log.warning("runnerctl serve: stopped (SIGTERM)")
+        name = signal.Signals(terminated[0]).name
+        log.warning("runnerctl serve: stopped (%s)%s", name, "; it has no reload: start it again to read "
+                    "changed settings" if terminated[0] == signal.SIGHUP else "")
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""End `serve` cleanly, saying so: systemd's stop, and a closed terminal (SIGHUP, whose
+default killed the process without a word; serve has no reload)."""
+IGNORED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+"""Logged and ignored (their default ended the process without a word)."""
 
 
 def _stop_on_sigterm(server: uvicorn.Server, terminated: list[int]) -> bool:
-    """SIGTERM (systemd's stop) ends `server` and returns from its `run`, so that `serve`
+    """SIGTERM (systemd's stop) and SIGHUP end `server` and return from its `run`, so that `serve`
     stops its loop and closes the store, and exits 0. uvicorn handles SIGTERM while it
     serves, then restores the handler it found and raises the signal again
     (uvicorn/server.py `capture_signals`): with the default handler the process died
@@ -227,7 +238,13 @@ def _stop_on_sigterm(server: uvicorn.Server, terminated: list[int]) -> bool:
         terminated.append(signum)
         server.should_exit = True
 
-    signal.signal(signal.SIGTERM, note)
+    def ignore(signum: int, frame: object) -> None:
+        log.warning("runnerctl serve: %s ignored (SIGTERM stops it)", signal.Signals(signum).name)
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, note)
+    for signum in IGNORED_SIGNALS:
+        signal.signal(signum, ignore)
     return True
 
 
