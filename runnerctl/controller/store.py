@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import os
+import socket
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -98,6 +99,10 @@ def pg_params(conninfo: str, timeout_s: float) -> dict[str, Any]:
     return params
 
 
+DEADLINE_GRACE_S = 15.0
+"""A PostgreSQL transaction is cut this long after the server's own statement timeout
+would have ended it (`Store.deadline_s`)."""
+
 RETIRED = "retired"
 """The event `retire_host` records: the host left the fleet."""
 
@@ -110,9 +115,16 @@ class Store:
     `StoreError` (one line for the CLI; the loop logs it and retries the tick)."""
 
     def __init__(self, connect: Callable[[], Any], *, postgres: bool, where: str,
-                 migrations: Sequence[Migration] = MIGRATIONS, upgrade: bool = True) -> None:
+                 migrations: Sequence[Migration] = MIGRATIONS, upgrade: bool = True,
+                 deadline_s: float | None = None) -> None:
         self._connect = connect
         self._pg = postgres
+        self.deadline_s = deadline_s
+        """PostgreSQL: a transaction still waiting this long has its connection cut
+        (`_cut`). The server's own timeouts need a server that runs, and keepalives a
+        kernel that answers: a stopped one (SIGSTOP, storage hung) held the loop, silent,
+        and every web read behind the lock, for as long as it stayed stopped."""
+        self._cut_off = False  # the last transaction's connection was cut by the deadline
         self.where = where  # for messages: the SQLite path or PostgreSQL host/db, never a password
         self._lock = threading.Lock()  # the web thread and the loop share one connection
         self._conn: Any = None
@@ -134,7 +146,8 @@ class Store:
 
             conninfo = libpq_url(url)
             return cls(lambda: psycopg.connect(**pg_params(conninfo, timeout_s), autocommit=True),
-                       postgres=True, where=describe_url(url), migrations=migrations, upgrade=upgrade)
+                       postgres=True, where=describe_url(url), migrations=migrations, upgrade=upgrade,
+                       deadline_s=timeout_s + DEADLINE_GRACE_S)
         if state_dir is None:
             raise ValueError("a store needs a PostgreSQL URL or a state directory")
         try:
@@ -168,19 +181,42 @@ class Store:
     @contextmanager
     def _tx(self) -> Iterator[Cursor]:
         with self._lock:
-            cur = self._begin()
+            self._cut_off = False
+            watchdog = None
+            if self._pg and self.deadline_s is not None:
+                watchdog = threading.Timer(self.deadline_s, self._cut)
+                watchdog.daemon = True
+                watchdog.start()
             try:
-                yield cur
-            except BaseException as exc:
-                self._rollback()
-                if isinstance(exc, db_errors()):
+                cur = self._begin()
+                try:
+                    yield cur
+                except BaseException as exc:
+                    self._rollback()
+                    if isinstance(exc, db_errors()):
+                        raise self._error(exc) from None
+                    raise
+                try:
+                    cur.execute("COMMIT")
+                except db_errors() as exc:
+                    self._rollback()
                     raise self._error(exc) from None
-                raise
-            try:
-                cur.execute("COMMIT")
-            except db_errors() as exc:
-                self._rollback()
-                raise self._error(exc) from None
+            finally:
+                if watchdog is not None:
+                    watchdog.cancel()
+
+    def _cut(self) -> None:
+        """The deadline passed (a watchdog thread): shut the connection's socket down, so
+        the call blocked on it fails now (and the store reconnects at the next one)."""
+        conn = self._conn
+        if conn is None:  # still connecting: libpq's connect_timeout ends that
+            return
+        self._cut_off = True
+        try:
+            with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, ValueError):  # closed meanwhile
+            pass
 
     def _begin(self) -> Cursor:
         """A cursor in a new transaction; a connection found broken at BEGIN (nothing done
@@ -224,6 +260,10 @@ class Store:
 
     def _error(self, exc: BaseException) -> StoreError:
         what = first_line(exc)
+        if self._cut_off:
+            return StoreError(f"the controller store {self.where} did not answer within "
+                              f"{self.deadline_s:.0f} s (a stopped or hung server?); the connection "
+                              f"was dropped: {what}")
         if "locked" in what or "busy" in what:
             return StoreError(f"the controller store {self.where} is busy: {what}",
                               hint="another process holds its write lock; try again")
