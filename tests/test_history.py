@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,6 +84,33 @@ def test_a_restart_neither_loses_nor_double_counts_a_running_job(world: World) -
     assert records[0].idle_gpu_s == pytest.approx(2 * 1500.0, rel=0.02)  # samples kept across restarts
     assert records[0].util_samples >= 1500 / 5 - 3
     assert [e.kind for e in world.store.events("demo", limit=1000)].count("unused") == 1
+
+
+def test_a_wall_clock_step_is_no_time_spent(world: World, caplog: pytest.LogCaptureFixture) -> None:
+    """NTP setting a wrong clock after serve started: a 2-hour step flagged every running
+    job "requested but unused" for 120 minutes, and a step back left its sightings in the
+    future (found by a review as an operator breaking things). The running jobs' times
+    move with the step; the step is logged."""
+    job = world.submit(1, 30_000.0, user="erin", utilization=0.0)
+    stepped = [0.0]
+    world.controller.wiring = dataclasses.replace(world.controller.wiring,
+                                                  monotonic=lambda: world.clock.now - stepped[0])
+    world.advance(100.0)
+    started = world.fleet.started[job]
+    assert world.controller.history.open[job].low_since is not None  # idle, not yet for long
+    with caplog.at_level(logging.WARNING):
+        world.clock.now += 2400.0  # the wall clock steps 40 min (under the job's 1-hour timeout)
+        stepped[0] += 2400.0
+        world.advance(100.0)
+    assert "the wall clock stepped +2400 s" in caplog.text
+    assert "unused" not in [e.kind for e in world.store.events("demo", limit=1000)]  # 200 s idle of 600
+    [row] = jobs_store.open_jobs(world.store, "demo")
+    assert row.started_at == started + 2400.0
+    world.clock.now -= 2400.0  # and back
+    stepped[0] -= 2400.0
+    world.controller.tick()  # (the world's own schedule would wait for its next tick, 40 min on)
+    [row] = jobs_store.open_jobs(world.store, "demo")
+    assert row.started_at == started and row.seen_at <= world.clock.now
 
 
 def test_a_job_that_ends_while_the_store_fails_is_closed_once_it_is_back(

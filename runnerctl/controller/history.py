@@ -118,6 +118,21 @@ class History:
         if due(now, self._next_prune, PRUNE_EVERY_S):  # a clock stepped back too
             self._prune(now)
 
+    def shift(self, step: float) -> None:
+        """The wall clock stepped by `step` seconds (`Controller._clock_step`: NTP setting
+        a wrong clock right at boot): the running jobs' times taken before it move with
+        it, so the step is no time spent. Without this a 2-hour step flagged every running
+        job "requested but unused" for 120 minutes, and a step back left their sightings
+        and ends in the future. GitLab's times (queued) are GitLab's clock's: kept."""
+        def moved(at: float | None) -> float | None:
+            return None if at is None else at + step
+
+        self.open = {j: dataclasses.replace(r, started_at=r.started_at + step, seen_at=r.seen_at + step,
+                                            low_since=moved(r.low_since), unused_at=moved(r.unused_at))
+                     for j, r in self.open.items()}
+        if self._last_tick is not None:
+            self._last_tick += step
+
     def unused(self) -> tuple[int, ...]:
         """Running jobs flagged "requested but unused" and still idle now."""
         return tuple(sorted(j for j, r in self.open.items() if r.unused_at is not None and r.low_since))

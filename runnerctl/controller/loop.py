@@ -53,6 +53,8 @@ Clock = Callable[[], float]
 
 
 
+CLOCK_STEP_S = 30.0
+"""A wall clock that moves this much more (or less) than the time that passed stepped."""
 CLOCK_CHECK_S = 300.0
 """How often a controller on a shared store compares its clock with the store's."""
 MAX_CLOCK_SKEW_S = 10.0
@@ -96,6 +98,10 @@ class Wiring:
     standby: Standby | None = None  # kept online so GitLab never drops a job waiting for a drain
     check_clock: bool = False
     """Compare `clock` (then the wall clock: serve) with a shared store's (`clock_skew`)."""
+    monotonic: Clock | None = None
+    """A clock that never steps, beside `clock` (serve: time.monotonic), to tell a step of
+    the wall clock from time passing (`Controller._clock_step`); None: `clock` never steps
+    (the simulator's)."""
 
 
 class Controller:
@@ -132,6 +138,7 @@ class Controller:
         self.on_tick: list[Callable[[ControllerView], None]] = []  # e.g. dcgm job mapping files
         self._failing: set[str] = set()  # side tasks failing now (logged once)
         self._clock_checked = -math.inf  # when check_clock last compared the clocks
+        self._clocks: tuple[float, float] | None = None  # (wall, monotonic) at the last tick
         self.liveness = Liveness(host=self.host, interval_s=settings.interval_s)  # for /healthz, /metrics
         self.history = History(wiring.store, self.host, settings)  # job history, retention
         self.fair = FairShare(wiring.store, settings)  # fair share from the job history
@@ -141,6 +148,7 @@ class Controller:
     def tick(self) -> ControllerView:
         started = time.perf_counter()
         now = self.wiring.clock()
+        self._clock_step(now)
         self.ticks += 1
         snapshot = self._snapshot()
         self._publish_inventory(snapshot)
@@ -317,6 +325,21 @@ class Controller:
                        for s in self._slots)
         return Observed(states, closed, demand, self.drains, held_slots(toggles, self._slots), self.protected,
                         elsewhere, now)
+
+    def _clock_step(self, now: float) -> None:
+        """A wall clock that moved by more than `CLOCK_STEP_S` beyond the time that passed
+        (`Wiring.monotonic`) stepped: logged, and the job history's running jobs moved
+        with it (`History.shift`)."""
+        if self.wiring.monotonic is None:
+            return
+        mono = self.wiring.monotonic()
+        if self._clocks is not None:
+            step = (now - self._clocks[0]) - (mono - self._clocks[1])
+            if abs(step) > CLOCK_STEP_S:
+                log.warning("the wall clock stepped %+.0f s (NTP?); the running jobs' history times "
+                            "move with it", step)
+                self.history.shift(step)
+        self._clocks = (now, mono)
 
     def _still_drained(self, demand: tuple[Demand, ...]) -> tuple[Demand, ...]:
         """A restart: the jobs of the drains the store kept that no poll has read yet, as
