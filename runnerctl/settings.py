@@ -376,7 +376,26 @@ def _check_more(cls: type[Any], values: dict[str, Any]) -> str:
     return ""
 
 
+CLAIM_TICKS = 3
+"""A claim lasts at least this many reconcile intervals: renewed each tick, it survives
+two late ones; shorter, it lapses between ticks and another host drains for its job."""
+
+
+def claim_ttl_problem(claim_ttl_s: float, interval_s: float) -> str:
+    """Why `claim_ttl_s` is too short for `interval_s`, or ""."""
+    if claim_ttl_s >= CLAIM_TICKS * interval_s:
+        return ""
+    return (f"claim_ttl_s must be at least {CLAIM_TICKS} reconcile intervals ({CLAIM_TICKS} x "
+            f"{interval_s:g} s = {CLAIM_TICKS * interval_s:g} s), not {claim_ttl_s:g}: a claim would lapse "
+            "between ticks and another host drain for the same job")
+
+
 def _check_controller(values: dict[str, Any]) -> str:
+    defaults = ControllerSettings()
+    problem = claim_ttl_problem(values.get("claim_ttl_s", defaults.claim_ttl_s),
+                                values.get("interval_s", defaults.interval_s))
+    if problem:
+        return problem
     for project, priority in values.get("project_priorities", {}).items():
         if priority not in PRIORITIES:
             return f"project_priorities: {project} must be one of {', '.join(PRIORITIES)}, not {priority!r}"

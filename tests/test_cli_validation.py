@@ -293,6 +293,17 @@ def test_settings_numbers_must_be_finite_and_not_negative(tmp_path: Path, capsys
     one_line(capsys, code, 3, "must be a finite number, not negative")
 
 
+def test_serve_interval_too_long_for_the_claims_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                           ) -> None:
+    """A claim renewed each tick must outlive two late ticks (found by a review as a lab
+    admin running three hosts: nothing checked `claim_ttl_s` against the interval)."""
+    settings = tmp_path / "runnerctl.toml"
+    settings.write_text("[controller]\n")  # the default claim_ttl_s, 120 s
+    code = main(["serve", "--gitlab", "sim", "--interval", "60", "--listen", "127.0.0.1:0",
+                 "--state-dir", str(tmp_path), "--config", str(settings)])
+    one_line(capsys, code, 3, "--interval 60: claim_ttl_s must be at least 3 reconcile intervals")
+
+
 @pytest.mark.parametrize("source", ["sim:0", "sim:1000", "sim:x", "nvml", "sim:/some.yml"])
 def test_serve_sim_takes_only_sim_n(tmp_path: Path, capsys: pytest.CaptureFixture[str], source: str) -> None:
     code = main(["serve", "--gitlab", "sim", "--gpu-source", source, "--listen", "127.0.0.1:0",

@@ -61,6 +61,9 @@ def test_values_override_defaults(tmp_path: Path) -> None:
         ("[controller]\nforeign_utilization = 7\n", "foreign_utilization must be from 0 to 1 .a ratio"),
         ("[controller]\nreopen_ratio = 12\n", "reopen_ratio must be from 0 to 1"),
         ("[controller]\nclaim_ttl_s = 1e300\n", "claim_ttl_s is too large"),
+        ("[controller]\ninterval_s = 60\n",  # the default 120 s claim, a 60 s interval
+         r"claim_ttl_s must be at least 3 reconcile intervals \(3 x 60 s = 180 s\), not 120: a claim would"),
+        ("[controller]\nclaim_ttl_s = 10\n", r"claim_ttl_s must be at least 3 reconcile intervals \(3 x 5 s"),
         ("[controller]\nproject_priorities = { '7' = 'urgent' }\n",
          "project_priorities: 7 must be one of high, normal, low, not 'urgent'"),
         ("[controller]\nprojects = [true, -5]\n", "projects must be GitLab project ids"),

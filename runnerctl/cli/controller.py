@@ -30,7 +30,7 @@ from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import request as toggle_request
 from runnerctl.controller.toggles import target_of
 from runnerctl.errors import ConfigError
-from runnerctl.settings import PathSettings, Settings, parse_planner
+from runnerctl.settings import PathSettings, Settings, claim_ttl_problem, parse_planner
 from runnerctl.sim.fair import RUNNER_TYPES
 from runnerctl.sim.hosts import slot_sizes
 from runnerctl.sim.simulator import POLICIES, SimConfig, Simulator
@@ -75,6 +75,8 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
     if interval is not None:
         settings = dataclasses.replace(settings, controller=dataclasses.replace(settings.controller,
                                                                                 interval_s=interval))
+        if problem := claim_ttl_problem(settings.controller.claim_ttl_s, interval):
+            raise ConfigError(f"--interval {interval:g}: {problem}")
     serving.check_listen(listen)  # a bad or taken --listen fails before anything starts
     if gitlab_url != "sim" and not token:
         raise ConfigError("no GitLab token", hint=NO_TOKEN_HINT)
