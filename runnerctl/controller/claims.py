@@ -14,6 +14,8 @@ job to first runs it). The claim stays with the host that really drained for a j
   older poll does not drain for a job that is already running.
 
 A claim passes to another host only when it lapses, i.e. its host stopped ticking.
+Claims lapse by the shared store's clock: `serve` measures how far its own is off the
+PostgreSQL server's and claims with its clock less that (`Controller._skew`).
 
 Events tell the two apart: `reserve` when a block opens at once on idle GPUs for a job,
 `drain` when it is held while jobs still run on its GPUs (what `runnerctl_drains_total`

@@ -65,20 +65,20 @@ milliseconds)."""
 CLOCK_OFF = "this host's clock is off the shared store's; claims and the fleet page compare hosts' clocks"
 
 
-def clock_skew(store: Store, clock: Clock) -> str:
-    """Where `clock` differs from the shared store's (its PostgreSQL server's) by more
-    than `MAX_CLOCK_SKEW_S`, how far (the query's round trip taken out); "" where it does
-    not, or the store is SQLite (one host)."""
+def clock_skew(store: Store, clock: Clock) -> tuple[float, str]:
+    """How far `clock` is ahead of the shared store's (its PostgreSQL server's; the
+    query's round trip taken out; 0 for SQLite, one host's store), and where that is more
+    than `MAX_CLOCK_SKEW_S`, a line saying so ("" otherwise)."""
     before = clock()
     server = store.server_time()
     after = clock()
     if server is None:
-        return ""
+        return 0.0, ""
     skew = (before + after) / 2 - server
     if abs(skew) <= MAX_CLOCK_SKEW_S + (after - before) / 2:
-        return ""
-    return (f"{abs(skew):.0f} s {'ahead of' if skew > 0 else 'behind'} the store's server "
-            f"(at most {MAX_CLOCK_SKEW_S:.0f} s): sync the clocks (NTP)")
+        return skew, ""
+    return skew, (f"{abs(skew):.0f} s {'ahead of' if skew > 0 else 'behind'} the store's server "
+                  f"(at most {MAX_CLOCK_SKEW_S:.0f} s): sync the clocks (NTP); claims use the server's")
 
 
 @dataclasses.dataclass
@@ -139,6 +139,7 @@ class Controller:
         self._failing: set[str] = set()  # side tasks failing now (logged once)
         self._clock_checked = -math.inf  # when check_clock last compared the clocks
         self._clocks: tuple[float, float] | None = None  # (wall, monotonic) at the last tick
+        self._skew = 0.0  # how far the clock is ahead of a shared store's: claims take the store's
         self.liveness = Liveness(host=self.host, interval_s=settings.interval_s)  # for /healthz, /metrics
         self.history = History(wiring.store, self.host, settings)  # job history, retention
         self.fair = FairShare(wiring.store, settings)  # fair share from the job history
@@ -149,6 +150,10 @@ class Controller:
         started = time.perf_counter()
         now = self.wiring.clock()
         self._clock_step(now)
+        if self.wiring.check_clock and now >= self._clock_checked + CLOCK_CHECK_S:
+            self._clock_checked = now
+            self._skew, off = clock_skew(self.wiring.store, self.wiring.clock)
+            self.liveness.trouble("clock", off, warn=CLOCK_OFF)
         self.ticks += 1
         snapshot = self._snapshot()
         self._publish_inventory(snapshot)
@@ -162,7 +167,7 @@ class Controller:
             self._free_orphans(running, now)
         gitlab_ok = gitlab_ready and self._talk_to_gitlab(now)
         observed = self._observed(snapshot, running, toggles, now)
-        result, observed = self.claims.plan(observed, self.policy, now)
+        result, observed = self.claims.plan(observed, self.policy, now - self._skew)
         self._remember(result, now)  # before acting: a serve killed mid-drain finds it stored
         if gitlab_ok:
             caps = None
@@ -180,9 +185,6 @@ class Controller:
                                         waiting=why_waiting(observed, result))
         self.liveness.good()
         self.liveness.trouble("gitlab", "" if gitlab_ok else self.health.last_error or "not asked yet")
-        if self.wiring.check_clock and now >= self._clock_checked + CLOCK_CHECK_S:
-            self._clock_checked = now
-            self.liveness.trouble("clock", clock_skew(self.wiring.store, self.wiring.clock), warn=CLOCK_OFF)
         view, took = self.view, time.perf_counter() - started
         self._aside("stats", lambda: self.stats.observe(view, duration_s=took, is_ci=self.wiring.is_ci,
                                                         gitlab=self.wiring.gitlab))
@@ -307,7 +309,8 @@ class Controller:
             closed = {g: "GPU snapshot failed" for s in self._slots for g in s.gpus}
         else:
             closed = {gpu: state.reason for gpu, state in self.gate.items() if state.closed}
-        claimed = {job for job, host in self.wiring.store.claims(now).items() if host != self.host}
+        claims = self.wiring.store.claims(now - self._skew)  # the store's clock: hosts' may differ
+        claimed = {job for job, host in claims.items() if host != self.host}
         pending = self.demand.jobs
         demand = self._timed(self.demand.demand(self.host, self.fair.penalties(pending, now),
                                                 self.estimates.of(pending, now)))
