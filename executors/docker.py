@@ -23,9 +23,11 @@ stopped engine or an image that cannot be pulled is a system failure.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +98,9 @@ class DockerDriver:
 
     def run(self, ctx: StageContext, script: Path, stage: str) -> int:
         if stage not in USER_SCRIPT_STAGES and not stage.startswith("step_"):
-            return self._host.run(ctx, script, stage)
+            with _frozen(ctx):  # nothing in the container moves while the host works in its dir
+                _refuse_planted_links(ctx, stage)
+                return self._host.run(ctx, script, stage)
         if ctx.lease is None or ctx.lease.container is None:
             raise SystemFailure(f"job {ctx.job.id} has no container: prepare did not finish")
         outside = _scripts_dir(ctx) / f"{stage}.sh"
@@ -211,6 +215,54 @@ def _scripts_root(settings: Settings) -> Path:
     root.mkdir(mode=0o700, exist_ok=True)
     root.chmod(0o700)
     return root
+
+
+@contextlib.contextmanager
+def _frozen(ctx: StageContext) -> Iterator[None]:
+    """The job's container paused (cgroup freezer) while a stage runs on the host in the
+    builds dir the container writes: a process the job left behind cannot swap a path
+    for a link between the check (`_refuse_planted_links`) and the stage's use of it. A
+    container that is not running (gone, its entrypoint ended) has nothing to freeze."""
+    container = ctx.lease.container if ctx.lease is not None else None
+    paused = False
+    if container is not None:
+        try:
+            _client().api.pause(container)
+            paused = True
+        except docker.errors.DockerException:  # not running: nothing in it can move
+            pass
+    try:
+        yield
+    finally:
+        if paused:
+            try:
+                _client().api.unpause(container)
+            except docker.errors.DockerException as exc:
+                raise SystemFailure(f"cannot resume the job's container after the host stage: "
+                                    f"{exc}") from None
+
+
+def _refuse_planted_links(ctx: StageContext, stage: str) -> None:
+    """git, cache and artifact stages run on the host (as gitlab-runner's user, root in a
+    service install) in the slot's builds dir, which the job's container writes: a link
+    the job put at its project dir or at `<project dir>.tmp` (where gitlab-runner writes
+    file variables and its env file) would make them write wherever it points (found by
+    a review as a job trying to escape). Such a link fails the stage as a system failure."""
+    slot = Path(ctx.settings.builds_dir) / slot_key(ctx.args.slot)
+    project = ctx.env.get("CUSTOM_ENV_CI_PROJECT_DIR", "")
+    if not project:
+        return
+    for target in (Path(project), Path(project + ".tmp")):
+        try:
+            below = target.relative_to(slot)
+        except ValueError:
+            continue  # not in the container's dir
+        path = slot
+        for part in below.parts:
+            path = path / part
+            if path.is_symlink():
+                raise SystemFailure(f"{path} is a symbolic link, made in the job's container: {stage} "
+                                    "does not run on the host through it")
 
 
 def _scripts_dir(ctx: StageContext) -> Path:

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,6 +119,39 @@ def test_the_container_sees_its_slots_builds_and_nothing_else(engine: docker.Doc
     scripts = host / "state" / "scripts"
     assert scripts.stat().st_mode & 0o777 == 0o700  # no other user of the host lists them
     assert results["cleanup"].code == 0 and list(scripts.iterdir()) == []  # gone with the job
+
+
+def test_a_link_the_job_planted_is_never_followed_by_a_host_stage(engine: docker.DockerClient, host: Path,
+                                                                  tmp_path: Path) -> None:
+    """The git, cache and artifact stages run on the host as root in the builds dir the
+    container writes: a link at `<project dir>.tmp`, where gitlab-runner writes the file
+    variables and its env file, made them write root-owned files wherever it pointed
+    (found by a review as a job trying to escape). The stage fails instead, and the
+    container is frozen while host stages run, so the check cannot be raced."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    written: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:  # files a stage writes through the link, even for a moment
+        while not done.is_set():
+            written.update(p.name for p in victim.iterdir())
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    body = f'rm -rf "$CI_PROJECT_DIR.tmp"; ln -s {victim} "$CI_PROJECT_DIR.tmp"'
+    try:
+        results = _harness(host, (3,)).run_job(FakeJob(id=712, image=IMAGE, cache_paths=["cache/"]), body)
+    finally:
+        done.set()
+        watcher.join(timeout=10)
+    assert results["build_script"].code == 0, results["build_script"].output
+    after = [name for name in results if name.startswith("archive_cache")]
+    assert after and results[after[0]].code == SYSTEM_FAILURE, results
+    assert "is a symbolic link, made in the job's container" in results[after[0]].output
+    assert written == set() and list(victim.iterdir()) == []
+    assert _containers(engine, host, 712) == []
 
 
 def test_killed_mid_script_leaves_no_container(engine: docker.DockerClient, host: Path) -> None:
