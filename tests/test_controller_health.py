@@ -24,7 +24,7 @@ from runnerctl.exporter.scrape import RunnerctlCollector
 from runnerctl.gitlab import PythonGitLab
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim.gitlab_server import Fault
-from runnerctl.sim.world import PROJECT, World, build_world
+from runnerctl.sim.world import PROJECT, TOKEN, World, build_world
 
 INTERVAL_S = 0.1
 
@@ -299,3 +299,28 @@ def test_gitlab_answering_reads_clears_its_failures_in_steady_state(
         assert w.server.faults[-1].count == 0 and health.failures == 0  # one 502: backed off 5 s
     finally:
         w.close()
+
+
+def test_writes_refused_for_good_stay_a_trouble_said_once_while_reads_answer(
+        world: World, caplog: pytest.LogCaptureFixture) -> None:
+    """The token cut to `read_api`: every pause and resume gets 403 while reads answer.
+    Each read said "GitLab answers again" and the next write logged the refusal anew (12
+    lines in 25 s) with /healthz green (found by a review as a GitLab admin). Now the
+    refusal is logged once and /healthz names it until a write succeeds."""
+    live = world.controller.liveness = Liveness(host="demo", interval_s=INTERVAL_S, clock=world.clock)
+    world.advance(5)
+    token = world.server.state.directory.tokens[TOKEN]
+    token.scopes = frozenset({"read_api"})
+    for _ in range(8):
+        world.submit(1, 600.0)
+    world.submit(4, 60.0)  # the host must pause singles for it: a write
+    with caplog.at_level(logging.WARNING):
+        world.advance(live.stale_after_s + 120)
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("GitLab failed" in m for m in said) == 1, said
+    assert not any("answers again" in m for m in said), said
+    ok, detail = live.report()
+    assert not ok and "missing the `api` scope" in detail["problem"], detail
+    token.scopes = frozenset({"api"})
+    world.advance(400)  # the next write, after the back-off (at most backoff_max_s)
+    assert world.controller.health.write_error == "" and live.report()[0]

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from runnerctl.controller.demand import due
 from runnerctl.controller.observe import RunnerCache
 from runnerctl.controller.plan import Decision, differences
-from runnerctl.errors import GitLabError, NotFoundError, TemporaryError
+from runnerctl.errors import GitLabError, NotFoundError, PermanentError, TemporaryError
 from runnerctl.gitlab import GitLabPort
 from runnerctl.standby import VERIFY_EVERY_S, Standby
 
@@ -50,19 +50,24 @@ class GitLabHealth:
         self.retry_at = 0.0
         self.failures = 0
         self.last_error = ""
+        self.write_error = ""
+        """A pause or resume GitLab refused for good (a token without the `api` scope or
+        the role to change runners): kept until one succeeds, whatever reads answer."""
         self._logged: str | None = None
         self._log = logger
 
     def ready(self, now: float) -> bool:
         return due(now, self.retry_at, self.backoff_max_s)
 
-    def failed(self, exc: GitLabError, now: float) -> None:
+    def failed(self, exc: GitLabError, now: float, *, write: bool = False) -> None:
         base = exc.delay if isinstance(exc, TemporaryError) else DEFAULT_DELAY_S
         told = isinstance(exc, TemporaryError) and exc.told  # Retry-After: as GitLab said, not doubled
         delay = min(self.backoff_max_s, base if told else base * (2 ** min(self.failures, 10)))
         self.failures += 1
         self.retry_at = now + delay
         self.last_error = str(exc)
+        if write and isinstance(exc, PermanentError):
+            self.write_error = str(exc)
         kind = f"{type(exc).__name__}:{str(exc).split('(')[0][:60]}"
         if kind != self._logged:
             self._log.warning("GitLab failed: %s; runners stay as they are or paused; retrying in %.0f s",
@@ -71,7 +76,16 @@ class GitLabHealth:
         else:
             self._log.debug("GitLab failed again: %s; retrying in %.0f s", exc, delay)
 
-    def ok(self) -> None:
+    def ok(self, *, write: bool = False) -> None:
+        """A request answered; `write`: a pause, resume or cap. While writes are refused
+        for good (`write_error`) an answered read changes nothing: the trouble stays,
+        said once, backing off (it said "answers again" and logged the refusal anew on
+        every tick, 35,000 lines a day, with /healthz green; found by a review as a GitLab
+        admin reducing the token's scope)."""
+        if write:
+            self.write_error = ""
+        elif self.write_error:
+            return
         if self._logged is not None:
             self._log.warning("GitLab answers again")
         self.failures, self._logged, self.last_error = 0, None, ""
@@ -118,11 +132,11 @@ def _send(decision: Decision, *, gitlab: GitLabPort, cache: RunnerCache, health:
         cache.lost(name)
         return Action(decision, False, str(exc))
     except GitLabError as exc:
-        health.failed(exc, now)
+        health.failed(exc, now, write=True)
         cache.set(name, None)  # a timed-out request may still have been applied
         return Action(decision, False, str(exc))
     cache.set(name, not decision.open)
-    health.ok()
+    health.ok(write=True)
     return Action(decision, True)
 
 
@@ -135,12 +149,12 @@ def _cap(decision: Decision, seconds: int | None, *, gitlab: GitLabPort, cache: 
         cache.lost(name)
         return Action(decision, False, str(exc), cap=True)
     except GitLabError as exc:
-        health.failed(exc, now)
+        health.failed(exc, now, write=True)
         cache.cap_unknown.add(name)  # a timed-out request may still have been applied
         return Action(decision, False, str(exc), cap=True)
     cache.max_timeout[name] = seconds
     cache.cap_unknown.discard(name)
-    health.ok()
+    health.ok(write=True)
     return Action(decision, True, cap=True)
 
 

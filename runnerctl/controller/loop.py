@@ -184,7 +184,8 @@ class Controller:
         self.view = dataclasses.replace(self._view(snapshot, result, running, toggles, now),
                                         waiting=why_waiting(observed, result))
         self.liveness.good()
-        self.liveness.trouble("gitlab", "" if gitlab_ok else self.health.last_error or "not asked yet")
+        self.liveness.trouble("gitlab", self.health.write_error or (
+            "" if gitlab_ok else self.health.last_error or "not asked yet"))
         view, took = self.view, time.perf_counter() - started
         self._aside("stats", lambda: self.stats.observe(view, duration_s=took, is_ci=self.wiring.is_ci,
                                                         gitlab=self.wiring.gitlab))
