@@ -120,6 +120,23 @@ def test_the_standby_stays_online_through_a_three_hour_drain_and_nothing_is_drop
     assert world.clock() - (standby.contacted_at or 0.0) <= VERIFY_EVERY_S + 30.0
 
 
+def test_a_standby_paused_by_hand_is_unpaused_and_nothing_is_dropped(
+        long_world: World, caplog: pytest.LogCaptureFixture) -> None:
+    """An admin paused it in GitLab's UI, where it looks idle: GitLab's stuck-job rule
+    skips paused runners, so the job waiting for the drain was dropped after an hour,
+    while the page said the stand-by was online (found by a review as a GitLab admin)."""
+    world = long_world
+    assert world.standby is not None
+    world.advance(60)
+    world.state.runners[world.standby.id].paused = True  # PUT /runners/:id paused=true, by hand
+    with caplog.at_level(logging.WARNING):
+        big = _drain_behind_three_hour_jobs(world, hours=3.5)
+    assert world.dropped == {} and big in world.fleet.finished
+    assert not world.state.runners[world.standby.id].paused
+    said = [r.getMessage() for r in caplog.records if "was paused in GitLab: unpaused" in r.getMessage()]
+    assert len(said) == 1, said
+
+
 def test_without_the_standby_gitlab_drops_the_job_waiting_for_the_drain(tmp_path: Path) -> None:
     world = build_world(tmp_path, settings=ControllerSettings(projects=(PROJECT,), interval_s=30.0),
                         standby=False)

@@ -201,6 +201,16 @@ class StandbyKeeper:
                          "runnerctl-standby.json beside config.toml and run `runnerctl init` again)")
             return
         self.verified_at = now
+        if info is not None and info.paused:  # by hand in GitLab's UI: it looks idle there
+            try:
+                gitlab.set_paused(standby.id, False)
+            except GitLabError as exc:
+                self.retry_at = now + STANDBY_RETRY_S
+                self._failed(f"the stand-by runner {standby.id} is paused in GitLab and cannot be "
+                             f"unpaused ({exc}): GitLab drops multi-GPU jobs that wait over an hour")
+                return
+            self._log.warning("the stand-by runner %s was paused in GitLab: unpaused (paused, it does not "
+                              "keep GitLab from dropping multi-GPU jobs that wait for a drain)", standby.id)
         if info is not None and info.online is False:
             self._failed(f"GitLab does not count the stand-by runner {standby.id} online after a verify "
                          "(a GitLab version that ignores verify for glrt- tokens); multi-GPU jobs that "
