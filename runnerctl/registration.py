@@ -167,6 +167,10 @@ class RegistrationResult:
     retired: list[str] = dataclasses.field(default_factory=list)
     unchanged: list[str] = dataclasses.field(default_factory=list)
     orphans: list[str] = dataclasses.field(default_factory=list)
+    replaced: list[str] = dataclasses.field(default_factory=list)
+    """Runners made again for ones deleted in GitLab: created paused, since a running
+    `serve` knows the old ids only and would neither pause nor drain the new one while
+    its block runs (found by a review as a GitLab admin); `serve` restarted opens them."""
 
 
 def apply_registration(plan: RegistrationPlan, snapshot: GpuSnapshot,
@@ -185,8 +189,9 @@ def apply_registration(plan: RegistrationPlan, snapshot: GpuSnapshot,
         for slot, runner_id in plan.keep:
             values = entry_values(slot, snapshot, options)
             info = gitlab.get_runner(runner_id)
-            if info is None:  # deleted in GitLab: register it again
-                created = _create(gitlab, slot, options)
+            if info is None:  # deleted in GitLab: register it again, paused (`replaced`)
+                created = _create(gitlab, slot, options, paused=True)
+                result.replaced.append(slot.name)
                 values.update(credentials(created, now))
                 result.created.append(slot.name)
             else:
@@ -261,9 +266,12 @@ def find_orphans(plan: RegistrationPlan, scope: RunnerScope, gitlab: GitLabPort)
     return [r for r in gitlab.list_runners(scope.runner_type) if r.description in names and r.id not in known]
 
 
-def _create(gitlab: GitLabPort, slot: Slot, options: RegistrationOptions) -> CreatedRunner:
+def _create(gitlab: GitLabPort, slot: Slot, options: RegistrationOptions, *,
+            paused: bool = False) -> CreatedRunner:
+    """A slot's runner: blocks paused (the controller opens them), singles open, but for a
+    runner made again in place of one deleted in GitLab, paused too (`replaced`)."""
     return gitlab.create_runner(description=slot.name, tags=slot_tags(slot),
-                                paused=slot.size > 1, scope=options.scope,
+                                paused=paused or slot.size > 1, scope=options.scope,
                                 maximum_timeout=max_timeout(slot, options))
 
 

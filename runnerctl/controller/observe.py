@@ -211,7 +211,8 @@ class RunnerCache:
         it until a read finds it again (warned once until then)."""
         if name not in self.gone:
             log.warning("runner %s (id %s) not found in GitLab; nothing is sent to it until it is "
-                        "found again; if it was deleted, run `runnerctl init`", name, self.ids[name])
+                        "found again; if it was deleted, run `runnerctl init`, then restart `runnerctl "
+                        "serve` (it reads the runners' ids at its start)", name, self.ids[name])
         self.gone.add(name)
         self.paused[name] = self.online[name] = self.max_timeout[name] = None
         self.cap_unknown.add(name)
