@@ -58,6 +58,9 @@ SCRIPTS_INSIDE = "/.runnerctl-scripts"
 """Where the job's stage scripts appear in its container (read-only)."""
 
 
+NOT_RUNNING = ("is not running: its image's entrypoint ended instead of running the command it is "
+               "given (a CI image's entrypoint must exec its arguments)")
+
 class DockerDriver:
     name = "docker"
 
@@ -93,6 +96,12 @@ class DockerDriver:
         except docker.errors.DockerException as exc:
             raise SystemFailure(f"cannot start the job's container from {image}: {exc}") from None
         LeaseTable(ctx.settings.state_dir).update(ctx.lease_token, container=container.id)
+        try:
+            container.reload()
+        except docker.errors.DockerException as exc:
+            raise SystemFailure(f"cannot inspect the job's container from {image}: {exc}") from None
+        if container.status not in ("created", "running"):  # an ENTRYPOINT that ended at once
+            raise SystemFailure(f"the container from {image} {NOT_RUNNING}")
         print(f"runnerctl: container {container.name} ({image}) on GPUs {','.join(uuids)}",
               flush=True)
 
@@ -121,6 +130,10 @@ class DockerDriver:
                     _write(sys.stdout, out)
                     _write(sys.stderr, err)
             code = api.exec_inspect(exec_id)["ExitCode"]
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # "is not running": it ended, most likely its entrypoint
+                raise SystemFailure(f"the job's container {NOT_RUNNING}") from None
+            raise SystemFailure(f"docker exec in the job's container failed: {exc}") from None
         except docker.errors.DockerException as exc:
             raise SystemFailure(f"docker exec in the job's container failed: {exc}") from None
         finally:
@@ -132,7 +145,7 @@ class DockerDriver:
             client = _client()
             for container in client.containers.list(all=True,
                                                     filters={"label": _label_filter(lease, settings)}):
-                container.remove(force=True)
+                container.remove(force=True, v=True)  # and its anonymous volumes (an image's VOLUME)
             if lease.nonce:  # a lease of an older runnerctl has none, and no scripts there
                 remove_tree(_scripts_root(settings) / lease.nonce, "job's scripts")
         finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -152,6 +153,32 @@ def test_a_link_the_job_planted_is_never_followed_by_a_host_stage(engine: docker
     assert "is a symbolic link, made in the job's container" in results[after[0]].output
     assert written == set() and list(victim.iterdir()) == []
     assert _containers(engine, host, 712) == []
+
+
+def _derived(engine: docker.DockerClient, name: str, line: str) -> str:
+    """An image built here from the local busybox one, with one more Dockerfile line."""
+    tag = f"runnerctl-test/{name}:latest"
+    engine.images.build(fileobj=io.BytesIO(f"FROM {IMAGE}\n{line}\n".encode()), tag=tag, rm=True)
+    return tag
+
+
+def test_an_images_volume_goes_with_its_container(engine: docker.DockerClient, host: Path) -> None:
+    """The container was removed without its anonymous volumes: every job from an image
+    with a VOLUME left one behind (found by a review as a researcher using docker)."""
+    image = _derived(engine, "with-volume", "VOLUME /data")
+    before = {v.name for v in engine.volumes.list()}
+    results = _harness(host, (5,)).run_job(FakeJob(id=713, image=image), "echo x > /data/f")
+    assert results["build_script"].code == 0 and results["cleanup"].code == 0, results
+    assert {v.name for v in engine.volumes.list()} - before == set()
+
+
+def test_an_entrypoint_that_ends_at_once_is_named(engine: docker.DockerClient, host: Path) -> None:
+    """It passed prepare and failed the first script with a raw 409 Conflict."""
+    image = _derived(engine, "ends-at-once", 'ENTRYPOINT ["/bin/true"]')
+    results = _harness(host, (6,)).run_job(FakeJob(id=714, image=image), "echo never")
+    failed = next(r for r in results.values() if r.code == SYSTEM_FAILURE)
+    assert "its image's entrypoint ended instead of running the command it is given" in failed.output, results
+    assert "409" not in failed.output and _containers(engine, host, 714) == []
 
 
 def test_killed_mid_script_leaves_no_container(engine: docker.DockerClient, host: Path) -> None:
