@@ -406,3 +406,17 @@ def test_every_project_is_polled_after_the_clock_stepped_back() -> None:
         clock.now += 5
         tracker.poll(gitlab)  # type: ignore[arg-type]
     assert set(gitlab.polled) == {1, 2, 3} and min(gitlab.polled.values()) >= 30, gitlab.polled
+
+
+def test_tags_changed_in_gitlab_are_set_back_and_said(world: World, caplog: pytest.LogCaptureFixture) -> None:
+    """An admin added `gpus:4` to a single in GitLab's UI: a 4-GPU job could start on one
+    GPU, and neither serve nor doctor said so (found by a review as a GitLab admin)."""
+    world.advance(6)
+    single = world.state.runners[world.controller.cache.ids["runnerctl/demo/gpu2"]]
+    want = set(single.tags)
+    single.tags = want | {"gpus:4"}
+    with caplog.at_level(logging.WARNING):
+        world.advance(120)  # every runner is read again within this
+    assert single.tags == want
+    said = [r.getMessage() for r in caplog.records if "had tags" in r.getMessage()]
+    assert len(said) == 1 and "runnerctl/demo/gpu2" in said[0] and "gpus:4" in said[0], said

@@ -164,6 +164,9 @@ class RunnerCache:
         self.paused: dict[str, bool | None] = {name: None for name in runner_ids}
         self.online: dict[str, bool | None] = {name: None for name in runner_ids}
         self.max_timeout: dict[str, int | None] = {name: None for name in runner_ids}
+        self.tags: dict[str, tuple[str, ...] | None] = {name: None for name in runner_ids}
+        """The runner's tags as GitLab last said (None: not read yet); `Controller._retag`
+        sets back tags an admin changed in GitLab's UI."""
         self.cap_unknown: set[str] = set(runner_ids)  # max_timeout not read yet, or a set failed
         self.gone: set[str] = set()
         """Runners GitLab answered 404 for (deleted, or hidden from the token): nothing is
@@ -204,6 +207,7 @@ class RunnerCache:
         self.paused[name] = info.paused
         self.online[name] = info.online
         self.max_timeout[name] = info.maximum_timeout
+        self.tags[name] = tuple(info.tags)
         self.cap_unknown.discard(name)
 
     def lost(self, name: str) -> None:
