@@ -146,7 +146,7 @@ class BatchDriver:
         lease = ctx.lease
         if lease is None:
             raise SystemFailure(f"job {ctx.job.id} holds no lease")
-        user = job_user(ctx.settings)  # the batch job runs as the user who submits it
+        user = job_user(ctx.settings, ctx.args.driver)  # the batch job runs as the user who submits it
         runas = as_user(user)
         paths = _Paths(Path(ctx.settings.builds_dir).resolve() / ".runnerctl", f"{ctx.job.id}-{stage}",
                        user if runas else None)

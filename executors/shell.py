@@ -72,7 +72,7 @@ class ShellDriver:
         }
 
     def prepare(self, ctx: StageContext) -> None:
-        user = job_user(ctx.settings)
+        user = job_user(ctx.settings, ctx.args.driver)
         key = slot_key(ctx.args.slot)
         for path in (ctx.settings.builds_dir, ctx.settings.cache_dir):
             Path(path).mkdir(parents=True, exist_ok=True)
@@ -85,7 +85,7 @@ class ShellDriver:
         LeaseTable(ctx.settings.state_dir).update(ctx.lease_token, uid=user.pw_uid)
 
     def run(self, ctx: StageContext, script: Path, stage: str) -> int:
-        user = job_user(ctx.settings)
+        user = job_user(ctx.settings, ctx.args.driver)
         env = {**ctx.env, **ctx.gpu_env(ctx.gpu_uuids())}
         switch = user.pw_uid != os.geteuid()
         copy_dir = (Path(tempfile.mkdtemp(prefix=".runnerctl-", dir=ctx.settings.builds_dir))
@@ -119,16 +119,24 @@ class ShellDriver:
                 continue
 
 
-def job_user(settings: Settings) -> pwd.struct_passwd:
-    """The user jobs run as; a SystemFailure naming the fix when it cannot or must not be."""
+WHAT_RUNS_AS_USER = {"docker": "jobs' git, cache and artifact stages (on the host, in the dir its "
+                              "container writes)"}
+"""What the root refusal names for a driver whose jobs run elsewhere but whose helper
+stages run on the host as `run_as_user`."""
+
+
+def job_user(settings: Settings, driver: str = "shell") -> pwd.struct_passwd:
+    """The user jobs (`driver`'s host stages) run as; a SystemFailure naming the fix when
+    it cannot or must not be."""
     name = settings.executor.run_as_user
     try:
         user = pwd.getpwnam(name) if name else pwd.getpwuid(os.geteuid())
     except KeyError:
         raise SystemFailure(f"[executor] run_as_user {name!r} is no user on this host") from None
     if user.pw_uid == 0 and not settings.executor.allow_root:
-        raise SystemFailure("the shell driver does not run jobs as root: set [executor] run_as_user "
-                            "to an unprivileged user (or allow_root = true to run them as root anyway)")
+        raise SystemFailure(f"the {driver} driver does not run {WHAT_RUNS_AS_USER.get(driver, 'jobs')} as "
+                            "root: set [executor] run_as_user to an unprivileged user (or allow_root = "
+                            "true to run them as root anyway)")
     if user.pw_uid != os.geteuid() and os.geteuid() != 0:
         raise SystemFailure(f"running jobs as {user.pw_name} needs gitlab-runner to run as root "
                             f"(it runs as uid {os.geteuid()}); or leave [executor] run_as_user empty")

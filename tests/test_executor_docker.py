@@ -155,6 +155,19 @@ def test_a_link_the_job_planted_is_never_followed_by_a_host_stage(engine: docker
     assert _containers(engine, host, 712) == []
 
 
+def test_as_root_without_a_job_user_says_what_runs_on_the_host(engine: docker.DockerClient,
+                                                               tmp_path: Path) -> None:
+    """The README said run_as_user and allow_root were the shell and batch drivers'
+    settings: a root gitlab-runner with the defaults failed every docker job, naming the
+    shell driver (found by a review as a researcher using docker)."""
+    host = make_host(tmp_path, docker_image=IMAGE, shell_user=None)
+    results = _harness(host, (7,)).run_job(FakeJob(id=715, image=IMAGE), "echo never")
+    out = results["prepare"].output
+    assert results["prepare"].code == SYSTEM_FAILURE, results
+    assert ("the docker driver does not run jobs' git, cache and artifact stages (on the host, in the dir "
+            "its container writes) as root: set [executor] run_as_user") in out, out
+
+
 def _derived(engine: docker.DockerClient, name: str, line: str) -> str:
     """An image built here from the local busybox one, with one more Dockerfile line."""
     tag = f"runnerctl-test/{name}:latest"
