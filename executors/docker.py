@@ -82,16 +82,21 @@ class DockerDriver:
         scripts.mkdir(mode=0o755, parents=True, exist_ok=True)
         env = ctx.gpu_env(uuids)
         env.pop(LEASE_ENV)  # only exec'd stages carry the token: the idle container is no work
+        labels = _labels(ctx.lease_token, ctx.settings) | {LABEL_JOB: ctx.job.id, LABEL_SLOT: ctx.args.slot}
+        try:  # a bridge of its own: jobs on one host cannot reach each other's open ports
+            network = client.networks.create(_name(ctx), driver="bridge", labels=labels)
+        except docker.errors.DockerException as exc:
+            raise SystemFailure(f"cannot make the job's network: {exc}") from None
         try:
             container = client.containers.run(
                 image, KEEPALIVE, detach=True, name=_name(ctx),
-                labels=_labels(ctx.lease_token, ctx.settings) | {
-                    LABEL_JOB: ctx.job.id, LABEL_SLOT: ctx.args.slot},
+                labels=labels, network=network.name,
                 device_requests=[DeviceRequest(driver="nvidia", device_ids=uuids,
                                                capabilities=[["gpu"]])],
                 environment=env | {"CUDA_VISIBLE_DEVICES": ",".join(uuids)},
                 volumes={builds: {"bind": builds, "mode": "rw"},
                          str(scripts): {"bind": SCRIPTS_INSIDE, "mode": "ro"}}, working_dir=builds,
+                shm_size=f"{ctx.settings.executor.docker_shm_mib}m",
             )
         except docker.errors.DockerException as exc:
             raise SystemFailure(f"cannot start the job's container from {image}: {exc}") from None
@@ -146,6 +151,8 @@ class DockerDriver:
             for container in client.containers.list(all=True,
                                                     filters={"label": _label_filter(lease, settings)}):
                 container.remove(force=True, v=True)  # and its anonymous volumes (an image's VOLUME)
+            for network in client.networks.list(filters={"label": _label_filter(lease, settings)}):
+                network.remove()
             if lease.nonce:  # a lease of an older runnerctl has none, and no scripts there
                 remove_tree(_scripts_root(settings) / lease.nonce, "job's scripts")
         finally:

@@ -71,6 +71,9 @@ class ExecutorSettings:
     """How long prepare waits for foreign processes to leave its GPUs before failing."""
     docker_image: str = "ubuntu:24.04"
     """Image for jobs that name none (docker executor and driver)."""
+    docker_shm_mib: int = 8192
+    """The docker driver's /dev/shm size per job container (MiB; memory only as used):
+    Docker's own 64 MiB fails a PyTorch DataLoader with worker processes."""
     # -- who jobs run as (shell driver) --
     run_as_user: str = ""
     """The shell driver runs jobs as this unprivileged user (needs gitlab-runner to run as
@@ -347,6 +350,7 @@ _RANGES: dict[tuple[type, str], Bound] = {
     (ControllerSettings, "events_retention_days"): _MORE_THAN_0,
     (ControllerSettings, "unused_after_s"): _MORE_THAN_0,
     (PostgresSettings, "port"): Bound(1, 65535, "a TCP port"),
+    (ExecutorSettings, "docker_shm_mib"): Bound(1, 1 << 24, "MiB"),
     (WebSettings, "session_max_age_s"): Bound(60, unit="seconds"),
     (WebSettings, "signin_attempts"): Bound(1, 1_000_000, "attempts a minute"),
     (WebSettings, "max_concurrent_signins"): Bound(1, 1000, "sign-ins at once"),

@@ -86,6 +86,23 @@ def test_container_gets_exactly_the_slot_gpus_and_is_removed(engine: docker.Dock
     assert _containers(engine, host, 701) == [] and LeaseTable(host / "state").all() == []
 
 
+def test_each_job_has_a_network_of_its_own_and_a_large_shm(engine: docker.DockerClient, host: Path) -> None:
+    """On the default bridge two users' jobs reached each other's open ports (a rendezvous,
+    TensorBoard, Jupyter), and /dev/shm was Docker's 64 MiB, too small for a PyTorch
+    DataLoader with workers (found by a review as a researcher using docker)."""
+    harness = _harness(host, (4,))
+    job = FakeJob(id=716, image=IMAGE)
+    assert harness.stage("prepare", job).code == 0
+    (container,) = _containers(engine, host, 716)
+    networks = list(container.attrs["NetworkSettings"]["Networks"])
+    assert networks == [container.name] and "bridge" not in networks  # its own, named like it
+    assert container.attrs["HostConfig"]["ShmSize"] == 8192 * 1024 * 1024  # [executor] docker_shm_mib
+    labels = ["runnerctl.job=716", f"runnerctl.state={(host / 'state').resolve()}"]
+    assert len(engine.networks.list(filters={"label": labels})) == 1
+    assert harness.stage("cleanup", job).code == 0
+    assert engine.networks.list(filters={"label": labels}) == []
+
+
 def test_one_gpu_slot_sees_one_gpu_whatever_the_job_asks(engine: docker.DockerClient,
                                                          host: Path) -> None:
     harness = _harness(host, (6,))
