@@ -78,6 +78,7 @@ class DockerDriver:
         uuids = ctx.gpu_uuids()
         builds = str(Path(ctx.settings.builds_dir).resolve() / slot_key(ctx.args.slot))
         Path(builds).mkdir(mode=0o700, exist_ok=True)
+        inside = str(Path(ctx.settings.builds_dir).absolute() / slot_key(ctx.args.slot))  # as config said
         scripts = _scripts_dir(ctx)
         scripts.mkdir(mode=0o755, parents=True, exist_ok=True)
         env = ctx.gpu_env(uuids)
@@ -94,8 +95,8 @@ class DockerDriver:
                 device_requests=[DeviceRequest(driver="nvidia", device_ids=uuids,
                                                capabilities=[["gpu"]])],
                 environment=env | {"CUDA_VISIBLE_DEVICES": ",".join(uuids)},
-                volumes={builds: {"bind": builds, "mode": "rw"},
-                         str(scripts): {"bind": SCRIPTS_INSIDE, "mode": "ro"}}, working_dir=builds,
+                volumes={builds: {"bind": inside, "mode": "rw"},
+                         str(scripts): {"bind": SCRIPTS_INSIDE, "mode": "ro"}}, working_dir=inside,
                 shm_size=f"{ctx.settings.executor.docker_shm_mib}m",
             )
         except docker.errors.DockerException as exc:

@@ -185,6 +185,22 @@ def test_as_root_without_a_job_user_says_what_runs_on_the_host(engine: docker.Do
             "its container writes) as root: set [executor] run_as_user") in out, out
 
 
+def test_a_state_dir_reached_through_a_link_still_runs_jobs(engine: docker.DockerClient,
+                                                            tmp_path: Path) -> None:
+    """config told gitlab-runner the builds dir by the path as set, the container mounted it
+    at the resolved one: the script could not cd to its project dir (found by a review as
+    a researcher using docker)."""
+    real, link = tmp_path / "real", tmp_path / "link"
+    real.mkdir()
+    make_host(real, docker_image=IMAGE)
+    link.symlink_to(real)
+    settings = real / "runnerctl.toml"
+    settings.write_text(settings.read_text().replace(str(real / "state"), str(link / "state")))
+    results = harness_for(link, (1,), "docker").run_job(FakeJob(id=717, image=IMAGE), "touch mine && pwd")
+    assert results["build_script"].code == 0, results["build_script"].output
+    assert str(link / "state" / "builds" / "gpu1") in results["build_script"].output
+
+
 def _derived(engine: docker.DockerClient, name: str, line: str) -> str:
     """An image built here from the local busybox one, with one more Dockerfile line."""
     tag = f"runnerctl-test/{name}:latest"
