@@ -420,3 +420,14 @@ def test_tags_changed_in_gitlab_are_set_back_and_said(world: World, caplog: pyte
     assert single.tags == want
     said = [r.getMessage() for r in caplog.records if "had tags" in r.getMessage()]
     assert len(said) == 1 and "runnerctl/demo/gpu2" in said[0] and "gpus:4" in said[0], said
+
+
+def test_tags_that_cannot_be_set_back_are_said_once(world: World, caplog: pytest.LogCaptureFixture) -> None:
+    world.advance(6)
+    single = world.state.runners[world.controller.cache.ids["runnerctl/demo/gpu3"]]
+    single.tags = set(single.tags) | {"gpus:4"}
+    world.server.faults.append(Fault("PUT", rf"^/runners/{single.id}$", "500", count=10_000))
+    with caplog.at_level(logging.WARNING):
+        world.advance(300)
+    said = [r.getMessage() for r in caplog.records if "setting them back failed" in r.getMessage()]
+    assert len(said) == 1 and "runnerctl/demo/gpu3" in said[0], said

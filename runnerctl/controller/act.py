@@ -26,6 +26,8 @@ from runnerctl.controller.observe import RunnerCache
 from runnerctl.controller.plan import Decision, differences
 from runnerctl.errors import GitLabError, NotFoundError, PermanentError, TemporaryError
 from runnerctl.gitlab import GitLabPort
+from runnerctl.layout import slot_tags
+from runnerctl.model import Slot
 from runnerctl.standby import VERIFY_EVERY_S, Standby
 
 log = logging.getLogger(__name__)
@@ -224,3 +226,27 @@ class StandbyKeeper:
         if message != self.error:
             self._log.warning("%s", message)
         self.error = message
+
+
+def retag(slots: Sequence[Slot], *, cache: RunnerCache, gitlab: GitLabPort) -> None:
+    """A runner whose tags were changed in GitLab (its UI) gets its slot's back, logged:
+    `gpus:4` added to a single let a 4-GPU job start on one GPU, and nothing said so
+    (found by a review as a GitLab admin). A failure is logged once per runner and tried
+    again at the runner's next read."""
+    for slot in slots:
+        found = cache.tags.get(slot.name)
+        want = slot_tags(slot)
+        if found is None or sorted(found) == sorted(want) or slot.name in cache.gone:
+            continue
+        try:
+            gitlab.set_tags(cache.ids[slot.name], want)
+        except GitLabError as exc:
+            if slot.name not in cache.retag_failing:
+                log.warning("runner %s has tags %s in GitLab, not its slot's %s, and setting them back "
+                            "failed: %s", slot.name, ", ".join(found), ", ".join(want), exc)
+            cache.retag_failing.add(slot.name)
+            continue
+        cache.retag_failing.discard(slot.name)
+        log.warning("runner %s had tags %s in GitLab (changed there): set back to %s", slot.name,
+                    ", ".join(found) or "none", ", ".join(want))
+        cache.tags[slot.name] = tuple(want)

@@ -42,7 +42,7 @@ from runnerctl.controller.waiting import why_waiting
 from runnerctl.errors import GitLabError, GpuError
 from runnerctl.gitlab import GitLabPort
 from runnerctl.gpus import GpuSource
-from runnerctl.layout import plan_slots, slot_tags
+from runnerctl.layout import plan_slots
 from runnerctl.model import GpuSnapshot, Slot
 from runnerctl.settings import ControllerSettings
 from runnerctl.standby import Standby
@@ -179,7 +179,7 @@ class Controller:
         if gitlab_ready:
             self.standby.keep_online(self.wiring.gitlab, now)
         if gitlab_ok:
-            self._retag()
+            acting.retag(self._slots, cache=self.cache, gitlab=self.wiring.gitlab)
         # a store failure here fails the tick like any other (not a side task): /healthz sees it
         self.history.tick(self.wiring.jobs.leased(), snapshot, now, lambda *event: self._event(now, *event),
                           self.demand.take_outcomes())
@@ -331,25 +331,6 @@ class Controller:
                        for s in self._slots)
         return Observed(states, closed, demand, self.drains, held_slots(toggles, self._slots), self.protected,
                         elsewhere, now)
-
-    def _retag(self) -> None:
-        """A runner whose tags were changed in GitLab (its UI) gets its slot's back, logged:
-        `gpus:4` added to a single let a 4-GPU job start on one GPU, and nothing said so
-        (found by a review as a GitLab admin). A failure is the next read's to retry."""
-        for slot in self._slots:
-            found = self.cache.tags.get(slot.name)
-            want = slot_tags(slot)
-            if found is None or sorted(found) == sorted(want) or slot.name in self.cache.gone:
-                continue
-            try:
-                self.wiring.gitlab.set_tags(self.cache.ids[slot.name], want)
-            except GitLabError as exc:
-                log.warning("runner %s has tags %s in GitLab, not its slot's %s, and setting them back "
-                            "failed: %s", slot.name, ", ".join(found), ", ".join(want), exc)
-                continue
-            log.warning("runner %s had tags %s in GitLab (changed there): set back to %s", slot.name,
-                        ", ".join(found) or "none", ", ".join(want))
-            self.cache.tags[slot.name] = tuple(want)
 
     def _clock_step(self, now: float) -> None:
         """A wall clock that moved by more than `CLOCK_STEP_S` beyond the time that passed

@@ -165,8 +165,9 @@ class RunnerCache:
         self.online: dict[str, bool | None] = {name: None for name in runner_ids}
         self.max_timeout: dict[str, int | None] = {name: None for name in runner_ids}
         self.tags: dict[str, tuple[str, ...] | None] = {name: None for name in runner_ids}
-        """The runner's tags as GitLab last said (None: not read yet); `Controller._retag`
+        """The runner's tags as GitLab last said (None: not read yet); `act.retag`
         sets back tags an admin changed in GitLab's UI."""
+        self.retag_failing: set[str] = set()  # runners whose tags could not be set back (logged once)
         self.cap_unknown: set[str] = set(runner_ids)  # max_timeout not read yet, or a set failed
         self.gone: set[str] = set()
         """Runners GitLab answered 404 for (deleted, or hidden from the token): nothing is
