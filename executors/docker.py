@@ -250,8 +250,10 @@ def _frozen(ctx: StageContext) -> Iterator[None]:
         try:
             _client().api.pause(container)
             paused = True
-        except docker.errors.DockerException:  # not running: nothing in it can move
-            pass
+        except docker.errors.DockerException as exc:
+            if _may_move(container):  # the freezer failed: the check below could be raced
+                raise SystemFailure(f"cannot pause the job's container for the host stage, which would "
+                                    f"then race the job's processes in its builds dir: {exc}") from None
     try:
         yield
     finally:
@@ -261,6 +263,20 @@ def _frozen(ctx: StageContext) -> Iterator[None]:
             except docker.errors.DockerException as exc:
                 raise SystemFailure(f"cannot resume the job's container after the host stage: "
                                     f"{exc}") from None
+
+
+def _may_move(container: str) -> bool:
+    """Whether anything in the container can still run after a failed pause: it exists,
+    is running and is not paused already (by an admin, say). A pause that failed for any
+    other reason (no freezer in the cgroup setup, an engine error) leaves its processes
+    free to move, and so does a container the engine cannot describe."""
+    try:
+        state = _client().api.inspect_container(container)["State"]
+    except docker.errors.NotFound:
+        return False
+    except docker.errors.DockerException:
+        return True
+    return bool(state.get("Running")) and not state.get("Paused")
 
 
 def _refuse_planted_links(ctx: StageContext, stage: str) -> None:

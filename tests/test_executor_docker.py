@@ -335,3 +335,37 @@ def test_stopped_engine_is_a_system_failure(host: Path, monkeypatch: pytest.Monk
     result = harness.stage("prepare", FakeJob(id=704, image=IMAGE))
     assert result.code == SYSTEM_FAILURE and "Docker engine is not reachable" in result.output
     assert LeaseTable(host / "state").all() == []
+
+
+def test_a_pause_that_fails_on_a_running_container_refuses_the_host_stage(
+        engine: docker.DockerClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed pause was taken for "not running" whatever its cause: where the engine
+    cannot freeze (no freezer in its cgroup setup), host stages ran beside the job's
+    live processes, the race the pause is there to close, and nobody was told."""
+    from types import SimpleNamespace
+
+    from runnerctl.executors import docker as driver
+    from runnerctl.executors.driver import SystemFailure
+
+    def no_freezer(self: Any, container: str) -> None:
+        raise docker.errors.APIError("freezer not supported")
+
+    running = engine.containers.run(IMAGE, ["sleep", "300"], detach=True, labels={"runnerctl.test": "pause"})
+    ended = engine.containers.run(IMAGE, ["true"], detach=True, labels={"runnerctl.test": "pause"})
+    try:
+        ended.wait(timeout=60)
+        monkeypatch.setattr(docker.api.client.APIClient, "pause", no_freezer)
+        with pytest.raises(SystemFailure, match="cannot pause the job's container for the host stage"):
+            with driver._frozen(SimpleNamespace(lease=SimpleNamespace(container=running.id))):  # type: ignore[arg-type]
+                pytest.fail("the host stage ran beside the job's live processes")
+        with driver._frozen(SimpleNamespace(lease=SimpleNamespace(container=ended.id))):  # type: ignore[arg-type]
+            pass  # nothing in it can move: the stage runs
+        monkeypatch.undo()
+        running.pause()  # paused by an admin: nothing moves, and it stays paused
+        with driver._frozen(SimpleNamespace(lease=SimpleNamespace(container=running.id))):  # type: ignore[arg-type]
+            pass
+        running.reload()
+        assert running.status == "paused"
+    finally:
+        for c in (running, ended):
+            c.remove(force=True)
