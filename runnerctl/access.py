@@ -25,7 +25,7 @@ import dataclasses
 from typing import Protocol
 
 from runnerctl.errors import PermanentError
-from runnerctl.gitlab import REQUIRED_SCOPE, RunnerScope, TokenUser
+from runnerctl.gitlab import REQUIRED_SCOPE, RunnerScope, TokenInfo, TokenUser
 
 MAINTAINER = 40
 OWNER = 50
@@ -37,7 +37,7 @@ ROLE_NAMES = {0: "no membership", 10: "Guest", 15: "Planner", 20: "Reporter", 30
 class AccessReader(Protocol):
     """The reads the check needs (runnerctl.gitlab.PythonGitLab has them)."""
 
-    def token_scopes(self) -> tuple[str, ...] | None: ...
+    def token_info(self) -> TokenInfo | None: ...
     def token_user(self) -> TokenUser: ...
     def group_access_level(self, group: str, user_id: int) -> int: ...
     def project_access_level(self, project: str, user_id: int) -> int: ...
@@ -75,7 +75,8 @@ def needed_role(scope: RunnerScope) -> tuple[int, str]:
 def read_access(gitlab: AccessReader, scope: RunnerScope) -> Access:
     """Scopes first: a token without `read_user`, `read_api` or `api` cannot even read
     its user (lib/api/users.rb), and its scopes are the news then."""
-    scopes = gitlab.token_scopes()
+    info = gitlab.token_info()
+    scopes = None if info is None else info.scopes
     if scopes is not None and not {REQUIRED_SCOPE, "read_api", "read_user"} & set(scopes):
         return Access(scopes, TokenUser(0, "?"), 0)
     user = gitlab.token_user()

@@ -50,11 +50,13 @@ from runnerctl.gitlab_port import (
     RunnerReach,
     RunnerScope,
     RunnerType,
+    TokenInfo,
     TokenUser,
 )
 
 __all__ = ["REQUIRED_SCOPE", "CreatedRunner", "GitLabPort", "InsufficientScope", "JobInfo", "PythonGitLab",
-           "RunnerInfo", "RunnerReach", "RunnerScope", "RunnerType", "TokenUser", "exchange_oauth_code"]
+           "RunnerInfo", "RunnerReach", "RunnerScope", "RunnerType", "TokenInfo", "TokenUser",
+           "exchange_oauth_code"]
 
 log = logging.getLogger(__name__)
 
@@ -249,17 +251,24 @@ class PythonGitLab:
         self._call("keep the stand-by runner online",
                    lambda: self._gl.http_post("/runners/verify", post_data=body, **_NO_RETRY))
 
-    def token_scopes(self) -> tuple[str, ...] | None:
-        """The token's scopes (`GET /personal_access_tokens/self`, which any scope may
-        call: lib/api/personal_access_tokens/self_information.rb). None when GitLab cannot
-        say: an OAuth token, or a GitLab without the endpoint (400 or 404)."""
+    def token_info(self) -> TokenInfo | None:
+        """The token's scopes and expiry (`GET /personal_access_tokens/self`, which any
+        scope may call: lib/api/personal_access_tokens/self_information.rb). None when
+        GitLab cannot say: an OAuth token, or a GitLab without the endpoint (400 or 404)."""
         try:
             info = self._call("read the token's scopes", lambda: self._gl.http_get(
                 "/personal_access_tokens/self", **_NO_RETRY))
         except (_NotFound, _BadRequest):
             return None
         scopes = info.get("scopes") if isinstance(info, dict) else None
-        return tuple(str(s) for s in scopes) if isinstance(scopes, list) else None
+        if not isinstance(scopes, list):
+            return None
+        expires = info.get("expires_at") if isinstance(info, dict) else None
+        try:
+            expires_on = datetime.date.fromisoformat(str(expires)[:10]) if expires else None
+        except ValueError:
+            expires_on = None
+        return TokenInfo(tuple(str(s) for s in scopes), expires_on)
 
     def current_user(self) -> tuple[int, str]:
         """(id, username) of the token's user."""
@@ -294,9 +303,9 @@ class PythonGitLab:
     def _call(self, what: str, func: Callable[[], T]) -> T:
         try:
             return func()
-        except gitlab.exceptions.GitlabAuthenticationError:
+        except gitlab.exceptions.GitlabAuthenticationError as exc:
             raise PermanentError(
-                f"GitLab at {self.url} rejected the token (401) while trying to {what}",
+                f"GitLab at {self.url} rejected the token (401{_why_refused(exc)}) while trying to {what}",
                 hint="check the token ($RUNNERCTL_GITLAB_TOKEN or --token-file): a personal, group or "
                 f"project access token with the {REQUIRED_SCOPE} scope",
             ) from None
@@ -419,3 +428,15 @@ def exchange_oauth_code(url: str, *, client_id: str, secret: str, code: str, ver
 def _seconds(value: Any) -> int | None:
     """A positive whole number of seconds from GitLab, else None (not set)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _why_refused(exc: gitlab.exceptions.GitlabAuthenticationError) -> str:
+    """GitLab's reason for a 401, when it gives one: an expired or revoked token gets
+    `{"error": "invalid_token", "error_description": "Token is expired. ..."}`
+    (lib/api/api_guard.rb), an unknown one only `{"message": "401 Unauthorized"}`."""
+    try:
+        body = json.loads(exc.response_body or b"")
+    except (ValueError, TypeError):
+        return ""
+    said = body.get("error_description") if isinstance(body, dict) else None
+    return f": {str(said).split('.')[0].strip()[:80]}" if said else ""

@@ -8,6 +8,7 @@ error mapping. Nothing here talks to GitLab.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from typing import Any, Literal, Protocol
 
 RunnerType = Literal["instance_type", "group_type", "project_type"]
@@ -63,6 +64,18 @@ class TokenUser:
     is_admin: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenInfo:
+    """What `GET /personal_access_tokens/self` says of the token
+    (lib/api/personal_access_tokens/self_information.rb, PersonalAccessTokenEntity)."""
+
+    scopes: tuple[str, ...]
+    expires_on: datetime.date | None
+    """Its `expires_at`, a date: GitLab refuses the token from the start of that day
+    (PersonalAccessToken `active` scope, gitlab-org/gitlab MR 93504) with 401
+    `invalid_token` "Token is expired." (lib/api/api_guard.rb); None: it never expires."""
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class CreatedRunner:
     id: int
@@ -106,3 +119,4 @@ class GitLabPort(Protocol):
     def runner_reach(self, runner_id: int) -> RunnerReach | None: ...
     def group_projects(self, group_id: int) -> list[int]: ...
     def heartbeat_runner(self, token: str, *, system_id: str) -> None: ...
+    def token_info(self) -> TokenInfo | None: ...

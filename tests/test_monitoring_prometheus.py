@@ -26,6 +26,7 @@ must return no series of the healthy hosts (they do not fire falsely).
 from __future__ import annotations
 
 import abc
+import dataclasses
 import json
 import os
 import re
@@ -52,7 +53,7 @@ from runnerctl.exporter.dcgm import JobMappingWriter, jobs_by_gpu
 from runnerctl.exporter.scrape import ALL_PARTS
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim.gitlab_server import Fault
-from runnerctl.sim.world import PROJECT, World, build_world
+from runnerctl.sim.world import PROJECT, TOKEN, World, build_world
 from tests.pg import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +63,8 @@ ALERTS = MONITORING / "prometheus" / "alerts.yml"
 GRAFANA_VARS = {"$Hostname": "demo", "$__rate_interval": "20s", "$__range": "10m"}
 NOT_IN_A_HEALTHY_RUN = {"RunnerctlRunnerOffline", "RunnerctlRunnerUnknown", "RunnerctlControllerDown",
                         "RunnerctlGitLabUnreachable", "RunnerctlExporterCollectorFailed",
-                        "RunnerctlMultiGpuJobWaiting", "RunnerctlReconcileStalled"}
+                        "RunnerctlMultiGpuJobWaiting", "RunnerctlReconcileStalled",
+                        "RunnerctlGitLabTokenExpiring"}
 STEP_S, PACE_S = 5.0, 0.1  # virtual seconds per step, wall seconds between steps (about 50x)
 
 
@@ -167,7 +169,8 @@ class AilingHost(HostThread):
     """A simulated host where everything the alerts watch for has gone wrong (built on this
     thread, like `Workload`): its gitlab-runner never polls (every runner offline in
     GitLab), runner gpu0 was deleted in GitLab (state unknown), an 8-GPU job has been
-    pending for three hours, then GitLab answers 500 to every request; its /metrics has one
+    pending for three hours, its token expires in six days, then GitLab answers 500 to
+    every request; its /metrics has one
     collector that raises, as a bug would; after a few ticks with GitLab failing its loop
     hangs (no tick finishes any more, as when a tick waits on a locked store)."""
 
@@ -178,6 +181,8 @@ class AilingHost(HostThread):
 
     def _run(self) -> None:
         world = build_world(self.state_dir, host=self.HOST, settings=ControllerSettings(projects=(PROJECT,)))
+        world.state.directory.tokens[TOKEN].expires_at = "2023-11-20"  # the world starts on 2023-11-14
+        world.controller.wiring = dataclasses.replace(world.controller.wiring, check_token=True)  # as serve
         world.fleet.slots.clear()  # gitlab-runner is down: no runner ever polls
         world.state.delete_runner(next(i for n, i in world.fleet.runner_ids.items() if n.endswith("/gpu0")))
         job = world.submit(8, 3600.0)

@@ -54,6 +54,7 @@ class Liveness:
         self._logged: set[str] = set()
         self.thread: threading.Thread | None = None
         self.troubles: dict[str, tuple[float, str]] = {}  # part -> (since, its last error)
+        self.notices: dict[str, str] = {}  # part -> what an admin must act on soon (`notice`)
 
     def watch(self, thread: threading.Thread) -> None:
         self.thread = thread
@@ -77,6 +78,17 @@ class Liveness:
         if part not in self.troubles and warn:
             log.warning("%s: %s", warn, error)
         self.troubles[part] = (self.troubles.get(part, (self._clock(), ""))[0], error)
+
+    def notice(self, part: str, text: str) -> None:
+        """Something an admin must act on before it fails (the GitLab token's expiry), or
+        "" when it is gone: on /healthz under `notices`, which stays healthy; logged as a
+        warning each time its text changes."""
+        if not text:
+            self.notices.pop(part, None)
+            return
+        if self.notices.get(part) != text:
+            log.warning("%s", text)
+        self.notices[part] = text
 
     def failed(self, exc: BaseException, tick: int) -> None:
         """Count a failed tick; log it with its traceback the first time its kind fails in
@@ -126,7 +138,8 @@ class Liveness:
         troubles = {part: {"for_s": for_s, "error": error} for part, (for_s, error) in lasting.items()}
         return not problems, {"last_good_tick_age_s": round(age, 3), "stale_after_s": self.stale_after_s,
                               "failed_ticks_in_a_row": self.streak, "reconcile_thread": thread,
-                              "troubles": troubles, "problem": "; ".join(problems)}
+                              "troubles": troubles, "notices": dict(sorted(self.notices.items())),
+                              "problem": "; ".join(problems)}
 
 
 _PARTS = {"gitlab": "GitLab fails", "gpus": "the GPUs cannot be read (every runner stays closed)",

@@ -37,6 +37,7 @@ from runnerctl.controller.plan import Decision, Demand, Observed, Plan, PlanPoli
 from runnerctl.controller.stats import ControllerStats
 from runnerctl.controller.store import Event, Store, Toggle
 from runnerctl.controller.toggles import Target, held_slots, toggle_status
+from runnerctl.controller.token_expiry import TokenExpiry
 from runnerctl.controller.view import ControllerView, GpuView, SlotView
 from runnerctl.controller.waiting import why_waiting
 from runnerctl.errors import GitLabError, GpuError
@@ -98,6 +99,9 @@ class Wiring:
     standby: Standby | None = None  # kept online so GitLab never drops a job waiting for a drain
     check_clock: bool = False
     """Compare `clock` (then the wall clock: serve) with a shared store's (`clock_skew`)."""
+    check_token: bool = False
+    """Read the GitLab token's expiry now and then and say it before the day (serve:
+    controller/token_expiry.py)."""
     monotonic: Clock | None = None
     """A clock that never steps, beside `clock` (serve: time.monotonic), to tell a step of
     the wall clock from time passing (`Controller._clock_step`); None: `clock` never steps
@@ -144,6 +148,7 @@ class Controller:
         self.history = History(wiring.store, self.host, settings)  # job history, retention
         self.fair = FairShare(wiring.store, settings)  # fair share from the job history
         self.estimates = Estimates(wiring.store)  # run-time estimates from it (order only)
+        self.token = TokenExpiry()  # the GitLab token's expiry, with check_token
 
     # -- one tick ------------------------------------------------------------------
     def tick(self) -> ControllerView:
@@ -188,9 +193,11 @@ class Controller:
         self.liveness.good()
         self.liveness.trouble("gitlab", self.health.write_error or (
             "" if gitlab_ok else self.health.last_error or "not asked yet"))
+        self.liveness.notice("token", self.token.notice(now))
         view, took = self.view, time.perf_counter() - started
         self._aside("stats", lambda: self.stats.observe(view, duration_s=took, is_ci=self.wiring.is_ci,
-                                                        gitlab=self.wiring.gitlab))
+                                                        gitlab=self.wiring.gitlab,
+                                                        token_expires_at=self.token.expires_at))
         for hook in self.on_tick:
             self._aside(getattr(hook, "__name__", type(hook).__name__), functools.partial(hook, view))
         return self.view
@@ -274,6 +281,9 @@ class Controller:
             if self.ticks % 4:  # three tokens of four go to demand, one to re-reading a runner
                 self.demand.poll(self.wiring.gitlab)
             self.cache.refresh_one(self.wiring.gitlab, self.budget)
+            if self.wiring.check_token and self.token.due(now):
+                self.budget.charge()
+                self.token.read(self.wiring.gitlab, now)
         except GitLabError as exc:
             self.health.failed(exc, now)
             return False

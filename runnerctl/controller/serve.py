@@ -56,7 +56,7 @@ def production_controller(settings: Settings, *, gitlab_url: str, token: str, gp
     wiring = Wiring(host=settings.host.name, gpus=gpus,
                     gitlab=PythonGitLab(gitlab_url, token), runner_ids=runner_ids, store=store, jobs=jobs,
                     clock=time.time, is_ci=jobs.is_ci, webhook_secret=webhook_secret, standby=standby,
-                    check_clock=True, monotonic=time.monotonic)
+                    check_clock=True, check_token=True, monotonic=time.monotonic)
     return Controller(wiring, settings.controller)
 
 

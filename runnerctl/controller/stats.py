@@ -79,6 +79,9 @@ class StatsView:
     reserves: Mapping[str, int]  # block name -> times opened at once on idle GPUs for a job
     admin_toggles: Mapping[str, int]  # pause | drain -> toggles seen
     gitlab_requests: Mapping[str, int] | None  # HTTP status -> count; None if not counted
+    token_expires_at: float | None = None
+    """When GitLab starts refusing the controller's token (controller/token_expiry.py);
+    None: never, or not read."""
     known_gpus: Mapping[int, Gpu] = dataclasses.field(default_factory=dict)
     """GPU index -> the GPU as the last snapshot that had it read it: its identity (UUID,
     model) stays while NVML cannot be read, so its series keep their labels."""
@@ -117,7 +120,7 @@ class ControllerStats:
             self._reserves[event.subject] += 1
 
     def observe(self, view: ControllerView, *, duration_s: float, is_ci: IsCi,
-                gitlab: object = None) -> StatsView:
+                gitlab: object = None, token_expires_at: float | None = None) -> StatsView:
         if view.snapshot is not None:
             self._gpus = tuple(g.index for g in view.snapshot.gpus)
             self._known = {g.index: g for g in view.snapshot.gpus}
@@ -139,7 +142,8 @@ class ControllerStats:
             foreign_processes=foreign, gpu_seconds=dict(self._gpu_seconds), job_waits=dict(self._waits),
             reconcile=self._reconcile, events=dict(self._events), drains=dict(self._drains),
             reserves=dict(self._reserves),
-            admin_toggles=dict(self._admin), gitlab_requests=requests, known_gpus=dict(self._known))
+            admin_toggles=dict(self._admin), gitlab_requests=requests, token_expires_at=token_expires_at,
+            known_gpus=dict(self._known))
         return self.view
 
     def _time_waits(self, view: ControllerView) -> None:

@@ -64,6 +64,10 @@ def collect(stats: StatsView) -> Iterator[Metric]:
         for status, count in sorted(counts.items()):
             requests.add_metric([view.host, status], count)
     yield requests
+    if stats.token_expires_at is not None:
+        yield _gauge("runnerctl_gitlab_token_expiry_timestamp_seconds", "When GitLab starts refusing the "
+                     "controller's token (the start of its expires_at day, UTC); absent when it never "
+                     "expires or GitLab cannot say.", host, stats.token_expires_at)
 
 
 EXPECTED_STATUSES = ("200", "201", "204", "400", "401", "403", "404", "409", "429", "500", "502", "503",

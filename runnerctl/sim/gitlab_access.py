@@ -21,8 +21,11 @@ each API class declares what it lets in with `allow_access_with_scope`):
 Error bodies (lib/api/helpers.rb): `forbidden!(reason)` -> 403 `{"message": "403 Forbidden -
 reason"}`, `not_found!(thing)` -> 404 `{"message": "404 Thing Not Found"}`,
 `bad_request!(reason)` -> 400 `{"message": "400 Bad request - reason"}`, `unauthorized!`
--> 401 `{"message": "401 Unauthorized"}`; Grape's own parameter validation answers 400
-`{"error": "x is missing"}` (lib/api/api.rb `rescue_from Grape::Exceptions::ValidationErrors`).
+-> 401 `{"message": "401 Unauthorized"}` (an unknown token too); a known token that expired
+or was revoked -> 401 `{"error": "invalid_token", "error_description": "Token is expired.
+..."}` (lib/api/api_guard.rb, checked in auth_finders.rb `validate_access_token!`); Grape's
+own parameter validation answers 400 `{"error": "x is missing"}` (lib/api/api.rb
+`rescue_from Grape::Exceptions::ValidationErrors`).
 
 Roles (app/policies/group_policy.rb, project_policy.rb, ci/runner_policy.rb): creating
 and managing a group runner needs Owner of the group; a project runner Maintainer of the
@@ -79,6 +82,14 @@ def invalid(reason: str) -> ApiError:
 
 def unauthorized() -> ApiError:
     return ApiError(401, {"message": "401 Unauthorized"})
+
+
+def invalid_token(description: str) -> ApiError:
+    """A token GitLab knows but refuses, expired or revoked (lib/api/api_guard.rb
+    `ExpiredError`/`RevokedError` through Rack::OAuth2's Bearer::Unauthorized)."""
+    return ApiError(401, {"error": "invalid_token", "error_description": description},
+                    {"WWW-Authenticate": f'Bearer realm="The API", error="invalid_token", '
+                                         f'error_description="{description}"'})
 
 
 @dataclasses.dataclass(frozen=True)

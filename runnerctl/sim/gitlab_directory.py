@@ -28,6 +28,7 @@ with `group_id` puts it in one. `runnerctl sim gitlab` and the tests of GitLab's
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import itertools
 import secrets
 import urllib.parse
@@ -61,6 +62,16 @@ class AccessToken:
     kind: str = "personal"  # or "oauth"
     created_at: float = 0.0
     revoked: bool = False
+    expires_at: str | None = None
+    """A date (`YYYY-MM-DD`); refused from the start of that day, UTC (`expired`)."""
+
+    def expired(self, now: float) -> bool:
+        """PersonalAccessToken's `expired?` as unified by gitlab-org/gitlab MR 93504: at
+        the beginning of its `expires_at` day (server time; UTC here)."""
+        if self.expires_at is None:
+            return False
+        today = datetime.datetime.fromtimestamp(now, datetime.UTC).date()
+        return datetime.date.fromisoformat(self.expires_at) <= today
 
 
 @dataclasses.dataclass
@@ -105,17 +116,20 @@ class Directory:
         return username in self.admins
 
     def add_token(self, username: str, scopes: Iterable[str], *, name: str = "", token: str | None = None,
-                  kind: str = "personal", created_at: float = 0.0) -> AccessToken:
+                  kind: str = "personal", created_at: float = 0.0,
+                  expires_at: str | None = None) -> AccessToken:
         """A token for a user (created if unknown); `glpat-` tokens as GitLab writes them."""
         self.add_user(username)
         value = token or ("glpat-" if kind == "personal" else "") + secrets.token_urlsafe(20)
-        found = AccessToken(next(self._token_ids), value, username, frozenset(scopes), name, kind, created_at)
+        found = AccessToken(next(self._token_ids), value, username, frozenset(scopes), name, kind, created_at,
+                            expires_at=expires_at)
         self.tokens[value] = found
         return found
 
     def token(self, value: str) -> AccessToken | None:
-        found = self.tokens.get(value) if value else None
-        return None if found is None or found.revoked else found
+        """The token, revoked and expired ones too (auth_finders.rb `find_personal_access_token`
+        finds them; `validate_access_token!` refuses them later)."""
+        return self.tokens.get(value) if value else None
 
     # -- groups and projects -----------------------------------------------------
     def add_group(self, path: str, *, parent_id: int | None = None, group_id: int | None = None) -> SimGroup:

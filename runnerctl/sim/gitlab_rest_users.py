@@ -20,6 +20,7 @@ Shapes and rules from gitlabhq/gitlabhq:
 
 from __future__ import annotations
 
+import datetime
 import re
 from collections.abc import Callable
 from typing import Any
@@ -58,7 +59,7 @@ class UserRoutes:
         if method == "GET" and path == "/user":
             return 200, self._user(caller.username, caller.admin)
         if method == "GET" and path == "/personal_access_tokens/self" and token is not None:
-            return 200, _token(token, self.d.users.get(token.username, 0))
+            return 200, _token(token, self.d.users.get(token.username, 0), self.clock())
         if method == "POST" and path == "/users":
             require_admin(caller)
             name = str(body.get("username") or "")
@@ -103,8 +104,21 @@ class UserRoutes:
             raise invalid(", ".join(f"{f} is missing" for f in missing))
         if not set(scopes) <= SCOPES:
             raise invalid("scopes does not have a valid value")
-        made = self.d.add_token(name, scopes, name=str(body["name"]), created_at=self.clock())
-        return {**_token(made, user_id), "token": made.token}
+        made = self.d.add_token(name, scopes, name=str(body["name"]), created_at=self.clock(),
+                                expires_at=self._expiry(body.get("expires_at")))
+        return {**_token(made, user_id, self.clock()), "token": made.token}
+
+    def _expiry(self, raw: object) -> str:
+        """`expires_at` as given (a date), else 365 days on: since GitLab 16.0 no token
+        is made without one (docs.gitlab.com/user/profile/personal_access_tokens; the
+        365-day default of the admin API, gitlab-org/gitlab#429864)."""
+        today = datetime.datetime.fromtimestamp(self.clock(), datetime.UTC).date()
+        if raw in (None, ""):
+            return (today + datetime.timedelta(days=365)).isoformat()
+        try:
+            return datetime.date.fromisoformat(str(raw)).isoformat()
+        except ValueError:
+            raise invalid("expires_at is invalid") from None
 
     def _group(self, caller: Caller, method: str, ref: str, tail: str, member_id: str | None,
                query: dict[str, list[str]], body: dict[str, Any]) -> tuple[int, Any]:
@@ -198,10 +212,10 @@ class UserRoutes:
                                                          "full_path": group.full_path, "kind": "group"}}
 
 
-def _token(t: AccessToken, user_id: int) -> dict[str, Any]:
+def _token(t: AccessToken, user_id: int, now: float) -> dict[str, Any]:
     return {"id": t.id, "name": t.name, "revoked": t.revoked, "created_at": _iso(t.created_at),
-            "scopes": sorted(t.scopes), "user_id": user_id, "last_used_at": None, "active": not t.revoked,
-            "expires_at": None}
+            "scopes": sorted(t.scopes), "user_id": user_id, "last_used_at": None,
+            "active": not t.revoked and not t.expired(now), "expires_at": t.expires_at}
 
 
 def _conflict(message: str) -> ApiError:

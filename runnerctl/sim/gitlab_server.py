@@ -42,7 +42,7 @@ from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from runnerctl.sim.gitlab_access import Access, ApiError, Caller, check_scope, unauthorized
+from runnerctl.sim.gitlab_access import Access, ApiError, Caller, check_scope, invalid_token, unauthorized
 from runnerctl.sim.gitlab_directory import AccessToken
 from runnerctl.sim.gitlab_hooks import Hooks
 from runnerctl.sim.gitlab_oauth import OAuthProvider
@@ -130,12 +130,14 @@ class GitLabServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def add_token(self, user: str, scopes: Iterable[str], *, admin: bool = False) -> str:
-        """A personal access token of `user` (made if unknown) with `scopes`, for tests; over
-        HTTP the same is `POST /users/:id/personal_access_tokens`."""
+    def add_token(self, user: str, scopes: Iterable[str], *, admin: bool = False,
+                  expires_at: str | None = None) -> str:
+        """A personal access token of `user` (made if unknown) with `scopes`, expiring at the
+        start of the day `expires_at` (never: None), for tests; over HTTP the same is
+        `POST /users/:id/personal_access_tokens`."""
         with self.lock:
             self.state.directory.add_user(user, admin=admin)
-            return self.state.directory.add_token(user, scopes, name="test").token
+            return self.state.directory.add_token(user, scopes, name="test", expires_at=expires_at).token
 
     def changing_requests(self) -> list[LoggedRequest]:
         return [r for r in self.requests if r.method in CHANGING]
@@ -157,6 +159,10 @@ class GitLabServer:
         token = self.state.directory.token(value)
         if token is None:
             return None
+        if token.revoked:
+            raise invalid_token("Token was revoked. You have to re-authorize from the user.")
+        if token.expired(self.state.clock()):
+            raise invalid_token("Token is expired. You can either do re-authorization or token refresh.")
         name = token.username
         return Caller(name, token.scopes, token.kind, self.state.directory.is_admin(name)), token
 
