@@ -67,10 +67,12 @@ class UnitFile:
 @dataclasses.dataclass(frozen=True)
 class Installed:
     """What an earlier `runnerctl install` left below a root: the services whose units it
-    wrote, and serve's `--gitlab` and `--listen` (None where it wrote no serve unit)."""
+    wrote, serve's `--gitlab` and `--listen` (None where it wrote no serve unit), and the
+    settings file its units name (`RUNNERCTL_CONFIG`; None where none does)."""
     services: tuple[str, ...] = ()
     gitlab_url: str | None = None
     listen: str | None = None
+    settings_path: Path | None = None
 
 
 def unit_path(root: Path, service: str) -> Path:
@@ -91,7 +93,23 @@ def installed(root: Path) -> Installed:
     services = tuple(s for s in SERVICES if written_by_runnerctl(unit_path(root, s)))
     words = _exec_start(unit_path(root, "serve")) or []
     given = dict(zip(words, words[1:], strict=False))
-    return Installed(services, given.get("--gitlab"), given.get("--listen"))
+    paths = (_settings_path(unit_path(root, s)) for s in services)
+    return Installed(services, given.get("--gitlab"), given.get("--listen"),
+                     next((p for p in paths if p is not None), None))
+
+
+def _settings_path(path: Path) -> Path | None:
+    """The `RUNNERCTL_CONFIG` a unit's `Environment=` line gives (`_env_lines`), or None."""
+    for line in (_text(path) or "").splitlines():
+        if line.startswith("Environment="):
+            try:
+                words = shlex.split(line.removeprefix("Environment="))
+            except ValueError:
+                continue
+            for word in words:
+                if word.startswith("RUNNERCTL_CONFIG="):
+                    return Path(word.removeprefix("RUNNERCTL_CONFIG="))
+    return None
 
 
 def _exec_start(path: Path) -> list[str] | None:

@@ -17,6 +17,7 @@ import dataclasses
 import importlib.resources
 import json
 import re
+import urllib.parse
 from importlib.resources.abc import Traversable
 from typing import Any
 
@@ -164,6 +165,18 @@ def _convert(name: str, raw: str, kind: str) -> Any:
 
 
 _PASSWORD_IN_URL = re.compile(r"://[^/@\s]*:[^/@\s]*@")
+
+
+def _holds_password(url: str) -> bool:
+    """A password in the URL's user part (`user:pw@`) or in its query (`?password=pw`,
+    which libpq and SQLAlchemy's psycopg dialect both take)."""
+    if _PASSWORD_IN_URL.search(url):
+        return True
+    query = urllib.parse.urlsplit(url).query if "?" in url else ""
+    keys = (key for key, _ in urllib.parse.parse_qsl(query, keep_blank_values=True))
+    return any(key.strip().lower() == "password" for key in keys)
+
+
 KEYWORDS = ("after_script", "before_script", "cache", "default", "image", "include", "services", "stages",
             "types", "variables", "workflow")
 """Top-level keys GitLab reads as keywords, not jobs (lib/gitlab/ci/config/entry/root.rb); a
@@ -193,7 +206,7 @@ def _check_shape(name: str, value: Any) -> None:
 
 def _check(name: str, value: Any, spec: dict[str, Any]) -> None:
     _check_shape(name, value)
-    if name == "storage" and isinstance(value, str) and _PASSWORD_IN_URL.search(value):
+    if name == "storage" and isinstance(value, str) and _holds_password(value):
         raise ConfigError("input 'storage' holds a password, which would be committed with the pipeline: "
                           "put the URL into a masked CI/CD variable and pass its name "
                           "(-i storage='$OPTUNA_URL')")

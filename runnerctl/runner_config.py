@@ -216,10 +216,11 @@ def replace_owned_entries(doc: TOMLDocument, entries: dict[str, dict[str, Any]],
     Entries runnerctl does not own, and keys inside owned entries that runnerctl does
     not set, are kept as they are.
     """
-    if "runners" not in doc:
-        doc.append("runners", tomlkit.aot())
-    runners = doc["runners"]
-    assert isinstance(runners, AoT)
+    runners = doc.get("runners")
+    if not isinstance(runners, AoT):  # absent, or `runners = []` as an older uninstall left it:
+        if runners is not None:       # an inline key, maybe above the top-level keys, which an
+            del doc["runners"]        # array of tables there would swallow
+        runners = tomlkit.aot()
     kept = tomlkit.aot()
     seen: set[str] = set()
     for entry in runners:
@@ -235,7 +236,13 @@ def replace_owned_entries(doc: TOMLDocument, entries: dict[str, dict[str, Any]],
             table = tomlkit.table()
             _merge(table, values)
             kept.append(table)
-    doc["runners"] = kept
+    if not kept:  # no key at all: tomlkit writes an empty array of tables as `runners = []`,
+        if "runners" in doc:  # which a [[runners]] added by hand contradicts, and init refused
+            del doc["runners"]
+    elif "runners" in doc:
+        doc["runners"] = kept  # in place: the file keeps its layout
+    else:
+        doc.append("runners", kept)
 
 
 def _merge(table: Table, values: dict[str, Any]) -> None:

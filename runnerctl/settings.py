@@ -155,6 +155,13 @@ class PlanPolicy:
     (docs/controller.md "Backfill by estimate")."""
 
 
+CLAIM_TICKS = 3
+"""A claim lasts at least this many reconcile intervals: renewed each tick, it survives
+two late ones; shorter, it lapses between ticks and another host drains for its job."""
+DEFAULT_CLAIM_TTL_S = 120.0
+"""The claim's life where `claim_ttl_s` is unset and the interval short."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ControllerSettings:
     interval_s: float = 5.0
@@ -185,13 +192,24 @@ class ControllerSettings:
     cooldown_s: float = 60.0
     """A GPU reopens only after this long (s) without foreign use: a flickering process
     (a notebook between cells) does not flap runners."""
-    claim_ttl_s: float = 120.0
+    claim_ttl_s: float | None = None
     """A host's claim on a pending job (before draining for it) expires after this (s)
     unless renewed each tick, so a dead host does not hold a job forever; it also outlives
     the job by this long, so a host whose last poll is older than this may drain for a
-    job already running elsewhere (keep it above the time demand polls take)."""
+    job already running elsewhere (keep it above the time demand polls take). Unset:
+    `DEFAULT_CLAIM_TTL_S`, or `CLAIM_TICKS` intervals where those are longer (`claim_ttl`);
+    set, it must be at least `CLAIM_TICKS` intervals."""
     backoff_max_s: float = 300.0
     """Upper bound (s) of the back-off after repeated GitLab failures."""
+
+    def claim_ttl(self) -> float:
+        """`claim_ttl_s` as set, else 120 s or `CLAIM_TICKS` intervals, the longer: a host
+        whose settings file raised `interval_s` keeps working across an upgrade that
+        began checking the claim against the interval."""
+        if self.claim_ttl_s is not None:
+            return self.claim_ttl_s
+        return max(DEFAULT_CLAIM_TTL_S, CLAIM_TICKS * self.interval_s)
+
     lease_check_s: float = 60.0
     """At most one look per this long (s) at whether a leased job still runs in GitLab
     (one request, within the API budget; see controller/orphans.py)."""
@@ -380,9 +398,6 @@ def _check_more(cls: type[Any], values: dict[str, Any]) -> str:
     return ""
 
 
-CLAIM_TICKS = 3
-"""A claim lasts at least this many reconcile intervals: renewed each tick, it survives
-two late ones; shorter, it lapses between ticks and another host drains for its job."""
 
 
 def claim_ttl_problem(claim_ttl_s: float, interval_s: float) -> str:
@@ -396,10 +411,10 @@ def claim_ttl_problem(claim_ttl_s: float, interval_s: float) -> str:
 
 def _check_controller(values: dict[str, Any]) -> str:
     defaults = ControllerSettings()
-    problem = claim_ttl_problem(values.get("claim_ttl_s", defaults.claim_ttl_s),
-                                values.get("interval_s", defaults.interval_s))
-    if problem:
-        return problem
+    if "claim_ttl_s" in values:  # unset, it follows the interval (ControllerSettings.claim_ttl)
+        problem = claim_ttl_problem(values["claim_ttl_s"], values.get("interval_s", defaults.interval_s))
+        if problem:
+            return problem
     for project, priority in values.get("project_priorities", {}).items():
         if priority not in PRIORITIES:
             return f"project_priorities: {project} must be one of {', '.join(PRIORITIES)}, not {priority!r}"
@@ -513,7 +528,8 @@ def _scalar(kind: Any, key: str, value: Any, where: str) -> Any:
     if float in expected and number and isinstance(value, int):
         value = float(value)
     if not isinstance(value, expected) or isinstance(value, bool) and bool not in expected:
-        raise ConfigError(f"{where}: {key} must be {kind.__name__}, not {value!r}")
+        name = " or ".join(t.__name__ for t in expected if t is not type(None))
+        raise ConfigError(f"{where}: {key} must be {name}, not {value!r}")
     if number and not (math.isfinite(value) and value >= 0):  # no setting is negative
         raise ConfigError(f"{where}: {key} must be a finite number, not negative: {value!r}")
     return value

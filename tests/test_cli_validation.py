@@ -298,7 +298,7 @@ def test_serve_interval_too_long_for_the_claims_is_refused(tmp_path: Path, capsy
     """A claim renewed each tick must outlive two late ticks (found by a review as a lab
     admin running three hosts: nothing checked `claim_ttl_s` against the interval)."""
     settings = tmp_path / "runnerctl.toml"
-    settings.write_text("[controller]\n")  # the default claim_ttl_s, 120 s
+    settings.write_text("[controller]\nclaim_ttl_s = 120\n")
     code = main(["serve", "--gitlab", "sim", "--interval", "60", "--listen", "127.0.0.1:0",
                  "--state-dir", str(tmp_path), "--config", str(settings)])
     one_line(capsys, code, 3, "--interval 60: claim_ttl_s must be at least 3 reconcile intervals")

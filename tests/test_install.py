@@ -211,14 +211,33 @@ def test_install_again_keeps_the_services_url_and_listen_installed_before(
     capsys.readouterr()
     assert main(["install", "--config", str(settings), "--root", str(root)]) == 0
     assert {p.name: p.read_text() for p in units.iterdir()} == first
-    assert f"kept from the installed serve unit: --gitlab-url {url}, --listen 0.0.0.0:9000" \
+    assert f"kept from the installed units: --gitlab-url {url}, --listen 0.0.0.0:9000" \
         in capsys.readouterr().err
     args = ["install", "--config", str(settings), "--root"]
     assert main([*args, str(root), "--listen", "127.0.0.1:8081"]) == 0
-    assert installed(root) == Installed(("serve", "postgres", "exporter"), url, "127.0.0.1:8081")
+    assert installed(root) == Installed(("serve", "postgres", "exporter"), url, "127.0.0.1:8081",
+                                        settings.resolve())
     assert '"https://gitlab.example/a%%2Fb$$x"' in (units / "runnerctl-serve.service").read_text()
     exporter_only = tmp_path / "exporter-host"
     assert main([*args, str(exporter_only), "--service", "exporter"]) == 0
     assert main([*args, str(exporter_only)]) == 0
     assert [p.name for p in (exporter_only / "etc" / "systemd" / "system").iterdir()] == \
         ["runnerctl-exporter.service"]
+
+
+def test_install_again_without_config_keeps_the_settings_file_installed_before(
+        settings: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The upgrade's plain `runnerctl install` pointed the units back at the default
+    settings path: serve came up under another host name with an empty state dir (found
+    by a review as a lab admin upgrading)."""
+    monkeypatch.delenv("RUNNERCTL_CONFIG", raising=False)
+    root = tmp_path / "root"
+    assert main(["install", "--config", str(settings), "--gitlab-url", "https://gitlab.example",
+                 "--root", str(root)]) == 0
+    units = root / "etc" / "systemd" / "system"
+    first = {p.name: p.read_text() for p in units.iterdir()}
+    capsys.readouterr()
+    assert main(["install", "--root", str(root)]) == 0
+    assert {p.name: p.read_text() for p in units.iterdir()} == first
+    assert f"--config {settings.resolve()}" in capsys.readouterr().err

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,25 @@ def test_values_override_defaults(tmp_path: Path) -> None:
     assert (settings.host.name, settings.host.gpu_source) == ("gpu-a", "sim:4")
     assert settings.cache_dir == "/srv/rc/cache"
     assert settings.executor.gate_wait_s == 5.0 and isinstance(settings.executor.gate_wait_s, float)
+
+
+def test_a_long_interval_without_a_claim_ttl_keeps_working(tmp_path: Path) -> None:
+    """Older runnerctl took `interval_s = 60` with the claim left at its default; when the
+    claim began to be checked against the interval, that file was refused, and with it
+    every CI job (the executor stages read the same file) from the moment of `pip install
+    --upgrade` (found by a review as a lab admin upgrading). Unset, the claim follows the
+    interval; set, it is checked."""
+    path = tmp_path / "runnerctl.toml"
+    path.write_text(f'[host]\nname = "gpu-a"\ngpu_source = "sim:8"\n[paths]\nstate_dir = "{tmp_path}/state"\n'
+                    "[controller]\ninterval_s = 60\n")
+    assert load_settings(path).controller.claim_ttl() == 180.0
+    assert load_settings(tmp_path / "absent.toml").controller.claim_ttl() == 120.0
+    env = {**os.environ, "CUSTOM_ENV_CI_JOB_ID": "77"}
+    stage = subprocess.run([sys.executable, "-m", "runnerctl.executors", "config",
+                            "--slot", "runnerctl/gpu-a/gpu0", "--gpus", "0", "--gpu-source", "sim:8",
+                            "--config", str(path), "--driver", "shell"],
+                           check=False, capture_output=True, text=True, env=env, timeout=60)
+    assert stage.returncode == 0, stage.stderr
 
 
 @pytest.mark.parametrize(
@@ -61,8 +83,9 @@ def test_values_override_defaults(tmp_path: Path) -> None:
         ("[controller]\nforeign_utilization = 7\n", "foreign_utilization must be from 0 to 1 .a ratio"),
         ("[controller]\nreopen_ratio = 12\n", "reopen_ratio must be from 0 to 1"),
         ("[controller]\nclaim_ttl_s = 1e300\n", "claim_ttl_s is too large"),
-        ("[controller]\ninterval_s = 60\n",  # the default 120 s claim, a 60 s interval
+        ("[controller]\ninterval_s = 60\nclaim_ttl_s = 120\n",  # a 120 s claim, a 60 s interval
          r"claim_ttl_s must be at least 3 reconcile intervals \(3 x 60 s = 180 s\), not 120: a claim would"),
+        ("[controller]\nclaim_ttl_s = 'x'\n", "claim_ttl_s must be float, not 'x'"),
         ("[controller]\nclaim_ttl_s = 10\n", r"claim_ttl_s must be at least 3 reconcile intervals \(3 x 5 s"),
         ("[controller]\nproject_priorities = { '7' = 'urgent' }\n",
          "project_priorities: 7 must be one of high, normal, low, not 'urgent'"),

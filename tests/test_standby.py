@@ -196,6 +196,9 @@ def test_serve_keeps_the_standby_init_made_online_with_one_manager(
     assert record.token not in caplog.text
     standby_path(config).unlink()
     caplog.set_level(logging.WARNING)
-    production_controller(settings, gitlab_url=gitlab_server.url, token=ADMIN_TOKEN, gpu_source="sim:8",
-                          runner_config=config, webhook_secret="").wiring.store.close()
+    without = production_controller(settings, gitlab_url=gitlab_server.url, token=ADMIN_TOKEN,
+                                     gpu_source="sim:8", runner_config=config, webhook_secret="")
+    without.wiring.store.close()
     assert "no stand-by runner" in caplog.text
+    healthy, shown = without.liveness.report()  # on /healthz too: it was in the log alone
+    assert healthy and "run `runnerctl init` again" in shown["notices"]["standby"], shown

@@ -236,3 +236,51 @@ def test_report_reads_but_never_upgrades_a_store_older_controllers_share(
     store = Store.open(url=url)  # serve upgrades it; then report reads it
     store.close()
     assert main(["report", "--config", str(settings), "--json"]) == 0
+
+
+def test_a_store_numbered_by_an_older_main_is_upgraded_by_name(tmp_path: Path) -> None:
+    """On main at 488e030 job history was version 3; today web sessions are 3 and job history
+    4. Taken for a version-3 store, it failed every start with "table job_history already
+    exists" (found by a review as a lab admin upgrading)."""
+    store = _sqlite_from("v3-job-history.sqlite.sql", tmp_path)
+    assert _versions(store) == [m.version for m in MIGRATIONS] and store.version == len(MIGRATIONS)
+    with store._tx() as cur:
+        names = [r[0] for r in cur.query("SELECT name FROM schema_migrations ORDER BY version")]
+    assert names == [m.name for m in MIGRATIONS]
+    assert len(jobs_store.jobs(store)) == 24 and len(store.events("demo", limit=100)) == 31
+    assert host_views.load(store) == []
+    store.close()
+    again = Store.open(state_dir=tmp_path)  # the normal path from now on
+    assert _versions(again) == [m.version for m in MIGRATIONS]
+    again.close()
+
+
+def test_a_store_naming_a_migration_this_runnerctl_does_not_know_is_refused(tmp_path: Path) -> None:
+    store = Store.open(state_dir=tmp_path)
+    with store._tx() as cur:
+        cur.execute("UPDATE schema_migrations SET name = 'a branch of someone else' WHERE version = 2")
+    store.close()
+    with pytest.raises(StoreError, match="records schema version 2 as 'a branch of someone else', which"):
+        Store.open(state_dir=tmp_path)
+
+
+def test_commands_but_serve_make_a_new_store_but_never_upgrade_an_older_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`user list` and the CLI toggles upgraded a store, and older controllers sharing it
+    then refused it (found by a review as a lab admin upgrading): like `report`, they now
+    leave an older store as it is; a store that does not exist yet is made."""
+    from runnerctl.cli import main
+
+    with sqlite3.connect(tmp_path / "controller.sqlite") as conn:
+        conn.executescript((DATA / "v4.sqlite.sql").read_text())
+    settings = tmp_path / "runnerctl.toml"
+    settings.write_text(f'[paths]\nstate_dir = "{tmp_path}"\n')
+    for args in (["user", "list"], ["pause", "--gpu", "3", "--why", "x", "--host-name", "gpu-a"]):
+        assert main([*args, "--config", str(settings)]) != 0
+        err = capsys.readouterr().err
+        assert f"schema version 4, this runnerctl reads version {len(MIGRATIONS)}" in err, err
+    with sqlite3.connect(tmp_path / "controller.sqlite") as conn:
+        assert [r[0] for r in conn.execute("SELECT version FROM schema_migrations")] == [1, 2, 3, 4]
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert main(["user", "list", "--state-dir", str(fresh), "--config", str(settings)]) == 0

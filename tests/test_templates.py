@@ -98,6 +98,15 @@ def test_gpu_job_settings() -> None:
     # a job GitLab dropped while it waited for a runner is retried (drop_pending_service.rb)...
     assert {"stuck_or_timeout_failure", "stuck_pending_no_matching_runners"} <= set(job["retry"]["when"])
     assert "job_execution_timeout" not in job["retry"]["when"]  # ...one that ran out of time is not
+
+
+def test_hpc_batch_job_retries_a_job_dropped_while_pending_not_one_dropped_while_running() -> None:
+    """It retried no stuck job at all, against docs/experiments.md's Retries (found by a
+    review reading the docs); stuck_or_timeout_failure also ends a running job whose runner
+    went quiet for an hour (drop_running_service.rb), node hours not to spend again."""
+    job = yaml.safe_load(render("hpc-batch-job", {"command": "x"}))["hpc-batch-job"]
+    assert "stuck_pending_no_matching_runners" in job["retry"]["when"]
+    assert not {"stuck_or_timeout_failure", "job_execution_timeout"} & set(job["retry"]["when"])
     assert job["artifacts"] == {"when": "always", "paths": ["logs/"], "expire_in": "30 days"}
 
 
@@ -177,6 +186,10 @@ def test_python_cache_keys_on_the_lock_file_and_skips_pip_when_it_matches() -> N
     ("gpu-job", {"image": ""}, "input 'image' must not be empty"),
     ("gpu-job", {"artifacts": "[]"}, "'artifacts' needs at least one path"),
     ("optuna-sweep", {"storage": "postgresql://u:s3cret@db.lab:5432/u"}, "'storage' holds a password"),
+    # libpq and SQLAlchemy also take it as a parameter (found by a review as a researcher sweeping)
+    ("optuna-sweep", {"storage": "journal+postgresql://u@db.lab/u?password=s3cret"},
+     "'storage' holds a password"),
+    ("optuna-sweep", {"storage": "postgresql:///u?user=u&Password=s3cret"}, "'storage' holds a password"),
 ])
 def test_bad_inputs_are_refused_by_name(name: str, given: dict[str, str], needle: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(needle)):

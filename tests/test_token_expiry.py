@@ -118,7 +118,8 @@ def test_the_simulated_gitlab_refuses_expired_and_revoked_tokens_as_gitlab_does(
         assert info_later is not None and info_later.expires_on == today + datetime.timedelta(days=1)
         server.state.directory.tokens[later].revoked = True
         answer = httpx.get(f"{server.url}/api/v4/user", headers={"PRIVATE-TOKEN": later})
-        assert answer.status_code == 401 and answer.json()["error_description"].startswith("Token was revoked")
+        assert answer.status_code == 401
+        assert answer.json()["error_description"].startswith("Token was revoked")
 
 
 def test_a_token_made_without_an_expiry_gets_365_days() -> None:

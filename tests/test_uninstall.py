@@ -3,6 +3,7 @@ units go; the lab's own runner, config.toml entries and files stay byte for byte
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -172,3 +173,30 @@ def test_an_unreachable_shared_store_is_named_and_the_rest_is_done(sim: SimGitLa
     out = capsys.readouterr().out
     assert "left     host gpu-a in the shared store: " in out, out
     assert [r.description for r in server.state.runners.values()] == ["lab/cpu"]
+
+
+def test_init_after_uninstall_of_a_host_with_no_runners_of_the_labs(
+        sim: SimGitLab, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """uninstall of runnerctl's every entry left `runners = []` at the top of config.toml:
+    init then failed with an AssertionError after creating its runners in GitLab, and a
+    [[runners]] added by hand made the file unreadable (found by a review reading the docs)."""
+    server, info = sim
+    config = tmp_path / "config.toml"
+    config.write_text("concurrent = 4  # lab says so\ncheck_interval = 3\n")
+    settings = tmp_path / "runnerctl.toml"
+    settings.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\nrunner_config = "{config}"\n')
+    init = ["init", "--gitlab-url", info["url"], "--token-file", token_file(tmp_path, info["admin_token"]),
+            "--group", str(info["group_id"]), "--gpu-source", "sim:8", "--host", "gpu-a",
+            "--config", str(settings)]
+    assert main(init) == 0
+    assert main(["uninstall", "--token-file", token_file(tmp_path, info["admin_token"]),
+                 "--root", str(tmp_path / "root"), "--config", str(settings)]) == 0
+    assert "runners" not in tomllib.loads(config.read_text())
+    with config.open("a") as handle:  # the lab adds a runner of its own by hand
+        handle.write('\n[[runners]]\nname = "lab/cpu"\nexecutor = "shell"\n')
+    assert [r["name"] for r in tomllib.loads(config.read_text())["runners"]] == ["lab/cpu"]
+    config.write_text("runners = []\nconcurrent = 4\ncheck_interval = 3\n")  # as an older uninstall left it
+    assert main(init) == 0, capsys.readouterr().err
+    doc = tomllib.loads(config.read_text())
+    assert doc["check_interval"] == 3 and doc["concurrent"] == 15  # still top-level keys
+    assert len([r for r in doc["runners"] if r["name"].startswith("runnerctl/")]) == 15

@@ -75,7 +75,8 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
     if interval is not None:
         settings = dataclasses.replace(settings, controller=dataclasses.replace(settings.controller,
                                                                                 interval_s=interval))
-        if problem := claim_ttl_problem(settings.controller.claim_ttl_s, interval):
+        ttl = settings.controller.claim_ttl_s  # unset, it follows the interval
+        if ttl is not None and (problem := claim_ttl_problem(ttl, interval)):
             raise ConfigError(f"--interval {interval:g}: {problem}")
     serving.check_listen(listen)  # a bad or taken --listen fails before anything starts
     if gitlab_url != "sim" and not token:
@@ -190,7 +191,8 @@ def _sim_oauth(world: World, listen: str) -> GitLabOAuth:
 @click.option("--duration", type=Seconds(0, 86400), default=60.0, show_default=True,
               help="Wall-clock seconds the scripted 15 minutes take.")
 @click.option("--listen", default="127.0.0.1:8080", show_default=True,
-              help="HOST:PORT for /api/state while the demo runs ('' for none).")
+              help="HOST:PORT for the web page, /metrics, /healthz and the API while the demo runs "
+                   "('' for none).")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Keep the demo's store (events, job history) in this directory, for `runnerctl "
               "report --state-dir`: a new or empty directory [default: a temporary one].")
@@ -241,7 +243,8 @@ def _toggle(action: str, gpu: int | None, slot: str | None, whole_host: bool, wh
     settings, _ = _settings(config_path)
     host = host_name or settings.host.name
     target = target_of(gpu=gpu, slot=slot, host=whole_host, on_host=host)
-    store = Store.open(url=settings.controller.store_url, state_dir=state_dir or settings.state_dir)
+    store = Store.open(url=settings.controller.store_url, state_dir=state_dir or settings.state_dir,
+                       upgrade=False)  # serve upgrades the store: controllers still older would refuse it
     try:
         click.echo(toggle_request(store, action=action, host=host, target=target, who=who, why=why,
                                   now=time.time()))

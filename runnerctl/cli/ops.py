@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -53,7 +54,7 @@ def install(gitlab_url: str | None, listen: str | None, services: tuple[str, ...
     token goes into /etc/runnerctl/serve.env (0600, kept when it exists), never onto a
     command line. Then: `systemctl daemon-reload && systemctl enable --now runnerctl-serve`.
     Run again after an upgrade, it rewrites the services installed before with the
-    GitLab URL and listen address they had, unless given.
+    GitLab URL, listen address and settings file they had, unless given.
     """
     from runnerctl.controller.serve import parse_listen
 
@@ -66,6 +67,9 @@ def install(gitlab_url: str | None, listen: str | None, services: tuple[str, ...
     if "serve" in chosen and listen is None and before.listen:
         listen = before.listen
         kept.append(f"--listen {listen}")
+    if config_path is None and not os.environ.get("RUNNERCTL_CONFIG") and before.settings_path is not None:
+        config_path = before.settings_path  # not the default path: the host's settings are there
+        kept.append(f"--config {config_path}")
     listen = listen or DEFAULT_LISTEN
     if "serve" in chosen and not gitlab_url:
         raise ConfigError("--gitlab-url is needed to install runnerctl-serve",
@@ -80,7 +84,7 @@ def install(gitlab_url: str | None, listen: str | None, services: tuple[str, ...
                              gitlab_url=(gitlab_url or "").rstrip("/"), services=chosen, listen=listen)
     files = render(options)
     if kept:
-        click.echo(f"kept from the installed serve unit: {', '.join(kept)}", err=True)
+        click.echo(f"kept from the installed units: {', '.join(kept)}", err=True)
     if dry_run:
         for unit in files:
             click.echo(f"# {unit.path} (mode {unit.mode:o})\n{unit.text}")

@@ -24,7 +24,8 @@ state_dir_option = click.option("--state-dir", type=click.Path(file_okay=False, 
 
 def _open(config_path: Path | None, state_dir: Path | None) -> Store:
     settings, _ = _settings(config_path)
-    return Store.open(url=settings.controller.store_url, state_dir=state_dir or settings.state_dir)
+    return Store.open(url=settings.controller.store_url, state_dir=state_dir or settings.state_dir,
+                      upgrade=False)  # serve upgrades the store: controllers still older would refuse it
 
 
 @click.group("user")

@@ -129,7 +129,7 @@ class Controller:
         self.limits = GateThresholds(settings.foreign_memory_mib, settings.foreign_utilization,
                                      settings.reopen_ratio, settings.cooldown_s)
         self.drains = wiring.store.drains(self.host)
-        self.claims = Claims(wiring.store, self.host, ttl_s=settings.claim_ttl_s, drains=self.drains)
+        self.claims = Claims(wiring.store, self.host, ttl_s=settings.claim_ttl(), drains=self.drains)
         self.protected = wiring.store.protected(self.host)  # drains no later job may delay (plan.py)
         self.gate = {gpu: GateState.from_row(row) for gpu, row in wiring.store.gate(self.host).items()}
         self.view = ControllerView(self.host, wiring.clock(), 0, None)

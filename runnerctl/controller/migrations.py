@@ -111,8 +111,9 @@ def migrate(cur: Cursor, *, postgres: bool, migrations: Sequence[Migration] = MI
             upgrade: bool = True) -> int:
     """Bring the store to the newest version inside the caller's transaction; returns it.
     Refuses a store newer than `migrations` (a newer runnerctl wrote it), and without
-    `upgrade` (a command that only reads) an older one, which it leaves as it is: older
-    controllers sharing it would refuse it once upgraded."""
+    `upgrade` (every command but serve) an older one, which it leaves as it is: older
+    controllers sharing it would refuse it once upgraded. A new, empty store is made
+    either way (no controller uses it yet)."""
     check(migrations)
     if postgres:  # hosts wait here while one migrates, and a migration takes what it takes
         cur.execute("SET LOCAL statement_timeout = 0")
@@ -121,25 +122,74 @@ def migrate(cur: Cursor, *, postgres: bool, migrations: Sequence[Migration] = MI
     cur.execute(_VERSIONS)
     current = int(cur.query("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")[0][0])
     newest = migrations[-1].version if migrations else 0
+    recorded = {int(v): str(n) for v, n in cur.query("SELECT version, name FROM schema_migrations")}
+    if current <= newest and any(migrations[v - 1].name != n for v, n in recorded.items()):
+        return _renumbered(cur, recorded, migrations, postgres=postgres, upgrade=upgrade)
     if current > newest:
         raise StoreError(f"the controller store has schema version {current}, this runnerctl knows "
                          f"up to {newest}", hint="upgrade runnerctl on this host")
-    if current < newest and not upgrade:
+    if current < newest and not upgrade and (current or _has_tables(cur, postgres=postgres)):
         raise StoreError(f"the controller store has schema version {current}, this runnerctl reads "
                          f"version {newest} and does not upgrade a store to read it",
                          hint="upgrade it by starting this version's `runnerctl serve` (docs/operations.md, "
                               "Upgrade), or use the runnerctl the controllers run")
-    serial = "BIGSERIAL PRIMARY KEY" if postgres else "INTEGER PRIMARY KEY AUTOINCREMENT"
     for migration in migrations:
-        if migration.version <= current:
-            continue
-        for statement in migration.statements:
-            cur.execute(statement.format(serial=serial))
-        if migration.run is not None:
-            migration.run(cur)
-        cur.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
-                    (migration.version, migration.name, time.time()))
+        if migration.version > current:
+            _apply(cur, migration, postgres=postgres)
+            cur.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                        (migration.version, migration.name, time.time()))
     return max(current, newest)
+
+
+def _apply(cur: Cursor, migration: Migration, *, postgres: bool) -> None:
+    serial = "BIGSERIAL PRIMARY KEY" if postgres else "INTEGER PRIMARY KEY AUTOINCREMENT"
+    for statement in migration.statements:
+        cur.execute(statement.format(serial=serial))
+    if migration.run is not None:
+        migration.run(cur)
+
+
+def _renumbered(cur: Cursor, recorded: dict[int, str], migrations: Sequence[Migration], *, postgres: bool,
+                upgrade: bool) -> int:
+    """A store whose versions name other migrations than ours: on main at 488e030 job
+    history was version 3, before web sessions took 3 and job history became 4, so such a
+    store had job history and no web sessions, and was taken for one at version 3
+    ("table job_history already exists" at every start; found by a review as a lab admin
+    upgrading). Migrations are known by name: the missing ones are applied, and the
+    versions recorded again in our numbering. A name we do not know is refused."""
+    ours = {m.name for m in migrations}
+    unknown = sorted((v, n) for v, n in recorded.items() if n not in ours)
+    if unknown:
+        version, name = unknown[0]
+        raise StoreError(f"the controller store records schema version {version} as {name!r}, which this "
+                         "runnerctl does not know",
+                         hint="use the runnerctl that wrote the store, or restore a backup "
+                              "(docs/operations.md, Back up and restore)")
+    applied_at = {n: at for n, at in cur.query("SELECT name, applied_at FROM schema_migrations")}
+    missing = [m for m in migrations if m.name not in applied_at]
+    if missing and not upgrade:
+        raise StoreError(f"the controller store lacks {len(missing)} of this runnerctl's {len(migrations)} "
+                         "schema versions and this command does not upgrade it",
+                         hint="upgrade it by starting this version's `runnerctl serve` "
+                              "(docs/operations.md, Upgrade)")
+    for migration in missing:
+        _apply(cur, migration, postgres=postgres)
+    cur.execute("DELETE FROM schema_migrations")
+    for migration in migrations:
+        cur.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                    (migration.version, migration.name, applied_at.get(migration.name, time.time())))
+    return migrations[-1].version
+
+
+def _has_tables(cur: Cursor, *, postgres: bool) -> bool:
+    """Whether the store holds any table but `schema_migrations` (an unversioned store does)."""
+    if postgres:
+        rows = cur.query("SELECT COUNT(*) FROM information_schema.tables "
+                         "WHERE table_schema = current_schema() AND table_name <> 'schema_migrations'")
+    else:
+        rows = cur.query("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' "
+                         "AND name NOT IN ('schema_migrations', 'sqlite_sequence')")
+    return bool(rows[0][0])
 
 
 def check(migrations: Sequence[Migration]) -> None:

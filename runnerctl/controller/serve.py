@@ -48,16 +48,18 @@ def production_controller(settings: Settings, *, gitlab_url: str, token: str, gp
                           hint="register them first with `runnerctl init`")
     jobs = LeaseJobs(settings.state_dir, settings)
     standby = load_standby(runner_config)
-    if standby is None:
-        log.warning("no stand-by runner beside %s: GitLab will drop multi-GPU jobs that wait over an hour "
-                    "for a drain; run `runnerctl init` again to create it", runner_config)
     store = Store.open(url=settings.controller.store_url, state_dir=settings.state_dir)
     gpus = open_gpu_source(gpu_source, host=settings.host.name, watch_xid=True)
     wiring = Wiring(host=settings.host.name, gpus=gpus,
                     gitlab=PythonGitLab(gitlab_url, token), runner_ids=runner_ids, store=store, jobs=jobs,
                     clock=time.time, is_ci=jobs.is_ci, webhook_secret=webhook_secret, standby=standby,
                     check_clock=True, check_token=True, monotonic=time.monotonic)
-    return Controller(wiring, settings.controller)
+    controller = Controller(wiring, settings.controller)
+    if standby is None:  # a host set up before init made one: logged, and on /healthz while it lasts
+        controller.liveness.notice("standby", f"no stand-by runner beside {runner_config}: GitLab drops "
+                                   "multi-GPU jobs that wait over an hour for a drain; run `runnerctl init` "
+                                   "again to create it (it changes nothing else)")
+    return controller
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
