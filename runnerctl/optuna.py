@@ -26,25 +26,30 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import optuna
 import sqlalchemy.exc
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages._cached_storage import _CachedStorage
 from optuna.storages.journal import JournalFileBackend
-from optuna.trial import Trial, TrialState
+from optuna.trial import FrozenTrial, Trial, TrialState
 
 from runnerctl.errors import ConfigError
-from runnerctl.optuna_journal import PostgresJournalBackend, SweepJournalStorage, is_journal_url
+from runnerctl.optuna_journal import RECONNECT_S, PostgresJournalBackend, SweepJournalStorage, is_journal_url
 from runnerctl.postgres import check_user_part
 
 ENV_STORAGE = "OPTUNA_STORAGE"
 ENV_STUDY = "OPTUNA_STUDY_NAME"
 ENV_TRIALS = "OPTUNA_N_TRIALS"
+ENV_PROJECT_ID, ENV_PROJECT_PATH = "CI_PROJECT_ID", "CI_PROJECT_PATH"
+"""The GitLab project of the job (GitLab's predefined CI/CD variables)."""
+PROJECT_ATTR = "runnerctl_project"
+"""The study's user attribute naming the project whose sweep made it: {"id", "path"}."""
 HEARTBEAT_INTERVAL_S = 10
 """How often a running trial says it is alive: one UPDATE per running trial, so 200
 workers cost 20 writes a second."""
@@ -68,6 +73,7 @@ JOURNAL_PREFIX = "journal:"
 """`journal:PATH` selects Optuna's journal file storage (one host; no heartbeats)."""
 
 Objective = Callable[[Trial], float | tuple[float, ...]]
+_T = TypeVar("_T")
 _log = logging.getLogger(__name__)
 
 
@@ -81,7 +87,11 @@ def make_storage(url: str, *, heartbeat_interval: int | None = None,
     """
     env = os.environ if env is None else env
     if url.startswith(JOURNAL_PREFIX):
-        return JournalStorage(JournalFileBackend(url.removeprefix(JOURNAL_PREFIX)))
+        path = url.removeprefix(JOURNAL_PREFIX)
+        if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise ConfigError(f"the journal file's directory {os.path.dirname(os.path.abspath(path))} "
+                              "does not exist", hint=f"create it, or give another {JOURNAL_PREFIX}PATH")
+        return JournalStorage(JournalFileBackend(path))
     interval = heartbeat_interval or _positive(env, "RUNNERCTL_OPTUNA_HEARTBEAT_S", HEARTBEAT_INTERVAL_S)
     grace = grace_period or _positive(env, "RUNNERCTL_OPTUNA_GRACE_S", GRACE_PERIOD_S)
     if is_journal_url(url):
@@ -126,11 +136,96 @@ class SweepStorage(_CachedStorage):
     a trial's state is always set in the database, atomically, as before.
     """
 
-    def __init__(self, backend: RDBStorage, *, refresh_s: float = REFRESH_S) -> None:
+    def __init__(self, backend: RDBStorage, *, refresh_s: float = REFRESH_S,
+                 reconnect_s: float = RECONNECT_S) -> None:
         super().__init__(backend)
         self.refresh_s = refresh_s
+        self.reconnect_s = reconnect_s
         self._read_at: dict[int, float] = {}
         self._stale_checked_at: dict[int, float] = {}
+        self._away = False  # the server is away: said once until a call works again
+
+    # -- through a server restart ----------------------------------------------------------
+    # Optuna's heartbeat thread dies at the first beat that fails, and a `tell` that fails
+    # ends the worker with its trial RUNNING: a restart of the study's PostgreSQL for a second
+    # or two then cost a live trial (failed by another worker once its beats stopped, and run
+    # again) or every worker (found by a review as a researcher sweeping). A missed beat is
+    # said and skipped (the next one, an interval later, tries again); every other call is
+    # sent again while the server is away, for up to `reconnect_s`, as on the journal path.
+    def _through_outage(self, what: str, call: Callable[[], _T]) -> _T:
+        deadline = time.monotonic() + self.reconnect_s
+        delay = 0.25
+        while True:
+            try:
+                result = call()
+            except Exception as exc:
+                if not _server_away(exc) or time.monotonic() + delay > deadline:
+                    raise
+                self._say_away(exc, what)
+                time.sleep(delay)
+                delay = min(2 * delay, 5.0)
+                continue
+            if self._away:
+                self._away = False
+                _log.warning("the study's database answers again")
+            return result
+
+    def _say_away(self, exc: BaseException, what: str) -> None:
+        if not self._away:
+            self._away = True
+            _log.warning("the study's database is away (%s) while trying to %s; trying again for up to "
+                         "%.0f s", _first_line(exc), what, self.reconnect_s)
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        try:
+            super().record_heartbeat(trial_id)
+        except Exception as exc:
+            if not _server_away(exc):
+                raise
+            self._say_away(exc, f"record trial {trial_id}'s heartbeat")  # the next beat tries again
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState,
+                               values: Sequence[float] | None = None) -> bool:
+        tries = 0
+
+        def finish() -> bool:
+            nonlocal tries
+            tries += 1
+            try:
+                return super(SweepStorage, self).set_trial_state_values(trial_id, state, values)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                if tries > 1 and self._backend.get_trial(trial_id).state == state:
+                    return True  # a try whose commit's answer was lost did it
+                raise
+
+        return self._through_outage(f"set trial {trial_id} {state.name}", finish)
+
+    def create_new_trial(self, *args: Any, **kwargs: Any) -> int:
+        return self._through_outage("create a trial", lambda: super(SweepStorage, self).create_new_trial(
+            *args, **kwargs))
+
+    def set_trial_param(self, *args: Any, **kwargs: Any) -> None:
+        self._through_outage("set a trial's parameter", lambda: super(SweepStorage, self).set_trial_param(
+            *args, **kwargs))
+
+    def set_trial_intermediate_value(self, *args: Any, **kwargs: Any) -> None:
+        self._through_outage("report an intermediate value", lambda: super(
+            SweepStorage, self).set_trial_intermediate_value(*args, **kwargs))
+
+    def set_trial_user_attr(self, *args: Any, **kwargs: Any) -> None:
+        self._through_outage("set a trial's attribute", lambda: super(SweepStorage, self).set_trial_user_attr(
+            *args, **kwargs))
+
+    def set_trial_system_attr(self, *args: Any, **kwargs: Any) -> None:
+        self._through_outage("set a trial's attribute", lambda: super(
+            SweepStorage, self).set_trial_system_attr(*args, **kwargs))
+
+    def get_trial(self, trial_id: int) -> FrozenTrial:
+        return self._through_outage("read a trial", lambda: super(SweepStorage, self).get_trial(trial_id))
+
+    def get_all_trials(self, *args: Any, **kwargs: Any) -> list[FrozenTrial]:
+        return self._through_outage("read the study's trials", lambda: super(
+            SweepStorage, self).get_all_trials(*args, **kwargs))
 
     def _read_trials_from_remote_storage(self, study_id: int) -> None:
         now = time.monotonic()
@@ -148,7 +243,26 @@ class SweepStorage(_CachedStorage):
         if now - self._stale_checked_at.get(study_id, -1e9) < interval:
             return []
         self._stale_checked_at[study_id] = now
-        return super()._get_stale_trial_ids(study_id)
+        return self._through_outage("look for dead workers' trials",
+                                    lambda: super(SweepStorage, self)._get_stale_trial_ids(study_id))
+
+
+def _server_away(exc: BaseException) -> bool:
+    """An error of a database server that went away (stopped, restarting, its connection
+    ended): SQLAlchemy's OperationalError, also as the cause of Optuna's StorageInternalError
+    ("An exception is raised during the commit...", optuna/storages/_rdb/storage.py)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, sqlalchemy.exc.OperationalError) or (
+                isinstance(seen, sqlalchemy.exc.DBAPIError) and seen.connection_invalidated):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _first_line(exc: BaseException) -> str:
+    found = str(getattr(exc, "orig", None) or exc.__cause__ or exc).strip().splitlines()
+    return found[0] if found else type(exc).__name__
 
 
 def _retry_callback() -> tuple[str, Any]:
@@ -201,7 +315,26 @@ def study_from_env(env: Mapping[str, str] | None = None, *,
         storage = SweepStorage(storage, refresh_s=_refresh_s(env))
     elif isinstance(storage, SweepJournalStorage):
         storage.refresh_s = _refresh_s(env)
-    return load_study(env[ENV_STUDY], storage, sampler=sampler)
+    study = load_study(env[ENV_STUDY], storage, sampler=sampler)
+    check_project(study, env)
+    return study
+
+
+def check_project(study: optuna.Study, env: Mapping[str, str]) -> None:
+    """A study belongs to the GitLab project whose sweep made it (`create_study` records
+    `PROJECT_ATTR`): every project's runners get one storage URL (`runnerctl init
+    --optuna-storage`), so two projects choosing one study_name shared a study, the second
+    running nothing and reporting the first one's best (found by a review as a researcher
+    sweeping). Outside CI (no CI_PROJECT_ID), or on a study made elsewhere, nothing is checked."""
+    mine = env.get(ENV_PROJECT_ID, "")
+    owner = study.user_attrs.get(PROJECT_ATTR)
+    if not mine or not isinstance(owner, dict) or str(owner.get("id")) == mine:
+        return
+    raise ConfigError(f"study {study.study_name!r} belongs to project {owner.get('path') or owner.get('id')} "
+                      f"(its sweep made it), not to {env.get(ENV_PROJECT_PATH) or mine}: two projects in one "
+                      "study mix their trials",
+                      hint="give the sweep another study_name, or each project a database of its own "
+                           "(`runnerctl postgres create-study NAME`)")
 
 
 def load_study(name: str, storage: BaseStorage, *,
@@ -221,15 +354,21 @@ def run_worker(objective: Objective, *, study: optuna.Study | None = None,
                n_trials: int | None = None, poll_s: float = 1.0) -> int:
     """Run trials until the study holds `n_trials` COMPLETE ones; returns how many ran here.
 
-    `n_trials` defaults to OPTUNA_N_TRIALS, the total over all workers.
+    `n_trials` defaults to OPTUNA_N_TRIALS, the total over all workers. A set-up error (a
+    variable missing, no such study, the storage unreachable) ends the process with one
+    line and exit code 3, not a traceback; the objective's own errors propagate.
     """
-    study = study or study_from_env()
-    budget = n_trials if n_trials is not None else _budget_from_env()
     try:
-        return _run_until_budget(objective, study, budget, poll_s)
-    finally:
-        if isinstance(study._storage, SweepStorage | SweepJournalStorage):
-            study._storage.expire()  # the caller's next look at the study is a fresh one
+        study = study or study_from_env()
+        budget = n_trials if n_trials is not None else _budget_from_env()
+        try:
+            return _run_until_budget(objective, study, budget, poll_s)
+        finally:
+            if isinstance(study._storage, SweepStorage | SweepJournalStorage):
+                study._storage.expire()  # the caller's next look at the study is a fresh one
+    except ConfigError as exc:  # the worker's set-up or storage, not the objective: one line, no traceback
+        print(f"runnerctl.optuna: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(int(exc.exit_code)) from None
 
 
 def _run_until_budget(objective: Objective, study: optuna.Study, budget: int, poll_s: float) -> int:
@@ -240,8 +379,12 @@ def _run_until_budget(objective: Objective, study: optuna.Study, budget: int, po
         if complete >= budget:
             return gate.ran
         if complete + running >= budget:
-            if not counter.failover:
-                return gate.ran  # nothing would ever fail a dead worker's trial: do not wait
+            if not counter.failover:  # nothing would ever fail a dead worker's trial: do not wait
+                _log.warning("stopping with %d of %d trials complete and %d RUNNING: this storage has no "
+                             "heartbeats, so a trial whose worker died stays RUNNING and holds its place "
+                             "in %s; a sweep that must finish wants the journal on PostgreSQL "
+                             "(`runnerctl postgres url`)", complete, budget, running, ENV_TRIALS)
+                return gate.ran
             time.sleep(poll_s)  # in flight elsewhere; one may die and come back for a retry
             counter.fail_stale_trials()
             continue
@@ -299,9 +442,15 @@ class TrialCounter:
             "SELECT t.state, COUNT(*) FROM trials t JOIN studies s ON s.study_id = t.study_id "
             "WHERE s.study_name = :study AND t.number != :number "
             "AND t.state IN ('COMPLETE', 'RUNNING') GROUP BY t.state")
-        with self._rdb.engine.connect() as conn:
-            rows = conn.execute(query, {"study": self.study.study_name, "number": exclude_number})
-            counts = {str(row[0]): int(row[1]) for row in rows}
+        engine = self._rdb.engine
+
+        def count() -> dict[str, int]:
+            with engine.connect() as conn:
+                rows = conn.execute(query, {"study": self.study.study_name, "number": exclude_number})
+                return {str(row[0]): int(row[1]) for row in rows}
+
+        counts = storage._through_outage("count the study's trials", count) \
+            if isinstance(storage, SweepStorage) else count()
         return counts.get("COMPLETE", 0), counts.get("RUNNING", 0)
 
     def fail_stale_trials(self) -> None:

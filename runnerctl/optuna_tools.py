@@ -23,7 +23,16 @@ import optuna
 from optuna.trial import TrialState
 
 from runnerctl.errors import ConfigError
-from runnerctl.optuna import ENV_STORAGE, ENV_STUDY, make_storage, study_from_env
+from runnerctl.optuna import (
+    ENV_PROJECT_ID,
+    ENV_PROJECT_PATH,
+    ENV_STORAGE,
+    ENV_STUDY,
+    PROJECT_ATTR,
+    check_project,
+    make_storage,
+    study_from_env,
+)
 
 
 def report(study: optuna.Study, out_dir: Path) -> Path:
@@ -77,10 +86,12 @@ def _json_values(values: list[float] | None) -> list[float | str | None] | None:
 
 
 def create_study(url: str, name: str, *, direction: str = "minimize",
-                 skip_if_exists: bool = True) -> optuna.Study:
+                 skip_if_exists: bool = True, env: Mapping[str, str] | None = None) -> optuna.Study:
     """The study NAME in `url` (any storage runnerctl knows); an existing one is kept,
     if it optimizes in the same direction (a sweep that maximizes would else run
-    nothing and report another sweep's minimum)."""
+    nothing and report another sweep's minimum) and belongs to this job's GitLab
+    project (`check_project`); a study that names no project is given this one's."""
+    env = {} if env is None else env
     storage = make_storage(url, env={})
     wanted = optuna.study.StudyDirection[direction.upper()]
     try:
@@ -92,6 +103,9 @@ def create_study(url: str, name: str, *, direction: str = "minimize",
         have = ", ".join(d.name.lower() for d in study.directions)
         raise ConfigError(f"study {name!r} already exists and optimizes {have}, not {direction}",
                           hint="give the sweep another study_name") from None
+    check_project(study, env)
+    if env.get(ENV_PROJECT_ID) and PROJECT_ATTR not in study.user_attrs:
+        study.set_user_attr(PROJECT_ATTR, {"id": env[ENV_PROJECT_ID], "path": env.get(ENV_PROJECT_PATH, "")})
     return study
 
 
@@ -151,12 +165,15 @@ def main(argv: list[str] | None = None) -> int:
             if missing:
                 raise ConfigError(f"{' and '.join(missing)} not set")
             study = create_study(env[ENV_STORAGE], env[ENV_STUDY], direction=args.direction,
-                                 skip_if_exists=args.skip_if_exists)
+                                 skip_if_exists=args.skip_if_exists, env=env)
             print(f"study {study.study_name}: {len(study.get_trials(deepcopy=False))} trials")
             return 0
         best = report(study_from_env(), args.out)
     except ConfigError as exc:
         print(f"runnerctl.optuna: error: {exc}")
         return int(exc.exit_code)
+    except OSError as exc:  # --out naming a file, a directory that cannot be written
+        print(f"runnerctl.optuna: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+        return 3
     print(best.read_text(), end="")
     return 0

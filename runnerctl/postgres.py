@@ -276,6 +276,19 @@ def _check_reachable(path: Path, user: pwd.struct_passwd) -> None:
 
 
 # -- databases and roles, on runnerctl's server or an external one -------------------------
+def database_exists(admin_url: str, name: str) -> bool:
+    """Whether the server holds a database NAME (asked as admin; changes nothing)."""
+    import psycopg
+
+    try:
+        with psycopg.connect(libpq_url(admin_url), autocommit=True, connect_timeout=10) as conn:
+            found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+            return found is not None
+    except psycopg.Error as exc:
+        raise PostgresError(f"cannot reach PostgreSQL as admin: {first_line(exc)}",
+                            hint="is it running? `runnerctl postgres status`") from None
+
+
 def create_database(admin_url: str, name: str, secrets_: Secrets, *, host: str | None = None) -> str:
     """A database NAME owned by a login role NAME and nothing more; returns its storage URL.
 

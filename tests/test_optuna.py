@@ -4,9 +4,13 @@ and the failover of a dead worker's trial, on the real PostgreSQL."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy
@@ -97,7 +101,8 @@ def test_sweep_storage_reads_other_workers_trials_once_per_refresh(pg_server: Po
 
 
 def test_budget_is_exact_and_a_finished_study_adds_no_trials(pg_server: PostgresServer,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
     url = pg_server.create_database("budget")
     optuna.create_study(study_name="budget", storage=url)
     monkeypatch.setenv("OPTUNA_STORAGE", url)
@@ -108,8 +113,17 @@ def test_budget_is_exact_and_a_finished_study_adds_no_trials(pg_server: Postgres
     study = optuna.load_study(study_name="budget", storage=url)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 7
     monkeypatch.setenv("OPTUNA_N_TRIALS", "seven")
-    with pytest.raises(ConfigError, match="OPTUNA_N_TRIALS must be a positive number"):
-        run_worker(_quick)
+    _one_line_exit(capsys, lambda: run_worker(_quick), "OPTUNA_N_TRIALS must be a positive number")
+
+
+def _one_line_exit(capsys: pytest.CaptureFixture[str], call: Callable[[], object], needle: str) -> None:
+    """A worker's set-up error ends it with one line and exit code 3 (its user script's
+    traceback showed before: found by a review as a researcher sweeping)."""
+    with pytest.raises(SystemExit) as ended:
+        call()
+    assert ended.value.code == 3
+    err = capsys.readouterr().err
+    assert err.startswith("runnerctl.optuna: error: ") and needle in err and "Traceback" not in err, err
 
 
 def test_waiting_workers_fail_and_retry_a_dead_workers_trial(pg_server: PostgresServer) -> None:
@@ -133,7 +147,10 @@ def test_waiting_workers_fail_and_retry_a_dead_workers_trial(pg_server: Postgres
     assert retry.state == TrialState.COMPLETE and retry.params == dead.params
 
 
-def test_without_heartbeats_nobody_waits_forever(tmp_path: Path) -> None:
+def test_without_heartbeats_nobody_waits_forever(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """...and the worker says why it stopped short: it printed "ran 0" and nothing else, at
+    every later run, while the dead trial held its place (found by a review as a researcher
+    sweeping)."""
     url = f"journal:{tmp_path}/j.log"
     study = optuna.create_study(study_name="j", storage=make_storage(url))
     study.ask()  # RUNNING forever: journal files have no heartbeats
@@ -147,6 +164,8 @@ def test_without_heartbeats_nobody_waits_forever(tmp_path: Path) -> None:
     threading.Thread(target=work, daemon=True).start()
     assert done.wait(timeout=120)
     assert TrialCounter(study).counts() == (2, 1)
+    said = [r.getMessage() for r in caplog.records if "this storage has no heartbeats" in r.getMessage()]
+    assert said and "stopping with 2 of 3 trials complete and 1 RUNNING" in said[-1], said
 
 
 def test_trial_counter_counts_in_the_database(pg_server: PostgresServer) -> None:
@@ -182,11 +201,12 @@ def test_an_existing_study_of_the_other_direction_is_refused(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("nan", [float("nan"), numpy.float32("nan"), None, (1.0, float("nan"))])
-def test_a_worker_whose_objective_always_returns_nan_stops(tmp_path: Path, nan: object) -> None:
+def test_a_worker_whose_objective_always_returns_nan_stops(tmp_path: Path, nan: object,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
     url = f"sqlite:///{tmp_path}/s.db"
     study = create_study(url, "diverging")
-    with pytest.raises(ConfigError, match=r"returned no number \(NaN, None\) in the last 10 trials here"):
-        run_worker(lambda trial: nan, study=study, n_trials=5)  # type: ignore[arg-type,return-value]
+    _one_line_exit(capsys, lambda: run_worker(lambda trial: nan, study=study, n_trials=5),  # type: ignore[arg-type,return-value]
+                   "returned no number (NaN, None) in the last 10 trials here")
     assert len(study.trials) == 10
 
 
@@ -230,3 +250,40 @@ def test_a_trial_failed_elsewhere_while_it_ran_here_is_a_warning_not_a_crash(
         assert f"trial {number} was failed by another worker while it ran here" in caplog.text
     with pytest.raises(KeyError, match="its own"):  # the objective's own error still stops the worker
         run_worker(lambda trial: {}["its own"], study=study, n_trials=4)
+
+
+def test_a_study_of_another_project_is_refused_to_its_sweeps_jobs(tmp_path: Path) -> None:
+    """Every project's runners get one storage URL: two projects choosing one study_name
+    shared a study, the second running nothing and reporting the first one's best (found
+    by a review as a researcher sweeping)."""
+    url = f"sqlite:///{tmp_path}/s.db"
+    vision = {"CI_PROJECT_ID": "7", "CI_PROJECT_PATH": "lab/vision"}
+    speech = {"CI_PROJECT_ID": "9", "CI_PROJECT_PATH": "lab/speech"}
+    study = create_study(url, "lr_search", env=vision)
+    assert study.user_attrs["runnerctl_project"] == {"id": "7", "path": "lab/vision"}
+    assert create_study(url, "lr_search", env=vision).study_name == "lr_search"  # its own: kept
+    with pytest.raises(ConfigError, match="belongs to project lab/vision .*not to lab/speech"):
+        create_study(url, "lr_search", env=speech)
+    with pytest.raises(ConfigError, match="belongs to project lab/vision"):
+        study_from_env({ENV_STORAGE: url, ENV_STUDY: "lr_search", **speech})  # a worker, the report
+    assert study_from_env({ENV_STORAGE: url, ENV_STUDY: "lr_search", **vision}).study_name == "lr_search"
+    assert study_from_env({ENV_STORAGE: url, ENV_STUDY: "lr_search"}).study_name == "lr_search"  # by hand
+    create_study(url, "by_hand")  # `runnerctl postgres create-study`: no project yet
+    assert create_study(url, "by_hand", env=speech).user_attrs["runnerctl_project"]["path"] == "lab/speech"
+
+
+def test_a_worker_script_with_a_bad_set_up_says_one_line(tmp_path: Path) -> None:
+    """The documented `run_worker(objective)` script printed a traceback for every set-up
+    error: storage unset, a study not there, a journal in a missing directory."""
+    script = Path(__file__).resolve().parents[1] / "examples" / "optuna-sweep" / "search.py"
+    root = str(Path(__file__).resolve().parents[1])
+    base = {k: v for k, v in os.environ.items() if not k.startswith("OPTUNA_")} | {"PYTHONPATH": root}
+    cases = [({}, "OPTUNA_STORAGE and OPTUNA_STUDY_NAME not set"),
+             ({"OPTUNA_STORAGE": f"journal:{tmp_path}/none/j.log", "OPTUNA_STUDY_NAME": "s"},
+              "the journal file's directory"),
+             ({"OPTUNA_STORAGE": f"sqlite:///{tmp_path}/s.db", "OPTUNA_STUDY_NAME": "nope"},
+              "no study 'nope'")]
+    for env, needle in cases:
+        done = subprocess.run([sys.executable, str(script)], env={**base, **env, "OPTUNA_N_TRIALS": "3"},
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 3 and needle in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -19,6 +19,7 @@ from urllib.parse import quote
 import httpx
 import optuna
 import pytest
+from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
 from runnerctl.cli import main as cli_main
@@ -172,6 +173,8 @@ def test_report_and_dashboard_open_a_journal_study(pg_server: PostgresServer, tm
     assert run_worker(lambda t: t.suggest_float("x", 0, 1), study=study, n_trials=5) == 5
     assert tools_main(["report", "--out", str(tmp_path / "r")]) == 0
     assert '"complete_trials": 5' in (tmp_path / "r" / "best_trial.json").read_text()
+    (tmp_path / "a-file").write_text("")
+    assert tools_main(["report", "--out", str(tmp_path / "a-file")]) == 3  # one line, not a traceback
 
     from optuna_dashboard import wsgi
 
@@ -243,6 +246,8 @@ def test_url_kinds_and_moving_an_rdb_study_into_the_journal(
     assert cli_main([*args, "migrate-study", "moved"]) == 3
     assert "already holds a study 'moved'" in capsys.readouterr().err
     assert cli_main([*args, "migrate-study", "absent_study"]) == 3
+    assert "no database 'absent_study': no study 'absent_study' to move" in capsys.readouterr().err
+    assert not (pg_server.config.secrets_dir / "absent_study.password").exists()  # it made one first
 
     assert cli_main([*args, "create-study", "fresh"]) == 0
     fresh = capsys.readouterr().out.strip()
@@ -484,3 +489,36 @@ def test_workers_go_on_through_a_server_restart_and_complete_the_exact_total() -
         assert [code for code, _ in results] == [0, 0], results
         trials = optuna.load_study(study_name="restart", storage=make_storage(url)).trials
         assert Counter(t.state for t in trials)[TrialState.COMPLETE] == 24
+
+
+def test_rdb_workers_go_on_through_a_server_restart_without_losing_a_trial() -> None:
+    """The same restart on the RDB path (`--kind rdb`): Optuna's heartbeat thread died at its
+    first failed beat (the live trial was later failed by another worker and run again)
+    and a `tell` during the outage ended its worker with the trial RUNNING (found by a
+    review as a researcher sweeping). Beats missed while the server is away are skipped,
+    every other call is sent again."""
+    from tests.pg import running_server
+
+    with running_server() as server:
+        url = storage_url(server.create_database("restart_rdb"), "rdb")
+        optuna.create_study(study_name="restart", storage=make_storage(url))
+        procs = _workers([url, url], "restart", 16, SEARCH_SLEEP_S="0.5",
+                         RUNNERCTL_OPTUNA_HEARTBEAT_S="1", RUNNERCTL_OPTUNA_GRACE_S="30")
+        watcher = make_storage(url)
+        assert isinstance(watcher, RDBStorage)
+        study_id = watcher.get_study_id_from_name("restart")
+        deadline = time.monotonic() + 120
+        while len(watcher.get_all_trials(study_id, deepcopy=False, states=(TrialState.COMPLETE,))) < 3:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), _finish(procs)
+            time.sleep(0.05)
+        watcher.engine.dispose()
+        server.stop()
+        time.sleep(2.0)  # away across at least one beat of every running trial
+        server.start()
+        results = _finish(procs)
+        assert [code for code, _ in results] == [0, 0], results
+        out = "\n".join(text for _, text in results)
+        assert "Exception in thread" not in out and "the study's database is away" in out, out
+        trials = optuna.load_study(study_name="restart", storage=make_storage(url)).trials
+        states = Counter(t.state for t in trials)
+        assert states[TrialState.COMPLETE] == 16 and states[TrialState.FAIL] == 0, states

@@ -24,6 +24,7 @@ from runnerctl.postgres import (
     Secrets,
     check_name,
     create_database,
+    database_exists,
     ping,
     storage_url,
     with_host,
@@ -213,7 +214,11 @@ def pg_migrate_study(target: _Target, name: str, database: str | None, host: str
     from runnerctl.optuna_tools import copy_to_journal
 
     check_name(name, "study")
-    url = target.database(check_name(database or name, "database"), host)
+    where = check_name(database or name, "database")
+    if not database_exists(target.admin_url(), where):  # before making one: nothing to move
+        raise ConfigError(f"no database {where!r}: no study {name!r} to move",
+                          hint="--database names the project database the study is in")
+    url = target.database(where, host)
     trials = copy_to_journal(storage_url(target.local(url), "rdb"),
                              storage_url(target.local(url), "journal"), name)
     click.echo(f"copied study {name} ({trials} trials) into the journal", err=True)
