@@ -18,8 +18,9 @@ from tests.pg import free_port
 class Serve:
     """`runnerctl serve --gitlab sim --gpu-source sim:8 --interval 1 ARGS...`, up once /healthz answers."""
 
-    def __init__(self, log_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+    def __init__(self, log_dir: Path, *args: str, env: dict[str, str] | None = None,
+                 port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(log_dir / f"serve-{self.port}.log", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(

@@ -141,3 +141,51 @@ def test_sign_in_with_gitlab_makes_a_maintainer_an_operator(state_dir: Path, bro
         expect(page.locator('.gpu[data-gpu="6"] button[data-action="pause"]')).to_be_visible()
     finally:
         serve.stop()
+
+
+def test_the_page_keeps_focus_and_says_when_the_session_or_the_controller_is_gone(
+        state_dir: Path, browser: Browser) -> None:
+    """Found by a review as a lab member using the page with a keyboard: each 2 s poll
+    rebuilt the cards and dropped the focus to the page; an ended session went unnoticed
+    (toggles refused, no way to sign in); "Failed to fetch" stayed after the controller
+    came back, in the colour of success; a resume could not be sent without a reason."""
+    serve = _serve(state_dir)
+    try:
+        page = browser.new_page()
+        page.goto(serve.url)
+        _busy_page(page)
+        _sign_in(page, "olga")
+        expect(page.locator("#signout")).to_be_focused()  # not lost with the hidden form
+        drain6 = page.get_by_role("button", name="drain GPU 6")  # a name a screen reader tells apart
+        drain6.focus()
+        page.evaluate("window.card = document.querySelector('#gpus .gpu[data-gpu=\"6\"]')")
+        page.wait_for_function("() => document.querySelector('#gpus .gpu[data-gpu=\"6\"]') !== window.card",
+                               timeout=10_000)  # a poll rebuilt the card...
+        expect(drain6).to_be_focused()  # ...and its button has the focus again
+        page.keyboard.press("Enter")
+        expect(page.locator("#toggle-reason")).to_be_focused()
+        page.keyboard.type("fan")
+        page.keyboard.press("Enter")
+        expect(page.locator('.gpu[data-gpu="6"]')).to_have_attribute("data-state", "draining")
+        page.get_by_role("button", name="resume GPU 6").click()
+        expect(page.get_by_label("reason")).to_have_attribute("placeholder", "reason (optional)")
+        page.click("#toggle-submit")  # no reason: a resume needs none
+        expect(page.locator('.gpu[data-gpu="6"]')).not_to_have_attribute("data-state", "draining")
+        _runnerctl("user", "remove", "olga", "--state-dir", str(state_dir))
+        page.get_by_role("button", name="pause GPU 5").click()
+        page.keyboard.type("x")
+        page.keyboard.press("Enter")
+        expect(page.locator("#message")).to_have_text("your session ended: sign in again")
+        expect(page.locator("#signin")).to_be_visible()
+        expect(page.locator("#toggle-panel")).to_be_hidden()
+    finally:
+        serve.stop()
+    message = page.locator("#message")
+    expect(message).to_contain_text("cannot reach the controller", timeout=30_000)
+    expect(message).to_contain_text("retrying")
+    assert message.evaluate("e => getComputedStyle(e).color") == "rgb(185, 28, 28)"  # an error's red
+    again = Serve(state_dir.parent, "--state-dir", str(state_dir), "--sim-workload", "busy", port=serve.port)
+    try:
+        expect(message).to_have_text("", timeout=60_000)  # the next good poll clears it
+    finally:
+        again.stop()

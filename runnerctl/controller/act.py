@@ -98,7 +98,8 @@ def apply(decisions: Sequence[Decision], *, gitlab: GitLabPort, cache: RunnerCac
           on_action: Callable[[Action], None] = lambda a: None,
           caps: Mapping[str, int | None] | None = None) -> list[Action]:
     """Send the plan's pauses, then `caps` (runner name -> maximum timeout to set, None
-    clears: `caps.to_send`), then its resumes."""
+    clears: `caps.to_send`), then its resumes, but none over a GPU of a runner that may
+    still be open behind a 404 (`RunnerCache.may_be_open`)."""
     pauses, resumes = differences([d for d in decisions if d.slot.name in cache.ids
                                    and d.slot.name not in cache.gone], cache.paused)
     done: list[Action] = []
@@ -117,7 +118,10 @@ def apply(decisions: Sequence[Decision], *, gitlab: GitLabPort, cache: RunnerCac
         on_action(done[-1])
         if not done[-1].ok:
             return done  # its runner must not open without it
+    maybe_open = [d.slot for d in decisions if d.slot.name in cache.gone and cache.may_be_open(d.slot.name)]
     for decision in resumes:
+        if any(set(decision.slot.gpus) & set(slot.gpus) for slot in maybe_open):
+            continue  # S1: a runner over one of its GPUs may still be open in GitLab
         done.append(_send(decision, gitlab=gitlab, cache=cache, health=health, now=now))
         on_action(done[-1])
         if not done[-1].ok:

@@ -29,6 +29,9 @@ from runnerctl.settings import PathSettings, Settings
 log = logging.getLogger(__name__)
 
 
+GONE_AFTER = 3
+"""404 answers in a row after which a runner counts as deleted (`RunnerCache.may_be_open`)."""
+
 Owner = tuple[str, str]
 """(user, link to the job's page); '' where unknown."""
 
@@ -172,6 +175,8 @@ class RunnerCache:
         self.gone: set[str] = set()
         """Runners GitLab answered 404 for (deleted, or hidden from the token): nothing is
         sent to them (`act.apply`) until a read finds them again."""
+        self.not_found: dict[str, int] = {}
+        """Of `gone`: the 404 answers in a row for the runner (`may_be_open`)."""
         self.found = 0
         """Reads that found their runner (the loop's sign that GitLab answers)."""
         self._next = 0
@@ -204,7 +209,13 @@ class RunnerCache:
             self.lost(name)
             return
         self.gone.discard(name)
+        self.not_found.pop(name, None)
         self.found += 1
+        before = self.paused.get(name)
+        if before is not None and info.paused != before:  # runnerctl writes no state it does not cache
+            log.warning("runner %s was %s in GitLab by someone other than runnerctl, which sets it as its "
+                        "plan says: to hold runners back, use `runnerctl pause` or the web page",
+                        name, "paused" if info.paused else "resumed")
         self.paused[name] = info.paused
         self.online[name] = info.online
         self.max_timeout[name] = info.maximum_timeout
@@ -219,8 +230,18 @@ class RunnerCache:
                         "found again; if it was deleted, run `runnerctl init`, then restart `runnerctl "
                         "serve` (it reads the runners' ids at its start)", name, self.ids[name])
         self.gone.add(name)
+        self.not_found[name] = self.not_found.get(name, 0) + 1
         self.paused[name] = self.online[name] = self.max_timeout[name] = None
         self.cap_unknown.add(name)
+
+    def may_be_open(self, name: str) -> bool:
+        """A runner GitLab answered 404 for fewer than `GONE_AFTER` times in a row: maybe
+        a hiccup (a proxy, a GitLab restarting), the runner still there and open, so no
+        runner sharing a GPU with it may be resumed (S1; `act.apply`) until a read finds it
+        (it is then paused like any other) or GitLab says 404 again. A fresh controller
+        whose first reads met a short run of 404s resumed a block over a single that was
+        open in GitLab (found by the controller's property test)."""
+        return name in self.gone and self.not_found.get(name, 0) < GONE_AFTER
 
     def known_caps(self) -> dict[str, int | None]:
         """Each runner's maximum timeout where it is known (`caps.to_send`)."""

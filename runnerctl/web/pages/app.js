@@ -1,8 +1,11 @@
 // runnerctl page: polls /api/host, /api/fleet, /api/queue and /api/history (with the
-// filters applied) every 2 s; toggles POST /api/toggles with the CSRF token.
+// filters applied) 2 s after the last poll ended; toggles POST /api/toggles with the CSRF token.
 "use strict";
 let session = null;
 let historyQuery = "";
+let pollError = false;  // the message shows a failed poll: the next good one clears it
+let shownAt = null;     // when the data on the page was read
+const POLL_MS = 2000, POLL_TIMEOUT_MS = 15000;
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -19,25 +22,49 @@ function ago(seconds) {
   return `${(seconds / 3600).toFixed(1)} h`;
 }
 
+const FIELD_HINTS = { target: "the target is gpu:N, slot:KEY (e.g. slot:gpu0-3) or host",
+                      since: "since is a date, YYYY-MM-DD, or a date and time, YYYY-MM-DDTHH:MM" };
+
 async function call(method, url, body) {
   const headers = { "Accept": "application/json" };
   if (method !== "GET") headers["X-CSRF-Token"] = session ? session.csrf : "";
   if (body) headers["Content-Type"] = "application/json";
-  const response = await fetch(url, { method, headers, body: body ? JSON.stringify(body) : undefined,
-                                      credentials: "same-origin" });
+  let response;
+  try {
+    response = await fetch(url, { method, headers, body: body ? JSON.stringify(body) : undefined,
+                                  credentials: "same-origin", signal: AbortSignal.timeout(POLL_TIMEOUT_MS) });
+  } catch (error) {  // no answer: the controller is down, restarting or unreachable
+    throw Object.assign(new Error("cannot reach the controller"), { status: 0 });
+  }
   const data = await response.json().catch(() => ({}));
   if (!response.ok) {
     const first = Array.isArray(data.detail) && data.detail[0];  // FastAPI's 422: the failing field
-    throw new Error(typeof data.detail === "string" ? data.detail
-      : first ? `${first.loc.slice(1).join(".")}: ${first.msg}` : `HTTP ${response.status}`);
+    const field = first ? String(first.loc[first.loc.length - 1]) : "";
+    const text = typeof data.detail === "string" ? data.detail
+      : first ? (FIELD_HINTS[field] || `${field}: ${first.msg}`) : `HTTP ${response.status}`;
+    throw Object.assign(new Error(response.status === 503 ? `the controller is busy (${text}); retrying` : text),
+                        { status: response.status });
   }
   return data;
 }
 
 function say(text, error) {
   const box = document.getElementById("message");
-  box.textContent = text;
+  if (box.textContent !== text) box.textContent = text;  // a live region: said again only when it changes
   box.className = error ? "error" : "";
+}
+
+function when(seconds) {
+  // local time with its offset, as the history filter takes it (YYYY-MM-DD HH:MM:SS +HH:MM)
+  const d = new Date(seconds * 1000), pad = (n) => String(n).padStart(2, "0");
+  const offset = -d.getTimezoneOffset(), sign = offset < 0 ? "-" : "+", abs = Math.abs(offset);
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:` +
+         `${pad(d.getMinutes())}:${pad(d.getSeconds())} ${sign}${pad(Math.floor(abs / 60))}:${pad(abs % 60)}`;
+}
+
+function localOffset() {
+  const offset = -new Date().getTimezoneOffset(), abs = Math.abs(offset);
+  return `${offset < 0 ? "-" : "+"}${String(Math.floor(abs / 60)).padStart(2, "0")}:${String(abs % 60).padStart(2, "0")}`;
 }
 
 async function loadSession() {
@@ -75,7 +102,8 @@ function gpuCard(gpu) {
     const buttons = el("div", { class: "buttons" });
     for (const action of gpu.toggle ? ["resume"] : ["drain", "pause"]) {
       const button = el("button", { type: "button", class: "toggle", "data-action": action,
-                                    "data-target": `gpu:${gpu.index}`, text: action });
+                                    "data-target": `gpu:${gpu.index}`, text: action,
+                                    "aria-label": `${action} GPU ${gpu.index}` });
       button.addEventListener("click", () => prefill(action, `gpu:${gpu.index}`));
       buttons.append(button);
     }
@@ -84,17 +112,57 @@ function gpuCard(gpu) {
   return card;
 }
 
+function reasonRule() {
+  // pause and drain need a reason; resume does not (docs/web.md)
+  const resume = document.getElementById("toggle-action").value === "resume";
+  const reason = document.getElementById("toggle-reason");
+  reason.required = !resume;
+  reason.placeholder = resume ? "reason (optional)" : "reason (required)";
+}
+
 function prefill(action, target) {
   document.getElementById("toggle-action").value = action;
   document.getElementById("toggle-target").value = target;
+  reasonRule();
   document.getElementById("toggle-reason").focus();
-  say(`${action} ${target}: give a reason, then Apply`);
+  say(action === "resume" ? `resume ${target}: Apply (a reason is optional)`
+                          : `${action} ${target}: give a reason, then Apply`);
 }
 
 function rows(id, items, cells, key) {
   const body = document.querySelector(`#${id} tbody`);
   body.replaceChildren(...items.map((item) => el("tr", key ? { "data-key": key(item) } : {},
                                                  ...cells(item).map((c) => el("td", {}, c)))));
+}
+
+// The polls rebuild the cards and tables: the element that had the keyboard focus is found
+// again in the new ones (by its row or card and what it is), so Tab and Enter keep working.
+function focusedKey() {
+  const node = document.activeElement;
+  const holder = node && node !== document.body && node.closest("[data-key], [data-gpu], [data-host]");
+  if (!holder) return null;
+  const scope = holder.closest("[id]");
+  return { scope: scope ? scope.id : "", key: holder.dataset.key ?? "", gpu: holder.dataset.gpu ?? "",
+           host: holder.dataset.host ?? "", tag: node.tagName, action: node.dataset.action ?? "",
+           href: node.getAttribute("href") ?? "" };
+}
+
+function refocus(found) {
+  if (!found || (document.activeElement && document.activeElement !== document.body)) return;
+  const scope = document.getElementById(found.scope);
+  if (!scope) return;
+  const holders = [...scope.querySelectorAll("[data-key], [data-gpu], [data-host]")].filter((h) =>
+    (h.dataset.key ?? "") === found.key && (h.dataset.gpu ?? "") === found.gpu && (h.dataset.host ?? "") === found.host);
+  for (const holder of holders) {
+    const match = [...holder.querySelectorAll(found.tag)].find((n) =>
+      (n.dataset.action ?? "") === found.action && (n.getAttribute("href") ?? "") === found.href);
+    if (match) { match.focus(); return; }
+  }
+}
+
+function selecting() {
+  const selection = window.getSelection();
+  return Boolean(selection && !selection.isCollapsed && selection.toString());
 }
 
 function render(host) {
@@ -104,7 +172,7 @@ function render(host) {
   document.getElementById("gitlab-error").textContent = host.gitlab_error ? `GitLab: ${host.gitlab_error}` : "";
   rows("slots", host.slots, (s) => [s.key, s.gpus.join(","), s.state, s.running_jobs.join(", ") || "-", s.reason],
        (s) => s.key);
-  rows("events", host.events, (e) => [new Date(e.at * 1000).toLocaleString(), e.kind, e.subject, e.detail],
+  rows("events", host.events, (e) => [when(e.at), e.kind, e.subject, e.detail],
        (e) => `${e.kind} ${e.subject}`);
 }
 
@@ -117,7 +185,7 @@ function tile(host, gpu) {
     .concat(gpu.processes.map((p) => p.user || `pid ${p.pid}`)).join(", ") || gpu.detail;
   const util = gpu.utilization === null ? "?" : `${Math.round(gpu.utilization * 100)} %`;
   return el("div", { class: "tile", "data-host": host, "data-gpu": String(gpu.index), "data-state": gpu.state,
-                     title: gpu.detail || gpu.state },
+                     title: [`GPU ${gpu.index}: ${gpu.state}`, who, gpu.detail].filter(Boolean).join(" · ") },
     el("div", { class: "tile-head" }, el("b", { text: String(gpu.index) }), el("span", { text: gpu.state })),
     el("div", { class: "tile-who", text: who || "\u00a0" }), el("div", { class: "numbers", text: `util ${util}` }));
 }
@@ -147,12 +215,13 @@ function renderQueue(queue) {
 }
 
 function renderHistory(jobs) {
+  document.getElementById("history-empty").hidden = jobs.length > 0;
   const now = Date.now() / 1000;
   rows("history", jobs, (j) => {
     const job = j.url ? el("a", { href: j.url, text: String(j.job_id) }) : el("span", { text: String(j.job_id) });
     const cell = el("span", {}, job, j.name ? ` ${j.name}` : "");
     if (j.unused) cell.append(" ", el("span", { class: "badge unused", text: "requested but unused" }));
-    return [new Date(j.started_at * 1000).toLocaleString(), cell, j.user || "?", j.project || "?", j.host,
+    return [when(j.started_at), cell, j.user || "?", j.project || "?", j.host,
       j.gpus.join(","), j.wait_s === null ? "?" : ago(j.wait_s), ago((j.ended_at ?? now) - j.started_at),
       j.outcome, j.gpu_hours.toFixed(2),
       j.mean_utilization === null ? "?" : `${Math.round(j.mean_utilization * 100)} %`];
@@ -162,10 +231,33 @@ function renderHistory(jobs) {
 function filterHistory() {
   const params = new URLSearchParams({ limit: "50" });
   for (const name of ["user", "project", "host", "since"]) {
-    const value = document.getElementById(`history-${name}`).value.trim();
+    let value = document.getElementById(`history-${name}`).value.trim();
+    // a date or time as typed is this browser's local time, as the table shows it
+    if (name === "since" && /^\d{4}-\d{2}-\d{2}$/.test(value)) value += `T00:00${localOffset()}`;
+    else if (name === "since" && /^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2})?$/.test(value)) value += localOffset();
     if (value) params.set(name, value);
   }
   historyQuery = params.toString();
+}
+
+function clearData() {
+  // what the page may no longer show (signed out of a private page): not left standing, stale
+  for (const id of ["gpus", "fleet", "activity"]) document.getElementById(id).replaceChildren();
+  for (const id of ["queue", "history", "slots", "events"]) document.querySelector(`#${id} tbody`).replaceChildren();
+}
+
+async function sessionEnded(error) {
+  // 401 or 403: the session ended (it expired, or an admin ended it) or never was
+  if (error.status !== 401 && error.status !== 403) return false;
+  const before = session && session.user;
+  await loadSession().catch(() => {});
+  if (!session || !session.user) {
+    if (error.status === 401) clearData();
+    say(before ? "your session ended: sign in again" : error.message, true);
+    if (before) document.getElementById("signin-name").focus();
+    return true;
+  }
+  return false;
 }
 
 async function refresh() {
@@ -174,13 +266,34 @@ async function refresh() {
     const [host, fleet, queue, history] = await Promise.all(
       [call("GET", "/api/host"), call("GET", "/api/fleet"), call("GET", "/api/queue"),
        call("GET", `/api/history?${historyQuery}`).catch((error) => error)]);
+    if (selecting()) return;  // a selection in the page is not wiped out: the next poll draws it
+    const focused = focusedKey();
     render(host);
     renderFleet(fleet);
     renderQueue(queue);
-    if (history instanceof Error) say(`history: ${history.message}`, true); else renderHistory(history);
+    if (history instanceof Error) {
+      document.querySelector("#history tbody").replaceChildren();  // not old rows under the error
+      say(`history: ${history.message}`, true);
+      pollError = true;
+    } else {
+      renderHistory(history);
+      if (pollError) say("");
+      pollError = false;
+    }
+    refocus(focused);
+    shownAt = new Date();
   } catch (error) {
-    say(error.message, true);
+    if (await sessionEnded(error)) return;
+    const stale = shownAt ? ` (the page shows what it read at ${shownAt.toLocaleTimeString()})` : "";
+    say(`${error.message}${stale}${error.status === 0 ? "; retrying" : ""}`, true);
+    pollError = true;
   }
+}
+
+async function poll() {
+  // the next poll starts after this one ended: a slow controller never has polls piling up
+  await refresh();
+  setTimeout(poll, POLL_MS);
 }
 
 document.addEventListener("DOMContentLoaded", async () => {
@@ -192,13 +305,17 @@ document.addEventListener("DOMContentLoaded", async () => {
       document.getElementById("signin-password").value = "";
       await loadSession();
       say("signed in");
+      document.getElementById("signout").focus();  // the form it was in is hidden now
       await refresh();
     } catch (error) { say(error.message, true); }
   });
   document.getElementById("signout").addEventListener("click", async () => {
-    try { await call("POST", "/api/session/end"); await loadSession(); await refresh(); say("signed out"); }
-    catch (error) { say(error.message, true); }
+    try {
+      await call("POST", "/api/session/end"); await loadSession(); await refresh(); say("signed out");
+      document.getElementById("signin-name").focus();
+    } catch (error) { say(error.message, true); }
   });
+  document.getElementById("toggle-action").addEventListener("change", reasonRule);
   document.getElementById("history-filter").addEventListener("submit", async (event) => {
     event.preventDefault();
     filterHistory();
@@ -215,9 +332,9 @@ document.addEventListener("DOMContentLoaded", async () => {
       document.getElementById("toggle-reason").value = "";
       say(result.message);
       await refresh();
-    } catch (error) { say(error.message, true); }
+    } catch (error) { if (!(await sessionEnded(error))) say(error.message, true); }
   });
-  await loadSession();
-  await refresh();
-  setInterval(refresh, 2000);
+  reasonRule();
+  try { await loadSession(); } catch (error) { say(error.message, true); }
+  await poll();
 });
