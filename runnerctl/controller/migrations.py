@@ -101,6 +101,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         """CREATE TABLE host_views (host TEXT PRIMARY KEY, at DOUBLE PRECISION NOT NULL,
             interval_s DOUBLE PRECISION NOT NULL, tick BIGINT NOT NULL, view TEXT NOT NULL)""",
     )),
+    Migration(6, "events by host: a host's latest events and the fleet's hosts without reading every event", (
+        "CREATE INDEX events_host_id ON events (host, id)",
+    )),
 )
 
 _VERSIONS = """CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,

@@ -398,10 +398,17 @@ class Store:
         """Every host that wrote to this store (the fleet, when hosts share PostgreSQL), but
         those whose last event is `retired` (`retire_host`)."""
         with self._tx() as cur:
-            rows = cur.query("SELECT DISTINCT host FROM events UNION SELECT DISTINCT host FROM toggles")
-            gone = cur.query("SELECT host FROM events WHERE kind = ? AND id IN "
-                             "(SELECT max(id) FROM events GROUP BY host)", (RETIRED,))
-        return sorted({r[0] for r in rows} - {r[0] for r in gone})
+            # one index step per host (events_host_id), where DISTINCT and max(id) GROUP BY read
+            # every event: 2.3 s a call at 13 million events, polled every 2 s by the page
+            # (found by a review sizing a lab of 30 hosts)
+            hosts = {r[0] for r in cur.query(
+                "WITH RECURSIVE h(host) AS (SELECT MIN(host) FROM events UNION ALL "
+                "SELECT (SELECT MIN(host) FROM events WHERE host > h.host) FROM h WHERE h.host IS NOT NULL) "
+                "SELECT host FROM h WHERE host IS NOT NULL")}
+            hosts |= {r[0] for r in cur.query("SELECT DISTINCT host FROM toggles")}
+            gone = {host for host in hosts if cur.query(
+                "SELECT kind FROM events WHERE host = ? ORDER BY id DESC LIMIT 1", (host,)) == [(RETIRED,)]}
+        return sorted(hosts - gone)
 
     def retire_host(self, host: str, now: float, detail: str) -> None:
         """A host taken out of the fleet (`runnerctl uninstall`): its toggles, drains,
