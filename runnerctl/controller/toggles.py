@@ -103,8 +103,8 @@ def check_reason(action: str, why: str) -> str:
     if len(why) > MAX_REASON:
         raise ConfigError(f"the reason is longer than {MAX_REASON} characters")
     if action in ACTIONS and all(c.isspace() or unicodedata.category(c) == "Cf" for c in why):
-        raise ConfigError(f"a {action} needs a reason",
-                          hint="--why TEXT: whoever finds the runners closed learns why")
+        raise ConfigError(f"a {action} needs a reason", hint="whoever finds the runners closed learns "
+                                                              "why (--why TEXT, or the page's reason field)")
     return why.strip()
 
 
