@@ -41,7 +41,7 @@ import gitlab.exceptions
 import requests
 from gitlab.v4.objects import CurrentUserRunnerManager
 
-from runnerctl.errors import NotFoundError, PermanentError, TemporaryError
+from runnerctl.errors import NotFoundError, PermanentError, TemporaryError, redact
 from runnerctl.gitlab_port import (
     CreatedRunner,
     GitLabPort,
@@ -102,6 +102,8 @@ class PythonGitLab:
                  oauth: bool = False) -> None:
         """`token`: an access token, or with `oauth` a user's OAuth access token (Bearer)."""
         self.url = url.rstrip("/")
+        self.where = redact(self.url)
+        """The URL as messages and logs show it: a password in it masked."""
         self.requests_by_status: collections.Counter[str] = collections.Counter()
         self._retry_after: float | None = None
         session = requests.Session()
@@ -248,8 +250,12 @@ class PythonGitLab:
         stand-by runner, always with its one stored system_id (a new id would add a
         manager). A refused token raises PermanentError."""
         body = {"token": token, "system_id": system_id}
-        self._call("keep the stand-by runner online",
-                   lambda: self._gl.http_post("/runners/verify", post_data=body, **_NO_RETRY))
+        try:
+            self._call("keep the stand-by runner online",
+                       lambda: self._gl.http_post("/runners/verify", post_data=body, **_NO_RETRY))
+        except _Forbidden:  # the runner's own token, not the user's rights (lib/api/ci/runner.rb)
+            raise PermanentError(f"GitLab at {self.where} refused the stand-by runner's own token (403): "
+                                 "the runner was deleted or its token reset") from None
 
     def token_info(self) -> TokenInfo | None:
         """The token's scopes and expiry (`GET /personal_access_tokens/self`, which any
@@ -279,7 +285,7 @@ class PythonGitLab:
         """The token's user (`GET /user`)."""
         user = self._call("read the signed-in user", lambda: self._gl.http_get("/user", **_NO_RETRY))
         if not isinstance(user, dict):
-            raise TemporaryError(f"GitLab at {self.url} answered /user with no user", delay=DEFAULT_RETRY_S)
+            raise TemporaryError(f"GitLab at {self.where} answered /user with no user", delay=DEFAULT_RETRY_S)
         return TokenUser(int(user["id"]), str(user["username"]), bool(user.get("is_admin")))
 
     def group_access_level(self, group: str, user_id: int) -> int:
@@ -305,7 +311,7 @@ class PythonGitLab:
             return func()
         except gitlab.exceptions.GitlabAuthenticationError as exc:
             raise PermanentError(
-                f"GitLab at {self.url} rejected the token (401{_why_refused(exc)}) while trying to {what}",
+                f"GitLab at {self.where} rejected the token (401{_why_refused(exc)}) while trying to {what}",
                 hint="check the token ($RUNNERCTL_GITLAB_TOKEN or --token-file): a personal, group or "
                 f"project access token with the {REQUIRED_SCOPE} scope",
             ) from None
@@ -313,14 +319,14 @@ class PythonGitLab:
             raise self._http_error(what, exc) from None
         except requests.exceptions.Timeout:
             self.requests_by_status["unanswered"] += 1
-            raise TemporaryError(f"GitLab at {self.url} did not answer in time while trying "
+            raise TemporaryError(f"GitLab at {self.where} did not answer in time while trying "
                                  f"to {what}", delay=DEFAULT_RETRY_S) from None
         except requests.exceptions.RequestException as exc:
             self.requests_by_status["unanswered"] += 1
             reason = type(exc).__name__
             raise TemporaryError(
-                f"cannot reach GitLab at {self.url} ({reason}) while trying to {what}",
-                delay=DEFAULT_RETRY_S, hint="check --gitlab-url and the network",
+                f"cannot reach GitLab at {self.where} ({reason}) while trying to {what}",
+                delay=DEFAULT_RETRY_S, hint="check the GitLab URL and the network",
             ) from None
 
     def _http_error(self, what: str, exc: gitlab.exceptions.GitlabError) -> Exception:
@@ -335,8 +341,8 @@ class PythonGitLab:
         if code == 403:
             accepted = _insufficient_scope(exc.response_body)
             if accepted is not None:
-                return InsufficientScope(self.url, what, accepted)
-            return PermanentError(detail, hint="the token's user lacks permission: it needs Owner "
+                return InsufficientScope(self.where, what, accepted)
+            return _Forbidden(detail, hint="the token's user lacks permission: it needs Owner "
                                   "on the group (group runners), Maintainer on the project "
                                   "(project runners) or to be an administrator (instance runners)")
         if code == 429 or code is None or code >= 500:
@@ -347,6 +353,10 @@ class PythonGitLab:
 
 class _NotFound(NotFoundError):
     """404: the runner or project does not exist (or is not visible to the token)."""
+
+
+class _Forbidden(PermanentError):
+    """403 without `insufficient_scope`: the token's user may not do this."""
 
 
 class _BadRequest(PermanentError):

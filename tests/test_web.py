@@ -291,3 +291,16 @@ def test_head_of_private_data_needs_a_session(world: World, tmp_path: Path) -> N
     client = _client(world, tmp_path, WebSettings(public_read=False))
     assert client.head("/api/host").status_code == 401
     assert client.head("/healthz").status_code in (200, 503)
+
+
+def test_a_failed_sign_in_logs_a_name_no_account_has_as_such(world: World, tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """The typed name was logged as typed: people put their password in the name field
+    (found by a review as an SRE reading the logs)."""
+    client = _client(world, tmp_path)
+    with caplog.at_level(logging.WARNING):
+        assert _sign_in(client, "Tr0ub4dor&3-mypassword", "x")[0] == 401
+        assert _sign_in(client, "olga", "wrong")[0] == 401
+    said = [r.getMessage() for r in caplog.records if "failed sign-in" in r.getMessage()]
+    assert said == ["failed sign-in for a name no account has from testclient",
+                    "failed sign-in for 'olga' from testclient"]

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -36,6 +38,8 @@ from runnerctl.errors import RunnerctlError
 from runnerctl.logline import one_line
 
 log = logging.getLogger(__name__)
+REFUSAL_LOG_S = 600.0
+"""A refused webhook is logged once per client and reason in this long."""
 GZIP_MIN_BYTES = 4096
 """Answers at least this large are gzipped for a client that accepts it."""
 
@@ -45,8 +49,11 @@ def create_app(view: Callable[[], ControllerView],
                metrics: Callable[[], tuple[bytes, str]] | None = None, *,
                extend: Sequence[Callable[[FastAPI], None]] = (),
                health: Callable[[], tuple[bool, dict[str, Any]]] | None = None,
-               max_body_bytes: int = 1024 * 1024) -> FastAPI:
+               max_body_bytes: int = 1024 * 1024,
+               webhook_refusal: Callable[[str | None], str] | None = None) -> FastAPI:
+    """`webhook_refusal(token)`: why a refused webhook was refused, for the log."""
     app = FastAPI(title="runnerctl", docs_url=None, redoc_url=None)
+    refusals_logged: dict[tuple[str, str], float] = {}  # (client, why) -> when last logged
     app.add_exception_handler(RequestValidationError, _invalid)
     app.exception_handler(RunnerctlError)(refused)
     if metrics is not None:
@@ -76,11 +83,19 @@ def create_app(view: Callable[[], ControllerView],
     async def gitlab_webhook(request: Request,
                              x_gitlab_token: str | None = Header(default=None)) -> Response:
         try:
-            accepted = webhook(x_gitlab_token, _JsonBody(await request.body()))
+            payload = _JsonBody(await request.body())
+            accepted = webhook(x_gitlab_token, payload)
         except _BadBody as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
         if not accepted:
-            log.warning("webhook refused: missing or wrong X-Gitlab-Token")
+            why = (webhook_refusal(x_gitlab_token) if webhook_refusal is not None else "") \
+                or "missing or wrong X-Gitlab-Token"
+            client = request.client.host if request.client else "?"
+            now = time.monotonic()
+            if now - refusals_logged.get((client, why), -math.inf) >= REFUSAL_LOG_S:  # not a line per job
+                refusals_logged[(client, why)] = now
+                log.warning("webhook from %s refused: %s (its body is not read; logged again after "
+                            "%.0f min if it goes on)", client, why, REFUSAL_LOG_S / 60)
             return JSONResponse({"error": "invalid X-Gitlab-Token"}, status_code=401)
         return JSONResponse({"ok": True})
 

@@ -151,6 +151,7 @@ class DemandTracker:
         self._discover_s = discover_s
         self._discover_at = float("inf") if self.override or not self._runner_ids else clock()
         self._discovered = self._discover_at == float("inf")  # the projects are known
+        self._said_no_runner = False  # "none of this host's runners is in GitLab", logged once
         self._named: set[int] = set()  # projects webhooks told of (kept across discoveries)
         self._jobs: dict[int, PendingJob] = {}
         self._outcomes: dict[int, str] = {}  # job id -> final status from a webhook (job history)
@@ -246,9 +247,14 @@ class DemandTracker:
             if reach is not None:
                 break
         if reach is None:
-            log.warning("none of this host's runners is in GitLab; demand is polled only in the "
-                        "projects webhooks name (run `runnerctl init`)")
+            if not self._said_no_runner:  # once while it lasts, not at every retry (a minute)
+                log.warning("none of this host's runners is in GitLab; demand is polled only in the "
+                            "projects webhooks name (run `runnerctl init`)")
+            self._said_no_runner = True
             return
+        if self._said_no_runner:
+            log.warning("this host's runners are in GitLab again")
+        self._said_no_runner = False
         served: list[int] = list(reach.project_ids)
         if reach.runner_type == "group_type":
             served = []
@@ -309,6 +315,16 @@ class DemandTracker:
         with self._lock:
             found, self._outcomes = self._outcomes, {}
         return found
+
+    def refusal(self, token: str | None) -> str:
+        """Why `webhook` refuses a request with this token ("" when it would not)."""
+        if not self.secret:
+            return "serve has no webhook secret (--webhook-secret or RUNNERCTL_WEBHOOK_SECRET)"
+        if not token:
+            return "no X-Gitlab-Token (the webhook's secret token in GitLab)"
+        if not hmac.compare_digest(token.encode(), self.secret.encode()):
+            return "a wrong X-Gitlab-Token (the webhook's secret token in GitLab differs from serve's)"
+        return ""
 
     def webhook(self, token: str | None, payload: Mapping[str, Any]) -> bool:
         """Apply one job event; False (and nothing changes) when the token is wrong."""

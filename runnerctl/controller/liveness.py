@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from runnerctl.errors import first_line
+from runnerctl.errors import RunnerctlError, first_line
 
 log = logging.getLogger(__name__)
 STALE_INTERVALS = 3
@@ -101,8 +101,9 @@ class Liveness:
             log.debug("tick %d failed again: %s", tick, self.last_error)
             return
         self._logged.add(kind)
+        known = isinstance(exc, RunnerctlError)  # a store busy or away says all in its line
         log.error("tick %d failed, retrying in %.1f s (logged once until a tick works): %s", tick,
-                  self.backoff_s(), self.last_error, exc_info=exc)
+                  self.backoff_s(), self.last_error, exc_info=None if known else exc)
 
     def backoff_s(self, every_s: float | None = None) -> float:
         """Wait before the next tick: the interval (or `every_s`), doubled per failed tick

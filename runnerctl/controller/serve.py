@@ -28,7 +28,7 @@ from runnerctl.controller.app import create_app
 from runnerctl.controller.header_timeout import HEADER_TIMEOUT_S, HeaderTimeoutProtocol
 from runnerctl.controller.loop import Controller, Wiring
 from runnerctl.controller.observe import LeaseJobs
-from runnerctl.controller.store import Store
+from runnerctl.controller.store import Event, Store
 from runnerctl.errors import ConfigError
 from runnerctl.gitlab import PythonGitLab
 from runnerctl.gpus import open_gpu_source
@@ -37,6 +37,20 @@ from runnerctl.settings import Settings, WebSettings
 from runnerctl.standby import load as load_standby
 
 log = logging.getLogger(__name__)
+
+
+NOTABLE_EVENTS = frozenset({"gate-close", "free", "reopen"})
+"""Events an admin should see at the default log level (and any `*-failed` one)."""
+
+
+def log_event(event: Event) -> None:
+    """The activity log's events in serve's own log too (journald): a GPU closed for
+    foreign use, a job's GPUs freed, a pause that failed at WARNING, every other decision
+    (pause, resume, drain, reserve, gate-open, ...) at INFO (`runnerctl -v serve`). They
+    were only in the store (found by a review as an SRE reading the logs)."""
+    notable = event.kind in NOTABLE_EVENTS or event.kind.endswith("-failed")
+    level = logging.WARNING if notable else logging.INFO
+    log.log(level, "%s %s: %s", event.kind, event.subject, event.detail)
 
 
 def production_controller(settings: Settings, *, gitlab_url: str, token: str, gpu_source: str,
@@ -53,7 +67,7 @@ def production_controller(settings: Settings, *, gitlab_url: str, token: str, gp
     wiring = Wiring(host=settings.host.name, gpus=gpus,
                     gitlab=PythonGitLab(gitlab_url, token), runner_ids=runner_ids, store=store, jobs=jobs,
                     clock=time.time, is_ci=jobs.is_ci, webhook_secret=webhook_secret, standby=standby,
-                    check_clock=True, check_token=True, monotonic=time.monotonic)
+                    check_clock=True, check_token=True, monotonic=time.monotonic, on_event=log_event)
     controller = Controller(wiring, settings.controller)
     if standby is None:  # a host set up before init made one: logged, and on /healthz while it lasts
         controller.liveness.notice("standby", f"no stand-by runner beside {runner_config}: GitLab drops "
@@ -190,6 +204,7 @@ def serve(controller: Controller, listen: str, *,
     host, port = parse_listen(listen)
     web = web or WebSettings()
     app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend,
+                     webhook_refusal=controller.demand.refusal,
                      health=controller.liveness.report, max_body_bytes=web.max_body_bytes)
     server = uvicorn.Server(http_config(app, host, port, web, "warning"))
     terminated: list[int] = []
@@ -258,6 +273,7 @@ def serve_in_background(controller: Controller, listen: str, metrics: Metrics | 
     host, port = parse_listen(listen)
     web = web or WebSettings()
     app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend,
+                     webhook_refusal=controller.demand.refusal,
                      health=controller.liveness.report, max_body_bytes=web.max_body_bytes)
     server = uvicorn.Server(http_config(app, host, port, web, "error"))
     thread = threading.Thread(target=server.run, name="web", daemon=True)

@@ -42,6 +42,7 @@ class RunnerctlCollector(Collector):
         self.source = source
         self.parts = dict(parts)
         self.liveness = liveness
+        self._failing: set[str] = set()  # collectors failing now: logged once until they work
 
     def collect(self) -> Iterator[Metric]:
         stats = self.source()
@@ -61,9 +62,15 @@ class RunnerctlCollector(Collector):
                 try:
                     found = list(part(stats))
                 except (ArithmeticError, AttributeError, LookupError, TypeError, ValueError):
-                    log.exception("collector %s failed; its metrics are left out of this scrape", name)
+                    if name not in self._failing:  # once while it fails, not at every scrape
+                        log.exception("collector %s failed; its metrics are left out of every scrape while "
+                                      "it fails (runnerctl_exporter_scrape_success), logged once", name)
+                    self._failing.add(name)
                     ok = False
                 else:
+                    if name in self._failing:
+                        log.warning("collector %s works again", name)
+                    self._failing.discard(name)
                     yield from found
             success.add_metric([host, name], 1.0 if ok else 0.0)
             duration.add_metric([host, name], time.perf_counter() - started)

@@ -161,8 +161,9 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
             raise
         finally:
             limiter.hashing.release()
-        if who is None:
-            log.warning("failed sign-in for %r from %s", body.name, client)
+        if who is None:  # a name no account has may be a password typed in the wrong field: not logged
+            named = repr(body.name) if store.user(body.name) is not None else "a name no account has"
+            log.warning("failed sign-in for %s from %s", named, client)
             raise HTTPException(401, "wrong name or password")
         limiter.succeeded(client, body.name)
         sessions.sign_in(request.session, who)
