@@ -177,6 +177,16 @@ def _holds_password(url: str) -> bool:
     return any(key.strip().lower() == "password" for key in keys)
 
 
+FAILURE_REASONS = frozenset({
+    "always", "unknown_failure", "script_failure", "api_failure", "stuck_or_timeout_failure",
+    "runner_system_failure", "runner_unsupported", "stale_schedule", "job_execution_timeout",
+    "archived_failure", "unmet_prerequisites", "scheduler_failure", "data_integrity_failure",
+    "stuck_pending_with_matching_runners", "stuck_pending_no_matching_runners", "no_updates_running",
+    "no_updates_canceling", "server_timeout_running", "server_timeout_canceling",
+    "runner_configuration_error", "runner_external_dependency_failure", "runner_interrupted"})
+"""What `retry:when` may name (lib/gitlab/ci/config/entry/retry.rb: `always` and the job
+failure reasons of app/models/concerns/enums/ci/commit_status.rb; the last eight only on a
+GitLab that split `stuck_or_timeout_failure` and `runner_system_failure`, gitlab issue 602133)."""
 KEYWORDS = ("after_script", "before_script", "cache", "default", "image", "include", "services", "stages",
             "types", "variables", "workflow")
 """Top-level keys GitLab reads as keywords, not jobs (lib/gitlab/ci/config/entry/root.rb); a
@@ -202,6 +212,15 @@ def _check_shape(name: str, value: Any) -> None:
                               f"{MAX_JOB_NAME}")
     if name == "artifacts" and value == []:
         raise ConfigError("input 'artifacts' needs at least one path (GitLab refuses an empty list)")
+    if name == "retry_when" and isinstance(value, list):
+        unknown = [v for v in value if v not in FAILURE_REASONS]
+        if not value:
+            raise ConfigError("input 'retry_when' needs at least one failure reason (GitLab refuses "
+                              "an empty list)")
+        if unknown:
+            raise ConfigError(f"input 'retry_when' {unknown[0]!r} is not a GitLab failure reason",
+                              hint="for example runner_system_failure, scheduler_failure, api_failure, "
+                                   "stuck_or_timeout_failure; docs/experiments.md, Retries")
 
 
 def _check(name: str, value: Any, spec: dict[str, Any]) -> None:
@@ -210,10 +229,6 @@ def _check(name: str, value: Any, spec: dict[str, Any]) -> None:
         raise ConfigError("input 'storage' holds a password, which would be committed with the pipeline: "
                           "put the URL into a masked CI/CD variable and pass its name "
                           "(-i storage='$OPTUNA_URL')")
-    options = spec.get("options")
-    if options is not None and value not in options:
-        raise ConfigError(f"input {name!r} must be one of {', '.join(map(str, options))}, "
-                          f"not {value!r}")
     regex = spec.get("regex")
     if regex is not None and not re.search(regex, str(value)):
         raise ConfigError(f"input {name!r} does not match {regex}: {value!r}")
@@ -227,6 +242,10 @@ def _check(name: str, value: Any, spec: dict[str, Any]) -> None:
                           f"no runner would take the job", hint="ask for a power of two (only a "
                           f"whole host of {value} usable GPUs has a gpus:{value} runner; write that "
                           f"job's tag by hand)")
+    options = spec.get("options")  # after the GPU checks: their words say more
+    if options is not None and value not in options:
+        raise ConfigError(f"input {name!r} must be one of {', '.join(map(str, options))}, "
+                          f"not {value!r}")
     if spec.get("type") == "array" and not all(isinstance(i, str) and i for i in value):
         raise ConfigError(f"input {name!r} must be an array of non-empty strings")
     if isinstance(value, str) and "\x00" in value:

@@ -95,19 +95,28 @@ def test_gpu_job_settings() -> None:
     job = yaml.safe_load(render("gpu-job", {"command": "x", "timeout": "2h 30m"}))["gpu-job"]
     assert job["timeout"] == "2h 30m"
     assert job["retry"]["when"][0] == "runner_system_failure"
-    # a job GitLab dropped while it waited for a runner is retried (drop_pending_service.rb)...
-    assert {"stuck_or_timeout_failure", "stuck_pending_no_matching_runners"} <= set(job["retry"]["when"])
-    assert "job_execution_timeout" not in job["retry"]["when"]  # ...one that ran out of time is not
+    assert "job_execution_timeout" not in job["retry"]["when"]  # one that ran out of time is not retried
 
 
-def test_hpc_batch_job_retries_a_job_dropped_while_pending_not_one_dropped_while_running() -> None:
-    """It retried no stuck job at all, against docs/experiments.md's Retries (found by a
-    review reading the docs); stuck_or_timeout_failure also ends a running job whose runner
-    went quiet for an hour (drop_running_service.rb), node hours not to spend again."""
-    job = yaml.safe_load(render("hpc-batch-job", {"command": "x"}))["hpc-batch-job"]
-    assert "stuck_pending_no_matching_runners" in job["retry"]["when"]
-    assert not {"stuck_or_timeout_failure", "job_execution_timeout"} & set(job["retry"]["when"])
-    assert job["artifacts"] == {"when": "always", "paths": ["logs/"], "expire_in": "30 days"}
+@pytest.mark.parametrize(("name", "jobs"), [("gpu-job", ["gpu-job"]), ("hpc-batch-job", ["hpc-batch-job"]),
+                                            ("optuna-sweep", ["optuna-create-study", "optuna-worker"])])
+def test_retries_name_only_reasons_every_gitlab_knows_unless_told(name: str, jobs: list[str]) -> None:
+    """They named stuck_pending_no_matching_runners, which a GitLab from before the split of
+    stuck_or_timeout_failure does not know: lib/gitlab/ci/config/entry/retry.rb then refuses
+    the pipeline, and an included component cannot be edited (found by a review as a GitLab
+    CI expert). stuck_or_timeout_failure is known everywhere, and a GitLab that split it
+    takes it as every reason it was split into (commit_status.rb failure_reason_aliases)."""
+    every_gitlab = {"runner_system_failure", "scheduler_failure", "api_failure", "stuck_or_timeout_failure"}
+    pipeline = yaml.safe_load(render(name, MINIMAL[name]))
+    for job in jobs:
+        assert set(pipeline[job]["retry"]["when"]) == every_gitlab
+    split = ["runner_system_failure", "runner_interrupted", "stuck_pending_no_matching_runners"]
+    chosen = yaml.safe_load(render(name, {**MINIMAL[name], "retry_when": json.dumps(split)}))
+    assert all(chosen[job]["retry"]["when"] == split for job in jobs)
+    with pytest.raises(ConfigError, match="'stuck' is not a GitLab failure reason"):
+        render(name, {**MINIMAL[name], "retry_when": '["stuck"]'})
+    with pytest.raises(ConfigError, match="needs at least one failure reason"):
+        render(name, {**MINIMAL[name], "retry_when": "[]"})
 
 
 def test_sweep_structure() -> None:
@@ -238,3 +247,16 @@ def test_the_schema_check_catches_a_broken_pipeline(tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump(pipeline))
     with pytest.raises(AssertionError, match="parallel"):
         _check_jsonschema(bad)
+
+
+@pytest.mark.parametrize(("name", "key"), [("gpu-job", "gpus"), ("hpc-batch-job", "gpus_per_node"),
+                                           ("optuna-sweep", "gpus_per_worker")])
+def test_gitlab_itself_refuses_a_gpu_count_no_runner_has(name: str, key: str) -> None:
+    """GitLab checks a number input only for being a number (number_input.rb): `gpus: 3`
+    in an include made a job no runner takes, dropped after an hour and retried twice,
+    three hours to fail (found by a review as a GitLab CI expert). `options` makes GitLab
+    refuse it at include time, as `render` does."""
+    path = Path(__file__).resolve().parents[1] / "templates" / f"{name}.yml"
+    spec = next(yaml.safe_load_all(path.read_text()))["spec"]["inputs"][key]
+    assert spec["type"] == "number" and spec["options"] == [1, 2, 4, 8, 16, 32, 64]
+    assert spec["default"] in spec["options"]
