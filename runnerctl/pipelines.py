@@ -223,6 +223,13 @@ def _check_shape(name: str, value: Any) -> None:
                                    "stuck_or_timeout_failure; docs/experiments.md, Retries")
 
 
+def _matches(regex: str, value: str) -> bool:
+    """As GitLab matches an input's `regex` (RE2, string_input.rb): there `$` is the end of
+    the text, where Python's also matches before a last newline (`lr\n` passed ^[a-z_]*$)."""
+    found = re.search(regex, value)
+    return found is not None and not (regex.endswith("$") and found.end() != len(value))
+
+
 def _check(name: str, value: Any, spec: dict[str, Any]) -> None:
     _check_shape(name, value)
     if name == "storage" and isinstance(value, str) and _holds_password(value):
@@ -230,7 +237,7 @@ def _check(name: str, value: Any, spec: dict[str, Any]) -> None:
                           "put the URL into a masked CI/CD variable and pass its name "
                           "(-i storage='$OPTUNA_URL')")
     regex = spec.get("regex")
-    if regex is not None and not re.search(regex, str(value)):
+    if regex is not None and not _matches(regex, str(value)):
         raise ConfigError(f"input {name!r} does not match {regex}: {value!r}")
     if name in LIMITS:
         low, high = LIMITS[name]

@@ -186,6 +186,7 @@ def test_python_cache_keys_on_the_lock_file_and_skips_pip_when_it_matches() -> N
     ("gpu-job", {"gpus": "nan"}, "'gpus' must be a whole number"),
     ("gpu-job", {"priority": "urgent"}, "'priority' must be one of high, normal, low"),
     ("gpu-job", {"timeout": "forever"}, "'timeout' does not match"),
+    ("optuna-sweep", {"study_name": "lr\n"}, "'study_name' does not match"),  # RE2's $: the end of the text
     ("optuna-sweep", {"storage": "journal+postgresql://u:s3cret@db.lab/u"}, "'storage' holds a password"),
     ("gpu-job", {"job_name": "stages"}, "'job_name' 'stages' is a GitLab CI keyword"),
     ("gpu-job", {"job_name": "workflow"}, "'job_name' 'workflow' is a GitLab CI keyword"),
