@@ -86,7 +86,8 @@ def prepare(ctx: StageContext, driver: Driver) -> None:
     try:
         replaced = leases.acquire(ctx.args.gpus, template, wait_s=wait_s)
     except LeaseBusy as exc:
-        raise SystemFailure(f"GPUs {_gpus(ctx)} are leased to another job: {exc}") from None
+        held = "are held" if any(h.problem for h in exc.holders) else "are leased to another job"
+        raise SystemFailure(f"GPUs {_gpus(ctx)} {held}: {exc}") from None  # no job holds an unreadable lease
     ctx = dataclasses.replace(ctx, lease=dataclasses.replace(template, gpu=ctx.args.gpus[0]))
     reap(replaced, ctx.settings)  # what a dead job, or this job's earlier attempt, left
     foreign = wait_until_free(ctx.gpu_source(), ctx.args.gpus, leases.all,

@@ -310,6 +310,7 @@ def test_a_lease_with_a_string_owner_pid_fails_prepare_in_one_line(host: Path) -
     assert result.code == SYSTEM_FAILURE
     assert "GPU 6 has an unreadable lease (owner_pid is '1234')" in result.output, result.output
     assert "Traceback" not in result.output and path.exists()
+    assert "GPUs 6 are held: GPU 6" in result.output  # not "leased to another job": none holds it
 
 
 def test_a_lease_that_cannot_note_the_job_leaves_the_job_watched(
