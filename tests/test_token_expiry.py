@@ -23,6 +23,7 @@ from runnerctl.controller.token_expiry import CHECK_S, WARN_DAYS
 from runnerctl.errors import PermanentError
 from runnerctl.exporter import build_registry
 from runnerctl.gitlab import PythonGitLab
+from runnerctl.sim.gitlab_server import Fault
 from runnerctl.sim.world import TOKEN, World, build_world
 from tests.sim_gitlab import running_sim
 
@@ -134,3 +135,17 @@ def test_a_token_made_without_an_expiry_gets_365_days() -> None:
         assert made["expires_at"] == (today + datetime.timedelta(days=365)).isoformat()
         bad = httpx.post(base, headers=headers, json={"name": "ci", "scopes": ["api"], "expires_at": "soon"})
         assert bad.status_code == 400 and bad.json() == {"error": "expires_at is invalid"}
+
+
+def test_a_failed_read_of_the_expiry_is_tried_again_at_once_not_hours_later(tmp_path: Path) -> None:
+    """The check was marked done before GitLab answered: a 500 at serve's first tick left
+    the expiry unread for six hours."""
+    world = _world(tmp_path, "2026-11-25")
+    world.server.faults.append(Fault("GET", r"/personal_access_tokens/self", "500", count=1))
+    try:
+        world.advance(60.0, step=5.0)
+        asked = [r.status for r in world.server.requests if r.path.endswith("/personal_access_tokens/self")]
+        assert asked == [500, 200], asked
+        assert "expires on 2026-11-25" in world.controller.liveness.report()[1]["notices"]["token"]
+    finally:
+        world.close()

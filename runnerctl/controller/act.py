@@ -118,7 +118,7 @@ def apply(decisions: Sequence[Decision], *, gitlab: GitLabPort, cache: RunnerCac
         on_action(done[-1])
         if not done[-1].ok:
             return done  # its runner must not open without it
-    maybe_open = [d.slot for d in decisions if d.slot.name in cache.gone and cache.may_be_open(d.slot.name)]
+    maybe_open = [d.slot for d in decisions if cache.may_be_open(d.slot.name)]
     for decision in resumes:
         if any(set(decision.slot.gpus) & set(slot.gpus) for slot in maybe_open):
             continue  # S1: a runner over one of its GPUs may still be open in GitLab

@@ -40,12 +40,13 @@ class TokenExpiry:
         return due(now, self.checked + self.check_s, self.check_s)
 
     def read(self, gitlab: GitLabPort, now: float) -> None:
-        """Ask GitLab; a GitLabError propagates (the read fails like any other GitLab read)."""
-        self.checked = now
+        """Ask GitLab; a GitLabError propagates (the read fails like any other GitLab read)
+        and the next tick that talks to GitLab asks again, not `check_s` later."""
         info = gitlab.token_info()
         day = None if info is None else info.expires_on
         self.expires_at = None if day is None else datetime.datetime.combine(
             day, datetime.time(), tzinfo=datetime.UTC).timestamp()
+        self.checked = now
 
     def notice(self, now: float) -> str:
         """What to tell an admin now; "" while the day is further than `warn_days`."""
