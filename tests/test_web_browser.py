@@ -69,6 +69,15 @@ def _busy_page(page: Page) -> None:
     expect(page.locator('#slots tr[data-key="gpu0-3"]')).to_contain_text("1000")
 
 
+def _operator_page(browser: Browser, serve: Serve) -> Page:
+    """The busy page, signed in as the operator olga."""
+    page = browser.new_page()
+    page.goto(serve.url)
+    _busy_page(page)
+    _sign_in(page, "olga")
+    return page
+
+
 def test_anonymous_and_viewer_see_the_host_but_cannot_toggle(state_dir: Path, browser: Browser) -> None:
     serve = _serve(state_dir)
     try:
@@ -94,10 +103,7 @@ def test_anonymous_and_viewer_see_the_host_but_cannot_toggle(state_dir: Path, br
 def test_operator_drains_a_gpu_and_it_survives_a_restart(state_dir: Path, browser: Browser) -> None:
     serve = _serve(state_dir)
     try:
-        page = browser.new_page()
-        page.goto(serve.url)
-        _busy_page(page)
-        _sign_in(page, "olga")
+        page = _operator_page(browser, serve)
         no_csrf = page.request.post(f"{serve.url}/api/toggles",
                                     data={"action": "drain", "target": "gpu:6", "reason": "no token"})
         assert no_csrf.status == 403
@@ -151,10 +157,7 @@ def test_the_page_keeps_focus_and_says_when_the_session_or_the_controller_is_gon
     came back, in the colour of success; a resume could not be sent without a reason."""
     serve = _serve(state_dir)
     try:
-        page = browser.new_page()
-        page.goto(serve.url)
-        _busy_page(page)
-        _sign_in(page, "olga")
+        page = _operator_page(browser, serve)
         expect(page.locator("#signout")).to_be_focused()  # not lost with the hidden form
         drain6 = page.get_by_role("button", name="drain GPU 6")  # a name a screen reader tells apart
         drain6.focus()
@@ -189,3 +192,28 @@ def test_the_page_keeps_focus_and_says_when_the_session_or_the_controller_is_gon
         expect(message).to_have_text("", timeout=60_000)  # the next good poll clears it
     finally:
         again.stop()
+
+
+def test_times_show_their_offset_and_the_since_filter_reads_local_time(state_dir: Path,
+                                                                       browser: Browser) -> None:
+    """The table showed "11/29/2026, 3:42:09 PM" with no zone while the filter read what
+    was typed as UTC: copying a start time from the page filtered nine hours off in Tokyo
+    (found by a review as a lab member using the page)."""
+    serve = _serve(state_dir)
+    context = browser.new_context(timezone_id="Asia/Tokyo")
+    try:
+        page = context.new_page()
+        page.goto(serve.url)
+        started = page.locator("#history tbody tr td").first
+        expect(started).to_contain_text("+09:00", timeout=60_000)
+        page.fill("#history-since", "2026-07-01T09:30")  # a summer day: Tokyo has no summer time
+        with page.expect_request(lambda r: "/api/history?" in r.url and "since=" in r.url) as sent:
+            page.click("#history-apply")
+        assert "since=2026-07-01T09%3A30%2B09%3A00" in sent.value.url, sent.value.url
+        page.fill("#history-since", "2026-07-01")
+        with page.expect_request(lambda r: "since=2026-07-01T00" in r.url) as sent:
+            page.click("#history-apply")  # (a poll may still send the filter before)
+        assert "since=2026-07-01T00%3A00%2B09%3A00" in sent.value.url, sent.value.url
+    finally:
+        context.close()
+        serve.stop()

@@ -93,6 +93,8 @@ def create_app(view: Callable[[], ControllerView],
             client = request.client.host if request.client else "?"
             now = time.monotonic()
             if now - refusals_logged.get((client, why), -math.inf) >= REFUSAL_LOG_S:  # not a line per job
+                if len(refusals_logged) >= 1024:  # many clients: memory stays bounded, lines a few more
+                    refusals_logged.clear()
                 refusals_logged[(client, why)] = now
                 log.warning("webhook from %s refused: %s (its body is not read; logged again after "
                             "%.0f min if it goes on)", client, why, REFUSAL_LOG_S / 60)

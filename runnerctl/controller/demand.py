@@ -328,7 +328,7 @@ class DemandTracker:
 
     def webhook(self, token: str | None, payload: Mapping[str, Any]) -> bool:
         """Apply one job event; False (and nothing changes) when the token is wrong."""
-        if not self.secret or not hmac.compare_digest((token or "").encode(), self.secret.encode()):
+        if self.refusal(token):
             return False
         with self._lock:
             wake = self._event(payload)

@@ -54,17 +54,17 @@ function say(text, error) {
   box.className = error ? "error" : "";
 }
 
-function when(seconds) {
-  // local time with its offset, as the history filter takes it (YYYY-MM-DD HH:MM:SS +HH:MM)
-  const d = new Date(seconds * 1000), pad = (n) => String(n).padStart(2, "0");
-  const offset = -d.getTimezoneOffset(), sign = offset < 0 ? "-" : "+", abs = Math.abs(offset);
-  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:` +
-         `${pad(d.getMinutes())}:${pad(d.getSeconds())} ${sign}${pad(Math.floor(abs / 60))}:${pad(abs % 60)}`;
+function offsetOf(d) {
+  // the date's UTC offset as +HH:MM, as the history filter takes it
+  const offset = -d.getTimezoneOffset(), abs = Math.abs(offset), pad = (n) => String(n).padStart(2, "0");
+  return `${offset < 0 ? "-" : "+"}${pad(Math.floor(abs / 60))}:${pad(abs % 60)}`;
 }
 
-function localOffset() {
-  const offset = -new Date().getTimezoneOffset(), abs = Math.abs(offset);
-  return `${offset < 0 ? "-" : "+"}${String(Math.floor(abs / 60)).padStart(2, "0")}:${String(abs % 60).padStart(2, "0")}`;
+function when(seconds) {
+  // local time with its offset (YYYY-MM-DD HH:MM:SS +HH:MM)
+  const d = new Date(seconds * 1000), pad = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:` +
+         `${pad(d.getMinutes())}:${pad(d.getSeconds())} ${offsetOf(d)}`;
 }
 
 async function loadSession() {
@@ -233,8 +233,10 @@ function filterHistory() {
   for (const name of ["user", "project", "host", "since"]) {
     let value = document.getElementById(`history-${name}`).value.trim();
     // a date or time as typed is this browser's local time, as the table shows it
-    if (name === "since" && /^\d{4}-\d{2}-\d{2}$/.test(value)) value += `T00:00${localOffset()}`;
-    else if (name === "since" && /^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2})?$/.test(value)) value += localOffset();
+    if (name === "since" && /^\d{4}-\d{2}-\d{2}$/.test(value)) value += "T00:00";
+    if (name === "since" && /^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2})?$/.test(value)) {
+      value += offsetOf(new Date(value.replace(" ", "T")));  // that day's offset (summer time)
+    }
     if (value) params.set(name, value);
   }
   historyQuery = params.toString();
