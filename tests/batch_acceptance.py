@@ -98,7 +98,9 @@ def sigterm_cancels_and_lease_holds_the_gpus(host: Path, cluster: Cluster) -> No
     job = FakeJob(id=902)
     h, driver, name = start_sleeper(host, cluster, job, (2, 3))
     table = LeaseTable(host / "state")
-    wait_until("the GPU set in the lease", lambda: bool(table.held_by("902")[0].batch_gpus))
+    # update writes one lease file per GPU: wait until both name the set, not only the first
+    wait_until("the GPU set in both leases",
+               lambda: [bool(x.batch_gpus) for x in table.held_by("902")] == [True, True])
     leases = table.held_by("902")
     got = leases[0].batch_gpus or ""
     assert len(got.split(",")) == 2 and {x.batch_gpus for x in leases} == {got}
