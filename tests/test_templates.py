@@ -138,6 +138,24 @@ def test_sweep_structure() -> None:
     assert report["artifacts"]["paths"] == ["optuna-report/"]
 
 
+def test_two_sweeps_in_one_pipeline_keep_their_own_jobs() -> None:
+    """GitLab deep-merges the included files by job name (lib/gitlab/ci/config/external/
+    processor.rb merge_external_files!, deep_merge!), so a second sweep with the same job
+    names replaced the first one's study, trial count and command; job_prefix keeps them
+    apart."""
+    first = yaml.safe_load(render("optuna-sweep", {**MINIMAL["optuna-sweep"], "study_name": "lr"}))
+    second = yaml.safe_load(render("optuna-sweep", {**MINIMAL["optuna-sweep"], "study_name": "depth",
+                                                    "job_prefix": "depth"}))
+    merged = {**first, **second}
+    assert merged[".optuna-sweep-env"]["variables"]["OPTUNA_STUDY_NAME"] == "lr"
+    assert merged[".depth-sweep-env"]["variables"]["OPTUNA_STUDY_NAME"] == "depth"
+    for job in ("create-study", "worker", "report"):
+        assert merged[f"optuna-{job}"]["extends"] == ".optuna-sweep-env"
+        assert merged[f"depth-{job}"]["extends"] == ".depth-sweep-env"
+    with pytest.raises(ConfigError, match="job_prefix"):
+        render("optuna-sweep", {**MINIMAL["optuna-sweep"], "job_prefix": ".hidden"})
+
+
 def test_storage_defaults_to_the_hosts_shared_postgres() -> None:
     pipeline = yaml.safe_load(render("optuna-sweep", MINIMAL["optuna-sweep"]))
     assert pipeline[".optuna-sweep-env"]["variables"]["OPTUNA_STORAGE"] == "$RUNNERCTL_OPTUNA_STORAGE"
