@@ -32,12 +32,14 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import docker.auth
 import docker.errors
 import psutil
 from docker.types import DeviceRequest
 
+from runnerctl.executors import registry_auth
 from runnerctl.executors.contract import GRACEFUL_KILL_TIMEOUT_S, USER_SCRIPT_STAGES
-from runnerctl.executors.driver import StageContext, SystemFailure, remove_tree
+from runnerctl.executors.driver import Job, StageContext, SystemFailure, remove_tree
 from runnerctl.executors.lease import LEASE_ENV, Lease, LeaseTable, job_processes
 from runnerctl.executors.shell import ShellDriver
 from runnerctl.executors.stop import on_stop
@@ -74,7 +76,10 @@ class DockerDriver:
         self._host.prepare(ctx)
         client = _client()
         image = ctx.job.image or ctx.settings.executor.docker_image
-        _ensure_image(client, image)
+        if ctx.job.services:  # gitlab-runner's docker executor would start them; this driver cannot
+            print(f"runnerctl: WARNING: this job's services ({', '.join(ctx.job.services)}) are not "
+                  f"started: runnerctl's docker driver runs only the job's image", flush=True)
+        _ensure_image(client, image, ctx.job, always=ctx.settings.executor.docker_pull_policy == "always")
         uuids = ctx.gpu_uuids()
         builds = str(Path(ctx.settings.builds_dir).resolve() / slot_key(ctx.args.slot))
         Path(builds).mkdir(mode=0o700, exist_ok=True)
@@ -215,18 +220,39 @@ def _client() -> docker.DockerClient:
     return client
 
 
-def _ensure_image(client: docker.DockerClient, image: str) -> None:
+def _ensure_image(client: docker.DockerClient, image: str, job: Job, *, always: bool) -> None:
+    """Pull `image` unless it is here (`docker_pull_policy = "if-not-present"`) or always,
+    with the credentials gitlab-runner's docker executor would use (`registry_auth`)."""
+    if not always:
+        try:
+            client.images.get(image)
+            return
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.DockerException as exc:
+            raise SystemFailure(f"cannot inspect image {image}: {exc}") from None
+    found, notes = registry_auth.for_image(image, variable=job.docker_auth_config, home=_home_auth,
+                                           payload=job.registry_credentials)
+    for note in notes:  # gitlab-runner too goes on without a source it cannot read
+        print(f"runnerctl: WARNING: {note}; pulling without those credentials", flush=True)
+    if found is not None:
+        print(f"runnerctl: pulling {image} with credentials from {found.source} ({found.path})", flush=True)
     try:
-        client.images.get(image)
-        return
-    except docker.errors.ImageNotFound:
-        pass
+        client.images.pull(image, auth_config=found.auth_config() if found else None)
     except docker.errors.DockerException as exc:
-        raise SystemFailure(f"cannot inspect image {image}: {exc}") from None
+        hint = "" if found else (f" (no credentials for {registry_auth.image_path(image)}: give the job a "
+                                 f"DOCKER_AUTH_CONFIG variable, docs/executors.md)")
+        raise SystemFailure(f"cannot pull image {image}: {exc}{hint}") from None
+
+
+def _home_auth(host: str) -> dict[str, Any] | None:
+    """The stage user's own Docker config for `host` (its credential helpers asked)."""
     try:
-        client.images.pull(image)
-    except docker.errors.DockerException as exc:
-        raise SystemFailure(f"cannot pull image {image}: {exc}") from None
+        found = docker.auth.resolve_authconfig(docker.auth.load_config(), host)
+    except (docker.errors.DockerException, OSError, ValueError) as exc:
+        print(f"runnerctl: WARNING: cannot read this user's Docker config ({exc})", flush=True)
+        return None
+    return dict(found) if found else None
 
 
 def _scripts_root(settings: Settings) -> Path:

@@ -26,6 +26,7 @@ from runnerctl.executors.contract import (
     DriverArgs,
 )
 from runnerctl.executors.lease import Lease
+from runnerctl.executors.registry_auth import RegistryCredential
 from runnerctl.gpus import GpuSource, open_gpu_source
 from runnerctl.settings import Settings
 
@@ -71,6 +72,12 @@ class Job:
     `runner_info.timeout`, which is also what gitlab-runner exports as CI_JOB_TIMEOUT
     (gitlab-org/gitlab-runner common/build.go; common/build_test.go checks the two agree)."""
     name: str = ""  # CI_JOB_NAME: the job's key in .gitlab-ci.yml (the run-time history's key)
+    docker_auth_config: str = dataclasses.field(default="", repr=False)
+    """The job's DOCKER_AUTH_CONFIG variable (registry passwords: never in a repr)."""
+    registry_credentials: tuple[RegistryCredential, ...] = dataclasses.field(default=(), repr=False)
+    """The payload's `credentials` (GitLab's registry with the job token)."""
+    services: tuple[str, ...] = ()
+    """The images of the job's `services:` (the docker driver starts none)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Job:
@@ -95,7 +102,24 @@ class Job:
         return cls(id=job_id, pipeline_id=pick("CI_PIPELINE_ID"), project=pick("CI_PROJECT_PATH"),
                    user=pick("GITLAB_USER_LOGIN"), image=image or pick("CI_JOB_IMAGE") or None,
                    url=pick("CI_JOB_URL"), timeout_s=_timeout(data, pick("CI_JOB_TIMEOUT")),
-                   name=pick("CI_JOB_NAME"))
+                   name=pick("CI_JOB_NAME"), docker_auth_config=pick("DOCKER_AUTH_CONFIG"),
+                   registry_credentials=_credentials(data), services=_services(data))
+
+
+def _credentials(data: Mapping[str, Any]) -> tuple[RegistryCredential, ...]:
+    """The payload's `credentials` (lib/api/entities/ci/job_request/credentials.rb: type,
+    url, username, password), the malformed left out."""
+    found = []
+    for entry in data.get("credentials") or ():
+        fields = ("type", "url", "username")
+        if isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in fields):
+            found.append(RegistryCredential(entry["type"], entry["url"], entry["username"],
+                                            str(entry.get("password") or "")))
+    return tuple(found)
+
+
+def _services(data: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(str(s["name"]) for s in data.get("services") or () if isinstance(s, dict) and s.get("name"))
 
 
 def _timeout(data: Mapping[str, Any], variable: str) -> int | None:

@@ -60,6 +60,8 @@ class PathSettings:
 
 DRIVERS = ("shell", "docker", "slurm", "sge", "pbs", "pjm")
 """The drivers behind the custom executor (executors/), `[executor] driver`."""
+PULL_POLICIES = ("if-not-present", "always")
+"""`[executor] docker_pull_policy` (gitlab-runner's names)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +73,10 @@ class ExecutorSettings:
     """How long prepare waits for foreign processes to leave its GPUs before failing."""
     docker_image: str = "ubuntu:24.04"
     """Image for jobs that name none (docker executor and driver)."""
+    docker_pull_policy: str = "if-not-present"
+    """When the docker driver pulls a job's image: if-not-present (an image on the host is
+    used as it is) or always (asks the registry each job: a new `:latest` is seen, and a
+    private image is pulled with this job's own credentials, not reused from another's)."""
     docker_shm_mib: int = 8192
     """The docker driver's /dev/shm size per job container (MiB; memory only as used):
     Docker's own 64 MiB fails a PyTorch DataLoader with worker processes."""
@@ -385,6 +391,9 @@ def _check_more(cls: type[Any], values: dict[str, Any]) -> str:
         return problem
     if cls is ExecutorSettings and values.get("driver", "docker") not in DRIVERS:
         return f"driver must be one of {', '.join(DRIVERS)}, not {values['driver']!r}"
+    if cls is ExecutorSettings and values.get("docker_pull_policy", PULL_POLICIES[0]) not in PULL_POLICIES:
+        return (f"docker_pull_policy must be one of {', '.join(PULL_POLICIES)}, "
+                f"not {values['docker_pull_policy']!r}")
     if cls is PathSettings and "state_dir" in values and not Path(values["state_dir"]).is_absolute():
         return f"state_dir must be an absolute path, not {values['state_dir']!r}"
     if cls is WebSettings:

@@ -57,6 +57,10 @@ class FakeJob:
     after_script: list[str] = dataclasses.field(default_factory=lambda: ["echo after_script ran"])
     cache_paths: list[str] = dataclasses.field(default_factory=list)  # ["cache/"]: the cache stages run
     artifact_paths: list[str] = dataclasses.field(default_factory=list)  # ["out/"]: the upload stages run
+    services: list[str] = dataclasses.field(default_factory=list)
+    registry: str = "registry.gitlab.test:5050"
+    """Where GitLab's container registry is: the payload's credentials name it with the job
+    token (lib/gitlab/ci/build/credentials/registry/gitlab_registry.rb)."""
 
     def ci_variables(self) -> dict[str, str]:
         variables = {"CI_JOB_ID": str(self.id), "CI_PIPELINE_ID": str(self.pipeline_id),
@@ -83,7 +87,9 @@ class FakeJob:
                           for k, v in self.ci_variables().items()],
             "steps": steps,
             "image": {"name": self.image} if self.image else None,
-            "services": [],
+            "services": [{"name": name} for name in self.services],
+            "credentials": [{"type": "registry", "url": self.registry, "username": "gitlab-ci-token",
+                             "password": f"glcbt-job{self.id}"}],
             "cache": [{"key": "default", "paths": self.cache_paths, "policy": "pull-push",
                        "when": "always"}] if self.cache_paths else [],
             "artifacts": [{"name": "out", "paths": self.artifact_paths, "when": "always",

@@ -329,6 +329,17 @@ def test_unpullable_image_is_a_system_failure(engine: docker.DockerClient, host:
     assert LeaseTable(host / "state").all() == []  # given back at once
 
 
+def test_services_that_are_not_started_are_named_in_the_job_log(engine: docker.DockerClient,
+                                                                host: Path) -> None:
+    """gitlab-runner's docker executor starts a job's `services:`; this driver does not, and
+    the job went on as if it had (its script then failed to reach them, unexplained)."""
+    job = FakeJob(id=718, image=IMAGE, services=["postgres:16", "redis:7"])
+    results = _harness(host, (3,)).run_job(job, "echo ran")
+    assert results["build_script"].code == 0, results
+    warning = "WARNING: this job's services (postgres:16, redis:7) are not started"
+    assert warning in results["prepare"].output
+
+
 def test_stopped_engine_is_a_system_failure(host: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DOCKER_HOST", f"unix://{host / 'no-docker.sock'}")
     harness = _harness(host, (6,))

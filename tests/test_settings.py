@@ -92,6 +92,8 @@ def test_a_long_interval_without_a_claim_ttl_keeps_working(tmp_path: Path) -> No
         ("[controller]\nprojects = [true, -5]\n", "projects must be GitLab project ids"),
         ("[postgres]\nport = 999999\n", "port must be from 1 to 65535"),
         ("[executor]\ndriver = 'kubernetes'\n", "driver must be one of shell, docker, slurm"),
+        ("[executor]\ndocker_pull_policy = 'never'\n",
+         "docker_pull_policy must be one of if-not-present, always"),
         ("[paths]\nstate_dir = ''\n", "state_dir must be an absolute path, not ''"),
         ("[paths]\nstate_dir = 'relative/dir'\n", "state_dir must be an absolute path"),
         ("[web]\ntrusted_proxies = ['not-an-ip']\n", "trusted_proxies: 'not-an-ip' is no address or CIDR"),
