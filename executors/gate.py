@@ -94,6 +94,36 @@ def classify(snapshot: GpuSnapshot, leases: Iterable[Lease]) -> Mapping[int, Gpu
     return result
 
 
+@dataclasses.dataclass(frozen=True)
+class Unusable:
+    """A GPU of the slot no job may start on, whatever it waits for (found by a review as
+    an NVML expert: the gate saw no process on a lost GPU, or one whose processes NVML
+    cannot list, and let the job start; a missing index was a KeyError)."""
+
+    gpu: int
+    why: str
+
+    def describe(self) -> str:
+        return f"GPU {self.gpu} {self.why}"
+
+
+def unusable(snapshot: GpuSnapshot, gpus: Iterable[int]) -> list[Unusable]:
+    """The slot's GPUs that cannot be told free or cannot run a job: not on the host, lost,
+    in MIG mode (runnerctl gives such a GPU no slot), processes NVML cannot list."""
+    present = {gpu.index: gpu for gpu in snapshot.gpus}
+    found = []
+    for index in gpus:
+        gpu = present.get(index)
+        why = ("is not on this host (NVML lists GPUs " + ", ".join(map(str, sorted(present))) + ")"
+               if gpu is None else "fell off the bus (NVML: GPU is lost)" if gpu.lost
+               else "is in MIG mode (it has no slot; turn MIG off or re-run `runnerctl init`)"
+               if gpu.mig_enabled else "has processes NVML cannot list, so it cannot be told free"
+               if not gpu.processes_known else "")
+        if why:
+            found.append(Unusable(index, why))
+    return found
+
+
 def foreign_processes(snapshot: GpuSnapshot, gpus: Iterable[int],
                       leases: Iterable[Lease]) -> list[Foreign]:
     uses = classify(snapshot, leases)
@@ -103,11 +133,16 @@ def foreign_processes(snapshot: GpuSnapshot, gpus: Iterable[int],
 def wait_until_free(source: GpuSource, gpus: tuple[int, ...], leases: Callable[[], list[Lease]],
                     *, wait_s: float, poll_s: float = 2.0,
                     sleep: Callable[[float], None] = time.sleep,
-                    clock: Callable[[], float] = time.monotonic) -> list[Foreign]:
-    """[] once the GPUs hold no foreign process; the foreign ones when wait_s runs out."""
+                    clock: Callable[[], float] = time.monotonic) -> list[Foreign] | list[Unusable]:
+    """[] once the GPUs hold no foreign process; the foreign ones when wait_s runs out; at
+    once, the unusable ones (waiting would not change them)."""
     deadline = clock() + wait_s
     while True:
-        foreign = foreign_processes(source.snapshot(), gpus, leases())
+        snapshot = source.snapshot()
+        broken = unusable(snapshot, gpus)
+        if broken:
+            return broken
+        foreign = foreign_processes(snapshot, gpus, leases())
         if not foreign or clock() >= deadline:
             return foreign
         sleep(min(poll_s, max(deadline - clock(), 0.05)))

@@ -19,7 +19,7 @@ from pathlib import Path
 from runnerctl.errors import RunnerctlError
 from runnerctl.executors.contract import DRIVERS, ENV_BUILD_EXIT_CODE_FILE, STAGES, DriverArgs
 from runnerctl.executors.driver import Driver, Job, StageContext, SystemFailure, load_registry
-from runnerctl.executors.gate import wait_until_free
+from runnerctl.executors.gate import Unusable, wait_until_free
 from runnerctl.executors.lease import Lease, LeaseBusy, LeaseTable, new_nonce, process_started
 from runnerctl.executors.stop import STAGE_STOP
 from runnerctl.settings import Settings, load_settings
@@ -94,8 +94,9 @@ def prepare(ctx: StageContext, driver: Driver) -> None:
                               wait_s=max(deadline - time.monotonic(), 0.0))
     if foreign:
         leases.release(ctx.job.id)
-        raise SystemFailure("; ".join(f.describe() for f in foreign)
-                            + f" (waited {wait_s:.0f} s; no job runs on a GPU someone else uses)")
+        why = ("no job runs on a GPU that cannot be read or used" if isinstance(foreign[0], Unusable)
+               else f"waited {wait_s:.0f} s; no job runs on a GPU someone else uses")
+        raise SystemFailure("; ".join(f.describe() for f in foreign) + f" ({why})")
     try:
         driver.prepare(ctx)
     except BaseException:
@@ -111,6 +112,8 @@ def run(ctx: StageContext, driver: Driver, script: Path, stage: str) -> int:
     code = driver.run(dataclasses.replace(ctx, lease=held[0]), script, stage)
     if code == 0:
         return 0
+    if code < 0:  # Popen's -N: killed by signal N; GitLab shows the code as a shell reports it
+        code = 128 - code
     exit_file = ctx.env.get(ENV_BUILD_EXIT_CODE_FILE)
     if exit_file:
         Path(exit_file).write_text(f"{code}\n")

@@ -54,6 +54,9 @@ class Gpu:
     ecc_uncorrected_errors: int | None = None
     xid_errors: int | None = None
     lost: bool = False  # NVML reported the GPU as fallen off the bus
+    processes_known: bool = True
+    """False when NVML could not list the GPU's processes (not supported, no permission):
+    `processes` is then empty without meaning that no one uses the GPU."""
 
     @property
     def healthy(self) -> bool | None:

@@ -132,6 +132,20 @@ def test_gate_counts_xids_again_after_the_counter_restarts() -> None:
     assert state.closed and state.unhealthy and "1 Xid" in state.reason
 
 
+def test_a_gpu_whose_processes_nvml_cannot_list_stays_closed() -> None:
+    """With no process list the gate fell back on memory and utilization alone, which a
+    quiet foreign process passes (found by a review as an NVML expert)."""
+    from runnerctl.controller.gate import UNLISTED_REASON, GateState, GateThresholds, step
+    from runnerctl.model import Gpu
+
+    quiet = Gpu(0, "GPU-0", "sim", 80 << 30, 0, 0.0, processes_known=False)
+    limits = GateThresholds()
+    state = step(GateState(), quiet, now=0, is_ci=lambda i, p: False, owned=False, limits=limits)
+    assert state.closed and state.reason == UNLISTED_REASON
+    held = step(GateState(), quiet, now=0, is_ci=lambda i, p: False, owned=True, limits=limits)
+    assert not held.closed  # a CI lease holds it: its job runs there
+
+
 def test_admin_toggles_pause_drain_resume(world: World, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     job = world.submit(1, 100.0)

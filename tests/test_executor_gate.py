@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from runnerctl.executors.gate import classify, wait_until_free
 from runnerctl.executors.lease import LEASE_ENV, Lease, new_nonce
@@ -48,6 +49,24 @@ def test_process_group_of_the_lease_is_ci_but_not_older_processes(
     assert [p.pid for p in classify(snapshot, [_lease(0, pgid=group.pid)])[0].ci] == [child.pid]
     later = _lease(0, pgid=group.pid, created_at=time.time() + 60)  # a reused group id
     assert [p.pid for p in classify(snapshot, [later])[0].foreign] == [child.pid]
+
+
+@pytest.mark.parametrize(("entry", "gpu", "said"), [
+    ("{index: 1, lost: true}", 1, "GPU 1 fell off the bus"),
+    ("{index: 1, mig: true}", 1, "GPU 1 is in MIG mode"),
+    ("{index: 1, processes_known: false}", 1, "GPU 1 has processes NVML cannot list"),
+    ("{index: 1}", 2, "GPU 2 is not on this host (NVML lists GPUs 0, 1)")])
+def test_a_gpu_no_job_may_use_is_refused_at_once(tmp_path: Path, entry: str, gpu: int, said: str) -> None:
+    """The gate looked only at processes: a lost GPU, a MIG one, or one whose processes
+    NVML cannot list passed as free, and a GPU not on the host was a KeyError (found by a
+    review as an NVML expert). Waiting would change none of them."""
+    (tmp_path / "gpus.yaml").write_text(f"host: gpu-a\ngpus:\n  - {{index: 0}}\n  - {entry}\n")
+    source = open_gpu_source(f"sim:{tmp_path / 'gpus.yaml'}", host="gpu-a")
+    now = [0.0]
+    found = wait_until_free(source, (0, gpu), lambda: [], wait_s=600,
+                            sleep=lambda s: now.__setitem__(0, now[0] + s), clock=lambda: now[0])
+    assert len(found) == 1 and found[0].describe().startswith(said), found
+    assert now[0] == 0.0  # at once: no wait
 
 
 def test_gate_waits_then_names_gpu_pid_and_user(tmp_path: Path,

@@ -16,6 +16,11 @@ from runnerctl.gpus.nvml import read_snapshot
 from runnerctl.model import ProcessKind, TopologyLevel
 from tests.fakes.nvml import (
     DRIVER_NOT_LOADED,
+    GPU_IS_LOST,
+    LIB_RM_VERSION_MISMATCH,
+    NO_PERMISSION,
+    NOT_SUPPORTED,
+    UNKNOWN,
     FakeGpu,
     FakeNvmlState,
     FakeProcess,
@@ -98,6 +103,38 @@ def test_processes_with_host_pid_owner_and_memory(nobody_process: int) -> None:
     assert mine.used_memory_bytes is None and mine.kind == ProcessKind.GRAPHICS
 
 
+@pytest.mark.parametrize("error", [NOT_SUPPORTED, NO_PERMISSION])
+def test_a_process_list_nvml_cannot_give_is_unknown_not_empty(error: int,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """It was read as "no process" (and NO_PERMISSION failed the whole host): the gates then
+    saw a free GPU (found by a review as an NVML expert)."""
+    state = _state(process_list_error=error, memory_used=30 * GIB)
+    with installed(state), caplog.at_level(logging.WARNING, logger="runnerctl.gpus.nvml"):
+        first, second = read_snapshot("h").gpus
+    assert first.processes == () and first.processes_known is False
+    assert second.processes_known is True
+    assert any("NVML cannot list GPU 0's compute processes" in r.getMessage() for r in caplog.records)
+
+
+def test_a_driver_before_r510_lists_processes_with_the_v2_calls() -> None:
+    """pynvml's unversioned calls use only _v3 and raise NVMLLibraryMismatchError, no
+    NVMLError, where the driver lacks it (nvml.h: _v3 since NVML 11.6, driver R510)."""
+    state = _state(processes=[FakeProcess(pid=4242, used_memory=GIB)])
+    state.missing = {"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3"}
+    with installed(state) as library:
+        first = read_snapshot("h").gpus[0]
+    assert [p.pid for p in first.processes] == [4242] and first.processes_known
+    assert "nvmlDeviceGetComputeRunningProcesses_v2" in library.calls
+
+
+def test_a_library_and_driver_mismatch_says_to_reboot() -> None:
+    state = _state()
+    state.init_error = LIB_RM_VERSION_MISMATCH
+    with installed(state), pytest.raises(GpuError) as caught:
+        read_snapshot("h")
+    assert "driver upgrade without a reboot" in str(caught.value)
+
+
 def test_many_processes_use_the_two_call_protocol() -> None:
     state = _state(processes=[FakeProcess(pid=100000 + i, used_memory=i) for i in range(40)])
     with installed(state) as library:
@@ -108,11 +145,12 @@ def test_many_processes_use_the_two_call_protocol() -> None:
     assert library.calls.count("nvmlDeviceGetComputeRunningProcesses_v3") == 3
 
 
-def test_vanished_gpu_is_marked_lost_and_others_still_read() -> None:
+@pytest.mark.parametrize("error", [GPU_IS_LOST, UNKNOWN])
+def test_vanished_gpu_is_marked_lost_and_others_still_read(error: int) -> None:
     state = _state()
     with installed(state):
         assert not read_snapshot("h").gpus[1].lost
-        state.gpus[1].lost = True
+        state.gpus[1].lost, state.gpus[1].lost_error = True, error
         first, second = read_snapshot("h").gpus
     assert second.lost and second.healthy is False and second.utilization is None
     assert not first.lost and first.uuid == "GPU-0000"
@@ -164,6 +202,20 @@ def test_live_source_counts_hardware_xids_between_snapshots(caplog: pytest.LogCa
     messages = [r.getMessage() for r in caplog.records]
     assert any("Xid 79 (hardware" in m for m in messages)
     assert any("Xid 13 (application fault" in m for m in messages)
+
+
+def test_a_gpu_lost_while_watched_leaves_the_others_readable() -> None:
+    """The event wait answers GPU_IS_LOST once a watched GPU fell off the bus: that failed
+    every snapshot of the whole host (found by a review as an NVML expert)."""
+    state = _state()
+    with installed(state):
+        source = open_gpu_source("nvml", host="h", watch_xid=True)
+        source.snapshot()
+        state.gpus[1].lost = True
+        first, second = source.snapshot().gpus
+        again = source.snapshot()
+    assert second.lost and not first.lost and first.xid_errors == 0
+    assert [g.lost for g in again.gpus] == [False, True]
 
 
 def test_xid_events_unsupported_stay_unknown() -> None:

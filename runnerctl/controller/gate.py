@@ -25,6 +25,8 @@ from runnerctl.model import Gpu, GpuProcess
 
 MIB = 1024**2
 MIG_REASON = "MIG mode on: runnerctl leaves MIG GPUs alone (run runnerctl init again to retire its runners)"
+UNLISTED_REASON = ("NVML cannot list its processes (not supported or no permission): it cannot be told free, "
+                   "so it stays closed")
 IsCi = Callable[[int, GpuProcess], bool]
 
 
@@ -66,6 +68,8 @@ def step(state: GateState, gpu: Gpu, *, now: float, is_ci: IsCi, owned: bool,
                                    reason=sick or state.reason, last_dirty=now)
     if gpu.mig_enabled:
         return dataclasses.replace(state, closed=True, reason=MIG_REASON, last_dirty=now)
+    if not gpu.processes_known and not owned:  # no list: memory alone cannot say who uses it
+        return dataclasses.replace(state, closed=True, reason=UNLISTED_REASON, last_dirty=now)
     dirty = (f"unreadable lease ({lease_problem}): held until an admin removes the file"
              if lease_problem else
              _foreign_use(gpu, is_ci=is_ci, owned=owned, limits=limits, was_closed=state.closed))

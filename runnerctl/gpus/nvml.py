@@ -44,7 +44,16 @@ _HINTS = {
     "`nvidia-smi`, or use --gpu-source sim:N to simulate GPUs",
     pynvml.NVML_ERROR_NO_PERMISSION: "no permission to open the NVIDIA devices: run as a user "
     "that can read /dev/nvidia*",
+    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: "the NVIDIA library and kernel driver differ (a "
+    "driver upgrade without a reboot): reboot, or reload the nvidia kernel modules",
 }
+_PROCESS_LISTS = {kind: (f"nvmlDeviceGet{kind.title()}RunningProcesses_v3",
+                         f"nvmlDeviceGet{kind.title()}RunningProcesses_v2") for kind in ProcessKind}
+"""The versioned calls, newest first: pynvml's unversioned ones call only _v3 and raise
+NVMLLibraryMismatchError (no NVMLError) on a driver before R510, which has only _v2."""
+_UNLISTED: tuple[type[Exception], ...] = (*_UNKNOWN_ERRORS, pynvml.NVMLError_NoPermission)
+"""A process list NVML cannot give: the GPU's use is unknown (nvml.h lists NOT_SUPPORTED and
+NO_PERMISSION for these calls)."""
 _NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE for unsigned long long
 # Double-bit ECC (48), micro-controller faults (61, 62), row remapping (63, 64), NVLink
 # (74), fallen off the bus (79), uncontained ECC (95), GSP errors (119, 120),
@@ -58,6 +67,7 @@ class NvmlSession:
 
     def __init__(self) -> None:
         self._missing_logged: set[str] = set()
+        self._unlisted_logged: set[tuple[int, ProcessKind]] = set()
         self._events: Any | None = None  # the Xid event set, once created
         self._xid_watched: dict[int, int] = {}  # device handle address -> GPU index
         self._xid_counts: dict[int, int] = {}  # GPU index -> hardware Xids seen
@@ -125,6 +135,8 @@ class NvmlSession:
                 data = pynvml.nvmlEventSetWait_v2(self._events, 0)
             except pynvml.NVMLError_Timeout:
                 return
+            except pynvml.NVMLError_GpuIsLost:  # a watched GPU fell off the bus: its own read says so,
+                return  # and the other GPUs stay readable (it failed every tick of the whole host)
             index = self._xid_watched.get(_address(data.device))
             if index is None or not data.eventType & pynvml.nvmlEventTypeXidCriticalError:
                 continue
@@ -145,8 +157,14 @@ class NvmlSession:
         for index in range(count):
             try:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                handles[index] = handle
+            except (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_Unknown):
+                # a GPU off the bus is counted but its handle is "Unknown Error" (as nvidia-smi
+                # shows it, NVIDIA/open-gpu-kernel-modules#387): lost, the others still read
+                gpus.append(_lost_gpu(index))
+                continue
+            try:
                 gpus.append(self._read_gpu(index, handle))
+                handles[index] = handle
             except pynvml.NVMLError_GpuIsLost:
                 gpus.append(_lost_gpu(index))
         if watch_xid:
@@ -175,12 +193,9 @@ class NvmlSession:
             pynvml.NVML_VOLATILE_ECC,
         )
         pci = self.query(pynvml.nvmlDeviceGetPciInfo, handle)
-        processes = [
-            *self._processes(pynvml.nvmlDeviceGetComputeRunningProcesses, handle, ProcessKind.COMPUTE),
-            *self._processes(
-                pynvml.nvmlDeviceGetGraphicsRunningProcesses, handle, ProcessKind.GRAPHICS
-            ),
-        ]
+        compute, compute_known = self._processes(index, handle, ProcessKind.COMPUTE)
+        graphics, graphics_known = self._processes(index, handle, ProcessKind.GRAPHICS)
+        processes = [*compute, *graphics]
         return Gpu(
             index=index,
             uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
@@ -192,10 +207,27 @@ class NvmlSession:
             pci_bus_id=_text(pci.busId) if pci is not None else None,
             mig_enabled=bool(mig[0]) if mig is not None else None,
             ecc_uncorrected_errors=int(ecc) if ecc is not None else None,
+            processes_known=compute_known and graphics_known,
         )
 
-    def _processes(self, func: Callable[..., Any], handle: Any, kind: ProcessKind) -> list[GpuProcess]:
-        found = self.query(func, handle) or []
+    def _processes(self, index: int, handle: Any, kind: ProcessKind) -> tuple[list[GpuProcess], bool]:
+        """The GPU's processes of one kind, and whether NVML could list them at all."""
+        found, problem = None, "this driver has neither call for it"
+        for name in _PROCESS_LISTS[kind]:
+            try:
+                found = getattr(pynvml, name)(handle)
+                break
+            except pynvml.NVMLError_FunctionNotFound:
+                continue  # an older driver: the older call
+            except _UNLISTED as exc:
+                problem = str(exc)
+                break
+        if found is None:
+            if (index, kind) not in self._unlisted_logged:  # it keeps the GPU closed: say so, once
+                self._unlisted_logged.add((index, kind))
+                log.warning("NVML cannot list GPU %d's %s processes (%s): it is treated as in use",
+                            index, kind.value, problem)
+            return [], False
         result = []
         for proc in found:
             used = getattr(proc, "usedGpuMemory", None)
@@ -209,7 +241,7 @@ class NvmlSession:
                     command=command,
                 )
             )
-        return result
+        return result, True
 
     def _topology(self, handles: dict[int, Any]) -> dict[tuple[int, int], TopologyLevel]:
         levels: dict[tuple[int, int], TopologyLevel] = {}

@@ -14,7 +14,8 @@ a YAML file that is read again for every snapshot, so a test or a person can add
 
 A GPU mapping may set `index` (0-63, each once; default: its position), `uuid`, `name`,
 `memory_total`, `memory_used`, `utilization` (0-1 or null for unknown), `mig`,
-`ecc_uncorrected`, `xid`, `lost`, `processes`. A process without `user` is looked up
+`ecc_uncorrected`, `xid`, `lost`, `processes`, `processes_known` (false: NVML cannot list
+them, as on a driver that answers NOT_SUPPORTED). A process without `user` is looked up
 like a real one (its owner, if the pid exists). Any other key, or a value out of its
 range, is an error naming the entry and the field (`gpus[2].utilization`).
 """
@@ -129,7 +130,7 @@ class _Invalid(ValueError):
 
 _FILE_KEYS = ("host", "gpus", "processes", "topology")
 _GPU_KEYS = ("index", "uuid", "name", "memory_total", "memory_used", "utilization", "mig",
-             "ecc_uncorrected", "xid", "lost", "processes")
+             "ecc_uncorrected", "xid", "lost", "processes", "processes_known")
 _PROCESS_KEYS = ("gpu", "pid", "user", "memory", "command", "kind")  # gpu: in the file's list
 MAX_PID = 2**31 - 1
 MAX_COUNT = 2**63 - 1  # NVML's error counters are unsigned long long
@@ -196,6 +197,7 @@ def _gpu(host: str, where: str, pos: int, entry: dict[str, Any]) -> Gpu:
                                       default=base.ecc_uncorrected_errors),
         xid_errors=_whole(entry, "xid", where, 0, MAX_COUNT, default=base.xid_errors),
         lost=bool(_flag(entry, "lost", where, False)),
+        processes_known=bool(_flag(entry, "processes_known", where, True)),
     )
 
 

@@ -30,8 +30,9 @@ from typing import Any
 
 import pynvml
 
-SUCCESS, UNINITIALIZED, INVALID_ARGUMENT, NOT_SUPPORTED = 0, 1, 2, 3
-INSUFFICIENT_SIZE, DRIVER_NOT_LOADED, TIMEOUT, GPU_IS_LOST = 7, 9, 10, 15
+SUCCESS, UNINITIALIZED, INVALID_ARGUMENT, NOT_SUPPORTED, NO_PERMISSION = 0, 1, 2, 3, 4
+INSUFFICIENT_SIZE, DRIVER_NOT_LOADED, TIMEOUT, GPU_IS_LOST, LIB_RM_VERSION_MISMATCH = 7, 9, 10, 15, 18
+UNKNOWN = 999
 XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
 _EVENT_SET_BASE = 0x9000
 NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF
@@ -57,8 +58,16 @@ class FakeGpu:
     ecc_uncorrected: int | None = 0  # None: NOT_SUPPORTED
     bus_id: str = "00000000:01:00.0"
     lost: bool = False
+    lost_error: int = GPU_IS_LOST
+    """What the handle lookup answers for a lost GPU: GPU_IS_LOST, or UNKNOWN (999), which
+    nvidia-smi shows for a GPU off the bus ("Unable to determine the device handle ...:
+    Unknown Error", NVIDIA/open-gpu-kernel-modules#387)."""
     events_supported: bool = True  # False: RegisterEvents says NOT_SUPPORTED
     processes: list[FakeProcess] = dataclasses.field(default_factory=list)
+    process_list_error: int = SUCCESS
+    """What both process-list calls answer instead of the list: nvml.h lists NOT_SUPPORTED
+    and NO_PERMISSION for nvmlDeviceGetComputeRunningProcesses (a vGPU guest, a driver
+    that cannot say, a MIG parent)."""
 
 
 @dataclasses.dataclass
@@ -80,8 +89,10 @@ class FakeNvmlState:
 
 
 _ERRORS = {UNINITIALIZED: b"Uninitialized", INVALID_ARGUMENT: b"Invalid Argument",
-           NOT_SUPPORTED: b"Not Supported", INSUFFICIENT_SIZE: b"Insufficient Size", TIMEOUT: b"Timeout",
-           DRIVER_NOT_LOADED: b"Driver Not Loaded", GPU_IS_LOST: b"GPU is lost"}
+           NOT_SUPPORTED: b"Not Supported", NO_PERMISSION: b"Insufficient Permissions",
+           INSUFFICIENT_SIZE: b"Insufficient Size", TIMEOUT: b"Timeout",
+           DRIVER_NOT_LOADED: b"Driver Not Loaded", GPU_IS_LOST: b"GPU is lost",
+           LIB_RM_VERSION_MISMATCH: b"RM has detected an NVML/RM version mismatch."}
 
 
 class FakeNvmlLibrary:
@@ -131,8 +142,12 @@ class FakeNvmlLibrary:
             "nvmlDeviceGetMigMode": ((h, p, p), self._device(self._mig)),
             "nvmlDeviceGetTotalEccErrors": ((h, c_uint, c_uint, p), self._device(self._ecc)),
             "nvmlDeviceGetPciInfo_v3": ((h, p), self._device(self._pci)),
+            # _v2 and _v3 take the same struct (pynvml: c_nvmlProcessInfo_v3_t is the v2 one);
+            # a driver before R510 has only _v2 (put the _v3 names into `missing`)
             "nvmlDeviceGetComputeRunningProcesses_v3": ((h, p, p), self._device(self._procs("compute"))),
             "nvmlDeviceGetGraphicsRunningProcesses_v3": ((h, p, p), self._device(self._procs("graphics"))),
+            "nvmlDeviceGetComputeRunningProcesses_v2": ((h, p, p), self._device(self._procs("compute"))),
+            "nvmlDeviceGetGraphicsRunningProcesses_v2": ((h, p, p), self._device(self._procs("graphics"))),
             "nvmlDeviceGetTopologyCommonAncestor": ((h, h, p), self._topology),
             "nvmlEventSetCreate": ((p,), self._event_set_create),
             "nvmlDeviceRegisterEvents": ((h, c_ulonglong, p), self._register_events),
@@ -162,7 +177,7 @@ class FakeNvmlLibrary:
         if index >= len(self.state.gpus):
             return INVALID_ARGUMENT
         if self.state.gpus[index].lost:
-            return GPU_IS_LOST
+            return self.state.gpus[index].lost_error
         c_void_p.from_address(out).value = _HANDLE_BASE + index
         return SUCCESS
 
@@ -212,6 +227,8 @@ class FakeNvmlLibrary:
 
     def _procs(self, kind: str) -> Callable[..., int]:
         def call(gpu: FakeGpu, count_ptr: int, buf: int | None) -> int:
+            if gpu.process_list_error != SUCCESS:
+                return gpu.process_list_error
             procs = [p for p in gpu.processes if p.kind == kind]
             count = c_uint.from_address(count_ptr)
             if count.value < len(procs) or (not buf and procs):
@@ -261,6 +278,8 @@ class FakeNvmlLibrary:
     def _event_wait(self, set_id: int | None, out: int, timeout_ms: int) -> int:
         if set_id not in self.state.event_sets:
             return INVALID_ARGUMENT
+        if any(self.state.gpus[g].lost for g in self.state.event_sets[set_id]):
+            return GPU_IS_LOST  # nvml.h lists it for nvmlEventSetWait_v2: a watched GPU fell off the bus
         pending = self.state.pending_events[set_id]
         if not pending:
             return TIMEOUT  # the fake never blocks: nothing can arrive while it waits
