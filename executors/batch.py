@@ -7,7 +7,7 @@ batch job each, the way Jacamar CI does it, plus what Jacamar leaves to its user
   nodes) and submitted through a wrapper that sends its output to a file there, records
   the GPU set the job got and the script's exit code. The job's `SCHEDULER_PARAMETERS`
   are filtered by the scheduler (its GPU, output and naming options dropped, each drop
-  logged); the job's `CI_JOB_TIMEOUT` becomes the batch job's time limit;
+  logged); the job's GitLab timeout (`runner_info.timeout`) becomes the batch job's time limit;
 - refuse at once what can never run (more GPUs than any node has): the scheduler's
   refusal (or its "can never run" verdict) ends the stage now as a build failure with the
   scheduler's message, instead of a job pending until GitLab's timeout;
@@ -224,8 +224,8 @@ class BatchDriver:
             env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
         return Request(label=label(lease), wrapper=paths.wrapper, log=paths.log, workdir=workdir,
                        gpus=len(ctx.args.gpus), nodes=nodes_requested(ctx.env),
-                       time_limit_s=time_limit(ctx.env, stage), options=kept, env=env, gpu_ids=ctx.args.gpus,
-                       runas=runas)
+                       time_limit_s=time_limit(ctx.env, ctx.job.timeout_s, stage), options=kept, env=env,
+                       gpu_ids=ctx.args.gpus, runas=runas)
 
     def _follow(self, job_id: str, paths: _Paths, record_gpus: Any) -> str | None:
         """Stream the output until the job ends; the scheduler's reason if it can never run."""
@@ -313,18 +313,22 @@ def label(lease: Lease) -> str:
     return f"runnerctl-{lease.job_id}-{lease.nonce}"
 
 
-def time_limit(env: dict[str, str] | Any, stage: str = "build_script") -> int | None:
+def time_limit(env: dict[str, str] | Any, job: int | None, stage: str = "build_script") -> int | None:
     """The stage's time limit in gitlab-runner, as the batch job's: the job's GitLab timeout
-    (CI_JOB_TIMEOUT, seconds), for `build_script` and `step_*` cut to the job's
+    (`job`: the payload's `runner_info.timeout`, `Job.timeout_s`; not the CI_JOB_TIMEOUT the
+    job sees, which a job's own variable of that name would replace: common/build.go puts
+    GetDefaultVariables before the job's), for `build_script` and `step_*` cut to the job's
     `RUNNER_SCRIPT_TIMEOUT` when set; for `after_script` its own 5 minutes
-    (`RUNNER_AFTER_SCRIPT_TIMEOUT` when set, never over the job's timeout): gitlab-runner
-    ends the stage then, so a longer limit would only keep the batch job waiting longer
-    for a slot."""
-    raw = str(env.get("CUSTOM_ENV_CI_JOB_TIMEOUT", "")).strip()
-    job = (int(raw) or None) if raw.isascii() and raw.isdigit() and len(raw) <= 10 else None  # fits an int
+    (`RUNNER_AFTER_SCRIPT_TIMEOUT` when set, never over the job's timeout). A stage timeout
+    longer than the job's is ignored (build.go getStageTimeoutContexts keeps the default).
+    gitlab-runner ends the stage then, so a longer limit would only keep the batch job
+    waiting longer for a slot."""
+    job = job if job is not None and job > 0 else None
     after = stage == "after_script"
     variable = "CUSTOM_ENV_RUNNER_AFTER_SCRIPT_TIMEOUT" if after else "CUSTOM_ENV_RUNNER_SCRIPT_TIMEOUT"
     own = parse_duration(str(env.get(variable, "")).strip())
+    if own is not None and job is not None and own > job:
+        own = None  # longer than the job's timeout: gitlab-runner keeps the default
     own = own or (AFTER_SCRIPT_TIMEOUT_S if after else None)  # 0 or malformed: ignored, as gitlab-runner does
     if own is None:
         return job

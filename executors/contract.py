@@ -30,6 +30,7 @@ CUSTOM_ENV_PREFIX = "CUSTOM_ENV_"
 RUN_STAGES = (
     "prepare_script",
     "get_sources",
+    "clear_worktree",  # before a second try of get_sources (common/build.go)
     "restore_cache",
     "download_artifacts",
     "build_script",  # also step_<name> stages

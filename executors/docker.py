@@ -310,9 +310,23 @@ def _refuse_planted_links(ctx: StageContext, stage: str) -> None:
     service install) in the slot's builds dir, which the job's container writes: a link
     the job put at its project dir or at `<project dir>.tmp` (where gitlab-runner writes
     file variables and its env file) would make them write wherever it points (found by
-    a review as a job trying to escape). Such a link fails the stage as a system failure."""
+    a review as a job trying to escape). Such a link fails the stage as a system failure.
+
+    The project dir is read from RUNNER_TEMP_PROJECT_DIR (`<project dir>.tmp`), which
+    gitlab-runner (15.5 on) puts after the job's variables (common/build.go
+    getBaseVariablesAfterJob), so its value is the runner's; CI_PROJECT_DIR comes before
+    them, and a job's own variable of that name replaced it and turned this check off.
+    A gitlab-runner without it: CI_PROJECT_DIR, unless the job set one itself."""
     slot = Path(ctx.settings.builds_dir) / slot_key(ctx.args.slot)
-    project = ctx.env.get("CUSTOM_ENV_CI_PROJECT_DIR", "")
+    temp = ctx.env.get("CUSTOM_ENV_RUNNER_TEMP_PROJECT_DIR", "")
+    if temp.endswith(".tmp"):
+        project = temp.removesuffix(".tmp")
+    elif "CI_PROJECT_DIR" in ctx.job.set_by_job:
+        raise SystemFailure(f"the job sets CI_PROJECT_DIR and this gitlab-runner does not say where the "
+                            f"project dir is (RUNNER_TEMP_PROJECT_DIR, gitlab-runner 15.5): {stage} does not "
+                            "run on the host")
+    else:
+        project = ctx.env.get("CUSTOM_ENV_CI_PROJECT_DIR", "")
     if not project:
         return
     for target in (Path(project), Path(project + ".tmp")):

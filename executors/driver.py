@@ -78,6 +78,9 @@ class Job:
     """The payload's `credentials` (GitLab's registry with the job token)."""
     services: tuple[str, ...] = ()
     """The images of the job's `services:` (the docker driver starts none)."""
+    set_by_job: frozenset[str] = frozenset()
+    """The names of the payload's variables: GitLab's and the job's, never gitlab-runner's
+    own (CI_PROJECT_DIR, CI_JOB_TIMEOUT, ...), so one of those here was set by the job."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Job:
@@ -103,7 +106,8 @@ class Job:
                    user=pick("GITLAB_USER_LOGIN"), image=image or pick("CI_JOB_IMAGE") or None,
                    url=pick("CI_JOB_URL"), timeout_s=_timeout(data, pick("CI_JOB_TIMEOUT")),
                    name=pick("CI_JOB_NAME"), docker_auth_config=pick("DOCKER_AUTH_CONFIG"),
-                   registry_credentials=_credentials(data), services=_services(data))
+                   registry_credentials=_credentials(data), services=_services(data),
+                   set_by_job=frozenset(k for k in variables if isinstance(k, str)))
 
 
 def _credentials(data: Mapping[str, Any]) -> tuple[RegistryCredential, ...]:

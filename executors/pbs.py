@@ -3,7 +3,7 @@
 On the batch contract of executors/batch.py, with OpenPBS's documented behaviour
 (openpbs/openpbs doc/man1/qsub.1B, qstat.1B, qdel.1B, qselect.1B, pbs_job_attributes.7B):
 - submit with `qsub -V -N <label> -j oe -o <log> -l select=<nodes>:ngpus=<N>`
-  (`-l walltime=H:MM:SS` from CI_JOB_TIMEOUT); qsub prints `<seq>.<server>`. `-V`
+  (`-l walltime=H:MM:SS` from the job's timeout); qsub prints `<seq>.<server>`. `-V`
   because PBS gives a job no environment of the submitter's otherwise;
 - PBS accepts a request no vnode can meet and leaves it queued with the comment "Can
   Never Run: ..." (src/scheduler/constant.h): the driver reads the comment while the job

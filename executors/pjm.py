@@ -3,7 +3,7 @@
 Fujitsu Technical Computing Suite's job manager (Fugaku, FX1000/FX700 sites), per its
 End-user's Guide (pjsub, pjstat, pjdel):
 - submit with `pjsub -X -N <label> -j -o <log> -L node=<nodes> -L gpu=<N>` (`-L
-  elapse=H:MM:SS` from CI_JOB_TIMEOUT; `-X` so the job inherits the driver's
+  elapse=H:MM:SS` from the job's timeout; `-X` so the job inherits the driver's
   environment); success prints `[INFO] PJM 0000 pjsub Job <id> submitted.`;
 - pjsub itself rejects a request beyond its resource group's limits (`[ERR.] PJM ...`):
   the stage fails at once with that line, a build failure;

@@ -4,7 +4,7 @@ Grid Engine (Son of Grid Engine / Debian's gridengine 8.1.9, `qsub(1)`, `qacct(1
 - submit with `qsub -terse -w e -N <label> -l gpu=N`: `-w e` makes qsub refuse at once
   ("no suitable queues") a request no queue can ever meet, such as more GPUs than the
   `gpu` consumable of any host; `-terse` prints the bare job id; `-V` passes the
-  driver's environment; `-l h_rt=<CI_JOB_TIMEOUT>` is the hard time limit;
+  driver's environment; `-l h_rt=<the job's timeout>` is the hard time limit;
 - Grid Engine counts the `gpu` consumable but hands out no device ids, so the driver
   picks them: the slot's GPUs, which its lease holds, become CUDA_VISIBLE_DEVICES (the
   site's runner slots describe the execution host's GPUs);

@@ -31,7 +31,7 @@ class Cluster:
     jobs: Callable[[str], list[str]]  # label -> ids of its pending or running batch jobs
     admin_delete: Callable[[str], None]  # what an administrator does to a job (scancel, qdel)
     limit_probe: str  # bash run inside the job that prints its time limit
-    limit_seen: str  # what limit_probe prints for a 120 s CI_JOB_TIMEOUT
+    limit_seen: str  # what limit_probe prints for a 120 s limit
     title: str  # as the driver names it in messages
     node_gpus: int = 8  # the most GPUs one node has
 
@@ -70,8 +70,8 @@ def start_sleeper(host: Path, cluster: Cluster, job: FakeJob, gpus: tuple[int, .
 
 def exit_code_is_a_build_failure(host: Path, cluster: Cluster) -> None:
     h = harness(host, cluster, (0,))
-    job = FakeJob(id=901, variables={"CI_JOB_TIMEOUT": "120"}, after_script=[cluster.limit_probe])
-    results = h.run_job(job, f'echo before; {cluster.limit_probe}; exit 3')
+    job = FakeJob(id=901, after_script=[cluster.limit_probe])
+    results = h.run_job(job, f'echo before; {cluster.limit_probe}; exit 3', timeout=120)
     build = results["build_script"]
     assert build.code == BUILD_FAILURE, build.output
     assert "before" in build.output and cluster.limit_seen in build.output, build.output
@@ -87,9 +87,9 @@ def stage_limits_are_gitlab_runners(host: Path, cluster: Cluster) -> None:
     RUNNER_AFTER_SCRIPT_TIMEOUT (5 minutes unset), not at the job's timeout: the batch
     jobs ask for those limits (2 minutes each here, under a 1-hour job timeout)."""
     h = harness(host, cluster, (0,))
-    limits = {"CI_JOB_TIMEOUT": "3600", "RUNNER_SCRIPT_TIMEOUT": "2m", "RUNNER_AFTER_SCRIPT_TIMEOUT": "1m60s"}
+    limits = {"RUNNER_SCRIPT_TIMEOUT": "2m", "RUNNER_AFTER_SCRIPT_TIMEOUT": "1m60s"}
     job = FakeJob(id=906, variables=limits, after_script=[cluster.limit_probe])
-    results = h.run_job(job, cluster.limit_probe)
+    results = h.run_job(job, cluster.limit_probe, timeout=3600)
     for stage in ("build_script", "after_script"):
         assert results[stage].code == 0 and cluster.limit_seen in results[stage].output, results[stage]
 
@@ -105,6 +105,9 @@ def sigterm_cancels_and_lease_holds_the_gpus(host: Path, cluster: Cluster) -> No
     got = leases[0].batch_gpus or ""
     assert len(got.split(",")) == 2 and {x.batch_gpus for x in leases} == {got}
     assert all(x.batch_job and x.batch_job.startswith(f"{cluster.driver}:") for x in leases)
+    # the wrapper records the GPU set before the script prints it: wait for the line itself
+    out_file = (host / "state" / "builds").resolve() / ".runnerctl" / "902-build_script.out"
+    wait_until("the job's cuda= line", lambda: out_file.exists() and "cuda=" in out_file.read_text())
     os.killpg(driver.pid, signal.SIGTERM)  # what gitlab-runner does on a cancel or timeout
     wait_until(f"{name} to be cancelled", lambda: not cluster.jobs(name))  # it sleeps 300 s
     out, _ = driver.communicate(timeout=WAIT_S)

@@ -180,14 +180,31 @@ class Harness:
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)
 
     def stage(self, stage: str, job: FakeJob, *extra: str, timeout: float = 60,
-              graceful: float = 5) -> StageResult:
+              graceful: float = 5, stop_once: Path | None = None) -> StageResult:
+        """One stage as gitlab-runner runs it; `stop_once`: stopped (SIGTERM to its group, as
+        at a timeout or cancel) as soon as that file exists, not after a fixed time that a
+        loaded machine may spend before the script is ready for it."""
         exe, argv = stage_command(stage, self.args)
         executor = self.executor(job)
         out: list[str] = []
         codes: list[int | None] = []
-        run_command(Ctx(timeout_s=timeout), [exe, *argv, *extra], env=executor.env(), cwd=executor.temp_dir,
-                    graceful_s=graceful, force_s=10, stdout=out.append, stderr=out.append,
-                    exit_code_file=executor.exit_code_file, on_exit=codes.append)
+        ctx = Ctx(timeout_s=timeout)
+        done = threading.Event()
+
+        def stop_when_there(marker: Path) -> None:
+            while not done.wait(0.05):
+                if marker.exists():
+                    ctx.cancel()
+                    return
+
+        if stop_once is not None:
+            threading.Thread(target=stop_when_there, args=(stop_once,), daemon=True).start()
+        try:
+            run_command(ctx, [exe, *argv, *extra], env=executor.env(), cwd=executor.temp_dir,
+                        graceful_s=graceful, force_s=10, stdout=out.append, stderr=out.append,
+                        exit_code_file=executor.exit_code_file, on_exit=codes.append)
+        finally:
+            done.set()
         return StageResult(-1 if codes[0] is None else codes[0], "".join(out))
 
     def script(self, job: FakeJob, stage: str, body: str) -> Path:

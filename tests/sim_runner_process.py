@@ -147,7 +147,8 @@ class RunnerProcess:
         argv = [sys.executable, "-m", "runnerctl", "sim", "runner", "--runner-config", str(config)]
         self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
@@ -158,7 +159,7 @@ class RunnerProcess:
     def stderr(self) -> str:
         return "".join(self.lines)
 
-    def wait_line(self, pattern: str, timeout_s: float = 30) -> str:
+    def wait_line(self, pattern: str, timeout_s: float = 120) -> str:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             found = [line for line in list(self.lines) if re.search(pattern, line)]
@@ -169,9 +170,12 @@ class RunnerProcess:
 
     def stop(self, signum: int, timeout_s: float = 60) -> int:
         self.proc.send_signal(signum)
-        return self.proc.wait(timeout=timeout_s)
+        code = self.proc.wait(timeout=timeout_s)
+        self._reader.join(30)  # its last lines are read before `stderr` is asked
+        return code
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        self._reader.join(30)

@@ -57,6 +57,7 @@ def _state_until(serve_url: str, done: Callable[[dict[str, Any]], bool], timeout
         try:
             state = httpx.get(f"{serve_url}/api/state", timeout=2).json()
         except httpx.HTTPError:  # not listening yet
+            time.sleep(0.2)
             continue
         if done(state):
             break

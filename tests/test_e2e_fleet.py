@@ -23,8 +23,10 @@ from tests.e2e_fleet import Host, LeaseWatch, SimGitLab, all_final, wait_for
 HOSTS = ("gpu-a", "gpu-b", "gpu-c")
 
 SIZES = (1, 2, 4, 8)
-HOLD_S = 12.0
-"""How long each host's pinned 1-GPU job runs: the multi-GPU jobs arrive meanwhile."""
+HOLD_S = 900.0
+"""How long each host's pinned 1-GPU job would run: it is cancelled once every 8-GPU job
+has a drain (with a fixed 12 s, a slow machine let a host go idle first, and an 8-GPU job
+started there without one)."""
 
 
 def test_three_hosts_started_together_share_the_work(
@@ -49,10 +51,16 @@ def test_three_hosts_started_together_share_the_work(
         wait_for("a leased GPU on every host", lambda: all(_leased(host) for host in hosts), timeout=120)
         jobs = {(project, gitlab.enqueue(project, [f"gpus:{n}"], duration_s=2, user=f"user{n}")): n
                 for project in projects for n in SIZES}
+        eights = [job for (_, job), n in jobs.items() if n == 8]
+        wait_for("a drain for every 8-GPU job", lambda: set(eights) <= set(_drains(store_url)), timeout=300,
+                 every=1.0)
+        for project, job in holders:
+            gitlab.request("POST", f"/api/v4/projects/{project}/jobs/{job}/cancel")
         jobs |= holders
         final = wait_for("every job to end", lambda: all_final(gitlab, jobs), timeout=420)
+    expected = {job: "canceled" if (project, job) in holders else "success" for project, job in jobs}
     bad = {job: (info["status"], info.get("failure_reason")) for job, info in final.items()
-           if info["status"] != "success"}
+           if info["status"] != expected[job]}
     assert not bad, (bad, "\n".join(h.logs() for h in hosts))
 
     held = leases.gpus_of_jobs()
@@ -64,7 +72,6 @@ def test_three_hosts_started_together_share_the_work(
     multi = {job: n for (_, job), n in jobs.items() if n > 1}
     assert drains and set(drains) <= set(multi), drains  # real drains, never for a 1-GPU job
     assert all(len(by) == 1 for by in drains.values()), drains  # never two hosts for one job
-    eights = [job for job, n in multi.items() if n == 8]
     assert all(job in drains for job in eights), (drains, eights)  # no host could start them idle
 
     fleet = wait_for("the fleet on gpu-a's page", lambda: hosts[0].get("/api/fleet"))

@@ -72,10 +72,11 @@ def test_a_job_asking_for_no_sane_number_of_nodes_is_told_so(raw: str) -> None:
     assert nodes_requested({"CUSTOM_ENV_RUNNERCTL_NODES": " 4 "}) == 4 and nodes_requested({}) == 1
 
 
-@pytest.mark.parametrize(("raw", "limit"), [("3600", 3600), ("", None), ("0", None), ("²", None),
-                                            ("9" * 5000, None), ("-5", None)])
-def test_the_time_limit_is_the_gitlab_timeout_when_it_is_one(raw: str, limit: int | None) -> None:
-    assert time_limit({"CUSTOM_ENV_CI_JOB_TIMEOUT": raw}) == limit
+def test_the_time_limit_is_the_payloads_timeout_not_the_jobs_variable() -> None:
+    """A job's own CI_JOB_TIMEOUT variable comes after gitlab-runner's in the stage's
+    environment and replaced it (found by a review as a gitlab-runner maintainer)."""
+    assert time_limit({"CUSTOM_ENV_CI_JOB_TIMEOUT": "5"}, 3600) == 3600
+    assert time_limit({}, None) is None and time_limit({}, 0) is None
 
 
 @pytest.mark.parametrize(("env", "stage", "limit"), [
@@ -89,6 +90,7 @@ def test_the_time_limit_is_the_gitlab_timeout_when_it_is_one(raw: str, limit: in
     ({"CI_JOB_TIMEOUT": "7200", "RUNNER_SCRIPT_TIMEOUT": "15m"}, "build_script", 900),
     ({"CI_JOB_TIMEOUT": "7200", "RUNNER_SCRIPT_TIMEOUT": "15m"}, "step_train", 900),
     ({"CI_JOB_TIMEOUT": "600", "RUNNER_SCRIPT_TIMEOUT": "2h"}, "build_script", 600),
+    ({"CI_JOB_TIMEOUT": "3600", "RUNNER_AFTER_SCRIPT_TIMEOUT": "2h"}, "after_script", 300),  # the default
     ({"RUNNER_SCRIPT_TIMEOUT": "90s"}, "build_script", 90),
     ({"CI_JOB_TIMEOUT": "7200", "RUNNER_SCRIPT_TIMEOUT": "-5m"}, "build_script", 7200),  # ignored
     ({"CI_JOB_TIMEOUT": "7200", "RUNNER_SCRIPT_TIMEOUT": "500ms"}, "build_script", 1),  # whole seconds
@@ -96,7 +98,9 @@ def test_the_time_limit_is_the_gitlab_timeout_when_it_is_one(raw: str, limit: in
 ])
 def test_each_stage_asks_for_the_limit_gitlab_runner_gives_it(env: dict[str, str], stage: str,
                                                               limit: int) -> None:
-    assert time_limit({f"CUSTOM_ENV_{k}": v for k, v in env.items()}, stage) == limit
+    env = dict(env)
+    job = int(env.pop("CI_JOB_TIMEOUT")) if "CI_JOB_TIMEOUT" in env else None
+    assert time_limit({f"CUSTOM_ENV_{k}": v for k, v in env.items()}, job, stage) == limit
 
 
 @pytest.mark.parametrize("scheduler", [slurm_parameters, sge_parameters, pbs_parameters, pjm_parameters])

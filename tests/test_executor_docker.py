@@ -139,13 +139,19 @@ def test_the_container_sees_its_slots_builds_and_nothing_else(engine: docker.Doc
     assert results["cleanup"].code == 0 and list(scripts.iterdir()) == []  # gone with the job
 
 
+@pytest.mark.parametrize("variables", [{}, {"CI_PROJECT_DIR": "/nowhere"}])
 def test_a_link_the_job_planted_is_never_followed_by_a_host_stage(engine: docker.DockerClient, host: Path,
-                                                                  tmp_path: Path) -> None:
+                                                                  tmp_path: Path,
+                                                                  variables: dict[str, str]) -> None:
     """The git, cache and artifact stages run on the host as root in the builds dir the
     container writes: a link at `<project dir>.tmp`, where gitlab-runner writes the file
     variables and its env file, made them write root-owned files wherever it pointed
     (found by a review as a job trying to escape). The stage fails instead, and the
-    container is frozen while host stages run, so the check cannot be raced."""
+    container is frozen while host stages run, so the check cannot be raced. A job's own
+    CI_PROJECT_DIR comes after gitlab-runner's in the stage's environment
+    (common/build.go GetAllVariables) and turned the check off: the project dir is read
+    from RUNNER_TEMP_PROJECT_DIR, which comes after the job's (found by a review as a
+    gitlab-runner maintainer)."""
     victim = tmp_path / "victim"
     victim.mkdir()
     written: set[str] = set()
@@ -158,9 +164,10 @@ def test_a_link_the_job_planted_is_never_followed_by_a_host_stage(engine: docker
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    body = f'rm -rf "$CI_PROJECT_DIR.tmp"; ln -s {victim} "$CI_PROJECT_DIR.tmp"'
+    body = f'p=$(pwd); rm -rf "$p.tmp"; ln -s {victim} "$p.tmp"'  # the script starts in the project dir
     try:
-        results = _harness(host, (3,)).run_job(FakeJob(id=712, image=IMAGE, cache_paths=["cache/"]), body)
+        job = FakeJob(id=712, image=IMAGE, cache_paths=["cache/"], variables=variables)
+        results = _harness(host, (3,)).run_job(job, body)
     finally:
         done.set()
         watcher.join(timeout=10)
@@ -250,8 +257,10 @@ def test_gitlab_timeout_stops_the_script_and_after_script_still_runs(
     harness = _harness(host, (1,))
     job = FakeJob(id=705, image=IMAGE)
     assert harness.stage("prepare", job).code == 0
-    script = harness.script(job, "build_script", f"{TERM_TRAP}; sleep 300 & wait")
-    result = harness.stage("run", job, str(script), "build_script", timeout=2, graceful=300)
+    ready = host / "state" / "builds" / "gpu1" / "trap-set"  # the slot's dir, the container's too
+    script = harness.script(job, "build_script", f"{TERM_TRAP}; touch {ready}; sleep 300 & wait")
+    result = harness.stage("run", job, str(script), "build_script", timeout=240, graceful=300,
+                           stop_once=ready)
     assert result.code == BUILD_FAILURE and "stopped by TERM" in result.output  # not gitlab-runner's SIGKILL
     after = harness.stage("run", job, str(harness.script(job, "after_script", "echo tidy")),
                           "after_script")
@@ -380,3 +389,32 @@ def test_a_pause_that_fails_on_a_running_container_refuses_the_host_stage(
     finally:
         for c in (running, ended):
             c.remove(force=True)
+
+
+def test_an_old_gitlab_runner_and_a_job_set_project_dir_refuse_the_host_stage(tmp_path: Path) -> None:
+    """Without RUNNER_TEMP_PROJECT_DIR (gitlab-runner before 15.5) the check reads
+    CI_PROJECT_DIR, which a job's own variable replaces: then it cannot tell where to look."""
+    from runnerctl.executors import docker as driver
+    from runnerctl.executors.contract import DriverArgs
+    from runnerctl.executors.driver import Job, StageContext, SystemFailure
+    from runnerctl.settings import PathSettings, Settings
+
+    settings = Settings(paths=PathSettings(state_dir=str(tmp_path / "state")))
+    slot = Path(settings.builds_dir) / "gpu0"
+    (slot / "p").mkdir(parents=True)
+    (slot / "p.tmp").symlink_to(tmp_path)
+
+    def ctx(env: dict[str, str], set_by_job: frozenset[str]) -> StageContext:
+        job = Job("7", "1", "g/p", "ann", None, set_by_job=set_by_job)
+        return StageContext(args=DriverArgs("runnerctl/gpu-a/gpu0", (0,), "sim:1", "", "docker"),
+                            settings=settings, env=env, job=job)
+
+    old = {"CUSTOM_ENV_CI_PROJECT_DIR": str(slot / "p")}
+    with pytest.raises(SystemFailure, match="is a symbolic link"):  # the runner's own value
+        driver._refuse_planted_links(ctx(old, frozenset({"CI_JOB_ID"})), "archive_cache")
+    with pytest.raises(SystemFailure, match="sets CI_PROJECT_DIR and this gitlab-runner does not say"):
+        driver._refuse_planted_links(ctx({"CUSTOM_ENV_CI_PROJECT_DIR": "/nowhere"},
+                                         frozenset({"CI_PROJECT_DIR"})), "archive_cache")
+    new = {"CUSTOM_ENV_CI_PROJECT_DIR": "/nowhere", "CUSTOM_ENV_RUNNER_TEMP_PROJECT_DIR": f"{slot / 'p'}.tmp"}
+    with pytest.raises(SystemFailure, match="is a symbolic link"):
+        driver._refuse_planted_links(ctx(new, frozenset({"CI_PROJECT_DIR"})), "archive_cache")

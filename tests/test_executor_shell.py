@@ -67,6 +67,15 @@ def test_failing_script_is_a_build_failure_with_its_code(host: Path) -> None:
     assert _leases(host).all() == []
 
 
+def test_a_script_killed_by_a_signal_reports_128_plus_it(host: Path) -> None:
+    """Popen gave -9 for a shell killed by SIGKILL (the OOM killer, say), written as is to
+    BUILD_EXIT_CODE_FILE: GitLab showed "exit code -9". A shell reports 128 + the signal."""
+    harness = _harness(host, (0,))
+    results = harness.run_job(FakeJob(id=103), "kill -9 $$")
+    assert results["build_script"].code == BUILD_FAILURE
+    assert harness.outcomes[103].exit_code == 137
+
+
 def test_run_without_prepare_is_a_system_failure(host: Path) -> None:
     harness = _harness(host, (1,))
     job = FakeJob(id=103)
@@ -81,14 +90,15 @@ def test_overlapping_job_waits_for_cleanup_then_starts(host: Path) -> None:
     job_a, job_b = FakeJob(id=201), FakeJob(id=202)
     assert first.stage("prepare", job_a).code == 0
     waiting = second.start("prepare", job_b)
-    time.sleep(1.0)
-    assert waiting.poll() is None  # blocked on GPU 1's lease
     assert {(lease.job_id, lease.user, lease.url) for lease in _leases(host).all()} == {
         ("201", "alice", "https://gitlab.example/ml/experiments/-/jobs/201")}  # who and where, for the page
+    freed_at = time.time()
     assert first.stage("cleanup", job_a).code == 0
     out, _ = waiting.communicate(timeout=120)
     assert waiting.returncode == 0, out
-    assert [(lease.gpu, lease.job_id) for lease in _leases(host).all()] == [(1, "202")]
+    (lease,) = _leases(host).all()
+    assert (lease.gpu, lease.job_id) == (1, "202")
+    assert lease.created_at >= freed_at  # taken once job 201's cleanup began, however slow the start
     second.stage("cleanup", job_b)
 
 
@@ -119,6 +129,18 @@ def test_foreign_process_makes_prepare_wait_then_fail_naming_it(host: Path) -> N
         colleague.wait()
 
 
+def test_a_lost_gpu_fails_prepare_at_once_and_gives_the_lease_back(host: Path) -> None:
+    host = _patient(host)  # 300 s of gate: the failure must not wait for it
+    (host / "gpus.yaml").write_text("host: gpu-a\ngpus:\n" + "".join(
+        f"  - {{index: {i}{', lost: true' if i == 5 else ''}}}\n" for i in range(8)))
+    started = time.monotonic()
+    result = _harness(host, (4, 5)).stage("prepare", FakeJob(id=403))
+    assert result.code == SYSTEM_FAILURE and time.monotonic() - started < 100
+    assert ("GPU 5 fell off the bus (NVML: GPU is lost) (no job runs on a GPU that cannot be read or used)"
+            in result.output)
+    assert _leases(host).all() == []
+
+
 def test_foreign_process_leaving_lets_the_job_start(host: Path) -> None:
     host = _patient(host)
     colleague = subprocess.Popen(["sleep", "60"], user="nobody")
@@ -126,8 +148,10 @@ def test_foreign_process_leaving_lets_the_job_start(host: Path) -> None:
         f"host: gpu-a\ngpus: 8\nprocesses:\n  - {{gpu: 6, pid: {colleague.pid}}}\n")
     harness = _harness(host, (6,))
     waiting = harness.start("prepare", FakeJob(id=402))
-    time.sleep(1.0)
-    assert waiting.poll() is None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not _leases(host).held_by("402"):
+        time.sleep(0.05)
+    assert _leases(host).held_by("402") and waiting.poll() is None  # leased, and held at the gate
     (host / "gpus.yaml").write_text("host: gpu-a\ngpus: 8\n")  # the colleague is done
     colleague.kill()
     colleague.wait()
@@ -152,8 +176,10 @@ def test_timeout_sigterm_stops_the_job_group(host: Path) -> None:
     job = FakeJob(id=502)
     assert harness.stage("prepare", job).code == 0
     (lease,) = _leases(host).held_by("502")
-    script = harness.script(job, "build_script", f"{TERM_TRAP}; sleep 300 & wait")
-    result = harness.stage("run", job, str(script), "build_script", timeout=2, graceful=300)
+    ready = host / "trap-set"  # the stop comes once the trap is set (a fixed 2 s raced it)
+    script = harness.script(job, "build_script", f"{TERM_TRAP}; touch {ready}; sleep 300 & wait")
+    result = harness.stage("run", job, str(script), "build_script", timeout=240, graceful=300,
+                           stop_once=ready)
     assert result.code == BUILD_FAILURE
     assert "stopped by TERM" in result.output  # the driver's SIGTERM, not gitlab-runner's SIGKILL
     assert _job_processes(lease.token) == []
@@ -238,6 +264,7 @@ def test_two_prepares_at_once_exactly_one_gets_the_gpus(host: Path) -> None:
 def test_driver_killed_while_prepare_waits_then_cleanup_leaves_no_lease(host: Path) -> None:
     colleague = subprocess.Popen(["sleep", "600"], user="nobody")
     try:
+        _patient(host)  # 3 s of gate could end before the kill
         (host / "gpus.yaml").write_text(
             f"host: gpu-a\ngpus: 8\nprocesses:\n  - {{gpu: 3, pid: {colleague.pid}}}\n")
         harness = _harness(host, (3,))

@@ -75,7 +75,9 @@ def test_workers_on_two_hosts_complete_exactly_100_trials(pg_server: PostgresSer
     make_storage(url)  # the tables, as the sweep's create-study job makes them
     optuna.create_study(study_name="j100", storage=make_storage(url))
     socket_url = _over_socket(pg_server, url)
-    results = _finish(_workers([url, url, socket_url, socket_url], "j100", 100, SEARCH_SLEEP_S="0.02"))
+    # 0.3 s a trial, 30 s in all: a worker whose import of optuna ends seconds after the
+    # others' on a loaded machine still finds trials left (at 0.02 s it did not)
+    results = _finish(_workers([url, url, socket_url, socket_url], "j100", 100, SEARCH_SLEEP_S="0.3"))
     for code, out in results:
         assert code == 0, out
     ran = [int(out.split(" ran ")[1].split()[0]) for _, out in results]
@@ -91,7 +93,7 @@ def test_a_sigkilled_workers_trial_fails_and_is_retried(pg_server: PostgresServe
     url = _journal(pg_server, "journal_kill")
     optuna.create_study(study_name="kill", storage=make_storage(url))
     procs = _workers([url, url], "kill", 6, SEARCH_SLEEP_S="1.0", RUNNERCTL_OPTUNA_HEARTBEAT_S="1",
-                     RUNNERCTL_OPTUNA_GRACE_S="3")
+                     RUNNERCTL_OPTUNA_GRACE_S="8")  # 3: a live worker starved 3 s lost its trial
     watcher = make_storage(url)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:  # both workers inside a trial, all parameters sampled

@@ -230,13 +230,19 @@ def test_sigkill_of_serve_at_random_points_keeps_invariants(tmp_path: Path) -> N
         for round_no in range(4):
             for _ in range(3):
                 world.submit(rng.choice([1, 1, 2, 4, 8]), 1.5)
+            asked = len(world.server.requests)
             proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            deadline = time.monotonic() + rng.uniform(1.5, 4.0)
+            # the random point is counted from serve's first request to GitLab: counted from
+            # its start, a slow import could take the whole time and the round tested nothing
+            deadline, talking = time.monotonic() + 120, False
             while time.monotonic() < deadline:
                 world.clock.now = time.time()
                 world.fleet.step(world.clock.now)
                 assert unpaused_overlap(world) is None
+                if not talking and len(world.server.requests) > asked:
+                    deadline, talking = time.monotonic() + rng.uniform(0.5, 3.0), True
                 time.sleep(0.05)
+            assert talking, proc.stderr.read() if proc.poll() is not None and proc.stderr else "no request"
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             assert world.fleet.double_allocations == 0 and not violations, round_no

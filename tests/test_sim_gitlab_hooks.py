@@ -35,7 +35,7 @@ class Receiver:
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
 
-    def wait_for(self, count: int, deadline_s: float = 10.0) -> list[tuple[dict[str, str], dict[str, Any]]]:
+    def wait_for(self, count: int, deadline_s: float = 120.0) -> list[tuple[dict[str, str], dict[str, Any]]]:
         end = time.monotonic() + deadline_s
         while len(self.got) < count and time.monotonic() < end:
             time.sleep(0.02)

@@ -95,7 +95,7 @@ def test_prepare_system_failure_is_retried_three_times_each_with_cleanup(host: P
             f"host: gpu-a\ngpus: 8\nprocesses:\n  - {{gpu: 2, pid: {colleague.pid}}}\n")
         harness = harness_for(host, (2,), "shell")
         started = time.monotonic()
-        harness.run_job(FakeJob(id=31), "echo never")
+        harness.run_job(FakeJob(id=31), "echo never", timeout=300)  # three tries' waits fit, loaded too
         elapsed = time.monotonic() - started
     finally:
         colleague.kill()
@@ -132,12 +132,27 @@ def test_cancel_stops_the_step_then_after_script_and_cleanup_still_run(host: Pat
 def test_job_timeout_kills_the_step_and_skips_to_cleanup(host: Path) -> None:
     harness = harness_for(host, (4,), "shell")
     started = time.monotonic()
-    harness.run_job(FakeJob(id=51, after_script=AFTER), "sleep 300", timeout=15)
+    harness.run_job(FakeJob(id=51, after_script=AFTER), "sleep 300", timeout=30)  # the stages before fit
     assert time.monotonic() - started < 200  # not the script's 300 s
     assert harness.outcomes[51].failure_reason == "job_execution_timeout"
     names = _names(harness, 51)
     assert names[-2:] == ["build_script", "cleanup"]  # no after_script: the job's context is over
     assert LeaseTable(host / "state").all() == []
+
+
+def test_a_stage_timeout_longer_than_the_job_keeps_the_default(host: Path) -> None:
+    """build.go getStageTimeoutContexts: RUNNER_*_TIMEOUT over the time the job has left is
+    ignored with a warning (the default stays: none for the script, 5 minutes after it);
+    one inside it is used."""
+    harness = harness_for(host, (4,), "shell")
+    long = {"RUNNER_SCRIPT_TIMEOUT": "2h", "RUNNER_AFTER_SCRIPT_TIMEOUT": "3h"}
+    harness.run_job(FakeJob(id=52, variables=long), "true", timeout=600)
+    trace = harness.traces[52]
+    assert "RUNNER_SCRIPT_TIMEOUT timeout: 2h is longer than job timeout" in trace
+    assert "RUNNER_AFTER_SCRIPT_TIMEOUT timeout: 3h is longer than job timeout" in trace
+    harness.run_job(FakeJob(id=53, variables={"RUNNER_SCRIPT_TIMEOUT": "2s"}), "sleep 60", timeout=600)
+    assert harness.outcomes[53].failure_reason == "job_execution_timeout"  # the 2 s, not the job's 600
+    assert "longer than job timeout" not in harness.traces[53]
 
 
 def test_stage_scripts_are_wrapped_as_bash_go_writes_them() -> None:

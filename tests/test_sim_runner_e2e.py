@@ -89,7 +89,7 @@ def test_jobs_succeed_fail_and_cancel_through_real_processes(gitlab: GitLabProce
         bad = gitlab.call("POST", "/-/sim/jobs", {"project_id": second, "tags": ["broken"], "duration_s": 1,
                                                   "user": "bob"})["id"]
         long = gitlab.call("POST", "/-/sim/jobs", {"project_id": second, "tags": ["gpus:1"],
-                                                   "duration_s": 300, "after_script_s": 2,
+                                                   "duration_s": 300, "after_script_s": 10,
                                                    "user": "carol"})["id"]
         done = gitlab.wait(first, ok, ("success", "failed", "canceled"), 120)
         assert done["status"] == "success", (done, runner.stderr)
@@ -104,7 +104,7 @@ def test_jobs_succeed_fail_and_cancel_through_real_processes(gitlab: GitLabProce
         still = gitlab.job(second, long)["status"]
         canceled = gitlab.wait(second, long, ("canceled", "failed", "success"), 60)
         assert canceled["status"] == "canceled"
-        assert still == "canceling"  # while after_script (2 s) and cleanup run
+        assert still == "canceling"  # while after_script (10 s: read well inside it) and cleanup run
         assert runner.stop(signal.SIGQUIT) == 0
     finally:
         runner.kill()

@@ -30,3 +30,17 @@ def test_an_empty_runners_array_is_still_read(tmp_path: Path) -> None:
     config.write_text("concurrent = 1\nrunners = [1]\n")
     with pytest.raises(ConfigError, match=r"\[\[runners\]\] #1 is not a table"):
         load(config)
+
+
+def test_prepare_timeout_is_a_go_duration(tmp_path: Path) -> None:
+    """common/config.go: `PrepareTimeout *time.Duration`, written "30s" or "1h30m"; the
+    simulated runner read it as whole seconds and refused a real config.toml's value."""
+    config = tmp_path / "config.toml"
+    runner = '[[runners]]\nname = "r"\nexecutor = "custom"\n'
+    config.write_text(f'concurrent = 1\n{runner}prepare_timeout = "1h30m"\n')
+    assert load(config).runners[0].prepare_timeout_s == 5400
+    config.write_text(f"concurrent = 1\n{runner}")
+    assert load(config).runners[0].prepare_timeout_s is None
+    config.write_text(f"concurrent = 1\n{runner}prepare_timeout = 30\n")
+    with pytest.raises(ConfigError, match=r'prepare_timeout must be a Go duration such as "30s"'):
+        load(config)

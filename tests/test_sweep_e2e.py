@@ -90,8 +90,10 @@ def _ok(results: dict[str, StageResult]) -> str:
 
 def test_four_workers_complete_exactly_100_trials(pg_server: PostgresServer, tmp_path: Path) -> None:
     url = pg_server.create_database("sweep_e2e")
+    # 0.3 s a trial: 30 s of trials in all, so a worker whose five stages start seconds
+    # after the others' on a loaded machine still finds trials left (at 0.05 s it did not)
     sweep = Pipeline(tmp_path, study="sweep_e2e", url=url, trials=100, workers=4,
-                     extra_env={"SEARCH_SLEEP_S": "0.05"})
+                     extra_env={"SEARCH_SLEEP_S": "0.3"})
     _ok(sweep.run("optuna-create-study"))
     outputs = [_ok(result) for result in sweep.run_workers()]
     report = _ok(sweep.run("optuna-report"))
@@ -171,7 +173,7 @@ def test_killed_worker_trial_fails_and_is_retried(pg_server: PostgresServer, tmp
     url = pg_server.create_database("sweep_kill")
     sweep = Pipeline(tmp_path, study="sweep_kill", url=url, trials=16, workers=4, script="hang_first.py",
                      extra_env={"SEARCH_SLEEP_S": "1.0", "RUNNERCTL_OPTUNA_HEARTBEAT_S": "1",
-                                "RUNNERCTL_OPTUNA_GRACE_S": "3"})
+                                "RUNNERCTL_OPTUNA_GRACE_S": "8"})  # a live worker starved 3 s lost its trial
     (sweep.project / "hang_first.py").write_text(HANG_FIRST)
     _ok(sweep.run("optuna-create-study"))
     results: list[dict[str, StageResult]] = []

@@ -17,6 +17,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from tests.serve_proc import Serve
 
 CHROMIUM = "/usr/bin/chromium"
+expect.set_options(timeout=30_000)  # a tick and a page poll on a loaded machine, not Playwright's 5 s
 PASSWORD = "correct horse battery"
 
 
@@ -89,8 +90,10 @@ def test_anonymous_and_viewer_see_the_host_but_cannot_toggle(state_dir: Path, br
         for who in ("anonymous", "victor"):
             if who == "victor":
                 _sign_in(page, who)
-                page.wait_for_timeout(2500)  # one more poll: the cards would now carry buttons
-                expect(page.locator("button.toggle")).to_have_count(0)
+                for _ in range(2):  # a poll rendered as signed in (the next starts after it ended)
+                    with page.expect_response(lambda r: "/api/host" in r.url):
+                        pass
+                expect(page.locator("button.toggle")).to_have_count(0)  # the cards would carry buttons
             csrf = page.request.get(f"{serve.url}/api/session").json()["csrf"]
             forged = page.request.post(f"{serve.url}/api/toggles", headers={"X-CSRF-Token": csrf},
                                        data={"action": "pause", "target": "host", "reason": "forged"})

@@ -111,7 +111,7 @@ def test_the_connection_limit_filled_by_silent_clients_frees_itself() -> None:
     if soft < needed:
         assert hard == resource.RLIM_INFINITY or hard >= needed, f"ulimit -Hn {hard}: the test needs {needed}"
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
-    with _server(5.0) as url:  # long enough to open them all on a slow machine
+    with _server(15.0) as url:  # long enough to open them all and ask once on a slow machine
         silent = [_connect(url) for _ in range(MAX_CONNECTIONS + 10)]
         try:
             with httpx.Client(timeout=WAIT_S, headers={"Connection": "close"}) as client:

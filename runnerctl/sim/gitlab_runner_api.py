@@ -152,7 +152,7 @@ class RunnerApi:
         variables = {
             "CI": "true", "GITLAB_CI": "true", "CI_SERVER_URL": s.base_url, "CI_JOB_ID": str(job.id),
             "CI_JOB_NAME": job.name, "CI_JOB_STAGE": job.stage, "CI_JOB_URL": s.web_url(job),
-            "CI_JOB_TIMEOUT": str(timeout), "CI_PIPELINE_ID": str(job.pipeline_id),
+            "CI_PIPELINE_ID": str(job.pipeline_id),
             "CI_PROJECT_ID": str(job.project_id), "CI_PROJECT_PATH": path, "CI_COMMIT_SHA": sha,
             "CI_COMMIT_REF_NAME": job.ref, "CI_RUNNER_ID": str(runner.id),
             "CI_RUNNER_DESCRIPTION": runner.description, "CI_RUNNER_TAGS": ",".join(sorted(runner.tags)),

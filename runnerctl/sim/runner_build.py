@@ -87,7 +87,8 @@ class Build:
         found += [Variable("CI_BUILDS_DIR", self.root_dir), Variable("CI_PROJECT_DIR", self.build_dir),
                   Variable("CI_CONCURRENT_ID", str(self.concurrent_id)),
                   Variable("CI_CONCURRENT_PROJECT_ID", str(self.project_runner_id)),
-                  Variable("CI_SERVER", "yes"), Variable("CI_JOB_STATUS", self.job_status)]
+                  Variable("CI_SERVER", "yes"), Variable("CI_JOB_STATUS", self.job_status),
+                  Variable("CI_JOB_TIMEOUT", str(int(self.timeout_s)))]  # the runner's, not GitLab's
         for var in self.job.get("variables") or []:
             if isinstance(var, dict) and var.get("key"):
                 found.append(Variable(str(var["key"]), str(var.get("value", "")), bool(var.get("file"))))
@@ -224,7 +225,8 @@ class Build:
         return err
 
     def _user_scripts(self, ctx: Ctx, executor: CustomExecutor) -> JobError | None:
-        script_ctx = Ctx(ctx, timeout_s=self._stage_timeout("RUNNER_SCRIPT_TIMEOUT", None))
+        left = ctx.left_s()  # build.go reads both stage timeouts here, before the steps run
+        script_ctx = Ctx(ctx, timeout_s=self._stage_timeout("RUNNER_SCRIPT_TIMEOUT", None, left))
         self.trace.set_cancel(script_ctx.cancel)
         err: JobError | None = None
         for step in self.job.get("steps") or []:
@@ -240,7 +242,7 @@ class Build:
         elif (parent_err is None or parent_err.kind != "deadline") and script_err is not None \
                 and script_err.kind == "deadline":
             err = JobError("script timeout: context deadline exceeded", reason="job_execution_timeout")
-        after_s = self._stage_timeout("RUNNER_AFTER_SCRIPT_TIMEOUT", AFTER_SCRIPT_TIMEOUT_S)
+        after_s = self._stage_timeout("RUNNER_AFTER_SCRIPT_TIMEOUT", AFTER_SCRIPT_TIMEOUT_S, left)
         after_ctx = Ctx(ctx, timeout_s=after_s)
         self.job_status = runtime_state(err)
         after_err = self._stage(after_ctx, "after_script", executor)
@@ -278,14 +280,20 @@ class Build:
                 return None
         return err
 
-    def _stage_timeout(self, variable: str, default: float | None) -> float | None:
-        """build.go getStageTimeoutContexts: a Go duration in a variable, else the default."""
+    def _stage_timeout(self, variable: str, default: float | None, left: float | None) -> float | None:
+        """build.go getStageTimeoutContexts: a Go duration in a variable, else the default;
+        one longer than the job has `left` keeps the default (the warning says "Setting to
+        job timeout", but the default is what stays)."""
         raw = self.value(variable).strip()
         if not raw:
             return default
         seconds = parse_duration(raw)
         if seconds is None or seconds < 0:
             self.trace.write(f"WARNING: Ignoring malformed {variable} timeout: {raw}\n")
+            return default
+        if left is not None and seconds > left:
+            self.trace.write(f"WARNING: {variable} timeout: {raw} is longer than job timeout. "
+                             "Setting to job timeout\n")
             return default
         return seconds or default
 

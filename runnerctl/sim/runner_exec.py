@@ -87,6 +87,13 @@ class Ctx:
                 self._err, self._cause = CtxError("deadline"), self._deadline_cause
             return self._err
 
+    def left_s(self) -> float | None:
+        """`time.Until(ctx.Deadline())`: seconds to the nearest deadline up the chain; None
+        without one."""
+        own = self._deadline - time.monotonic() if self._deadline is not None else None
+        up = self._parent.left_s() if self._parent is not None else None
+        return min((x for x in (own, up) if x is not None), default=None)
+
     def cause(self) -> JobError | None:
         """context.Cause: the deadline's own cause where one was given, else the error."""
         err = self.err()

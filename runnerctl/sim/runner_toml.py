@@ -9,7 +9,7 @@ gitlab-org/gitlab-runner:
   common/consts.go `CheckInterval`, `DefaultShutdownTimeout`.
 - `[[runners]]` `limit` (0 = no limit), `request_concurrency` (`max(1, n)`),
   `builds_dir`, `cache_dir`, `environment`, `pre_build_script`, `post_build_script`,
-  `prepare_timeout`,
+  `prepare_timeout` (a Go duration string),
   `unhealthy_requests_limit` (3), `strict_check_interval`: common/config.go
   `RunnerSettings`, `RunnerConfig`, `GetRequestConcurrency`, `GetUnhealthyRequestsLimit`.
 - `[runners.custom]` `*_exec`, `*_args`, `*_exec_timeout` (1 h each when unset or
@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from runnerctl.errors import ConfigError
+from runnerctl.executors.contract import parse_duration
 
 CHECK_INTERVAL_S = 3.0
 SHUTDOWN_TIMEOUT_S = 30.0
@@ -157,7 +158,7 @@ def _runner(entry: Any, index: int, path: Path, system_id: str) -> RunnerEntry:
     environment = entry.get("environment", [])
     if not isinstance(environment, list):
         raise ConfigError(f"{where}: environment must be a list of KEY=VALUE strings")
-    prepare = _int(entry, "prepare_timeout", 0, where)
+    prepare = _duration(entry, "prepare_timeout", where)
     return RunnerEntry(
         name=name, url=str(entry.get("url", "")), token=str(entry.get("token", "")), executor=executor,
         limit=_int(entry, "limit", 0, where),
@@ -166,7 +167,7 @@ def _runner(entry: Any, index: int, path: Path, system_id: str) -> RunnerEntry:
         environment=tuple(str(e) for e in environment),
         pre_build_script=str(entry.get("pre_build_script", "")),
         post_build_script=str(entry.get("post_build_script", "")),
-        prepare_timeout_s=float(prepare) if prepare > 0 else None,
+        prepare_timeout_s=prepare if prepare > 0 else None,
         unhealthy_requests_limit=max(1, _int(entry, "unhealthy_requests_limit", 0, where) or
                                      UNHEALTHY_REQUESTS_LIMIT),
         strict_check_interval=bool(entry.get("strict_check_interval", False)),
@@ -195,6 +196,16 @@ def _custom(table: dict[str, Any], where: str) -> CustomConfig:
         cleanup_exec_timeout_s=timeout("cleanup_exec_timeout", EXEC_TIMEOUT_S),
         graceful_kill_timeout_s=timeout("graceful_kill_timeout", GRACEFUL_KILL_TIMEOUT_S),
         force_kill_timeout_s=timeout("force_kill_timeout", FORCE_KILL_TIMEOUT_S))
+
+
+def _duration(table: dict[str, Any], key: str, where: object) -> float:
+    """A `*time.Duration` setting (common/config.go: `prepare_timeout = "1h30m"`) in seconds;
+    0 when unset."""
+    value = table.get(key, "")
+    seconds = parse_duration(value) if isinstance(value, str) else None
+    if value != "" and seconds is None:
+        raise ConfigError(f"{where}: {key} must be a Go duration such as \"30s\" or \"1h30m\", not {value!r}")
+    return max(seconds or 0.0, 0.0)
 
 
 def _int(table: dict[str, Any], key: str, default: int, where: object) -> int:
