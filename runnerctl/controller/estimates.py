@@ -25,8 +25,11 @@ a job backfill a drained block (a wrong estimate could then delay the drained jo
 without limit); the timeouts do that.
 
 `RunTimes` is pure (the simulator feeds it the jobs it ends); `Estimates` fills it from
-the store (every host's history, one query) at most once per `REFRESH_S`, as fair share
-reads usage (`fair_usage`).
+the store at most once per `REFRESH_S`: the runs that ended since its last read (the
+`ended_at` index), and the whole window once per `FULL_S`, which also drops runs that
+left the window and sees an outcome a webhook changed after the run ended. Reading the
+whole window every minute took seconds of the store at a big lab's 300,000 runs in 70
+days (benchmarks/history_reads.py, figures in benchmarks/RESULTS.md). Fair share reads usage the same way (`fair_usage`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ from runnerctl.controller.store import Store
 RUNS_KEPT = 20
 """The estimate reads at most this many of the latest runs."""
 REFRESH_S = 60.0
+FULL_S = 3600.0
+"""The whole window is read again at most this often (see the module's docstring)."""
+LATE_S = 300.0
+"""A run written this long after a later one ended (a host whose clock is behind, a write
+retried) is still read by the next refresh; runs read twice are told apart by host and job."""
 WINDOW_S = 30 * 86400.0
 """Runs that ended longer ago than this are not read (a job name that has not run for a
 month starts afresh; the history keeps `history_retention_days`, 400 by default)."""
@@ -76,21 +84,34 @@ class Estimates:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.times = RunTimes()
-        self._read_at = float("-inf")
+        self._read_at = self._full_at = float("-inf")
+        self._newest = float("-inf")  # the latest end read
+        self._recent: dict[tuple[str, int], float] = {}  # (host, job) -> end of runs within LATE_S of it
 
     def of(self, pending: Iterable[PendingJob], now: float) -> Mapping[int, float]:
         """Job id -> its estimated run time, for the pending jobs that have one."""
         if due(now, self._read_at + REFRESH_S, REFRESH_S):  # due: a clock stepped back too
-            times = RunTimes()
-            ended = sorted((r.ended_at, r.job_id, r.project, r.name, r.ended_at - r.started_at)
-                           for r in jobs_store.jobs(self.store, since=now - WINDOW_S)
-                           if r.ended_at is not None and r.outcome not in NOT_RUNS)
-            for _, _, project, name, seconds in ended:
-                times.add((project, name), seconds)
-            self.times, self._read_at = times, now
+            self._read(now)
         found = {}
         for job in pending:
             estimate = self.times.estimate((project_path(job), job.name or ""))
             if estimate is not None:
                 found[job.job_id] = estimate
         return found
+
+    def _read(self, now: float) -> None:
+        if now < self._read_at or due(now, self._full_at + FULL_S, FULL_S):
+            rows = [r for r in jobs_store.jobs(self.store, since=now - WINDOW_S) if r.ended_at is not None]
+            self.times, self._recent, self._newest, self._full_at = RunTimes(), {}, float("-inf"), now
+        else:
+            rows = jobs_store.ended_after(self.store, self._newest - LATE_S)
+        for run in sorted(rows, key=lambda r: (r.ended_at or 0.0, r.job_id)):
+            end = run.ended_at or 0.0
+            if self._recent.get((run.host, run.job_id)) == end:
+                continue  # read before, within LATE_S of the newest end
+            self._recent[(run.host, run.job_id)] = end
+            self._newest = max(self._newest, end)
+            if run.outcome not in NOT_RUNS:
+                self.times.add((run.project, run.name), end - run.started_at)
+        self._recent = {key: end for key, end in self._recent.items() if end >= self._newest - LATE_S}
+        self._read_at = now

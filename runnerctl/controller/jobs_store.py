@@ -126,6 +126,16 @@ def jobs(store: Store, *, since: float | None = None, until: float | None = None
     return [_record(r) for r in rows]
 
 
+def ended_after(store: Store, after: float) -> list[JobRecord]:
+    """Every host's jobs that ended after `after`, oldest end first: what changed since a
+    reader's last look (one range read on the index `job_history_ended`), for readers that
+    keep what they read before (estimates, fair share)."""
+    with store.transaction() as cur:
+        rows = cur.query(f"SELECT {', '.join(_COLUMNS)} FROM job_history WHERE ended_at > ? "
+                         "ORDER BY ended_at, host, job_id", (after,))
+    return [_record(r) for r in rows]
+
+
 def latest(store: Store, *, limit: int, since: float | None = None, user: str | None = None,
            project: str | None = None, host: str | None = None) -> list[JobRecord]:
     """The `limit` jobs that started last and match every filter given (the fleet page's
