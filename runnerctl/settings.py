@@ -60,6 +60,8 @@ class PathSettings:
 
 DRIVERS = ("shell", "docker", "slurm", "sge", "pbs", "pjm")
 """The drivers behind the custom executor (executors/), `[executor] driver`."""
+BATCH_DRIVERS = frozenset({"slurm", "sge", "pbs", "pjm"})
+"""Drivers whose jobs run on a batch system's nodes, not on this host's GPUs."""
 PULL_POLICIES = ("if-not-present", "always")
 """`[executor] docker_pull_policy` (gitlab-runner's names)."""
 

@@ -16,8 +16,9 @@ from runnerctl.controller import jobs_store
 from runnerctl.controller.history import History
 from runnerctl.controller.jobs_store import JobRecord
 from runnerctl.controller.loop import Controller
-from runnerctl.controller.observe import LeasedJob
+from runnerctl.controller.observe import LeasedJob, LeaseJobs
 from runnerctl.controller.store import Event, Store, StoreError
+from runnerctl.executors.lease import Lease
 from runnerctl.gpus.sim import count_snapshot
 from runnerctl.postgres import PostgresServer
 from runnerctl.report import build, to_csv, to_text
@@ -167,6 +168,29 @@ def test_unknown_utilization_stays_unknown(tmp_path: Path) -> None:
     assert record.mean_utilization is None and record.to_json()["mean_utilization"] is None
     assert record.idle_gpu_s == 0.0 and record.unused_at is None and events == []
     store.close()
+
+
+def test_a_batch_job_is_never_flagged_by_this_hosts_gpus(tmp_path: Path) -> None:
+    """A batch driver's job runs on a cluster node: the runner host's GPUs (often `sim:`,
+    at 0 %) flagged every batch job "requested but unused" (found by a review against the
+    HPC seeds). Its use is unknown here; a lease read from disk says so."""
+    store = Store.open(state_dir=tmp_path)
+    history = History(store, "h", ControllerSettings(unused_after_s=1.0))
+    idle = count_snapshot("h", 1)  # utilization 0.0
+    events: list[tuple[str, ...]] = []
+    lease = LeasedJob("runnerctl/h/gpu0", (0,), "ann", created_at=0.0, elsewhere=True)
+    for t in (0.0, 5.0, 10.0):
+        history.tick({1: lease}, idle, t, lambda *e: events.append(e))
+    [record] = jobs_store.jobs(store)
+    assert record.unused_at is None and record.mean_utilization is None and events == []
+    store.close()
+    jobs = LeaseJobs(tmp_path / "state")
+    for driver, elsewhere in (("slurm", True), ("pjm", True), ("docker", False)):
+        jobs.table.acquire((0,), Lease(gpu=-1, job_id="7", slot="runnerctl/h/gpu0", driver=driver,
+                                       owner_pid=1, owner_started=0.0, created_at=0.0, nonce="n"), wait_s=0)
+        jobs.running()
+        assert jobs.leased()[7].elsewhere is elsewhere, driver
+        jobs.table.release("7")
 
 
 def test_a_job_at_zero_utilization_is_flagged_once_shown_and_reported(world: World) -> None:

@@ -29,7 +29,8 @@ the store at most once per `REFRESH_S`: the runs that ended since its last read 
 `ended_at` index), and the whole window once per `FULL_S`, which also drops runs that
 left the window and sees an outcome a webhook changed after the run ended. Reading the
 whole window every minute took seconds of the store at a big lab's 300,000 runs in 70
-days (benchmarks/history_reads.py, figures in benchmarks/RESULTS.md). Fair share reads usage the same way (`fair_usage`).
+days (benchmarks/history_reads.py, figures in benchmarks/RESULTS.md). Fair share reads
+usage the same way (`fair_usage`).
 """
 
 from __future__ import annotations

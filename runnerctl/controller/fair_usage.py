@@ -5,8 +5,9 @@ for usage: the open rows and those that ended since its last read, whose use sin
 is added to the usage it keeps (decayed to now); and once per `FULL_S` every row of the
 last ten half-lives (older use weighs under 0.1 %), which also corrects what a row
 written late changed. Reading them all every minute took seconds of the store at a big
-lab's 300,000 jobs in ten half-lives (benchmarks/history_reads.py, benchmarks/RESULTS.md). The queue share counts the jobs running
-on every host with the pending ones, so those are read at every tick (the open rows,
+lab's 300,000 jobs in ten half-lives (benchmarks/history_reads.py, benchmarks/RESULTS.md).
+The queue share counts the jobs running on every host with the pending ones, so those
+are read at every tick (the open rows,
 `jobs_store.open_jobs`: one indexed query): a job that just started leaves GitLab's
 pending list and must count as running at once, as in the simulator
 (`fairshare.fair_seconds`). A job's user is its GitLab login, its project the project's

@@ -89,7 +89,8 @@ class History:
         changed: list[JobRecord] = []
         for job_id, lease in leased.items():
             record = self.open.get(job_id) or self._new(job_id, lease, now)
-            record = self._sample(record, [utilization.get(g) for g in record.gpus], now, dt, event)
+            values = [None if lease.elsewhere else utilization.get(g) for g in record.gpus]
+            record = self._sample(record, values, now, dt, event)  # a batch node's use is unknown here
             self.open[job_id] = record
             changed.append(record)
         for job_id in [j for j in self.open if j not in leased]:

@@ -24,7 +24,7 @@ from runnerctl.controller.demand import ApiBudget
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi, step
 from runnerctl.gitlab import GitLabPort
 from runnerctl.model import GpuProcess, GpuSnapshot
-from runnerctl.settings import PathSettings, Settings
+from runnerctl.settings import BATCH_DRIVERS, PathSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,9 @@ class LeasedJob:
     created_at: float | None = None  # when prepare took the lease: the job holds GPUs since
     timeout_s: float | None = None  # its GitLab timeout, as the lease recorded it
     name: str = ""  # its job name (CI_JOB_NAME), as the lease recorded it
+    elsewhere: bool = False
+    """It runs on a batch system's node (a batch driver's lease): this host's GPUs, read by
+    NVML here or simulated, say nothing of its use."""
 
     @property
     def ends_by(self) -> float | None:
@@ -120,7 +123,8 @@ class LeaseJobs:
             seen = found.get(job)
             gpus = (seen.gpus if seen else ()) + (lease.gpu,)
             found[job] = LeasedJob(lease.slot, gpus, lease.user, lease.url, lease.project,
-                                   lease.pipeline_id, lease.created_at, lease.timeout_s, lease.job_name)
+                                   lease.pipeline_id, lease.created_at, lease.timeout_s, lease.job_name,
+                                   elsewhere=lease.driver in BATCH_DRIVERS)
         return found
 
     def unreadable(self) -> dict[int, str]:
