@@ -91,6 +91,29 @@ def test_gpu_tags_reach_exactly_the_runners_of_that_size(component: str, job: st
         assert set(tags) <= runner if size == gpus else not set(tags) <= runner
 
 
+def test_an_hpc_batch_job_is_one_node_unless_asked() -> None:
+    """The usual HPC job runs on one node, and Grid Engine refuses RUNNERCTL_NODES above 1
+    without a parallel environment: the default was 2 (found by a review against the HPC
+    seeds)."""
+    job = yaml.safe_load(render("hpc-batch-job", MINIMAL["hpc-batch-job"]))["hpc-batch-job"]
+    assert str(job["variables"]["RUNNERCTL_NODES"]) == "1" and "image" not in job
+
+
+def test_the_docs_grid_over_gpu_job_is_a_valid_pipeline(tmp_path: Path) -> None:
+    """docs/experiments.md "Grids, re-runs and environments": `parallel: matrix:` under
+    the component's job name, merged over it as GitLab merges a local job over an
+    included one; every matrix job keeps the GPU tags."""
+    command = 'python train.py --batch-size "$BATCH_SIZE" --lr "$LR"'
+    pipeline = yaml.safe_load(render("gpu-job", {"command": command}))
+    grid = {"BATCH_SIZE": ["128", "256", "512"], "LR": ["0.1", "0.01"]}
+    pipeline["gpu-job"]["parallel"] = {"matrix": [grid]}
+    path = tmp_path / ".gitlab-ci.yml"
+    path.write_text(yaml.safe_dump(pipeline))
+    _check_jsonschema(path)
+    assert pipeline["gpu-job"]["tags"] == ["gpus:1", "priority:normal"]
+    assert command in "\n".join(pipeline["gpu-job"]["script"])
+
+
 def test_gpu_job_settings() -> None:
     job = yaml.safe_load(render("gpu-job", {"command": "x", "timeout": "2h 30m"}))["gpu-job"]
     assert job["timeout"] == "2h 30m"
