@@ -12,8 +12,11 @@ Who runs what, and why:
   Hardening keeps the rest of the system read-only (ProtectSystem=strict with the state
   directory, gitlab-runner's directory and dcgm-exporter's job mapping directory
   writable, NoNewPrivileges, PrivateTmp).
-- `postgres` runs `runnerctl postgres start/stop` as root, which hands the server to the
-  `postgres` user (runuser) exactly as by hand; systemd follows the postmaster's pid file.
+- `postgres` runs `runnerctl postgres start/stop` as root, which starts the server as the
+  `postgres` user itself (no PAM: pam_systemd would move the postmaster out of the unit's
+  cgroup) exactly as by hand; systemd follows the postmaster's pid file. The unit is
+  skipped, not failed, on a host whose cluster was never made (ConditionPathExists), and
+  waits out a crash recovery (TimeoutStartSec above `START_WAIT_S`).
 - `exporter` only reads (NVML, leases): the state directory is read-only for it; it
   writes only dcgm-exporter's job mapping, when `[monitoring] dcgm_job_mapping_dir` is set.
 The GitLab token reaches `serve` from an EnvironmentFile (0600), never from its command
@@ -35,6 +38,7 @@ import sys
 from pathlib import Path
 
 from runnerctl.errors import ConfigError
+from runnerctl.postgres import START_WAIT_S
 from runnerctl.settings import Settings
 
 UNIT_DIR = Path("/etc/systemd/system")
@@ -175,7 +179,10 @@ def write(files: list[UnitFile], root: Path, *, state_dir: Path, mapping: Path |
     written = []
     for unit in files:
         target = root / unit.path.relative_to("/")
-        if unit.path == ENV_FILE and target.exists():
+        if unit.path == ENV_FILE and target.exists():  # the admin's token stays; no one else reads it
+            os.chmod(target, unit.mode)
+            if os.geteuid() == 0:
+                os.chown(target, 0, 0)
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         temp = target.with_name(f".{target.name}.tmp")
@@ -242,7 +249,7 @@ def _serve(options: InstallOptions) -> str:
     writable = [_word(str(state)), _word(f"-{runner_dir}"), *_mapping_words(options)]
     return f"""[Unit]
 Description=runnerctl controller: GPU runners on demand, gate, web page
-After=network-online.target runnerctl-postgres.service
+After=network-online.target runnerctl-postgres.service docker.service
 Wants=network-online.target
 
 [Service]
@@ -269,6 +276,7 @@ def _postgres(options: InstallOptions) -> str:
 Description=runnerctl's PostgreSQL for the team's Optuna studies
 After=network-online.target
 Wants=network-online.target
+ConditionPathExists={_checked(str(base / "data" / "PG_VERSION"))}
 
 [Service]
 Type=forking
@@ -278,7 +286,7 @@ ExecStart={_command(options, "postgres", "start")}
 ExecStop={_command(options, "postgres", "stop")}
 Restart=on-failure
 RestartSec=10
-TimeoutStartSec=90
+TimeoutStartSec={START_WAIT_S + 60}
 TimeoutStopSec=150
 NoNewPrivileges=yes
 PrivateTmp=yes

@@ -42,6 +42,9 @@ SERVER_USER = "postgres"
 DEFAULT_DATABASE = "optuna"
 """The project database `runnerctl postgres url` hands out when no name is given."""
 MAX_CONNECTIONS = 200
+START_WAIT_S = 900
+"""How long `start` waits for the server to accept connections: crash recovery after a
+power loss replays the WAL first (the unit's TimeoutStartSec is above it)."""
 """runnerctl.optuna's journal uses 1 connection per worker (about 190 workers), its RDB
 path at most 2 (about 95)."""
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
@@ -174,7 +177,8 @@ class PostgresServer:
         log = self.config.log_file
         log.touch()
         self._own(log)
-        result = self._run("pg_ctl", "start", "-w", "-t", "60", "-D", str(self.config.data_dir),
+        # -t: crash recovery after a power loss can take minutes; killed at 60 s, it began again
+        result = self._run("pg_ctl", "start", "-w", "-t", str(START_WAIT_S), "-D", str(self.config.data_dir),
                            "-l", str(log), check=False)
         if result.returncode != 0:
             tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])

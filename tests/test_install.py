@@ -15,6 +15,7 @@ import pytest
 from runnerctl.cli import main
 from runnerctl.errors import ConfigError, ExitCode
 from runnerctl.install import Installed, InstallOptions, installed, render
+from runnerctl.postgres import START_WAIT_S
 from runnerctl.settings import load_settings
 
 UNITS = ("runnerctl-serve.service", "runnerctl-postgres.service", "runnerctl-exporter.service")
@@ -55,7 +56,14 @@ def test_dry_run_prints_units_that_systemd_analyze_verify_accepts(
     for key in ("Restart=always", "NoNewPrivileges=yes", "ProtectSystem=strict", "User=root",
                 f"ReadWritePaths={tmp_path / 'state'} -{tmp_path / 'gitlab-runner'}"):
         assert key in serve
-    assert "Type=forking" in files["runnerctl-postgres.service"][1]
+    postgres = files["runnerctl-postgres.service"][1]
+    assert "Type=forking" in postgres
+    # found by a review as a systemd expert: a host without a cluster restarted the unit
+    # every 10 s for ever; a crash recovery over 60 s was killed and began again; serve's
+    # reaps of containers at shutdown found Docker already stopped
+    assert f"ConditionPathExists={tmp_path / 'state' / 'postgres' / 'data' / 'PG_VERSION'}" in postgres
+    assert f"TimeoutStartSec={START_WAIT_S + 60}" in postgres and START_WAIT_S >= 600
+    assert "After=network-online.target runnerctl-postgres.service docker.service" in serve
     assert f"ReadOnlyPaths={tmp_path / 'state'}" in files["runnerctl-exporter.service"][1]
 
 
@@ -72,8 +80,10 @@ def test_install_writes_below_a_root_and_keeps_the_filled_in_token(settings: Pat
     state = root / str(tmp_path / "state").lstrip("/")
     assert stat.S_IMODE(state.stat().st_mode) == 0o711
     env.write_text("RUNNERCTL_GITLAB_TOKEN=glpat-filled-in\n")
+    env.chmod(0o644)  # made readable by hand: the token would be every user's
     assert main(args) == 0  # again, e.g. after an upgrade
     assert env.read_text() == "RUNNERCTL_GITLAB_TOKEN=glpat-filled-in\n"
+    assert stat.S_IMODE(env.stat().st_mode) == 0o600
 
 
 def test_only_chosen_services_and_clear_errors(settings: Path, tmp_path: Path,

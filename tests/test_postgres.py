@@ -58,6 +58,14 @@ def test_fresh_machine_init_start_url_and_a_study_survives_stop_start(
         assert main([*args, "start"]) == 0
         assert main([*args, "start"]) == 0  # harmless
         assert "already running" in _out(capsys)
+        # but not as the unit's ExecStart: systemd would refuse the hand-started server's pid
+        # file and restart the unit for ever (found by a review as a systemd expert)
+        os.environ["INVOCATION_ID"] = "0123456789abcdef0123456789abcdef"
+        try:
+            assert main([*args, "start"]) != 0
+        finally:
+            del os.environ["INVOCATION_ID"]
+        assert "started outside this unit" in capsys.readouterr().err
         assert main([*args, "status"]) == 0
         capsys.readouterr()
         assert main([*args, "url", "--kind", "rdb"]) == 0  # the project database, made on first use

@@ -9,6 +9,7 @@ project or study, and its storage URL on stdout (a secret: it holds the password
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import click
@@ -20,6 +21,7 @@ from runnerctl.postgres import (
     DEFAULT_DATABASE,
     KINDS,
     PostgresConfig,
+    PostgresError,
     PostgresServer,
     Secrets,
     check_name,
@@ -119,6 +121,12 @@ def pg_start(target: _Target) -> None:
     """Start the server (harmless when it runs; run it again after a reboot)."""
     server = target.server()
     started = server.start()
+    if not started and os.environ.get("INVOCATION_ID"):  # systemd's ExecStart (systemd.exec(5))
+        # a server started by hand is no child of the unit: systemd refuses its postgres-owned
+        # pid file ("does not belong to service") and would restart the unit every 10 s
+        raise PostgresError(f"PostgreSQL already runs from {server.config.data_dir}, started outside "
+                            "this unit", hint="run `runnerctl postgres stop`, then `systemctl start "
+                            "runnerctl-postgres`")
     click.echo(f"{'started' if started else 'already running'} on "
                f"{server.config.listen} port {server.config.port}")
 
