@@ -45,6 +45,7 @@ class UninstallPlan:
     units: tuple[Path, ...]  # absolute, below the root
     foreign_units: tuple[Path, ...]  # named like ours, not written by runnerctl: kept
     concurrent: str | None = None  # what becomes of the `concurrent` init raised, if it did
+    leftovers: tuple[Path, ...] = ()  # an enable's links and an admin's drop-ins of our units: named
 
     def describe(self, config: Path) -> list[str]:
         lines = [f"delete runner {rid} ({name}) in GitLab" if rid else f"no runner id for {name}"
@@ -58,6 +59,7 @@ class UninstallPlan:
             lines.append(f"remove {standby.standby_path(config)}")
         lines += [f"remove {unit}" for unit in self.units]
         lines += [f"keep   {unit} (not written by runnerctl install)" for unit in self.foreign_units]
+        lines += [f"left   {path} (remove it, then systemctl daemon-reload)" for path in self.leftovers]
         return lines or ["nothing of runnerctl's here"]
 
 
@@ -70,14 +72,19 @@ def plan_uninstall(config: RunnerConfigFile, *, root: Path, gitlab_url: str | No
         kept = None
     units: list[Path] = []
     foreign: list[Path] = []
+    leftovers: list[Path] = []
     for service in SERVICES:
         path = unit_path(root, service)
         if path.is_file():
             (units if written_by_runnerctl(path) else foreign).append(path)
+        # `systemctl enable`'s links (dangling once the unit goes) and drop-ins (systemctl edit)
+        leftovers += sorted(path.parent.glob(f"*.wants/{path.name}"))
+        leftovers += [d for d in (path.parent / f"{path.name}.d",) if d.is_dir()]
     tmpfiles = root / TMPFILES.relative_to("/")
     if tmpfiles.is_file():
         (units if written_by_runnerctl(tmpfiles) else foreign).append(tmpfiles)
-    return UninstallPlan(runners, kept, tuple(units), tuple(foreign), restore_concurrent(config.read()))
+    return UninstallPlan(runners, kept, tuple(units), tuple(foreign), restore_concurrent(config.read()),
+                         tuple(leftovers))
 
 
 @dataclasses.dataclass

@@ -200,3 +200,29 @@ def test_init_after_uninstall_of_a_host_with_no_runners_of_the_labs(
     doc = tomllib.loads(config.read_text())
     assert doc["check_interval"] == 3 and doc["concurrent"] == 15  # still top-level keys
     assert len([r for r in doc["runners"] if r["name"].startswith("runnerctl/")]) == 15
+
+
+def test_leftover_links_are_named_and_a_running_serve_refuses(sim: SimGitLab, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """`systemctl enable` left a dangling link and `systemctl edit` a drop-in without a
+    word; a serve still running went on acting on the runners being deleted (found by a
+    review as a systemd expert)."""
+    _, info = sim
+    _, settings, _ = _setup(sim, tmp_path)
+    units = tmp_path / "root" / "etc" / "systemd" / "system"
+    (units / "multi-user.target.wants").mkdir()
+    wants = units / "multi-user.target.wants" / "runnerctl-serve.service"
+    wants.symlink_to(units / "runnerctl-serve.service")
+    (units / "runnerctl-serve.service.d").mkdir()
+    (units / "runnerctl-serve.service.d" / "override.conf").write_text("[Service]\nNice=5\n")
+    args = ["uninstall", "--root", str(tmp_path / "root"), "--config", str(settings)]
+    capsys.readouterr()
+    assert main([*args, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"# left   {units / 'multi-user.target.wants' / 'runnerctl-serve.service'}" in out
+    assert f"# left   {units / 'runnerctl-serve.service.d'}" in out
+    monkeypatch.setattr("runnerctl.cli.ops.serve_pid", lambda state_dir: 4242)
+    assert main([*args, "--token-file", token_file(tmp_path, info["admin_token"])]) == 3
+    assert "runnerctl serve runs on" in capsys.readouterr().err
+    assert (units / "runnerctl-serve.service").exists()  # nothing done

@@ -31,6 +31,7 @@ from runnerctl.install import (
     render,
     write,
 )
+from runnerctl.private import serve_pid
 from runnerctl.uninstall import apply_uninstall, plan_uninstall
 
 
@@ -151,6 +152,10 @@ def uninstall(runner_config: Path | None, gitlab_url: str | None, token: str | N
         if shared:
             click.echo(f"# retire {retire}")
         return
+    running = serve_pid(settings.state_dir)
+    if running is not None:  # it would go on pausing and resuming the runners being deleted
+        raise ConfigError(f"runnerctl serve runs on {settings.state_dir} (pid {running})",
+                          hint="stop it first: systemctl disable --now runnerctl-serve")
     gitlab: PythonGitLab | None = None
     if plan.runners or plan.standby is not None:
         if not token:
@@ -167,6 +172,8 @@ def uninstall(runner_config: Path | None, gitlab_url: str | None, token: str | N
             click.echo(f"{label:8} {item}")
     for unit in plan.foreign_units:
         click.echo(f"kept     {unit} (not written by runnerctl install)")
+    for left in plan.leftovers:
+        click.echo(f"left     {left} (yours or systemctl's: remove it, then systemctl daemon-reload)")
     if shared:
         try:
             store = Store.open(url=shared, upgrade=False)  # other hosts' controllers may be older
