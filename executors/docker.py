@@ -245,14 +245,22 @@ def _ensure_image(client: docker.DockerClient, image: str, job: Job, *, always: 
         raise SystemFailure(f"cannot pull image {image}: {exc}{hint}") from None
 
 
-def _home_auth(host: str) -> dict[str, Any] | None:
-    """The stage user's own Docker config for `host` (its credential helpers asked)."""
+def _home_auth(host: str) -> list[tuple[str, str, str]]:
+    """(server, username, password) of gitlab-runner's user's own Docker config: every
+    `auths` entry, and what its credential helper says for `host`."""
     try:
-        found = docker.auth.resolve_authconfig(docker.auth.load_config(), host)
+        config = docker.auth.load_config()
+        found = [(server, str(entry.get("username") or ""), str(entry.get("password") or ""))
+                 for server, entry in config.auths.items() if entry.get("username")]
+        if config.creds_store or host in (config.cred_helpers or {}):
+            helped = docker.auth.resolve_authconfig(config, host)
+            if helped and (helped.get("Username") or helped.get("username")):
+                found.append((host, str(helped.get("Username") or helped.get("username")),
+                              str(helped.get("Password") or helped.get("password") or "")))
     except (docker.errors.DockerException, OSError, ValueError) as exc:
         print(f"runnerctl: WARNING: cannot read this user's Docker config ({exc})", flush=True)
-        return None
-    return dict(found) if found else None
+        return []
+    return found
 
 
 def _scripts_root(settings: Settings) -> Path:

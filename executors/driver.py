@@ -89,9 +89,11 @@ class Job:
         if path and Path(path).exists():
             data = json.loads(Path(path).read_text())
         variables: dict[Any, Any] = {}
+        latest: dict[Any, Any] = {}
         for v in data.get("variables", []):
             if isinstance(v, dict):  # GitLab's own come first (predefined: the lowest precedence);
                 variables.setdefault(v.get("key"), v.get("value"))  # a job's later copy changes no id
+                latest[v.get("key")] = v.get("value")
         custom = {k.removeprefix(CUSTOM_ENV_PREFIX): v for k, v in env.items()
                   if k.startswith(CUSTOM_ENV_PREFIX)}
 
@@ -102,10 +104,15 @@ class Job:
         if not job_id:
             raise SystemFailure("no job id: neither JOB_RESPONSE_FILE nor CUSTOM_ENV_CI_JOB_ID")
         image = (data.get("image") or {}).get("name") if isinstance(data.get("image"), dict) else None
+        auth = custom.get("DOCKER_AUTH_CONFIG") or latest.get("DOCKER_AUTH_CONFIG") or ""
         return cls(id=job_id, pipeline_id=pick("CI_PIPELINE_ID"), project=pick("CI_PROJECT_PATH"),
                    user=pick("GITLAB_USER_LOGIN"), image=image or pick("CI_JOB_IMAGE") or None,
                    url=pick("CI_JOB_URL"), timeout_s=_timeout(data, pick("CI_JOB_TIMEOUT")),
-                   name=pick("CI_JOB_NAME"), docker_auth_config=pick("DOCKER_AUTH_CONFIG"),
+                   name=pick("CI_JOB_NAME"),
+                   # as gitlab-runner reads it: the last copy wins, its $VARs expanded
+                   # (spec/variables.go value(), GetAllVariables().Expand()), which is what
+                   # it passes as CUSTOM_ENV_; the payload's last copy without it
+                   docker_auth_config=str(auth),
                    registry_credentials=_credentials(data), services=_services(data),
                    set_by_job=frozenset(k for k in variables if isinstance(k, str)))
 

@@ -114,13 +114,16 @@ def unusable(snapshot: GpuSnapshot, gpus: Iterable[int]) -> list[Unusable]:
     found = []
     for index in gpus:
         gpu = present.get(index)
-        why = ("is not on this host (NVML lists GPUs " + ", ".join(map(str, sorted(present))) + ")"
-               if gpu is None else "fell off the bus (NVML: GPU is lost)" if gpu.lost
-               else "is in MIG mode (it has no slot; turn MIG off or re-run `runnerctl init`)"
-               if gpu.mig_enabled else "has processes NVML cannot list, so it cannot be told free"
-               if not gpu.processes_known else "")
-        if why:
-            found.append(Unusable(index, why))
+        if gpu is None:
+            listed = ", ".join(map(str, sorted(present)))
+            found.append(Unusable(index, f"is not on this host (NVML lists GPUs {listed})"))
+        elif gpu.lost:
+            found.append(Unusable(index, "fell off the bus (NVML: GPU is lost)"))
+        elif gpu.mig_enabled:
+            found.append(Unusable(index, "is in MIG mode (it has no slot; turn MIG off or re-run "
+                                         "`runnerctl init`)"))
+        elif not gpu.processes_known:
+            found.append(Unusable(index, "has processes NVML cannot list, so it cannot be told free"))
     return found
 
 

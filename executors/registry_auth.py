@@ -5,8 +5,9 @@ executor finds them (gitlab-org/gitlab-runner helpers/docker/auth/auth.go,
 Sources, in this order; a registry path named by an earlier source keeps its
 credentials (`RegistryInfos.Append` refuses a second):
 1. the job's `DOCKER_AUTH_CONFIG` variable, a Docker config (`{"auths": {...}}`);
-2. the Docker config of the user the stage runs as (`~/.docker/config.json`, else
-   `~/.dockercfg`; read by the Docker SDK, which also asks its credential helpers);
+2. the Docker config of gitlab-runner's user, whose stage this is (`~/.docker/config.json`,
+   else `~/.dockercfg`; read by the Docker SDK): every `auths` key by its path, and the
+   credential helper's answer for the image's host;
 3. the job payload's `credentials` of type `registry`: GitLab's own container registry
    with `gitlab-ci-token` and the job's token (common/spec/spec.go `Credentials`).
 
@@ -27,12 +28,12 @@ import binascii
 import dataclasses
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable
 
 DOCKER_HUB = "docker.io"
 SOURCE_VARIABLE = "$DOCKER_AUTH_CONFIG"
 SOURCE_PAYLOAD = "job payload (GitLab Registry)"
+SOURCE_HOME = "gitlab-runner's user's Docker config"
 _SCHEME = re.compile(r"^https?://", re.IGNORECASE)
 
 
@@ -129,11 +130,12 @@ def from_docker_config(text: str) -> tuple[list[tuple[str, str, str]], str]:
     return found, "; ".join(problems)
 
 
-def for_image(image: str, *, variable: str, home: Callable[[str], Mapping[str, Any] | None],
+def for_image(image: str, *, variable: str, home: Callable[[str], Iterable[tuple[str, str, str]]],
               payload: Iterable[RegistryCredential]) -> tuple[Credential | None, list[str]]:
     """The credentials to pull `image` with (None: pull without), and lines for the job
     log about sources that could not be read. `variable` is DOCKER_AUTH_CONFIG's value;
-    `home(host)` asks the stage user's own Docker config for a registry host."""
+    `home(host)` gives (server, username, password) of gitlab-runner's user's own Docker
+    config, its helper asked for the image's host."""
     known: dict[str, Credential] = {}
     notes = []
 
@@ -148,11 +150,8 @@ def for_image(image: str, *, variable: str, home: Callable[[str], Mapping[str, A
         for server, username, password in entries:
             add(SOURCE_VARIABLE, server, username, password)
     wanted = image_path(image)
-    host = wanted.partition("/")[0]
-    own = home(DOCKER_HUB if host == DOCKER_HUB else host)
-    if own and (own.get("username") or own.get("Username")):
-        add("the stage user's Docker config", host, str(own.get("username") or own.get("Username")),
-            str(own.get("password") or own.get("Password") or ""))
+    for server, username, password in home(wanted.partition("/")[0]):
+        add(SOURCE_HOME, server, username, password)
     for entry in payload:
         if entry.type == "registry" and entry.url:
             add(SOURCE_PAYLOAD, entry.url, entry.username, entry.password)

@@ -138,6 +138,16 @@ def test_status_sim_json(tmp_path: Path) -> None:
     assert not any(s["registered"] for s in report["slots"])
 
 
+def test_status_says_unknown_where_nvml_cannot_list_the_processes(tmp_path: Path) -> None:
+    """It said "idle" for a GPU whose processes NVML cannot list (found by a review)."""
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text("host: gpu-a\ngpus:\n  - {index: 0}\n  - {index: 1, processes_known: false}\n")
+    result = runnerctl("status", "--gpu-source", f"sim:{gpus}", "--json", "--host", "gpu-a",
+                       "--runner-config", str(tmp_path / "config.toml"))
+    assert result.returncode == 0, result.stderr
+    assert [g["state"] for g in json.loads(result.stdout)["gpus"]] == ["idle", "unknown"]
+
+
 def test_mig_gpus_are_left_alone_by_status_and_init(tmp_path: Path) -> None:
     gpus = tmp_path / "gpus.yaml"
     gpus.write_text("gpus:\n  - {}\n  - {mig: true, utilization: null}\n  - {}\n  - {}\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Iterator
@@ -144,6 +145,20 @@ def test_a_gpu_whose_processes_nvml_cannot_list_stays_closed() -> None:
     assert state.closed and state.reason == UNLISTED_REASON
     held = step(GateState(), quiet, now=0, is_ci=lambda i, p: False, owned=True, limits=limits)
     assert not held.closed  # a CI lease holds it: its job runs there
+
+
+def test_an_unlisted_gpu_shows_as_unknown() -> None:
+    """Closed because NVML cannot list its processes: "unknown" on the page and in the
+    occupancy metric, not "foreign" (no one is known to use it)."""
+    from runnerctl.controller.view import GpuView, _one
+    from runnerctl.model import Gpu
+
+    quiet = Gpu(1, "GPU-1", "sim", 80 << 30, 0, 0.0, processes_known=False)
+    state = _one(1, {1: quiet}, GpuView(1, False, "NVML cannot list its processes", False), [], None, {})
+    assert state.state == "unknown" and "cannot list" in state.detail
+    listed = _one(1, {1: dataclasses.replace(quiet, processes_known=True)},
+                  GpuView(1, False, "foreign process 42", False), [], None, {})
+    assert listed.state == "foreign"
 
 
 def test_admin_toggles_pause_drain_resume(world: World, tmp_path: Path,

@@ -112,7 +112,20 @@ def test_optuna_sweep_with_its_database_inside_a_two_node_slurm_job(host: Path, 
     assert ran >= 12
     sql = (dump / "optuna-sweep.sql").read_text()
     copy = sql.split("COPY public.trials ")[1].split("\n\\.\n")[0].splitlines()[1:]
-    assert sum("COMPLETE" in row for row in copy) >= 12  # the artifacts hold the study
+    first = sum("COMPLETE" in row for row in copy)
+    assert first >= 12  # the artifacts hold the study
+    # the next job finds the dump and goes on with the study, as seed 000 kept its database
+    again = FakeJob(id=957, variables=job.variables)
+    results = harness.run_job(again, body.replace(" sweep 12 ", " sweep 20 "), timeout=240)
+    build = results["build_script"]
+    assert build.code == 0, build.output
+    assert f"study sweep resumed from {dump / 'optuna-sweep.sql'}" in build.output
+    more = sum(int(line.split(" ran ")[1].split()[0]) for line in build.output.splitlines()
+               if line.startswith("worker "))
+    assert 0 < more <= 20 - first + 2, build.output  # only the trials still to do (2 workers may overshoot)
+    sql = (dump / "optuna-sweep.sql").read_text()
+    copy = sql.split("COPY public.trials ")[1].split("\n\\.\n")[0].splitlines()[1:]
+    assert sum("COMPLETE" in row for row in copy) >= 20
 
 
 def test_the_hpc_batch_job_component_runs_across_two_slurm_nodes(host: Path) -> None:

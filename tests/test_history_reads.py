@@ -4,6 +4,7 @@ gives (runnerctl/controller/estimates.py, fair_usage.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -13,7 +14,6 @@ from runnerctl.controller import jobs_store
 from runnerctl.controller.demand import PendingJob
 from runnerctl.controller.estimates import FULL_S, LATE_S, REFRESH_S, Estimates
 from runnerctl.controller.fair_usage import FairShare
-from runnerctl.controller.fairshare import Usage
 from runnerctl.controller.jobs_store import JobRecord
 from runnerctl.controller.store import Store
 from runnerctl.settings import ControllerSettings
@@ -117,5 +117,42 @@ def test_incremental_fair_share_usage_equals_a_full_read(tmp_path: Path, seed: i
         assert set(mine) == set(theirs)
         for key in theirs:
             assert mine[key] == pytest.approx(theirs[key], rel=1e-9), (table, key)
-    assert isinstance(full.usage, Usage)
+    store.close()
+
+
+def test_a_row_closed_between_the_two_reads_counts_once(tmp_path: Path) -> None:
+    """The open rows and the rows ended since the last read are two reads: a job whose host
+    closed its row in between came back from both and its use was added twice."""
+    store = Store.open(state_dir=tmp_path)
+    settings = ControllerSettings(fair_weight_h=2.0, fair_half_life_h=1.0)
+    fair = FairShare(store, settings)
+    start = 100 * HOUR
+    running = _row(1, name="train", user="ann", start=start - HOUR, end=None, seen=start)
+    jobs_store.save_jobs(store, [running])
+    fair.penalties([_pending("train")], start)
+    now = start + REFRESH_S
+    open_then = [dataclasses.replace(running, seen_at=now - 1)]  # what the first read saw
+    closed = _row(1, name="train", user="ann", start=start - HOUR, end=now - 1, seen=now - 1)
+    jobs_store.save_jobs(store, [closed])
+    usage = fair._read(now, open_then)
+    full = FairShare(store, settings)
+    full.penalties([_pending("train")], now)
+    assert full.usage is not None
+    assert usage.users["ann"] == pytest.approx(full.usage.users["ann"], rel=1e-9)
+    store.close()
+
+
+def test_a_host_whose_clock_is_ahead_hides_no_other_hosts_runs(tmp_path: Path) -> None:
+    store = Store.open(state_dir=tmp_path)
+    estimates = Estimates(store)
+    now = 100 * HOUR
+    pending = [_pending("train")]
+    ahead = _row(1, name="eval", user="ann", start=now + HOUR - 60, end=now + HOUR, seen=now + HOUR,
+                 host="fast")
+    jobs_store.save_jobs(store, [ahead])
+    assert estimates.of(pending, now) == {}
+    jobs_store.save_jobs(store, [_row(2, name="train", user="bob", start=now - 630, end=now + 30,
+                                      seen=now + 30)])
+    assert estimates.of(pending, now + REFRESH_S) == Estimates(store).of(pending, now + REFRESH_S) \
+        == {pending[0].job_id: 660.0}
     store.close()

@@ -206,16 +206,20 @@ def test_live_source_counts_hardware_xids_between_snapshots(caplog: pytest.LogCa
 
 def test_a_gpu_lost_while_watched_leaves_the_others_readable() -> None:
     """The event wait answers GPU_IS_LOST once a watched GPU fell off the bus: that failed
-    every snapshot of the whole host (found by a review as an NVML expert)."""
+    every snapshot of the whole host (found by a review as an NVML expert), and the other
+    GPUs' Xids must still be counted afterwards."""
     state = _state()
     with installed(state):
         source = open_gpu_source("nvml", host="h", watch_xid=True)
         source.snapshot()
         state.gpus[1].lost = True
         first, second = source.snapshot().gpus
+        state.raise_xid(0, 48)  # after the loss, on a GPU still here
         again = source.snapshot()
-    assert second.lost and not first.lost and first.xid_errors == 0
+    assert second.lost and not first.lost
+    assert first.xid_errors is None  # the dropped set's events are unknown, not none
     assert [g.lost for g in again.gpus] == [False, True]
+    assert again.gpus[0].xid_errors == 1 and again.gpus[0].healthy is False
 
 
 def test_xid_events_unsupported_stay_unknown() -> None:

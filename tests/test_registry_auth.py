@@ -52,8 +52,8 @@ def _basic(user: str, password: str) -> dict[str, str]:
     return {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
-def _none(host: str) -> None:
-    return None
+def _none(host: str) -> list[tuple[str, str, str]]:
+    return []
 
 
 def _payload(url: str, password: str = "job-token") -> list[RegistryCredential]:
@@ -65,18 +65,33 @@ def test_the_variable_comes_before_the_users_config_and_the_payload() -> None:
     registry an earlier source named keeps its credentials."""
     variable = _config(**{"reg.example:5050": _basic("lab", "from-variable")})
     found, notes = for_image("reg.example:5050/ml/train:1", variable=variable,
-                             home=lambda host: {"username": "me", "password": "from-home"},
+                             home=lambda host: [(host, "me", "from-home")],
                              payload=_payload("reg.example:5050"))
     assert found is not None and (found.source, found.password) == (SOURCE_VARIABLE, "from-variable")
     assert notes == []
     found, _ = for_image("reg.example:5050/ml/train:1", variable="",
-                         home=lambda host: {"Username": "me", "Password": "from-home"},
+                         home=lambda host: [(host, "me", "from-home")],
                          payload=_payload("reg.example:5050"))
     assert found is not None and (found.username, found.password) == ("me", "from-home")
     found, _ = for_image("reg.example:5050/ml/train:1", variable="", home=_none,
                          payload=_payload("reg.example:5050"))
     assert found is not None and (found.source, found.password) == (SOURCE_PAYLOAD, "job-token")
     assert "job-token" not in repr(found)
+
+
+def test_a_home_entry_for_a_group_does_not_shadow_the_job_token_for_the_host() -> None:
+    """gitlab-runner registers every key of its user's config by its path: `reg/team`
+    covers that group's images, and the job token still reaches the rest of `reg`
+    (docker-py's resolve_authconfig matched keys by host name, found by a review)."""
+    def home(host: str) -> list[tuple[str, str, str]]:
+        return [("reg.example:5050/team", "robot", "team-secret")]
+
+    team, _ = for_image("reg.example:5050/team/img:1", variable="", home=home,
+                        payload=_payload("reg.example:5050"))
+    mine, _ = for_image("reg.example:5050/ml/train:1", variable="", home=home,
+                        payload=_payload("reg.example:5050"))
+    assert team is not None and team.password == "team-secret"
+    assert mine is not None and mine.password == "job-token"
 
 
 def test_the_longest_registry_path_wins_whatever_its_source() -> None:
@@ -121,3 +136,15 @@ def test_the_job_carries_its_credentials_from_the_payload(tmp_path: Any) -> None
                                                            "glcbt-x"),)
     assert job.docker_auth_config == '{"auths": {}}' and job.services == ("postgres:16",)
     assert "glcbt-x" not in repr(job) and "auths" not in repr(job)
+
+
+def test_docker_auth_config_is_the_value_gitlab_runner_resolved(tmp_path: Any) -> None:
+    """gitlab-runner takes the last copy of a variable and expands it (spec/variables.go)
+    and passes that as CUSTOM_ENV_; the payload's first copy was taken (found by a review)."""
+    payload = {"id": 9, "variables": [{"key": "DOCKER_AUTH_CONFIG", "value": "from .gitlab-ci.yml"},
+                                      {"key": "DOCKER_AUTH_CONFIG", "value": "the project's secret"}]}
+    (tmp_path / "response.json").write_text(json.dumps(payload))
+    env = {"JOB_RESPONSE_FILE": str(tmp_path / "response.json")}
+    assert Job.from_env(env).docker_auth_config == "the project's secret"
+    expanded = {**env, "CUSTOM_ENV_DOCKER_AUTH_CONFIG": '{"auths": {"reg.example:5050": {}}}'}
+    assert Job.from_env(expanded).docker_auth_config == '{"auths": {"reg.example:5050": {}}}'

@@ -11,6 +11,8 @@
 # reads them: workers stop when the study holds TRIALS complete trials); the workers
 # retry until the database answers. At the end the database is dumped to
 # $OPTUNA_DUMP_DIR (default ./artifacts) as optuna-STUDY.sql, and the server stopped.
+# A dump already there (OPTUNA_DUMP_DIR on the shared file system, or a previous job's
+# artifacts) is loaded first: the study goes on with its trials, up to TRIALS in all.
 set -euo pipefail
 [ $# -ge 3 ] || { echo "usage: $0 STUDY TRIALS WORKER_COMMAND..." >&2; exit 2; }
 study=$1 trials=$2
@@ -25,9 +27,15 @@ pg=(runnerctl postgres --dir "$scratch" --listen "$MASTER_ADDR" --port $(( MASTE
 "${pg[@]}" start >/dev/null
 trap '"${pg[@]}" stop >/dev/null; rm -rf "$scratch"' EXIT
 url=$("${pg[@]}" create-study --kind rdb --host "$MASTER_ADDR" "$study" | tail -n 1)  # RDB tables: the dump is readable without runnerctl
+dburl=${url#journal+}  # runnerctl journal storage or RDB: both are one PostgreSQL database
+dump=$dump_dir/optuna-$study.sql
+if [ -s "$dump" ]; then  # written with --clean: it replaces the new study's empty tables
+    psql --quiet -v ON_ERROR_STOP=1 --dbname="${dburl/+psycopg/}" --file="$dump" >/dev/null
+    echo "optuna-in-job: study $study resumed from $dump"
+fi
 echo "optuna-in-job: study $study on $MASTER_ADDR, $trials trials over $WORLD_SIZE nodes"
 export OPTUNA_STORAGE=$url OPTUNA_STUDY_NAME=$study OPTUNA_N_TRIALS=$trials
 "$RUNNERCTL_EACH_NODE" "$@"
-dburl=${url#journal+}  # runnerctl journal storage or RDB: both are one PostgreSQL database
-pg_dump --dbname="${dburl/+psycopg/}" --file="$dump_dir/optuna-$study.sql"
-echo "optuna-in-job: database dumped to $dump_dir/optuna-$study.sql"
+pg_dump --clean --if-exists --dbname="${dburl/+psycopg/}" --file="$dump.tmp"
+mv "$dump.tmp" "$dump"  # a job killed while dumping leaves the last whole dump
+echo "optuna-in-job: database dumped to $dump"

@@ -218,7 +218,7 @@ def status_report(snapshot: GpuSnapshot, entries: dict[str, dict[str, Any]]) -> 
         gpus.append({
             "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name,
             "state": ("lost" if gpu.lost else "mig" if gpu.mig_enabled else
-                      "busy" if gpu.processes else "idle"),
+                      "busy" if gpu.processes else "idle" if gpu.processes_known else "unknown"),
             "mig_enabled": gpu.mig_enabled,
             "utilization": gpu.utilization, "memory_used_bytes": gpu.memory_used_bytes,
             "memory_total_bytes": gpu.memory_total_bytes, "healthy": gpu.healthy,

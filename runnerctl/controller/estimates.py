@@ -111,7 +111,7 @@ class Estimates:
             if self._recent.get((run.host, run.job_id)) == end:
                 continue  # read before, within LATE_S of the newest end
             self._recent[(run.host, run.job_id)] = end
-            self._newest = max(self._newest, end)
+            self._newest = max(self._newest, min(end, now))  # a host's clock ahead hides no one
             if run.outcome not in NOT_RUNS:
                 self.times.add((run.project, run.name), end - run.started_at)
         self._recent = {key: end for key, end in self._recent.items() if end >= self._newest - LATE_S}

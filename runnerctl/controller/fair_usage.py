@@ -63,7 +63,6 @@ class FairShare:
                           projects={j.project for j in jobs})
         return fair_seconds(table, jobs, running)
 
-
     def _read(self, now: float, open_rows: list[jobs_store.JobRecord]) -> Usage:
         usage = self.usage
         if usage is None or now < self._read_at or due(now, self._full_at + FULL_S, FULL_S):
@@ -72,7 +71,9 @@ class FairShare:
             usage, self._full_at = Usage.of(spans, now, self.policy.half_life_s), now
         else:  # the use since the last read: of the jobs running, and of those that ended since
             usage.decay_to(now)
-            for record in [*open_rows, *jobs_store.ended_after(self.store, self._read_at)]:
+            rows = {(r.host, r.job_id): r for r in open_rows}  # read apart: a row closed in between
+            rows.update({(r.host, r.job_id): r for r in jobs_store.ended_after(self.store, self._read_at)})
+            for record in rows.values():  # is in both, and counts once, closed
                 usage.add(self._span(record, now), since=self._read_at)
         self.usage, self._read_at = usage, now
         return usage

@@ -70,7 +70,7 @@ class StatsView:
     first_at: float  # clock of the first tick these counters cover
     ticks: int
     occupancy: Mapping[int, str]  # GPU index -> class now
-    foreign_processes: Mapping[int, int]  # GPU index -> processes not under a CI lease
+    foreign_processes: Mapping[int, int]  # GPU index -> processes not under a CI lease (absent: unknown)
     gpu_seconds: Mapping[tuple[int, str], float]  # (GPU index, class) -> seconds
     job_waits: Mapping[int, Histogram]  # GPUs asked -> wait from creation to start
     reconcile: Histogram
@@ -133,8 +133,9 @@ class ControllerStats:
         self._reconcile = self._reconcile.observe(duration_s)
         self._time_waits(view)
         self._count_toggles(view)
-        foreign = {} if view.snapshot is None else {
-            g.index: sum(1 for p in g.processes if not is_ci(g.index, p)) for g in view.snapshot.gpus}
+        foreign = {} if view.snapshot is None else {  # a GPU whose processes NVML cannot list: none
+            g.index: sum(1 for p in g.processes if not is_ci(g.index, p))
+            for g in view.snapshot.gpus if g.processes_known}
         requests = dict(gitlab.requests_by_status) if isinstance(gitlab, CountsRequests) else None
         self.view = StatsView(
             view=view, first_at=previous.first_at if previous else view.at,

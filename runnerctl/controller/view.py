@@ -138,8 +138,8 @@ def _one(index: int, gpus: Mapping[int, Any], gate: GpuView | None, over: Sequen
                             describe(toggle) + (f"; still running: {jobs}" if jobs else ""))
     if jobs:
         return GpuOccupancy("ci", jobs)
-    if gate is not None and not gate.open:
-        return GpuOccupancy("foreign", gate.reason)
+    if gate is not None and not gate.open:  # closed; by whom, NVML may not be able to say
+        return GpuOccupancy("foreign" if gpu.processes_known else "unknown", gate.reason)
     waiting = [s for s in over if s.state == "draining"]
     if waiting:
         return GpuOccupancy("draining", f"held for job {drains[waiting[0].name]}"

@@ -47,7 +47,8 @@ def collect(stats: StatsView) -> Iterator[Metric]:
             used.add_metric(labels, gpu.memory_used_bytes)
         if gpu.memory_total_bytes is not None:
             total.add_metric(labels, gpu.memory_total_bytes)
-        foreign.add_metric(labels, stats.foreign_processes.get(index, 0))
+        if index in stats.foreign_processes:  # absent: NVML cannot list its processes (unknown, not 0)
+            foreign.add_metric(labels, stats.foreign_processes[index])
     yield from (info, utilization, used, total, foreign)
     yield _states(stats, uuids)
     yield _seconds(stats, uuids)

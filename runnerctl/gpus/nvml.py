@@ -126,17 +126,25 @@ class NvmlSession:
             else:
                 self._xid_unwatchable.add(index)
 
-    def _drain_xid(self) -> None:
-        """Count the hardware Xids waiting in the event set, without blocking."""
+    def _drain_xid(self) -> bool:
+        """Count the hardware Xids waiting in the event set, without blocking; False when
+        a watched GPU fell off the bus: the wait then answers GPU_IS_LOST for ever (nvml.h),
+        so the set is dropped, with the events it still held, to be made again without it."""
         if self._events is None:
-            return
+            return True
         for _ in range(_MAX_EVENTS_PER_SNAPSHOT):
             try:
                 data = pynvml.nvmlEventSetWait_v2(self._events, 0)
             except pynvml.NVMLError_Timeout:
-                return
-            except pynvml.NVMLError_GpuIsLost:  # a watched GPU fell off the bus: its own read says so,
-                return  # and the other GPUs stay readable (it failed every tick of the whole host)
+                return True
+            except pynvml.NVMLError_GpuIsLost:
+                try:
+                    pynvml.nvmlEventSetFree(self._events)
+                except pynvml.NVMLError as exc:
+                    log.debug("nvmlEventSetFree failed: %s", exc)
+                self._events = None
+                self._xid_watched.clear()  # the counts stay; the GPUs still here are watched again
+                return False
             index = self._xid_watched.get(_address(data.device))
             if index is None or not data.eventType & pynvml.nvmlEventTypeXidCriticalError:
                 continue
@@ -147,6 +155,7 @@ class NvmlSession:
                             index, xid)
             else:
                 log.info("GPU %d: Xid %d (application fault; the GPU stays open)", index, xid)
+        return True
 
     def snapshot(self, host: str, *, watch_xid: bool = False) -> GpuSnapshot:
         """Every GPU once; with `watch_xid`, Xid counts since this session first watched
@@ -169,8 +178,11 @@ class NvmlSession:
                 gpus.append(_lost_gpu(index))
         if watch_xid:
             self._watch_xid(handles)
-            self._drain_xid()
-            gpus = [g if g.lost else dataclasses.replace(g, xid_errors=self._xid_counts.get(g.index))
+            drained = self._drain_xid()
+            if not drained:  # a GPU was lost: what the old set held is unknown this once
+                self._watch_xid(handles)
+            gpus = [g if g.lost else dataclasses.replace(
+                        g, xid_errors=self._xid_counts.get(g.index) if drained else None)
                     for g in gpus]
         driver = self.query(pynvml.nvmlSystemGetDriverVersion)
         return GpuSnapshot(
