@@ -328,3 +328,44 @@ def test_writes_refused_for_good_stay_a_trouble_said_once_while_reads_answer(
     token.scopes = frozenset({"api"})
     world.advance(400)  # the next write, after the back-off (at most backoff_max_s)
     assert world.controller.health.write_error == "" and live.report()[0]
+
+
+def test_health_and_metrics_answer_while_page_requests_fill_the_thread_pool(world: World) -> None:
+    """Page requests are sync handlers on the thread pool and wait on the store's lock; a
+    slow store filled the pool and /healthz and /metrics queued behind them (found by a
+    review as a concurrency engineer). Here the pool has one thread, held by a request."""
+    import anyio.to_thread
+
+    entered, release = threading.Event(), threading.Event()
+
+    def page(app: Any) -> None:
+        @app.on_event("startup")
+        async def one_thread() -> None:
+            anyio.to_thread.current_default_thread_limiter().total_tokens = 1
+
+        @app.get("/api/slow")
+        def slow() -> dict[str, bool]:  # as a page read waiting on a busy store
+            entered.set()
+            release.wait(60)
+            return {"ok": True}
+
+    app = create_app(lambda: world.controller.view, world.controller.demand.webhook,
+                     lambda: (b"runnerctl_up 1\n", "text/plain"), extend=[page],
+                     health=lambda: (True, {}))
+    with TestClient(app) as client:
+        held = threading.Thread(target=lambda: client.get("/api/slow"), daemon=True)
+        held.start()
+        assert entered.wait(60)
+        answers: dict[str, int] = {}
+
+        def ask() -> None:
+            for path in ("/healthz", "/metrics", "/api/state"):
+                answers[path] = client.get(path).status_code
+
+        asking = threading.Thread(target=ask, daemon=True)
+        asking.start()
+        asking.join(30)
+        done = not asking.is_alive()
+        release.set()
+        held.join(60)
+    assert done and answers == {"/healthz": 200, "/metrics": 200, "/api/state": 200}, answers

@@ -163,3 +163,56 @@ def test_a_job_of_unknown_age_counts_from_when_it_was_first_seen() -> None:
     ages = {j.job_id: j.created_at for j in tracker.jobs}
     assert ages == {1: 999_000.0, 2: 1_000_000.0, 3: 1_000_600.0}  # odd keeps its first sighting
     assert [j.job_id for j in tracker.jobs] == [1, 2, 3]
+
+
+def _build(project: int, job_id: int, status: str) -> dict[str, object]:
+    return {"object_kind": "build", "project_id": project, "build_id": job_id, "build_status": status}
+
+
+def test_a_job_that_started_while_gitlab_was_read_is_not_brought_back(gitlab_server: GitLabServer,
+                                                                     gl: PythonGitLab) -> None:
+    """The look's request went out while the job was pending; its "running" webhook came
+    before the answer, which then put it back as pending: a host could drain a block for
+    a job already running (found by a review as a concurrency engineer)."""
+    clock = Clock()
+    job = gitlab_server.state.enqueue_job(project_id=5, tags=["gpus:8"])
+    tracker = _tracker(clock, projects=(5,))
+
+    class Racing:  # the webhook arrives while GitLab answers
+        def __getattr__(self, name: str) -> object:
+            return getattr(gl, name)
+
+        def job(self, project: int, job_id: int) -> JobInfo | None:
+            found = gl.job(project, job_id)
+            assert tracker.webhook("s3cret", _build(project, job_id, "running"))
+            return found
+
+        def pending_jobs(self, project: int) -> list[JobInfo]:
+            found = gl.pending_jobs(project)
+            assert tracker.webhook("s3cret", _build(project, job.id, "running"))
+            return found
+
+    assert tracker.webhook("s3cret", _build(5, job.id, "pending"))
+    tracker.poll(Racing())  # type: ignore[arg-type]
+    assert tracker.jobs == []
+    clock.now += 600
+    tracker.poll(Racing())  # type: ignore[arg-type]  # a whole project's poll races alike
+    assert tracker.jobs == []
+
+
+def test_a_look_emptied_by_a_webhook_just_before_is_no_error(gitlab_server: GitLabServer,
+                                                             gl: PythonGitLab) -> None:
+    """`poll` checked for looks outside its lock: a webhook that emptied them in between
+    made `next(iter({}))` end the tick with StopIteration."""
+    clock = Clock()
+    tracker = _tracker(clock, projects=(5,))
+    assert tracker.webhook("s3cret", _build(5, 77, "pending"))
+    take = tracker.budget.try_take
+
+    def racing_take(count: float = 1.0) -> bool:
+        tracker.webhook("s3cret", _build(5, 77, "running"))  # empties the looks
+        return take(count)
+
+    tracker.budget.try_take = racing_take  # type: ignore[method-assign]
+    tracker.poll(gl)  # no StopIteration
+    assert tracker.jobs == []

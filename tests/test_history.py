@@ -426,3 +426,47 @@ def test_a_job_across_a_clock_stepped_back_stays_in_the_history_and_the_report(t
     assert row.started_at <= row.seen_at <= row.ended_at  # type: ignore[operator]
     assert row.ended_at is not None and row.ended_at - row.started_at >= 590  # the part it saw
     assert "carol" in to_text(build([row], by="user", since=None, until=start + 7200))
+
+
+def test_the_pages_job_memory_is_shared_by_request_threads_and_forgets_jobs_gone(world: World) -> None:
+    """Two page requests updating it at once raised "dictionary changed size during
+    iteration" (a 500), and jobs that ran on another host stayed in it for ever (found by
+    a review as a concurrency engineer)."""
+    import sys
+    import threading
+
+    from runnerctl.web.view import JobMemory
+
+    for _ in range(8):
+        world.submit(1, 3600.0)
+    world.advance(12)  # every GPU busy
+    pending = world.submit(8, 600.0)  # waits for a drain, listed in demand
+    world.advance(12)
+    busy = world.controller.view
+    assert any(j.job_id == pending for j in busy.demand)
+    empty = dataclasses.replace(busy, demand=(), owners={}, slots=())
+    memory = JobMemory()
+    memory.update(busy)
+    assert pending in memory.owner
+    memory.update(empty)  # it ran elsewhere, or was cancelled
+    assert memory.owner == {} and memory.first_seen == {}
+    errors: list[BaseException] = []
+
+    def hammer() -> None:
+        for i in range(2000):
+            try:
+                memory.update(busy if i % 2 else empty)
+            except BaseException as exc:  # noqa: BLE001 - any error is the finding
+                errors.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        threads = [threading.Thread(target=hammer) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []

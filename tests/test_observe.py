@@ -56,3 +56,27 @@ def test_controller_and_prepare_gate_agree_on_ci_and_foreign(
                                                         owned=g.index in (0, 1), limits=limits).closed}
     assert closed == {0, 2}
     assert dataclasses.replace(lease, pgid=group.pid) in read_leases(state)
+
+
+def test_a_process_that_ended_mid_tick_on_a_leased_gpu_is_not_foreign(tmp_path: Path) -> None:
+    """NVML's list is read before the leases in a tick: a job's own process that exited in
+    between failed every CI test and closed the GPU as foreign for the cool-down (found by
+    a review as a concurrency engineer). Gone, it uses no GPU; a live one of another user
+    on the same GPU stays foreign, and a gone one on a GPU no lease holds is not CI."""
+    from runnerctl.model import GpuProcess, ProcessKind
+
+    jobs = LeaseJobs(tmp_path)
+    jobs.table.acquire((0,), Lease(gpu=-1, job_id="7", slot="runnerctl/h/gpu0", driver="shell", owner_pid=1,
+                                   owner_started=0.0, created_at=time.time(), nonce=new_nonce()), wait_s=0)
+    jobs.running()
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    colleague = subprocess.Popen(["sleep", "60"], user="nobody")
+    try:
+        gone = GpuProcess(ended.pid, ProcessKind.COMPUTE, None, "root", "python train.py")
+        alive = GpuProcess(colleague.pid, ProcessKind.COMPUTE, None, "nobody", "sleep 60")
+        assert jobs.is_ci(0, gone) and not jobs.is_ci(0, alive)
+        assert not jobs.is_ci(1, gone)  # no lease on GPU 1
+    finally:
+        colleague.kill()
+        colleague.wait()

@@ -59,18 +59,21 @@ def create_app(view: Callable[[], ControllerView],
     if metrics is not None:
         render = metrics
 
+        # async: answered on the event loop, never queued behind page requests that fill the
+        # thread pool while they wait on a slow store (found by a review as a concurrency
+        # engineer: /healthz and /metrics hung for as long, and the wrong alert fired)
         @app.get("/metrics", include_in_schema=False)
-        def prometheus_metrics() -> Response:
+        async def prometheus_metrics() -> Response:
             body, content_type = render()
             return Response(body, media_type=content_type)
 
     @app.get("/api/state")
-    def state() -> JSONResponse:
+    async def state() -> JSONResponse:
         return JSONResponse(view().to_json())
 
     @app.get("/healthz", responses={503: {"description": "no good tick lately, the loop's thread died, or "
                                                   "GitLab or the GPUs failing for as long"}})
-    def healthz() -> JSONResponse:
+    async def healthz() -> JSONResponse:
         current = view()
         ok, detail = health() if health is not None else (True, {})
         return JSONResponse({"ok": ok, "tick": current.tick, "host": current.host, **detail},

@@ -155,6 +155,7 @@ class DemandTracker:
         self._named: set[int] = set()  # projects webhooks told of (kept across discoveries)
         self._jobs: dict[int, PendingJob] = {}
         self._outcomes: dict[int, str] = {}  # job id -> final status from a webhook (job history)
+        self._left: dict[int, float] = {}  # job id -> when a webhook said it left pending (bounded)
         self._active: dict[int, float] = {}  # project -> last activity
         self._polled: dict[int, float] = {}
         self._lookups: dict[int, set[int]] = {}  # project -> pending jobs webhooks told of
@@ -198,6 +199,8 @@ class DemandTracker:
             if not self.budget.try_take():
                 return
             with self._lock:
+                if not self._lookups:  # a webhook emptied it since: the request is spent, no look
+                    return
                 first = next(iter(self._lookups))
                 job_ids = self._lookups.pop(first)
             self._look(gitlab, first, job_ids, now)
@@ -225,7 +228,7 @@ class DemandTracker:
                 found, project_id=project, priorities=self.priorities,
                 seen_at=known.created_at if known else now, now=now)
             self._jobs.pop(job_id, None)
-            if pending is not None:
+            if pending is not None and not self._left_since(job_id, now):
                 self._jobs[job_id] = pending
 
     def _poll_project(self, gitlab: GitLabPort, project: int, now: float) -> None:
@@ -298,10 +301,17 @@ class DemandTracker:
         for job in jobs:
             pending = pending_job(job, project_id=project, priorities=self.priorities,
                                   seen_at=seen.get(job.id, now), now=now)
-            if pending is not None:
+            if pending is not None and not self._left_since(job.id, now):
                 self._jobs[job.id] = pending
         if jobs:
             self._active[project] = now
+
+    def _left_since(self, job_id: int, asked_at: float) -> bool:
+        """A webhook said the job left pending after a GitLab read began at `asked_at`: the
+        read's "pending" is older news (it brought a running job back as pending, and a host
+        could drain a block for it; found by a review as a concurrency engineer)."""
+        left = self._left.get(job_id)
+        return left is not None and left >= asked_at
 
     def forget(self, job_ids: Iterable[int]) -> None:
         """Jobs seen running or finished elsewhere (e.g. picked by a runner)."""
@@ -353,6 +363,9 @@ class DemandTracker:
             self._outcomes[job_id] = str(payload["build_status"])
         if payload.get("build_status") != "pending":
             self._jobs.pop(job_id, None)
+            if len(self._left) >= 10_000:
+                self._left.pop(next(iter(self._left)))
+            self._left[job_id] = now
             self._lookups.get(project, set()).discard(job_id)
             if not self._lookups.get(project, True):
                 del self._lookups[project]

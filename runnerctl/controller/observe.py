@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
 
+import psutil
+
 from runnerctl.controller.demand import ApiBudget
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi, step
 from runnerctl.gitlab import GitLabPort
@@ -149,11 +151,16 @@ class LeaseJobs:
         `running()`, earlier in the same tick), by the very test the executor's prepare
         gate applies (`executors.gate.belongs_to`, through `classify`): its lease token,
         the lease's container or Slurm job cgroup, or its process group. So the
-        controller and the executors never disagree on what is foreign."""
+        controller and the executors never disagree on what is foreign.
+
+        A process gone by now counts as CI on a leased GPU: NVML listed it before the leases
+        were read, and a job's own process that exited in between was named foreign and
+        closed the GPU for the cool-down (found by a review as a concurrency engineer);
+        gone, it uses no GPU, and one of another user that is still there stays foreign."""
         from runnerctl.executors.gate import belongs_to
 
         lease = self._leases.get(gpu)
-        return lease is not None and belongs_to(process.pid, lease)
+        return lease is not None and (belongs_to(process.pid, lease) or not psutil.pid_exists(process.pid))
 
 
 def nothing_is_ci(gpu: int, process: GpuProcess) -> bool:

@@ -10,6 +10,7 @@ numbers and reasons.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 
 from pydantic import BaseModel
@@ -100,24 +101,33 @@ class HostOut(BaseModel):
 
 class JobMemory:
     """Who submitted a job and its link, remembered from demand (GitLab forgets neither,
-    but the controller stops listing a job once it runs); and when it was first seen running."""
+    but the controller stops listing a job once it runs); and when it was first seen running.
+
+    The page's request threads share one: `update` holds a lock (two at once raised
+    "dictionary changed size during iteration", a 500; found by a review as a concurrency
+    engineer), and forgets the jobs neither pending nor running here (those that ran on
+    another host were kept for ever)."""
 
     def __init__(self) -> None:
         self.owner: dict[int, tuple[str | None, str | None]] = {}
         self.first_seen: dict[int, float] = {}
+        self._lock = threading.Lock()
 
     def update(self, view: ControllerView) -> None:
-        for job in view.demand:
-            self.owner[job.job_id] = (job.user, job.web_url)
-        for job_id, (user, url) in view.owners.items():  # from the lease: covers jobs never seen pending
-            known = self.owner.get(job_id, (None, None))
-            self.owner[job_id] = (known[0] or user or None, known[1] or url or None)
-        running = {j for s in view.slots for j in s.running_jobs}
-        for job_id in running:
-            self.first_seen.setdefault(job_id, view.at)
-        for job_id in [j for j in self.first_seen if j not in running]:
-            del self.first_seen[job_id]
-            self.owner.pop(job_id, None)
+        with self._lock:
+            for job in view.demand:
+                self.owner[job.job_id] = (job.user, job.web_url)
+            for job_id, (user, url) in view.owners.items():  # the lease's: jobs never seen pending
+                known = self.owner.get(job_id, (None, None))
+                self.owner[job_id] = (known[0] or user or None, known[1] or url or None)
+            running = {j for s in view.slots for j in s.running_jobs}
+            for job_id in running:
+                self.first_seen.setdefault(job_id, view.at)
+            for job_id in [j for j in self.first_seen if j not in running]:
+                del self.first_seen[job_id]
+            keep = running | {job.job_id for job in view.demand} | set(view.owners)
+            for job_id in [j for j in self.owner if j not in keep]:
+                del self.owner[job_id]
 
 
 def host_page(view: ControllerView, events: Iterable[Event], jobs: JobMemory) -> HostOut:
