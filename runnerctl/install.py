@@ -16,7 +16,7 @@ Who runs what, and why:
   `postgres` user itself (no PAM: pam_systemd would move the postmaster out of the unit's
   cgroup) exactly as by hand; systemd follows the postmaster's pid file. The unit is
   skipped, not failed, on a host whose cluster was never made (ConditionPathExists), and
-  waits out a crash recovery (TimeoutStartSec above `START_WAIT_S`).
+  waits out a crash recovery (TimeoutStartSec above `POSTGRES_START_WAIT_S`).
 - `exporter` only reads (NVML, leases): the state directory is read-only for it; it
   writes only dcgm-exporter's job mapping, when `[monitoring] dcgm_job_mapping_dir` is set.
 The GitLab token reaches `serve` from an EnvironmentFile (0600), never from its command
@@ -38,8 +38,7 @@ import sys
 from pathlib import Path
 
 from runnerctl.errors import ConfigError
-from runnerctl.postgres import START_WAIT_S
-from runnerctl.settings import Settings
+from runnerctl.settings import POSTGRES_START_WAIT_S, Settings
 
 UNIT_DIR = Path("/etc/systemd/system")
 ENV_FILE = Path("/etc/runnerctl/serve.env")
@@ -286,7 +285,7 @@ ExecStart={_command(options, "postgres", "start")}
 ExecStop={_command(options, "postgres", "stop")}
 Restart=on-failure
 RestartSec=10
-TimeoutStartSec={START_WAIT_S + 60}
+TimeoutStartSec={POSTGRES_START_WAIT_S + 60}
 TimeoutStopSec=150
 NoNewPrivileges=yes
 PrivateTmp=yes

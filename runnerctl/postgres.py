@@ -35,6 +35,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from runnerctl.errors import ConfigError, RunnerctlError, first_line
 from runnerctl.private import key_file, private_dir
+from runnerctl.settings import POSTGRES_START_WAIT_S
 
 ADMIN_ROLE = "runnerctl_admin"
 SERVER_USER = "postgres"
@@ -42,9 +43,6 @@ SERVER_USER = "postgres"
 DEFAULT_DATABASE = "optuna"
 """The project database `runnerctl postgres url` hands out when no name is given."""
 MAX_CONNECTIONS = 200
-START_WAIT_S = 900
-"""How long `start` waits for the server to accept connections: crash recovery after a
-power loss replays the WAL first (the unit's TimeoutStartSec is above it)."""
 """runnerctl.optuna's journal uses 1 connection per worker (about 190 workers), its RDB
 path at most 2 (about 95)."""
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
@@ -178,8 +176,8 @@ class PostgresServer:
         log.touch()
         self._own(log)
         # -t: crash recovery after a power loss can take minutes; killed at 60 s, it began again
-        result = self._run("pg_ctl", "start", "-w", "-t", str(START_WAIT_S), "-D", str(self.config.data_dir),
-                           "-l", str(log), check=False)
+        result = self._run("pg_ctl", "start", "-w", "-t", str(POSTGRES_START_WAIT_S),
+                           "-D", str(self.config.data_dir), "-l", str(log), check=False)
         if result.returncode != 0:
             tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
             raise PostgresError(f"PostgreSQL did not start: {tail or result.stderr.strip()}",

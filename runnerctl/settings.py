@@ -91,6 +91,11 @@ class ExecutorSettings:
     every secret on the host)."""
 
 
+POSTGRES_START_WAIT_S = 900
+"""How long `runnerctl postgres start` waits for the server to accept connections: crash
+recovery after a power loss replays the WAL first (install's unit gives the start longer)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class PostgresSettings:
     dir: str = ""

@@ -15,8 +15,7 @@ import pytest
 from runnerctl.cli import main
 from runnerctl.errors import ConfigError, ExitCode
 from runnerctl.install import Installed, InstallOptions, installed, render
-from runnerctl.postgres import START_WAIT_S
-from runnerctl.settings import load_settings
+from runnerctl.settings import POSTGRES_START_WAIT_S, load_settings
 
 UNITS = ("runnerctl-serve.service", "runnerctl-postgres.service", "runnerctl-exporter.service")
 
@@ -62,7 +61,7 @@ def test_dry_run_prints_units_that_systemd_analyze_verify_accepts(
     # every 10 s for ever; a crash recovery over 60 s was killed and began again; serve's
     # reaps of containers at shutdown found Docker already stopped
     assert f"ConditionPathExists={tmp_path / 'state' / 'postgres' / 'data' / 'PG_VERSION'}" in postgres
-    assert f"TimeoutStartSec={START_WAIT_S + 60}" in postgres and START_WAIT_S >= 600
+    assert f"TimeoutStartSec={POSTGRES_START_WAIT_S + 60}" in postgres and POSTGRES_START_WAIT_S >= 600
     assert "After=network-online.target runnerctl-postgres.service docker.service" in serve
     assert f"ReadOnlyPaths={tmp_path / 'state'}" in files["runnerctl-exporter.service"][1]
 
