@@ -7,10 +7,9 @@ last ten half-lives (older use weighs under 0.1 %), which also corrects what a r
 written late changed. Reading them all every minute took seconds of the store at a big
 lab's 300,000 jobs in ten half-lives (benchmarks/history_reads.py, benchmarks/RESULTS.md).
 The queue share counts the jobs running on every host with the pending ones, so those
-are read at every tick (the open rows,
-`jobs_store.open_jobs`: one indexed query): a job that just started leaves GitLab's
-pending list and must count as running at once, as in the simulator
-(`fairshare.fair_seconds`). A job's user is its GitLab login, its project the project's
+are read at every tick (the open rows, `jobs_store.open_jobs`: one indexed query): a job
+that just started leaves GitLab's pending list and must count as running at once, as in
+the simulator (`fairshare.fair_seconds`). A job's user is its GitLab login, its project the project's
 path (as the history records it from CI_PROJECT_PATH or the job's page);
 `[controller] user_shares` and `project_shares` name them so.
 """
