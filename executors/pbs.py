@@ -22,8 +22,10 @@ On the batch contract of executors/batch.py, with OpenPBS's documented behaviour
 - PBS writes the job's output file only when it ends, so the wrapper's own output file
   (in the shared builds dir) is what the job log streams;
 - `qdel <id>` cancels; `qselect -N <label> -u <user>` finds what a killed driver left.
-SCHEDULER_PARAMETERS: `-q`, `-A`, `-l walltime=`, `-l place=` and the like pass;
-`-l select=`/`ngpus`, `-N`, `-o`, `-e`, `-j`, `-W block=` and `-I` are dropped with a note.
+SCHEDULER_PARAMETERS: `-q`, `-A`, `-l walltime=`, `-l place=` and the like pass; chunk
+resources (`-l ncpus=16`, `-l mem=64gb`, or inside the job's own `-l select=1:ncpus=16`) go
+into the driver's chunk, `select=<nodes>:ngpus=<N>:ncpus=16:mem=64gb`, per node; the
+select's count and GPUs, `-N`, `-o`, `-e`, `-j`, `-W block=` and `-I` are dropped with a note.
 """
 
 from __future__ import annotations
@@ -48,13 +50,72 @@ _VALUED = dict.fromkeys(("-q", "-A", "-P", "-p", "-m", "-M", "-r", "-l"), 1)
 """qsub options a job may add (PBS Professional's qsub): queue, account, project,
 priority, mail, rerun, resources but the chunk and GPU ones. Not arrays (`-J`),
 attributes (`-W`), variables (`-v`), the output or name, interactive jobs."""
-_GPU_RESOURCES = ("select", "ngpus", "nodes")
+_GPU_RESOURCES = ("select", "ngpus", "nodes", "naccelerators", "nchunk")
+_CHUNK_RESOURCES = frozenset({"ncpus", "mem", "vmem", "mpiprocs", "ompthreads", "arch", "vntype", "vnode",
+                              "aoe", "eoe", "hbmem", "accelerator", "accelerator_model",
+                              "accelerator_memory", "accelerator_group"})
+"""Resources PBS takes only inside a chunk once `select` is given: the ATR_DFLAG_CVTSLT
+ones of src/lib/Libattr/master_resc_def_all.xml (but the GPU and chunk counts). Beside a
+`select` the server refuses the job (src/server/req_quejob.c, PBSE_INVALJOBRESC:
+'"-lresource=" cannot be used with "select" or "place", resource is: ncpus'), and the
+driver always gives one, so a job's `-l ncpus=16`, `-l mem=64gb` or the same inside its
+own `-l select=1:ncpus=16:mem=64gb` go into the driver's chunk (one per node)."""
 _WALLTIME = -29  # JOB_EXEC_KILL_WALLTIME (src/include/job.h)
 
 
 def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
-    """(options passed on, options dropped) from the job's SCHEDULER_PARAMETERS."""
-    return allowed_options(text, valued=_VALUED, resource_option="-l", refused_resources=_GPU_RESOURCES)
+    """(options passed on, options dropped) from the job's SCHEDULER_PARAMETERS. Of a
+    dropped `-l select=...`, the first chunk's resources but the GPUs and the count pass
+    on as `-l name=value,...` (submit puts them into its own chunk)."""
+    kept, dropped = allowed_options(text, valued=_VALUED, resource_option="-l",
+                                    refused_resources=_GPU_RESOURCES)
+    left: list[str] = []
+    i = 0
+    while i < len(dropped):
+        word = dropped[i]
+        separate = word == "-l" and i + 1 < len(dropped)
+        value = dropped[i + 1] if separate else word[2:] if word.startswith("-l") else ""
+        if not value.startswith("select="):
+            left.append(word)
+            i += 1
+            continue
+        taken, rest = _chunk_of(value)
+        if taken:
+            kept += ["-l", ",".join(taken)]
+        if rest:
+            left += ["-l", rest] if separate else [f"-l{rest}"]
+        i += 2 if separate else 1
+    return kept, left
+
+
+def _chunk_of(select: str) -> tuple[list[str], str]:
+    """(`name=value` of the first chunk's own resources, what of `select=` is not taken)."""
+    first, plus, others = select.removeprefix("select=").partition("+")
+    parts = first.split(":")
+    taken = [part for part in parts if part.partition("=")[0] in _CHUNK_RESOURCES]
+    rest = [part for part in parts if part not in taken]
+    return taken, ("select=" + ":".join(rest) + plus + others) if rest or plus else ""
+
+
+def _chunk(request: Request) -> tuple[str, list[str]]:
+    """(the `select=` statement, the other options): the job's chunk-level resources go
+    into the driver's chunk after its node count and GPUs (a name given twice: its last value)."""
+    chunk: dict[str, str] = {}
+    rest: list[str] = []
+    words = iter(request.options)
+    for word in words:
+        attached = word.startswith("-l") and word != "-l"
+        value = word[2:] if attached else next(words, "") if word == "-l" else None
+        if value is None:
+            rest.append(word)
+            continue
+        pairs = [pair.partition("=") for pair in value.split(",")]
+        chunk.update((name, value) for name, _, value in pairs if name in _CHUNK_RESOURCES)
+        job_wide = ["".join(pair) for pair in pairs if pair[0] not in _CHUNK_RESOURCES]
+        if job_wide:
+            rest += ["-l", ",".join(job_wide)]
+    own = "".join(f":{name}={value}" for name, value in chunk.items())
+    return f"select={request.nodes}:ngpus={request.gpus}{own}", rest
 
 
 _UNREACHABLE = ("cannot connect to server", "Connection refused", "Communication failure", "pbs_iff",
@@ -82,9 +143,9 @@ class Pbs:
 
     def submit(self, request: Request) -> str:
         limit = ["-l", f"walltime={hms(request.time_limit_s)}"] if request.time_limit_s else []
+        select, options = _chunk(request)
         command = ["qsub", "-V", "-N", request.label, "-j", "oe", "-o", str(request.log),
-                   "-l", f"select={request.nodes}:ngpus={request.gpus}", *limit, *request.options,
-                   str(request.wrapper)]
+                   "-l", select, *limit, *options, str(request.wrapper)]
         result = run_command(command, env=request.env, cwd=request.workdir, **request.runas)
         if result.returncode != 0:
             message = result.stderr.strip() or result.stdout.strip()

@@ -128,6 +128,10 @@ def test_pbs_and_pjm_parameters_keep_all_but_gpus_nodes_and_bookkeeping() -> Non
     assert dropped == ["-L", "node=4,gpu=8", "-j", "-N", "x"]
     assert pbs.scheduler_parameters("-lselect=1:ngpus=8 -J 0-63 -- exe -q gpu") == (
         ["-q", "gpu"], ["-lselect=1:ngpus=8", "-J", "0-63", "--", "exe"])
+    # a select's own chunk resources pass (submit puts them into its chunk); a second chunk does not
+    given = "-l select=2:ncpus=16:ngpus=4:mem=64gb -lselect=1:vmem=2gb+1:ncpus=2"
+    assert pbs.scheduler_parameters(given) == (
+        ["-l", "ncpus=16,mem=64gb", "-l", "vmem=2gb"], ["-l", "select=2:ngpus=4", "-lselect=1+1:ncpus=2"])
     assert pjm.scheduler_parameters("-Lgpu=8 --bulk --sparam 0-63 -g lab") == (
         ["-g", "lab"], ["-Lgpu=8", "--bulk", "--sparam", "0-63"])
 
@@ -171,6 +175,24 @@ def test_a_link_planted_in_the_job_users_batch_directory_is_never_followed(tmp_p
     assert victim.read_text() == "root's own\n"
     assert not paths.wrapper.is_symlink() and paths.wrapper.read_bytes() == b"#!/bin/bash\n"
     assert (paths.wrapper.stat().st_mode & 0o777) == 0o600
+
+
+def test_pbs_jobs_get_the_cpus_and_memory_they_ask_for_inside_the_drivers_chunk(
+        host: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PBS refuses a chunk-level resource (ncpus, mem, ...) asked for beside a `select`
+    (req_quejob.c, PBSE_INVALJOBRESC), and the driver always gives one: a job's `-l
+    vmem=8gb` failed to submit, and the ncpus of its own `select=` were dropped with it, so
+    every job ran on PBS's default of one CPU. Both now go into the driver's chunk."""
+    monkeypatch.setenv("PATH", f"{FAKES / 'bin' / 'pbs'}:{os.environ['PATH']}")
+    monkeypatch.setenv("RUNNERCTL_FAKE_BATCH", str(tmp_path / "fake-pbs"))
+    h = batch_acceptance.harness(host, CLUSTERS["pbs"], (0,))
+    given = "-l vmem=8gb -l select=2:ncpus=16:ngpus=8:mem=64gb -l place=scatter"
+    job = FakeJob(id=931, variables={"SCHEDULER_PARAMETERS": given})
+    results = h.run_job(job, 'qstat -f "$PBS_JOBID" | grep -o "select = .*"', timeout=60)
+    build = results["build_script"]
+    assert build.code == 0, build.output
+    assert "select = 1:ngpus=1:vmem=8gb:ncpus=16:mem=64gb" in build.output
+    assert "ignoring SCHEDULER_PARAMETERS -l select=2:ngpus=8:" in build.output
 
 
 def test_pbs_is_read_from_qstat_text_since_its_json_breaks_on_a_variable_like_point_001(

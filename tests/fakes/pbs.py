@@ -4,6 +4,10 @@ Rules modelled, from openpbs/openpbs:
 - `qsub` prints the job id `<seq>.<server>` (doc/man1/qsub.1B); `-l select=N:ngpus=G`
   asks for N chunks of G GPUs (doc/man1/qsub.1B "selection statement"); `-N` names the
   job, `-o` is the output path, `-j oe` joins stderr into it, `-l walltime=` the limit.
+- A chunk-level resource (`ncpus`, `mem`, ...: ATR_DFLAG_CVTSLT in
+  src/lib/Libattr/master_resc_def_all.xml) asked for job-wide beside a `select` makes the
+  server refuse the job (src/server/req_quejob.c, PBSE_INVALJOBRESC; the words from
+  src/lib/Liblog/pbs_messages.c and src/server/reply_send.c), and qsub exits non-zero.
 - Only with `-V` does the job get qsub's environment (doc/man1/qsub.1B, -V); without it
   the job starts with a bare one. The job starts in the owner's home directory, not
   the submission directory (PBS_O_WORKDIR names that one).
@@ -44,6 +48,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import batch_engine as engine  # noqa: E402  (run as a script from tests/fakes/bin/pbs)
 
 SERVER = "fakepbs"
+_CHUNK_LEVEL = {"mem", "ncpus", "naccelerators", "arch", "nchunk", "vntype", "mpiprocs", "ompthreads",
+                "vmem", "vnode", "aoe", "eoe", "accelerator", "accelerator_model", "accelerator_memory",
+                "accelerator_group", "hbmem"}  # ATR_DFLAG_CVTSLT (master_resc_def_all.xml)
 _STATE = {"queued": "Q", "running": "R", "done": "F"}
 
 
@@ -56,6 +63,11 @@ def qsub(args: list[str]) -> int:
     opts: dict[str, Any] = {"name": values.get("-N", "STDIN"), "out": values.get("-o"),
                             "export": "-V" in given, "resources": resources}
     script = os.path.abspath(script)
+    beside = sorted(_CHUNK_LEVEL & set(resources)) if "select" in resources else []
+    if beside:
+        print(f'qsub: "-lresource=" cannot be used with "select" or "place", resource is: {beside[0]}',
+              file=sys.stderr)
+        return 1
     chunks, gpus = _select(opts["resources"].get("select", "1"))
     comment = ""
     if gpus > engine.node_gpus() or chunks > engine.nodes():
