@@ -50,7 +50,7 @@ from runnerctl.executors.lease import Lease, LeaseTable
 from runnerctl.executors.rendezvous import BadNodes, NodeLaunch, nodes_requested, setup_bash
 from runnerctl.executors.shell import GUARD, ShellDriver, as_user, job_user
 from runnerctl.executors.stop import on_stop
-from runnerctl.settings import Settings
+from runnerctl.settings import ExecutorSettings, Settings
 
 POLL_S = 0.5
 """How often the job's state and output are read: logs stay live, the scheduler stays idle."""
@@ -79,6 +79,7 @@ class Request:
     options: list[str]  # the job's SCHEDULER_PARAMETERS, filtered
     env: dict[str, str]
     gpu_ids: tuple[int, ...]  # the slot's GPUs, for schedulers that hand out no ids
+    site: ExecutorSettings = ExecutorSettings()  # `[executor]`, for a site's resource names
     runas: dict[str, Any] = dataclasses.field(default_factory=dict)  # as_user's: submit as the job user
     # (every submit also runs in `workdir`: gitlab-runner's own directory may be root's alone)
 
@@ -100,7 +101,7 @@ class Scheduler(Protocol):
     def check(self) -> None:
         """Raise SystemFailure when the batch system cannot be reached."""
 
-    def filter(self, text: str) -> tuple[list[str], list[str]]:
+    def filter(self, text: str, site: ExecutorSettings) -> tuple[list[str], list[str]]:
         """(options kept, options dropped) from the job's SCHEDULER_PARAMETERS."""
 
     def gpu_exports(self, request: Request) -> str:
@@ -211,7 +212,8 @@ class BatchDriver:
 
     def _request(self, ctx: StageContext, lease: Lease, paths: _Paths, user: pwd.struct_passwd,
                  runas: dict[str, Any], stage: str) -> Request:
-        kept, dropped = self.scheduler.filter(ctx.env.get("CUSTOM_ENV_SCHEDULER_PARAMETERS", ""))
+        site = ctx.settings.executor
+        kept, dropped = self.scheduler.filter(ctx.env.get("CUSTOM_ENV_SCHEDULER_PARAMETERS", ""), site)
         if dropped:
             print(f"runnerctl: ignoring SCHEDULER_PARAMETERS {' '.join(dropped)}: the runner sets GPUs, "
                   f"nodes, output and job name, and passes only the options docs/hpc.md lists for "
@@ -225,7 +227,7 @@ class BatchDriver:
         return Request(label=label(lease), wrapper=paths.wrapper, log=paths.log, workdir=workdir,
                        gpus=len(ctx.args.gpus), nodes=nodes_requested(ctx.env),
                        time_limit_s=time_limit(ctx.env, ctx.job.timeout_s, stage), options=kept, env=env,
-                       gpu_ids=ctx.args.gpus, runas=runas)
+                       gpu_ids=ctx.args.gpus, site=site, runas=runas)
 
     def _follow(self, job_id: str, paths: _Paths, record_gpus: Any) -> str | None:
         """Stream the output until the job ends; the scheduler's reason if it can never run."""

@@ -45,6 +45,7 @@ from runnerctl.executors.batch import (
 from runnerctl.executors.driver import SystemFailure
 from runnerctl.executors.rendezvous import mpirun_launch
 from runnerctl.executors.shell import as_user
+from runnerctl.settings import ExecutorSettings
 
 _VALUED = dict.fromkeys(("-q", "-A", "-P", "-p", "-m", "-M", "-r", "-l"), 1)
 """qsub options a job may add (PBS Professional's qsub): queue, account, project,
@@ -135,7 +136,7 @@ class Pbs:
         if result.returncode != 0:
             raise SystemFailure(f"PBS is not reachable (qstat -B failed: {result.stderr.strip()})")
 
-    def filter(self, text: str) -> tuple[list[str], list[str]]:
+    def filter(self, text: str, site: ExecutorSettings) -> tuple[list[str], list[str]]:
         return scheduler_parameters(text)
 
     def gpu_exports(self, request: Request) -> str:

@@ -34,6 +34,7 @@ from runnerctl.executors.batch import (
 from runnerctl.executors.driver import SystemFailure
 from runnerctl.executors.rendezvous import mpirun_launch
 from runnerctl.executors.shell import as_user
+from runnerctl.settings import ExecutorSettings
 
 _VALUED = dict.fromkeys(("-L", "--mpi", "-g", "-m", "--mail-list", "-p"), 1)
 """pjsub options a job may add: resources but nodes and GPUs (`-L rscgrp=small`), MPI
@@ -59,7 +60,7 @@ class Pjm:
         if result.returncode != 0:
             raise SystemFailure(f"PJM is not reachable (pjstat failed: {result.stderr.strip()})")
 
-    def filter(self, text: str) -> tuple[list[str], list[str]]:
+    def filter(self, text: str, site: ExecutorSettings) -> tuple[list[str], list[str]]:
         return scheduler_parameters(text)
 
     def gpu_exports(self, request: Request) -> str:

@@ -1,7 +1,9 @@
 """The sge driver: the user's script stages run as Grid Engine batch jobs (executors/batch.py).
 
 Grid Engine (Son of Grid Engine / Debian's gridengine 8.1.9, `qsub(1)`, `qacct(1)`):
-- submit with `qsub -terse -w e -N <label> -l gpu=N`: `-w e` makes qsub refuse at once
+- submit with `qsub -terse -w e -N <label> -l gpu=N` (the consumable's name is the
+  site's, `[executor] sge_gpu_resource`; empty: no GPU request, the job's SCHEDULER_PARAMETERS
+  name a node type that carries its GPUs): `-w e` makes qsub refuse at once
   ("no suitable queues") a request no queue can ever meet, such as more GPUs than the
   `gpu` consumable of any host; `-terse` prints the bare job id; `-V` passes the
   driver's environment; `-l h_rt=<the job's timeout>` is the hard time limit;
@@ -39,6 +41,7 @@ from runnerctl.executors.batch import (
 from runnerctl.executors.driver import SystemFailure
 from runnerctl.executors.rendezvous import mpirun_launch
 from runnerctl.executors.shell import as_user
+from runnerctl.settings import ExecutorSettings
 
 _VALUED = {"-q": 1, "-P": 1, "-A": 1, "-l": 1, "-p": 1, "-m": 1, "-M": 1, "-R": 1, "-js": 1, "-pe": 2}
 """qsub options a job may add (qsub(1)): queue, project, account, resources but `gpu`, a
@@ -60,9 +63,11 @@ RESERVED_EXITS = (99, 100)
 1 instead and the stage reads the script's own code from its `.rc` file."""
 
 
-def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
-    """(options passed on, options dropped) from the job's SCHEDULER_PARAMETERS."""
-    return allowed_options(text, valued=_VALUED, resource_option="-l", refused_resources=("gpu",))
+def scheduler_parameters(text: str, gpu_resource: str = "gpu") -> tuple[list[str], list[str]]:
+    """(options passed on, options dropped) from the job's SCHEDULER_PARAMETERS; a request
+    of `gpu_resource`, the driver's own, is dropped (none when it is empty)."""
+    return allowed_options(text, valued=_VALUED, resource_option="-l",
+                           refused_resources=(gpu_resource,) if gpu_resource else ())
 
 
 class GridEngine:
@@ -78,8 +83,8 @@ class GridEngine:
             raise SystemFailure(f"Grid Engine is not reachable (qstat failed: {result.stderr.strip()}): "
                                 "start sge_qmaster/sge_execd")
 
-    def filter(self, text: str) -> tuple[list[str], list[str]]:
-        return scheduler_parameters(text)
+    def filter(self, text: str, site: ExecutorSettings) -> tuple[list[str], list[str]]:
+        return scheduler_parameters(text, site.sge_gpu_resource)
 
     def gpu_exports(self, request: Request) -> str:
         ids = ",".join(str(g) for g in request.gpu_ids)
@@ -90,17 +95,22 @@ class GridEngine:
             raise Refused("on Grid Engine, ask for several hosts with a parallel environment in "
                           "SCHEDULER_PARAMETERS (e.g. -pe mpi 2), not RUNNERCTL_NODES")
         limit = ["-l", f"h_rt={request.time_limit_s}"] if request.time_limit_s else []
+        resource = request.site.sge_gpu_resource
+        gpus = ["-l", f"{resource}={request.gpus}"] if resource else []
         command = ["qsub", "-terse", "-w", "e", "-V", "-S", "/bin/bash", "-N", request.label,
                    "-o", str(request.log), "-j", "y", "-wd", str(request.workdir),
-                   "-l", f"gpu={request.gpus}", *limit, *request.options, str(request.wrapper)]
+                   *gpus, *limit, *request.options, str(request.wrapper)]
         result = run_command(command, env=request.env, cwd=request.workdir, **request.runas)
         if result.returncode != 0:
             message = " ".join(result.stdout.split() + result.stderr.split())
             if any(words in message for words in _UNREACHABLE):
                 raise SystemFailure(f"qsub could not submit the job: {message}")
             if "no suitable queues" in message:
-                raise Refused(f"{message} (no queue offers -l gpu={request.gpus} "
-                              f"{' '.join(request.options)})".replace(" )", ")"))
+                raise Refused(f"{message} (no queue offers {' '.join(gpus[1:] + request.options)})"
+                              .replace(" )", ")"))
+            if resource and f'unknown resource "{resource}"' in message:
+                raise SystemFailure(f"{message}: this Grid Engine has no consumable {resource!r} (qconf -sc "
+                                    "lists them): set [executor] sge_gpu_resource in runnerctl.toml")
             raise Refused(message)  # the qmaster's answer to the job's own request
         return result.stdout.strip().split(".")[0]
 

@@ -35,6 +35,7 @@ from runnerctl.executors.batch import (
 from runnerctl.executors.driver import SystemFailure
 from runnerctl.executors.rendezvous import NodeLaunch
 from runnerctl.executors.shell import as_user
+from runnerctl.settings import ExecutorSettings
 
 _DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE"}
@@ -82,7 +83,7 @@ class Slurm:
         if run_command(["sinfo", "-h"]).returncode != 0:
             raise SystemFailure("Slurm is not reachable (sinfo failed): start slurmctld/slurmd")
 
-    def filter(self, text: str) -> tuple[list[str], list[str]]:
+    def filter(self, text: str, site: ExecutorSettings) -> tuple[list[str], list[str]]:
         return scheduler_parameters(text)
 
     def gpu_exports(self, request: Request) -> str:

@@ -16,6 +16,7 @@ import dataclasses
 import ipaddress
 import math
 import os
+import re
 import socket
 import tomllib
 import types
@@ -82,6 +83,10 @@ class ExecutorSettings:
     docker_shm_mib: int = 8192
     """The docker driver's /dev/shm size per job container (MiB; memory only as used):
     Docker's own 64 MiB fails a PyTorch DataLoader with worker processes."""
+    sge_gpu_resource: str = "gpu"
+    """The Grid Engine consumable the sge driver asks for a job's GPUs by (`qsub -l
+    <name>=N`; `qconf -sc` lists a site's); empty: none, for sites whose node types carry
+    the GPUs (the job asks for one in SCHEDULER_PARAMETERS, e.g. `-l f_node=1`)."""
     # -- who jobs run as (shell driver) --
     run_as_user: str = ""
     """The shell driver runs jobs as this unprivileged user (needs gitlab-runner to run as
@@ -401,6 +406,10 @@ def _check_more(cls: type[Any], values: dict[str, Any]) -> str:
     if cls is ExecutorSettings and values.get("docker_pull_policy", PULL_POLICIES[0]) not in PULL_POLICIES:
         return (f"docker_pull_policy must be one of {', '.join(PULL_POLICIES)}, "
                 f"not {values['docker_pull_policy']!r}")
+    if cls is ExecutorSettings and not re.fullmatch(r"([A-Za-z_][A-Za-z0-9_.-]*)?",
+                                                    str(values.get("sge_gpu_resource", ""))):
+        return (f"sge_gpu_resource must be a Grid Engine resource name or empty, "
+                f"not {values['sge_gpu_resource']!r}")
     if cls is PathSettings and "state_dir" in values and not Path(values["state_dir"]).is_absolute():
         return f"state_dir must be an absolute path, not {values['state_dir']!r}"
     if cls is WebSettings:

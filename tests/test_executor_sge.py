@@ -105,3 +105,26 @@ def test_a_parallel_environment_does_not_multiply_the_gpus_counted(host: Path) -
     results = harness.run_job(job, 'echo "slots=$NSLOTS"; qstat -F gpu | grep -o "hc:gpu=[0-9]*"')
     build = results["build_script"]
     assert build.code == 0 and "slots=2" in build.output and "hc:gpu=4" in build.output, build.output
+
+
+def test_a_sites_own_gpu_consumable_is_asked_for_by_its_name(host: Path) -> None:
+    """Sites name their GPU consumable (`qconf -sc`); the driver always asked for `gpu=N`,
+    so on a site without one every job failed as the job's own fault. `[executor]
+    sge_gpu_resource` names it; empty asks for none (a node type the job names carries the
+    GPUs), and a name the qmaster does not know is the site's failure, with the setting."""
+    settings = host / "runnerctl.toml"
+    base = settings.read_text()
+    settings.write_text(base + 'sge_gpu_resource = ""\n')
+    harness = harness_for(host, (4,), "sge")
+    job = FakeJob(id=916, variables={"SCHEDULER_PARAMETERS": "-l gpu=3"})  # here: the node type's
+    results = harness.run_job(job, 'qstat -j "$JOB_ID" | grep -o "gpu=[0-9]*"')
+    build = results["build_script"]
+    assert build.code == 0 and "gpu=3" in build.output, build.output
+    assert "ignoring" not in build.output
+
+    settings.write_text(base + 'sge_gpu_resource = "cuda_cards"\n')
+    harness = harness_for(host, (4,), "sge")
+    build = harness.run_job(FakeJob(id=917), "echo should-not-run")["build_script"]
+    assert "no consumable 'cuda_cards'" in build.output and "sge_gpu_resource" in build.output, build.output
+    assert "should-not-run" not in build.output
+    assert harness.outcomes[917].failure_reason == "runner_system_failure"
