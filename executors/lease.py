@@ -58,7 +58,7 @@ class Lease:
     slot: str
     driver: str
     owner_pid: int  # gitlab-runner: the parent of the driver's stages
-    owner_started: float  # its create time, so a reused pid is not mistaken for it
+    owner_started: float  # its create time (wall clock), read only in leases without owner_since_boot
     created_at: float
     pipeline_id: str = ""
     project: str = ""
@@ -74,6 +74,7 @@ class Lease:
     batch_gpus: str | None = None  # the GPU set the batch system gave the job (its CUDA_VISIBLE_DEVICES)
     timeout_s: float | None = None  # the job's GitLab timeout: it ends by created_at + this
     job_name: str = ""  # CI_JOB_NAME (the job history's run-time estimates read it)
+    owner_since_boot: str = ""  # "<boot id>:<start in clock ticks>": a reused pid is not the owner
 
     @property
     def token(self) -> str:
@@ -140,6 +141,27 @@ def process_started(pid: int) -> float | None:
         return psutil.Process(pid).create_time()
     except psutil.NoSuchProcess:
         return None
+
+
+def process_since_boot(pid: int) -> str | None:
+    """"<boot id>:<start in clock ticks since boot>" of a running process (proc(5),
+    /proc/<pid>/stat field 22), None when there is none. Unlike psutil's create_time, which
+    adds the start to the boot's wall-clock time, it does not move when the clock is stepped
+    (NTP, `date -s`): compared by create_time, every live owner looked dead after a step
+    and its job's GPUs could be leased again."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()  # the name, in parentheses, may hold anything
+    return f"{boot}:{fields[19]}" if len(fields) > 19 else None
+
+
+def owner_alive(lease: Lease) -> bool:
+    if lease.owner_since_boot:
+        return process_since_boot(lease.owner_pid) == lease.owner_since_boot
+    return process_started(lease.owner_pid) == lease.owner_started  # written by an older runnerctl
 
 
 def group_alive(pgid: int | None) -> bool:
@@ -248,8 +270,7 @@ def batch_active(job: str | None) -> bool:
 def is_stale(lease: Lease) -> bool:
     if lease.problem:
         return False  # unreadable: nobody can tell it is over, so it holds the GPU
-    owner_alive = process_started(lease.owner_pid) == lease.owner_started
-    return not owner_alive and not job_running(lease)
+    return not owner_alive(lease) and not job_running(lease)
 
 
 class LeaseTable:

@@ -20,7 +20,14 @@ from runnerctl.errors import RunnerctlError
 from runnerctl.executors.contract import DRIVERS, ENV_BUILD_EXIT_CODE_FILE, STAGES, DriverArgs
 from runnerctl.executors.driver import Driver, Job, StageContext, SystemFailure, load_registry
 from runnerctl.executors.gate import Unusable, wait_until_free
-from runnerctl.executors.lease import Lease, LeaseBusy, LeaseTable, new_nonce, process_started
+from runnerctl.executors.lease import (
+    Lease,
+    LeaseBusy,
+    LeaseTable,
+    new_nonce,
+    process_since_boot,
+    process_started,
+)
 from runnerctl.executors.stop import STAGE_STOP
 from runnerctl.settings import Settings, load_settings
 
@@ -78,6 +85,7 @@ def prepare(ctx: StageContext, driver: Driver) -> None:
     owner = os.getppid()
     template = Lease(gpu=-1, job_id=ctx.job.id, slot=ctx.args.slot, driver=ctx.args.driver,
                      owner_pid=owner, owner_started=process_started(owner) or 0.0,
+                     owner_since_boot=process_since_boot(owner) or "",
                      created_at=time.time(), pipeline_id=ctx.job.pipeline_id,
                      project=ctx.job.project, user=ctx.job.user, url=ctx.job.url, nonce=new_nonce(),
                      timeout_s=ctx.job.timeout_s, job_name=ctx.job.name)

@@ -16,6 +16,7 @@ from runnerctl.cli import main
 from runnerctl.controller.app import create_app
 from runnerctl.controller.demand import ApiBudget, DemandTracker, due
 from runnerctl.controller.loop import Controller
+from runnerctl.controller.orphans import OrphanAudit
 from runnerctl.controller.plan import PlanPolicy
 from runnerctl.controller.toggles import request
 from runnerctl.settings import ControllerSettings
@@ -82,6 +83,47 @@ def test_foreign_process_closes_and_cooldown_reopens(world: World) -> None:
     assert "gpu3" not in _open(world)  # cool-down
     world.advance(20)
     assert "gpu3" in _open(world)
+
+
+def test_a_clock_step_moves_the_gates_cool_down_and_the_orphan_audit_and_rechecks_the_skew(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Times the controller keeps on the wall clock move with a step (found by a review of
+    the clocks): stepped back an hour just after a foreign process left, a GPU stayed
+    closed for the hour; stepped forward, a leased job GitLab had not listed for a minute
+    counted as missing for the step's length and its GPUs were freed before their grace;
+    and the skew to the store NTP had just corrected was kept until the next check."""
+    c = world.controller
+    stepped = [0.0]
+    checks: list[float] = []
+    monkeypatch.setattr("runnerctl.controller.loop.clock_skew",
+                        lambda store, clock: (checks.append(clock()), (0.0, ""))[1])
+    c.wiring = dataclasses.replace(c.wiring, monotonic=lambda: world.clock.now - stepped[0], check_clock=True)
+    world.advance(6)
+    world.gpus.foreign[3] = (999, "alice")
+    world.advance(5)
+    del world.gpus.foreign[3]
+    c.orphans.suspects[77] = world.clock.now - 60  # a leased job GitLab has not listed for a minute
+    world.advance(5)
+    assert "gpu3" not in _open(world) and len(checks) == 1
+    world.clock.now -= 3600.0  # NTP steps the clock back an hour
+    stepped[0] -= 3600.0
+    c.tick()
+    assert len(checks) == 2  # compared again at once, not CLOCK_CHECK_S later
+    for _ in range(8):  # the cool-down (30 s) passes on the stepped clock
+        world.clock.now += 5
+        c.tick()  # (the world's own schedule would wait for its next tick, an hour on)
+    assert not c.gate[3].closed
+    shifts: list[float] = []
+    shift = c.orphans.shift
+    monkeypatch.setattr(c.orphans, "shift", lambda step: (shifts.append(step), shift(step)))
+    world.clock.now += 3600.0  # and forward again
+    stepped[0] += 3600.0
+    c.tick()
+    assert shifts == [3600.0]
+    audit = OrphanAudit(check_s=60, orphan_after_s=420)
+    audit.suspects[78] = 1000.0  # a leased job GitLab has not listed since then
+    audit.shift(3600.0)
+    assert audit.suspects[78] == 4600.0  # still as long missing, not an hour longer
 
 
 def test_unhealthy_gpu_stays_closed_until_admin_reopens(world: World, tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +18,7 @@ from runnerctl.executors.lease import (
     LeaseTable,
     is_stale,
     new_nonce,
+    process_since_boot,
     process_started,
     read_leases,
 )
@@ -81,6 +84,29 @@ def test_stale_only_when_owner_and_group_are_gone(tmp_path: Path) -> None:
     assert is_stale(lease)
     reused = Lease(**{**lease.__dict__, "owner_pid": os.getpid(), "owner_started": 1.0})
     assert is_stale(reused)  # same pid, other process: not the owner
+
+
+def test_a_live_owner_stays_the_owner_when_the_clock_is_stepped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """psutil's create_time is the boot's wall-clock time plus the start, so an NTP step or
+    `date -s` moves it: compared by it, every live gitlab-runner looked dead after a step,
+    and between two stages a job's GPUs could be leased to another job. The owner is now
+    told by boot id and start in clock ticks, which no step moves."""
+    owner = subprocess.Popen(["sleep", "30"])
+    try:
+        lease = Lease(**{**_template("a", owner.pid).__dict__, "gpu": 0,
+                         "owner_since_boot": process_since_boot(owner.pid) or ""})
+        assert lease.owner_since_boot and not is_stale(lease)
+        stepped = psutil.Process.create_time
+        monkeypatch.setattr(psutil.Process, "create_time", lambda self: stepped(self) - 1.0)  # 1 s back
+        assert not is_stale(lease)
+        assert is_stale(Lease(**{**lease.__dict__, "owner_since_boot": "other-boot:1"}))  # a reused pid
+        older = Lease(**{**lease.__dict__, "owner_since_boot": ""})  # written by runnerctl before it
+        monkeypatch.undo()
+        assert not is_stale(older)
+    finally:
+        owner.kill()
+        owner.wait()
+    assert is_stale(lease)
 
 
 @settings(max_examples=int(os.environ.get("LEASE_EXAMPLES", "50")), deadline=None)

@@ -470,3 +470,21 @@ def test_the_pages_job_memory_is_shared_by_request_threads_and_forgets_jobs_gone
     finally:
         sys.setswitchinterval(interval)
     assert errors == []
+
+
+def test_a_host_whose_clock_is_months_ahead_prunes_by_the_stores_clock(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retention deletes every host's rows of a shared store; it cut by this host's own
+    clock, so one booted 120 days ahead deleted the whole lab's events on its first tick
+    though it had just measured its skew (found by a review of the clocks). It cuts by the
+    store's clock now."""
+    ahead = 120 * 86400.0
+    world.store.record(Event(at=world.clock.now - 86400.0, host="gpu-b", kind="note", subject="s",
+                             detail="d"))
+    monkeypatch.setattr("runnerctl.controller.loop.clock_skew", lambda store, clock: (ahead, "ahead"))
+    c = world.controller
+    c.wiring = dataclasses.replace(c.wiring, check_clock=True)
+    world.clock.now += ahead
+    c.history._next_prune = 0.0  # prune on this tick
+    c.tick()
+    assert [e.host for e in world.store.events("gpu-b")] == ["gpu-b"]

@@ -55,6 +55,12 @@ class GateState:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in row.items() if k in known})
 
+    def shifted(self, step: float) -> GateState:
+        """The same state after the wall clock stepped by `step` seconds."""
+        if self.last_dirty is None:
+            return self
+        return dataclasses.replace(self, last_dirty=self.last_dirty + step)
+
 
 def step(state: GateState, gpu: Gpu, *, now: float, is_ci: IsCi, owned: bool,
          limits: GateThresholds, lease_problem: str = "") -> GateState:

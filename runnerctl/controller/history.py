@@ -70,6 +70,7 @@ class History:
         self._unsaved: dict[int, JobRecord] = {}  # rows a failed tick could not store: sent again
         self._last_tick: float | None = None
         self._next_prune = 0.0
+        self.skew = 0.0  # how far this host's clock is ahead of the shared store's (the controller's measure)
 
     def remember_pending(self, jobs: Iterable[PendingJob]) -> None:
         """Called before demand forgets the jobs now running (their queued time)."""
@@ -173,11 +174,14 @@ class History:
         return record
 
     def _prune(self, now: float) -> None:
+        """Retention, on every host's rows of a shared store: cut by the store's clock (`skew`
+        off), so a host whose clock is months ahead deletes no other host's history."""
         self._next_prune = now + PRUNE_EVERY_S
         self.pending = {j: p for j, p in self.pending.items() if now - p.created_at < 7 * DAY_S}
+        cut = now - self.skew
         jobs, events = jobs_store.prune(
-            self.store, jobs_before=now - self.settings.history_retention_days * DAY_S,
-            events_before=now - self.settings.events_retention_days * DAY_S)
+            self.store, jobs_before=cut - self.settings.history_retention_days * DAY_S,
+            events_before=cut - self.settings.events_retention_days * DAY_S)
         if jobs or events:
             log.info("retention: deleted %d job history rows and %d events", jobs, events)
 

@@ -158,6 +158,7 @@ class Controller:
         if self.wiring.check_clock and now >= self._clock_checked + CLOCK_CHECK_S:
             self._clock_checked = now
             self._skew, off = clock_skew(self.wiring.store, self.wiring.clock)
+            self.history.skew = self._skew
             self.liveness.trouble("clock", off, warn=CLOCK_OFF)
         self.ticks += 1
         snapshot = self._snapshot()
@@ -344,8 +345,12 @@ class Controller:
 
     def _clock_step(self, now: float) -> None:
         """A wall clock that moved by more than `CLOCK_STEP_S` beyond the time that passed
-        (`Wiring.monotonic`) stepped: logged, and the job history's running jobs moved
-        with it (`History.shift`)."""
+        (`Wiring.monotonic`) stepped: logged; the job history's running jobs, the gate's
+        cool-downs and the orphan audit's suspects move with it (else a step back kept a GPU
+        closed for its length, and a step forward freed a finishing job's GPUs before their
+        grace); and the store's clock is compared again at once (the skew NTP just corrected
+        would else be taken off every claim for up to CLOCK_CHECK_S). Found by a review of
+        the clocks."""
         if self.wiring.monotonic is None:
             return
         mono = self.wiring.monotonic()
@@ -355,6 +360,9 @@ class Controller:
                 log.warning("the wall clock stepped %+.0f s (NTP?); the running jobs' history times "
                             "move with it", step)
                 self.history.shift(step)
+                self.gate = {gpu: state.shifted(step) for gpu, state in self.gate.items()}
+                self.orphans.shift(step)
+                self._clock_checked = -math.inf
         self._clocks = (now, mono)
 
     def _still_drained(self, demand: tuple[Demand, ...]) -> tuple[Demand, ...]:

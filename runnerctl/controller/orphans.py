@@ -68,6 +68,11 @@ class OrphanAudit:
                 over.append((job, now - self.suspects.pop(job)))
         return over
 
+    def shift(self, step: float) -> None:
+        """The wall clock stepped by `step` seconds: the times kept move with it."""
+        self.suspects = {job: since + step for job, since in self.suspects.items()}
+        self._next_at += step
+
     def _pick(self, leased: Mapping[str, list[int]], now: float) -> str:
         due = [job for job, since in sorted(self.suspects.items(), key=lambda item: item[1])
                if now - since >= self.orphan_after_s]

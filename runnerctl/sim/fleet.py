@@ -193,13 +193,14 @@ class SimFleet:
 
     def _take_leases(self, slot: Slot, job_id: int, now: float, timeout: float | None) -> None:
         from runnerctl.controller.history import project_of  # CI_PROJECT_PATH, from the job's page
-        from runnerctl.executors.lease import Lease, process_started
+        from runnerctl.executors.lease import Lease, process_since_boot, process_started
 
         assert self._leases is not None
         me = os.getpid()
         user, url = self.gitlab.owner(job_id) or ("", "")
         template = Lease(gpu=-1, job_id=str(job_id), slot=slot.name, driver="sim", owner_pid=me,
-                         owner_started=process_started(me) or 0.0, created_at=now, timeout_s=timeout,
+                         owner_started=process_started(me) or 0.0,
+                         owner_since_boot=process_since_boot(me) or "", created_at=now, timeout_s=timeout,
                          project=project_of(url), user=user, url=url, job_name=self.gitlab.job_name(job_id))
         if self._leases.try_acquire(slot.gpus, template):
             self.double_allocations += 1  # the real prepare would wait here
