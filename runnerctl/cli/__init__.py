@@ -3,7 +3,8 @@
 Commands live in one module per area and are registered in `COMMANDS`. Every
 `RunnerctlError` becomes one line on stderr and its exit code; so do usage errors and
 a file the system refuses (`OSError`: permissions, an immutable file, a full disk); no
-traceback for anything a user can fix. An error no check foresaw is one line too (a
+traceback for anything a user can fix. A missing optional dependency (Optuna and its
+kin) names the extra that installs it. An error no check foresaw is one line too (a
 URL's password masked), with the traceback under `-vv`.
 """
 
@@ -40,6 +41,13 @@ COMMANDS: list[click.Command] = [
     ops.uninstall,
     report.report,
 ]
+
+OPTIONAL_MODULES = {  # top-level module -> the extra (pyproject.toml) that installs it
+    "optuna": "optuna",
+    "optuna_dashboard": "optuna",
+    "plotly": "optuna",
+    "sqlalchemy": "optuna",  # Optuna's RDB storage; installed with optuna
+}
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -84,11 +92,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # a case no check foresaw: still one line, the traceback in -vv
         logging.getLogger("runnerctl").debug("unexpected error", exc_info=True)
+        missing = missing_extra(exc)
+        if missing is not None:  # an optional dependency: name the extra that installs it
+            error(missing)
+            return int(ExitCode.ERROR)
         error(f"unexpected {type(exc).__name__}: {redact(str(exc))} (run with -vv for the "
               "traceback, and please report it)")
         return int(ExitCode.ERROR)
     # click returns a command's exit code (from ctx.exit / Exit) when not standalone
     return result if isinstance(result, int) else int(ExitCode.OK)
+
+
+def missing_extra(exc: Exception) -> str | None:
+    """`MODULE is not installed (pip install ...)` when `exc` is an optional module's import
+    failing; None for anything else."""
+    if not isinstance(exc, ModuleNotFoundError) or exc.name is None:
+        return None
+    module = exc.name.partition(".")[0]
+    extra = OPTIONAL_MODULES.get(module)
+    return None if extra is None else f"{module} is not installed (pip install 'runnerctl[{extra}]')"
 
 
 def error(message: str) -> None:
