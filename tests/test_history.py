@@ -488,3 +488,22 @@ def test_a_host_whose_clock_is_months_ahead_prunes_by_the_stores_clock(
     c.history._next_prune = 0.0  # prune on this tick
     c.tick()
     assert [e.host for e in world.store.events("gpu-b")] == ["gpu-b"]
+
+
+def test_a_later_stages_job_waited_from_when_it_was_queued_not_created(world: World) -> None:
+    """A job of a later stage is created with its pipeline and queued when the stages
+    before it end; the history, the page and the report counted its wait from creation,
+    hours of earlier stages included (found by a review of the clocks)."""
+    from runnerctl.web.view import JobMemory, host_page
+
+    for _ in range(8):
+        world.submit(1, 100.0)  # every GPU busy for a while
+    world.advance(10)
+    job = world.submit(1, 60.0, created_at=world.clock.now - 3 * 3600.0)  # its stage 1 ran 3 h
+    world.advance(10)
+    [row] = [d for d in host_page(world.controller.view, [], JobMemory()).demand if d.job_id == job]
+    assert row.waiting_s < 60
+    world.advance(300)
+    assert job in world.fleet.finished
+    [record] = [r for r in jobs_store.jobs(world.store) if r.job_id == job]
+    assert record.wait_s is not None and record.wait_s < 300

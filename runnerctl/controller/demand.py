@@ -112,6 +112,12 @@ class PendingJob:
     name: str | None = None  # the job's name in .gitlab-ci.yml (job history keeps it)
     queued_at: float | None = None  # when it became pending (GitLab's queued_duration), if given
 
+    @property
+    def pending_since(self) -> float:
+        """Since when it waits (a later stage's job is created with its pipeline, hours
+        before it is queued): what the page, metrics and history call its wait."""
+        return self.created_at if self.queued_at is None else self.queued_at
+
 
 def pending_job(job: JobInfo, *, project_id: int, priorities: Mapping[str, str],
                 seen_at: float, now: float) -> PendingJob | None:

@@ -149,7 +149,7 @@ class History:
             name=lease.name or ((seen.name or "") if seen else ""),
             user=(seen.user if seen and seen.user else lease.user),  # GitLab's word over the job's
             url=lease.url or (seen.web_url or "" if seen else ""),
-            queued_at=seen.created_at if seen else None, started_at=started, seen_at=now)
+            queued_at=seen.pending_since if seen else None, started_at=started, seen_at=now)
 
     def _sample(self, record: JobRecord, values: list[float | None], now: float, dt: float,
                 event: EventSink) -> JobRecord:

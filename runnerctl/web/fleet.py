@@ -106,7 +106,8 @@ def publisher(store: Store, *, interval_s: float,
                 else ("resources", "not planned yet", False))  # the planner leaves out jobs pinned elsewhere
             queue.append({"job_id": job.job_id, "gpus": job.gpus, "project_id": job.project_id,
                           "priority": job.priority, "user": job.user, "url": job.web_url,
-                          "created_at": job.created_at, "reason": reason, "detail": detail,
+                          "created_at": job.created_at, "pending_since": job.pending_since,
+                          "reason": reason, "detail": detail,
                           "elsewhere": elsewhere})
         at = clock()  # the loop waits an interval after each tick: its period is the sum
         host_views.save(store, host=view.host, at=at, interval_s=interval_s + max(0.0, at - view.at),
@@ -156,7 +157,8 @@ def queue(store: Store, now: float) -> list[QueueJobOut]:
         out.append(QueueJobOut(
             position=position, job_id=job["job_id"], gpus=job["gpus"], project_id=job["project_id"],
             priority=job["priority"], user=job["user"], url=job["url"],
-            waiting_s=round(max(0.0, now - job["created_at"]), 3), reason=reasons[0].reason,
+            waiting_s=round(max(0.0, now - job.get("pending_since", job["created_at"])), 3),
+            reason=reasons[0].reason,
             detail=reasons[0].detail, host=reasons[0].host, hosts=reasons))
     return out
 

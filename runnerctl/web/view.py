@@ -139,7 +139,7 @@ def host_page(view: ControllerView, events: Iterable[Event], jobs: JobMemory) ->
         host=view.host, at=view.at, tick=view.tick, gitlab_error=view.gitlab_error, gpus=gpus,
         slots=[_slot(s) for s in view.slots],
         demand=[DemandOut(job_id=d.job_id, gpus=d.gpus, project_id=d.project_id, priority=d.priority,
-                          user=d.user, url=d.web_url, waiting_s=max(0.0, view.at - d.created_at))
+                          user=d.user, url=d.web_url, waiting_s=max(0.0, view.at - d.pending_since))
                 for d in view.demand],
         activity=activity(view), toggles=toggles, events=[event_out(e) for e in events])
 
