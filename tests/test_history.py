@@ -507,3 +507,16 @@ def test_a_later_stages_job_waited_from_when_it_was_queued_not_created(world: Wo
     assert job in world.fleet.finished
     [record] = [r for r in jobs_store.jobs(world.store) if r.job_id == job]
     assert record.wait_s is not None and record.wait_s < 300
+
+
+def test_a_running_jobs_run_time_on_the_page_survives_a_restart_of_serve(world: World) -> None:
+    """The page counted a job's run time from its own first sighting, so after `serve`
+    restarted every running job showed 0 s (found by a review of the clocks); the lease
+    says when the job took its GPUs."""
+    from runnerctl.web.view import JobMemory, host_page
+
+    job = world.submit(1, 3000.0)
+    world.advance(600)
+    page = host_page(world.controller.view, [], JobMemory())  # a page process just started
+    [shown] = [j for g in page.gpus for j in g.jobs if j.job_id == job]
+    assert 500 < shown.runtime_s < 700

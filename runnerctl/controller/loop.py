@@ -447,7 +447,9 @@ class Controller:
             self.host, now, self.ticks, snapshot, slots, gpus, tuple(self.demand.jobs),
             tuple((t, toggle_status(t, self._slots, running)) for t in toggles), dict(result.reserved),
             self.health.last_error, self.budget.spent, self.wiring.jobs.owners(),
-            unused=self.history.unused(), standby=self.standby.status())
+            unused=self.history.unused(), standby=self.standby.status(),
+            started={job: lease.created_at for job, lease in self.wiring.jobs.leased().items()
+                     if lease.created_at is not None})
 
     # -- running ---------------------------------------------------------------------
     def run(self, stop: threading.Event, *, step: Callable[[], object] | None = None,

@@ -88,6 +88,8 @@ class ControllerView:
     """Running jobs flagged "requested but unused": GPUs held, idle (controller/history.py)."""
     standby: str = ""
     """The stand-by runner: `online`, `none`, `not yet verified` or why it may not be online."""
+    started: Mapping[int, float] = dataclasses.field(default_factory=dict)
+    """Running job id -> when its lease was taken (it holds GPUs since), from the leases."""
     waiting: Mapping[int, Waiting] = dataclasses.field(default_factory=dict)
     """Pending job id -> why it waits, from this tick's plan (controller/waiting.py)."""
 

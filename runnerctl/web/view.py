@@ -101,7 +101,8 @@ class HostOut(BaseModel):
 
 class JobMemory:
     """Who submitted a job and its link, remembered from demand (GitLab forgets neither,
-    but the controller stops listing a job once it runs); and when it was first seen running.
+    but the controller stops listing a job once it runs); and when it was first seen running
+    (a job's run time where its lease does not say when it started).
 
     The page's request threads share one: `update` holds a lock (two at once raised
     "dictionary changed size during iteration", a 500; found by a review as a concurrency
@@ -180,7 +181,8 @@ def _gpu(gpu: Gpu, view: ControllerView, toggles: list[ToggleOut], jobs: JobMemo
     slots = [s for s in view.slots if gpu.index in s.gpus]
     running = [JobOut(job_id=j, slot=s.key, user=jobs.owner.get(j, (None, None))[0],
                       url=jobs.owner.get(j, (None, None))[1],
-                      runtime_s=max(0.0, view.at - jobs.first_seen.get(j, view.at)), unused=j in view.unused)
+                      runtime_s=max(0.0, view.at - view.started.get(j, jobs.first_seen.get(j, view.at))),
+                      unused=j in view.unused)
                for s in slots for j in s.running_jobs]
     procs = [ProcessOut(pid=p.pid, user=p.user, command=p.command,
                         memory_mib=None if p.used_memory_bytes is None else p.used_memory_bytes >> 20)
