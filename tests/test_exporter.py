@@ -207,6 +207,31 @@ def test_a_snapshot_failure_is_unknown_not_idle_and_keeps_each_gpus_series(world
     assert value(samples, "runnerctl_gpu_occupancy_seconds_total", gpu="0", state="unknown") >= 4
 
 
+def test_a_gpu_that_nvml_no_longer_lists_is_unknown_under_its_own_uuid(world: World) -> None:
+    """A GPU fallen off the bus is missing from NVML's list while the others still read.
+    Its occupancy series ended (no alert could see it) and its GPU-seconds went on under
+    UUID="" as new series; it now stays `unknown` with its last UUID, as when NVML cannot
+    be read at all, and its seconds still add up to the time since the first tick."""
+    world.advance(60)
+    snapshot = world.controller.view.snapshot
+    assert snapshot is not None
+    uuid = snapshot.gpus[7].uuid
+    world.gpus.count = 7
+    world.advance(600)
+    samples = scrape(world)
+    assert state_of(samples, 7) == "unknown" and state_of(samples, 0) != "unknown"
+    assert not [dict(ls) for (_, ls) in samples if dict(ls).get("UUID") == ""]
+    gpu7 = {(n, dict(ls)["UUID"]) for (n, ls) in samples if dict(ls).get("gpu") == "7"}
+    assert {u for _, u in gpu7} == {uuid}
+    assert {n for n, _ in gpu7} >= {"runnerctl_gpu_info", "runnerctl_gpu_occupancy_state",
+                                     "runnerctl_gpu_occupancy_seconds_total"}
+    assert value(samples, "runnerctl_gpu_occupancy_seconds_total", gpu="7", state="unknown") >= 590
+    stats = world.controller.stats.view
+    assert stats is not None
+    total = sum(v for (g, _), v in stats.gpu_seconds.items() if g == 7)
+    assert total == pytest.approx(stats.view.at - stats.first_at)
+
+
 def test_occupancy_seconds_add_up_per_gpu(world: World) -> None:
     world.submit(2, 100.0)
     world.gpus.foreign[3] = (1, "root")

@@ -24,7 +24,7 @@ from runnerctl.controller.gate import GateThresholds
 from runnerctl.controller.observe import LeaseJobs
 from runnerctl.executors.lease import Lease, LeaseTable, new_nonce, process_started
 from runnerctl.exporter import build_registry, gpus, reconcile
-from runnerctl.exporter.standalone import Observer, lease_holders
+from runnerctl.exporter.standalone import Observer, lease_holders, observer_registry
 from runnerctl.gpus import open_gpu_source
 
 
@@ -159,3 +159,32 @@ def test_the_exporter_stands_by_while_serve_runs_on_the_host(tmp_path: Path,
     assert observer.tick() is not None
     assert generate_latest(registry).decode().count("runnerctl_gpu_info{") == 2
     assert f"runnerctl serve (pid {holder.pid}) stopped" in caplog.text
+
+
+def test_an_exporter_standing_by_reports_no_collector_as_failing() -> None:
+    """Beside a running serve the exporter exports nothing on purpose. It said so as
+    `runnerctl_exporter_scrape_success 0` for each collector, which raised
+    RunnerctlExporterCollectorFailed and showed 0 on the host dashboard for as long as
+    serve ran; it now serves no success for them and `runnerctl_exporter_standing_by 1`."""
+    serve: list[int | None] = [4242]
+    observer = Observer(host="gpu-c", gpus=open_gpu_source("sim:2", host="gpu-c"), held=dict,
+                        is_ci=lambda pid: False, limits=GateThresholds(), serve=lambda: serve[0])
+    registry = observer_registry(observer)
+
+    def samples() -> dict[tuple[str, str], float]:
+        text = generate_latest(registry).decode()
+        return {(s.name, s.labels.get("collector", "")): s.value for f in text_string_to_metric_families(text)
+                for s in f.samples if s.labels.get("Hostname") == "gpu-c"}
+
+    for _ in range(3):
+        observer.tick()
+    found = samples()
+    assert not [key for key in found if key[0] == "runnerctl_exporter_scrape_success"], found
+    assert found[("runnerctl_exporter_standing_by", "")] == 1.0
+    assert ("runnerctl_reconcile_last_success_age_seconds", "") in found  # still says it is alive
+    serve[0] = None
+    observer.tick()
+    found = samples()
+    assert found[("runnerctl_exporter_standing_by", "")] == 0.0
+    assert found[("runnerctl_exporter_scrape_success", "gpus")] == 1.0
+    assert found[("runnerctl_exporter_scrape_success", "reconcile")] == 1.0

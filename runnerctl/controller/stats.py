@@ -10,6 +10,8 @@ mixes two ticks) and never calls NVML or GitLab.
 
 Occupancy of a GPU over the interval between two ticks is the class it had at the
 first of them, so per GPU the classes add up to the time since the first tick, exactly.
+A GPU once read stays in the stats: while NVML cannot be read, or no longer lists it
+(fallen off the bus), it is `unknown`, so an alert sees it instead of its series ending.
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ class StatsView:
     None: never, or not read."""
     known_gpus: Mapping[int, Gpu] = dataclasses.field(default_factory=dict)
     """GPU index -> the GPU as the last snapshot that had it read it: its identity (UUID,
-    model) stays while NVML cannot be read, so its series keep their labels."""
+    model) stays while NVML cannot be read or no longer lists it, so its series keep
+    their labels."""
 
 
 def occupancy(view: ControllerView, gpus: tuple[int, ...]) -> dict[int, str]:
@@ -121,9 +124,9 @@ class ControllerStats:
 
     def observe(self, view: ControllerView, *, duration_s: float, is_ci: IsCi,
                 gitlab: object = None, token_expires_at: float | None = None) -> StatsView:
-        if view.snapshot is not None:
-            self._gpus = tuple(g.index for g in view.snapshot.gpus)
-            self._known = {g.index: g for g in view.snapshot.gpus}
+        if view.snapshot is not None:  # a GPU seen once stays: missing from a read, it is unknown
+            self._known.update((g.index, g) for g in view.snapshot.gpus)
+            self._gpus = tuple(sorted(self._known))
         previous = self.view
         if previous is not None:
             elapsed = max(0.0, view.at - previous.view.at)

@@ -25,9 +25,12 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def build_registry(source: Source, parts: Mapping[str, Part] | None = None, *,
-                   liveness: Liveness | None = None) -> CollectorRegistry:
+                   liveness: Liveness | None = None,
+                   standing_by: Callable[[], bool] | None = None) -> CollectorRegistry:
+    """`standing_by`: only `runnerctl exporter`'s, True while it stands by for a serve."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunnerctlCollector(source, ALL_PARTS if parts is None else parts, liveness))
+    registry.register(RunnerctlCollector(source, ALL_PARTS if parts is None else parts, liveness,
+                                         standing_by))
     return registry
 
 

@@ -24,8 +24,9 @@ def collect(stats: StatsView) -> Iterator[Metric]:
     view = stats.view
     snapshot = view.snapshot
     gpus = {} if snapshot is None else {g.index: g for g in snapshot.gpus}
-    # a GPU's identity stays while NVML cannot be read: its series keep their UUID (with
-    # "" they became new series, and the `unknown` seconds were counted twice)
+    # a GPU's identity stays while NVML cannot be read or no longer lists it (stats.py keeps
+    # every GPU once read): its series keep their UUID (with "" they became new series,
+    # and the `unknown` seconds were counted twice)
     uuids = {index: gpu.uuid for index, gpu in stats.known_gpus.items()}
     info = InfoMetricFamily("runnerctl_gpu", "GPU identity, labelled like dcgm-exporter's metrics.",
                             labels=[*GPU_LABELS, "device", "model_name", "pci_bus_id"])

@@ -8,7 +8,9 @@ demand and GitLab metrics are absent; use `runnerctl serve`'s `/metrics` for tho
 Run it where runners are plain per-GPU gitlab-runner runners with runnerctl's executor
 (leases exist). On a host where `runnerctl serve` runs (its state directory's lock names
 a live serve), it stands by: serve exports the same GPU series, and both together counted
-every GPU twice in the fleet panels; it exports again once serve stops. It also writes
+every GPU twice in the fleet panels; it exports again once serve stops. Standing by, it
+serves `runnerctl_exporter_standing_by 1` and no collector success (a 0 there reads as a
+failing collector and raised `RunnerctlExporterCollectorFailed`). It also writes
 dcgm-exporter's job mapping files when `[monitoring] dcgm_job_mapping_dir` is set (not
 while it stands by: serve writes them).
 No failure ends its loop: a failing tick is logged once per kind and retried with a
@@ -22,6 +24,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+
+from prometheus_client import CollectorRegistry
 
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi
 from runnerctl.controller.liveness import Liveness
@@ -104,6 +108,11 @@ class Observer:
         self.liveness.good()
         return stats
 
+    @property
+    def standing_by(self) -> bool:
+        """True while it stands by for a serve on this host (as of its last tick)."""
+        return self.beside is not None
+
     def _stands_by(self) -> bool:
         """True while a serve runs on this host: it exports these GPUs, so the exporter
         exports none (its series start again from nothing when serve stops). Said once
@@ -130,12 +139,19 @@ class Observer:
             stop.wait(self.liveness.backoff_s(interval_s))
 
 
+def observer_registry(observer: Observer) -> CollectorRegistry:
+    """What the exporter's /metrics serves: GPU and tick metrics of the observer's last
+    tick, its liveness, and whether it stands by."""
+    parts: dict[str, Part] = {"gpus": gpus.collect, "reconcile": reconcile.collect}
+    return build_registry(lambda: observer.stats.view, parts, liveness=observer.liveness,
+                          standing_by=lambda: observer.standing_by)
+
+
 def serve_exporter(observer: Observer, *, host: str, port: int, interval_s: float,
                    stop: threading.Event) -> None:
     """Serve /metrics on HOST:PORT and tick every `interval_s` until `stop` is set."""
-    parts: dict[str, Part] = {"gpus": gpus.collect, "reconcile": reconcile.collect}
     observer.liveness = Liveness(host=observer.host, interval_s=interval_s)
-    registry = build_registry(lambda: observer.stats.view, parts, liveness=observer.liveness)
+    registry = observer_registry(observer)
     server, thread = start_server(host, port, registry)
     log.warning("runnerctl exporter: http://%s:%d/metrics (observe-only)", host, server.server_port)
     try:
