@@ -415,3 +415,21 @@ def test_counters_start_at_zero_and_pending_counts_only_sizes_the_host_runs(worl
     assert sizes("runnerctl_job_wait_seconds_count") == {"1", "2", "4", "8"}
     assert sizes("runnerctl_pending_jobs") == {"1", "2", "4", "8"}
     assert not [k for k in samples if k[0] == "runnerctl_pending_job_oldest_age_seconds"]
+
+
+def test_a_later_stages_job_is_as_old_as_its_queueing_not_its_pipeline(world: World) -> None:
+    """A later stage's job is created with its pipeline, hours before it is queued; its
+    age and wait counted from creation, so RunnerctlMultiGpuJobWaiting paged for a job
+    queued a minute ago (found by a review of the clocks)."""
+    world.advance(6)
+    for _ in range(4):
+        world.submit(1, 300.0)  # GPUs 0-3 busy: the 8-GPU job waits
+    world.advance(6)
+    job = world.submit(8, 60.0, created_at=world.clock.now - 3 * 3600.0)
+    world.advance(30)
+    assert value(scrape(world), "runnerctl_pending_job_oldest_age_seconds", gpus="8") < 120
+    world.advance(600)
+    assert job in world.fleet.finished
+    waits = scrape(world)
+    assert value(waits, "runnerctl_job_wait_seconds_count", gpus="8") == 1.0
+    assert value(waits, "runnerctl_job_wait_seconds_sum", gpus="8") < 900

@@ -112,7 +112,7 @@ class ControllerStats:
         self._reserves: Counter[str] = Counter()
         self._admin: Counter[str] = Counter()
         self._toggles_seen: set[tuple[str, str, float]] = set()
-        self._pending: dict[int, tuple[int, float, float]] = {}  # job -> (GPUs, created_at, last seen)
+        self._pending: dict[int, tuple[int, float, float]] = {}  # job -> (GPUs, pending since, last seen)
         self._running: set[int] = set()
 
     def event(self, event: Event) -> None:
@@ -151,8 +151,9 @@ class ControllerStats:
         return self.view
 
     def _time_waits(self, view: ControllerView) -> None:
-        """A job seen pending and now running on a slot waited from its creation until now
-        (the first tick that sees it running: at most one interval late)."""
+        """A job seen pending and now running on a slot waited from its queueing (a later
+        stage's job is created hours before) until now (the first tick that sees it
+        running: at most one interval late)."""
         running = {job for slot in view.slots for job in slot.running_jobs}
         for job in running - self._running:
             found = self._pending.pop(job, None)
@@ -163,7 +164,7 @@ class ControllerStats:
         self._running = running
         for pending in view.demand:
             if pending.job_id not in running:
-                self._pending[pending.job_id] = (pending.gpus, pending.created_at, view.at)
+                self._pending[pending.job_id] = (pending.gpus, pending.pending_since, view.at)
         for job in [j for j, (_, _, seen) in self._pending.items() if view.at - seen > PENDING_MEMORY_S]:
             del self._pending[job]
 

@@ -36,13 +36,13 @@ def collect(stats: StatsView) -> Iterator[Metric]:
         jobs = [j for j in mine if j.gpus == size]
         pending.add_metric([view.host, str(size)], len(jobs))
         pinned.add_metric([view.host, str(size)], sum(j.host == view.host for j in jobs))
-        created = [j.created_at for j in jobs if j.created_at > 0]
-        if created:
-            oldest.add_metric([view.host, str(size)], max(0.0, view.at - min(created)))
+        since = [j.pending_since for j in jobs if j.pending_since > 0]  # queued, not created (later stages)
+        if since:
+            oldest.add_metric([view.host, str(size)], max(0.0, view.at - min(since)))
     yield pending
     yield pinned
     yield oldest
-    waits = HistogramMetricFamily("runnerctl_job_wait_seconds", "Time from a job's creation to its start "
+    waits = HistogramMetricFamily("runnerctl_job_wait_seconds", "Time from a job's queueing to its start "
                                   "on this host, by GPUs asked.", labels=["Hostname", "gpus"])
     empty = Histogram(WAIT_BUCKETS_S, (0,) * (len(WAIT_BUCKETS_S) + 1))
     run_here = {len(slot.gpus) for slot in view.slots} | set(stats.job_waits)
