@@ -83,15 +83,48 @@ def check_name(name: str, what: str = "study") -> str:
     return name
 
 
-def find_bindir() -> Path:
-    """Debian keeps initdb/pg_ctl off PATH: ask pg_config, else the newest installed."""
+DEBIAN_BINDIRS = "/usr/lib/postgresql/*/bin"
+"""Where Debian installs each major version's server binaries, side by side."""
+
+
+def find_bindir(data_dir: Path | None = None) -> Path:
+    """Debian keeps initdb/pg_ctl off PATH: the binaries of the cluster's own major
+    version (`data_dir/PG_VERSION`) when it has one; else ask pg_config, else the newest
+    installed. A distribution upgrade installs a new major beside the old one, and the
+    newest binaries refuse an older cluster (found by a review as a DBA)."""
+    try:
+        version = (data_dir / "PG_VERSION").read_text().strip() if data_dir is not None else ""
+    except OSError:
+        version = ""
+    if version:
+        own = Path(DEBIAN_BINDIRS.replace("*", version))
+        if (own / "pg_ctl").exists():
+            return own
+    found = _newest_bindir()
+    if version and _major(found) not in (version, ""):
+        raise PostgresError(f"the cluster in {data_dir} is PostgreSQL {version}, and only "
+                            f"PostgreSQL {_major(found)}'s server binaries are installed ({found})",
+                            hint=f"install PostgreSQL {version}'s server package, or move the data to "
+                                 "the new version: docs/operations.md, \"A new PostgreSQL major version\"")
+    return found
+
+
+def _major(bindir: Path) -> str:
+    """The major version of the server binaries in `bindir` ("" when pg_ctl does not say)."""
+    result = subprocess.run([str(bindir / "pg_ctl"), "--version"], capture_output=True, text=True,
+                            check=False)
+    match = re.search(r"\) (\d+)", result.stdout)
+    return match.group(1) if match else ""
+
+
+def _newest_bindir() -> Path:
     pg_config = shutil.which("pg_config")
     if pg_config:
         out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=False)
         candidate = Path(out.stdout.strip())
         if (candidate / "initdb").exists():
             return candidate
-    found = sorted(Path(p).parent for p in glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    found = sorted(Path(p).parent for p in glob.glob(f"{DEBIAN_BINDIRS}/initdb"))
     found.sort(key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
     if found:
         return found[-1]
@@ -125,7 +158,7 @@ class PostgresServer:
 
     def __init__(self, config: PostgresConfig) -> None:
         self.config = config
-        self.bindir = find_bindir()
+        self.bindir = find_bindir(config.data_dir)
         self.secrets = Secrets(config.secrets_dir)
         self._as = _server_user() if os.geteuid() == 0 else None
 

@@ -47,6 +47,66 @@ def test_binaries_are_found() -> None:
     assert (find_bindir() / "pg_ctl").exists()
 
 
+def test_a_cluster_is_run_by_the_binaries_of_its_own_major_version(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A distribution upgrade installs PostgreSQL 17 beside 15; the newest binaries were
+    taken, and they refuse a 15 cluster at start (found by a review as a DBA)."""
+    import runnerctl.postgres as pg
+
+    for major in ("15", "17"):
+        bindir = tmp_path / "lib" / major / "bin"
+        bindir.mkdir(parents=True)
+        (bindir / "initdb").write_text("")
+        (bindir / "pg_ctl").write_text(f"#!/bin/sh\necho 'pg_ctl (PostgreSQL) {major}.2'\n")
+        (bindir / "pg_ctl").chmod(0o755)
+    monkeypatch.setattr(pg, "DEBIAN_BINDIRS", str(tmp_path / "lib" / "*" / "bin"))
+    monkeypatch.setattr(pg.shutil, "which", lambda name: None)
+    data = tmp_path / "data"
+    data.mkdir()
+    assert find_bindir(data) == tmp_path / "lib" / "17" / "bin"  # a new cluster: the newest
+    (data / "PG_VERSION").write_text("15\n")
+    assert find_bindir(data) == tmp_path / "lib" / "15" / "bin"
+    shutil.rmtree(tmp_path / "lib" / "15")
+    with pytest.raises(PostgresError, match="is PostgreSQL 15, and only PostgreSQL 17's") as found:
+        find_bindir(data)
+    assert "A new PostgreSQL major version" in (found.value.hint or "")
+
+
+def test_the_documented_backup_and_restore_work(pg_server: PostgresServer, tmp_path: Path) -> None:
+    """docs/operations.md's pg_dump ran as a `postgres` role init never makes, and wrote
+    the dump (web users' password hashes) world-readable (found by a review as a DBA).
+    The documented commands, with this server's directory and port, dump and restore."""
+    import subprocess
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    lines = [line.strip() for line in doc.splitlines()]
+    commands = [next(line for line in lines if line.startswith(start))
+                for start in ("umask ", "export PGPASSWORD")]
+    dump = next(line for line in lines if line.startswith("pg_dump "))
+    restore = next(line for line in lines if line.startswith("pg_restore "))
+    base = str(pg_server.config.base_dir)
+
+    def run(script: str) -> None:
+        script = (script.replace("/var/lib/runnerctl/postgres", base)
+                  .replace("-p 5432", f"-p {pg_server.config.port}").replace("/backup", str(tmp_path)))
+        result = subprocess.run(["bash", "-euc", script], capture_output=True, text=True, check=False,
+                                env={**os.environ, "PATH": f"{pg_server.bindir}:{os.environ['PATH']}"})
+        assert result.returncode == 0, result.stderr
+
+    url = pg_server.create_database("optuna")
+    with psycopg.connect(libpq_url(url)) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS kept (v TEXT)")
+        conn.execute("DELETE FROM kept")
+        conn.execute("INSERT INTO kept VALUES ('trial 1')")
+    run("\n".join([*commands, dump]))
+    assert stat.S_IMODE((tmp_path / "optuna.dump").stat().st_mode) == 0o600
+    with psycopg.connect(libpq_url(url)) as conn:
+        conn.execute("DROP TABLE kept")
+    run("\n".join([commands[-1], restore]))
+    with psycopg.connect(libpq_url(url)) as conn:
+        assert conn.execute("SELECT v FROM kept").fetchall() == [("trial 1",)]
+
+
 def test_fresh_machine_init_start_url_and_a_study_survives_stop_start(
         base_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["postgres", "--dir", str(base_dir / "pg"), "--port", str(free_port()),

@@ -93,15 +93,85 @@ def test_concurrent_claims_have_one_winner(stores: tuple[Store, Store]) -> None:
     assert len(winners) == 30 and len({w.split(":")[1] for w in winners}) == 30
 
 
+def test_writers_of_one_toggle_user_or_host_view_at_once_all_succeed(stores: tuple[Store, Store]) -> None:
+    """The web page, the CLI and the controller's own reopen write the same toggle; a
+    DELETE then INSERT failed one of two writers at once with a duplicate key (found by a
+    review as a DBA: over 100 of 800 writes). One upsert each now."""
+    import threading
+
+    from runnerctl.controller import host_views
+
+    a, b = stores
+    errors: list[BaseException] = []
+
+    def write(store: Store, who: str) -> None:
+        try:
+            for i in range(100):
+                store.set_toggle(Toggle("gpu-a", "gpu:1", "pause", who, float(i), "race"))
+                store.save_user("ann", f"hash-{who}-{i}", "admin", float(i))
+                host_views.save(store, host="gpu-a", at=float(i), interval_s=5.0, tick=i, view={"by": who})
+        except BaseException as exc:  # noqa: BLE001 - any failure of a writer fails the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(s, w)) for s, w in ((a, "carol"), (b, "dave"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    [toggle] = a.toggles("gpu-a")
+    assert toggle.who in ("carol", "dave") and toggle.at == 99.0
+    assert a.user("ann") is not None and [row.host for row in host_views.load(a)] == ["gpu-a"]
+
+
+def test_releasing_claims_never_deletes_one_another_host_took_meanwhile(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpu-a stalled and its claim lapsed; gpu-b took it between gpu-a's read of its own
+    claims and its delete by job: gpu-b's live claim went (found by a review as a DBA).
+    Hosts share PostgreSQL (SQLite is one host's)."""
+    from runnerctl.controller.store_db import Cursor
+
+    a, b = Store.open(url=pg_url), Store.open(url=pg_url)
+    with a._tx() as cur:
+        cur.execute("DELETE FROM claims")
+    now = time.time()
+    assert a.claim(7, "gpu-a", now=now - 300, ttl_s=60.0) and a.claim(8, "gpu-a", now=now, ttl_s=60.0)
+    query, execute = Cursor.query, Cursor.execute
+    taken = []
+
+    def b_takes_it_now(cur: Cursor, sql: str, params: tuple[object, ...] = ()) -> object:
+        if sql.startswith("DELETE FROM claims") and not taken:  # the moment before gpu-a deletes
+            taken.append(b.claim(7, "gpu-b", now=now, ttl_s=60.0))
+        return execute(cur, sql, params)
+
+    def read_then_b_takes_it(cur: Cursor, sql: str, params: tuple[object, ...] = ()) -> object:
+        rows = query(cur, sql, params)
+        if sql.startswith("SELECT job_id FROM claims") and not taken:  # between the read and the delete
+            taken.append(b.claim(7, "gpu-b", now=now, ttl_s=60.0))
+        return rows
+
+    monkeypatch.setattr(Cursor, "query", read_then_b_takes_it)
+    monkeypatch.setattr(Cursor, "execute", b_takes_it_now)
+    a.release_claims("gpu-a", keep=[8])
+    monkeypatch.undo()
+    assert taken == [True]
+    assert a.claims(now) == {7: "gpu-b", 8: "gpu-a"}
+    a.close()
+    b.close()
+
+
 def test_postgres_connections_bound_every_wait_and_keep_the_urls_own_settings() -> None:
     from runnerctl.controller.store import pg_params
 
     params = pg_params("postgresql://u@db.lab/store?keepalives_idle=5&options=-c%20search_path%3Dx", 2.0)
     assert params["keepalives_idle"] == "5" and params["keepalives"] == 1 and params["keepalives_count"] == 3
     assert params["connect_timeout"] == 2 and params["tcp_user_timeout"] == 2000
-    assert params["options"] == "-c search_path=x -c statement_timeout=2000 -c lock_timeout=2000"
+    assert params["options"] == ("-c search_path=x -c statement_timeout=2000 -c lock_timeout=2000 "
+                                 "-c plan_cache_mode=force_custom_plan")
     own = pg_params("postgresql://u@db.lab/store?options=-c%20statement_timeout%3D0&connect_timeout=9", 30.0)
-    assert own["options"] == "-c statement_timeout=0 -c lock_timeout=30000" and own["connect_timeout"] == "9"
+    assert own["options"] == ("-c statement_timeout=0 -c lock_timeout=30000 "
+                              "-c plan_cache_mode=force_custom_plan")
+    assert own["connect_timeout"] == "9"
 
 
 def test_a_lock_held_by_another_host_fails_the_write_after_the_timeout_then_it_heals(pg_url: str) -> None:

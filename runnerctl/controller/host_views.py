@@ -45,9 +45,9 @@ def save(store: Store, *, host: str, at: float, interval_s: float, tick: int, vi
     """Replace the host's row (one short transaction, every good tick)."""
     text = json.dumps(view, separators=(",", ":"), sort_keys=True)
     with store.transaction() as cur:
-        cur.execute("DELETE FROM host_views WHERE host = ?", (host,))
-        cur.execute("INSERT INTO host_views (host, at, interval_s, tick, view) VALUES (?, ?, ?, ?, ?)",
-                    (host, at, interval_s, tick, text))
+        cur.execute("INSERT INTO host_views (host, at, interval_s, tick, view) VALUES (?, ?, ?, ?, ?) "
+                    "ON CONFLICT (host) DO UPDATE SET at = excluded.at, interval_s = excluded.interval_s, "
+                    "tick = excluded.tick, view = excluded.view", (host, at, interval_s, tick, text))
 
 
 def load(store: Store) -> list[HostRow]:
