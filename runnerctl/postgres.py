@@ -167,8 +167,19 @@ class PostgresServer:
         return (self.config.data_dir / "PG_VERSION").exists()
 
     def init(self) -> bool:
-        """Create the cluster once; False when it already exists (nothing is touched)."""
+        """Create the cluster once; False when it already exists (nothing is touched). An
+        existing one made with another port or listen address than the settings now say
+        is refused: it kept the old ones, and the URLs runnerctl hands out named the new
+        (found by a review as a DBA)."""
         if self.initialised():
+            made = self._made_with()
+            wanted = {"port": str(self.config.port), "listen_addresses": self.config.listen}
+            differ = [f"{name} {made[name]} (settings: {value})" for name, value in wanted.items()
+                      if name in made and made[name] != value]
+            if differ:
+                raise PostgresError(f"the server in {self.config.data_dir} was made with {', '.join(differ)}",
+                                    hint="set [postgres] port and listen back (or the options), or change "
+                                         "them in its postgresql.conf and restart it")
             return False
         cfg = self.config
         _check_listen(cfg.listen)
@@ -246,6 +257,20 @@ class PostgresServer:
         return create_database(self.admin_url(), name, self.secrets, host=host or self.host())
 
     # -- helpers ---------------------------------------------------------------------------
+    def _made_with(self) -> dict[str, str]:
+        """port and listen_addresses as the cluster's postgresql.conf sets them (the last
+        line of a name wins, as PostgreSQL reads it)."""
+        found: dict[str, str] = {}
+        try:
+            text = (self.config.data_dir / "postgresql.conf").read_text()
+        except OSError:
+            return found
+        for line in text.splitlines():
+            name, _, value = line.partition("#")[0].partition("=")
+            if name.strip() in ("port", "listen_addresses") and value.strip():
+                found[name.strip()] = value.strip().strip("'")
+        return found
+
     def _own(self, *paths: Path) -> None:
         if self._as is not None:
             for path in paths:

@@ -72,6 +72,18 @@ def test_a_cluster_is_run_by_the_binaries_of_its_own_major_version(
     assert "A new PostgreSQL major version" in (found.value.hint or "")
 
 
+def test_init_on_a_cluster_made_with_another_port_says_so(pg_server: PostgresServer) -> None:
+    """init on an existing cluster changed nothing, yet `url` then named the new port and
+    nothing answered there (found by a review as a DBA)."""
+    config = pg_server.config
+    assert PostgresServer(config).init() is False  # the same settings: nothing to do
+    other = PostgresServer(PostgresConfig(base_dir=config.base_dir, port=config.port + 1,
+                                          listen=config.listen))
+    said = rf"was made with port {config.port} \(settings: {config.port + 1}\)"
+    with pytest.raises(PostgresError, match=said):
+        other.init()
+
+
 def test_the_documented_backup_and_restore_work(pg_server: PostgresServer, tmp_path: Path) -> None:
     """docs/operations.md's pg_dump ran as a `postgres` role init never makes, and wrote
     the dump (web users' password hashes) world-readable (found by a review as a DBA).
