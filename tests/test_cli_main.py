@@ -68,3 +68,20 @@ def test_user_add_without_a_terminal_says_to_pipe_the_password(
     ("[::1]:8080", ("::1", 8080)), ("127.0.0.1:0", ("127.0.0.1", 0)), ("gpu-a.lab:80", ("gpu-a.lab", 80))])
 def test_listen_addresses_parse_ipv6_without_brackets(listen: str, parsed: tuple[str, int]) -> None:
     assert parse_listen(listen) == parsed
+
+
+@pytest.mark.parametrize("argv", [
+    ["serve", "--gitlab", "http://[::1", "--gpu-source", "sim:2", "--listen", "127.0.0.1:0"],
+    ["serve", "--gitlab", "notaurl", "--gpu-source", "sim:2", "--listen", "127.0.0.1:0"],
+    ["doctor", "--gitlab-url", "http://[::1", "--gpu-source", "sim:2"],
+    ["init", "--gitlab-url", "ftp://gitlab.example", "--group", "1", "--dry-run", "--gpu-source", "sim:2"],
+    ["uninstall", "--gitlab-url", "", "--dry-run"],
+])
+def test_a_gitlab_url_that_is_none_is_refused_in_one_line_before_anything_runs(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """serve started on `notaurl` and retried it for ever (`http://[::1` with a traceback
+    each tick); doctor and init failed with "unexpected ValueError" (found by a review
+    fuzzing the CLI). install already refused them; every command now does."""
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    assert "is not an http(s) URL with a host" in err and len(err.strip().splitlines()) == 1, err

@@ -24,7 +24,7 @@ from runnerctl.cli.host import (
     token_option,
 )
 from runnerctl.cli.monitoring import attach
-from runnerctl.cli.params import Finite, Seconds, config_option
+from runnerctl.cli.params import Finite, GitLabUrl, Seconds, config_option
 from runnerctl.controller.fairshare import FairPolicy
 from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import request as toggle_request
@@ -51,7 +51,8 @@ listen_option = click.option("--listen", default="127.0.0.1:8080", show_default=
 @click.command()
 @listen_option
 @gpu_source_option
-@click.option("--gitlab", "gitlab_url", required=True, help="GitLab base URL, or `sim` (simulated GitLab).")
+@click.option("--gitlab", "gitlab_url", required=True, type=GitLabUrl(allow_sim=True),
+              help="GitLab base URL, or `sim` (simulated GitLab).")
 @token_option
 @runner_config_option
 @config_option

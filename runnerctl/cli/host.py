@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from runnerctl import access
-from runnerctl.cli.params import config_option
+from runnerctl.cli.params import GitLabUrl, config_option
 from runnerctl.errors import ConfigError, ExitCode, RunnerctlError
 from runnerctl.gitlab import REQUIRED_SCOPE, PythonGitLab, RunnerScope
 from runnerctl.gpus import open_gpu_source
@@ -111,7 +111,7 @@ def _runner_config(settings: Settings, path: Path | None) -> RunnerConfigFile:
 
 
 @click.command()
-@click.option("--gitlab-url", required=True, help="Base URL of the GitLab instance.")
+@click.option("--gitlab-url", required=True, type=GitLabUrl(), help="Base URL of the GitLab instance.")
 @token_option
 @click.option("--group", "group_id", type=int, help="Register group runners in this group.")
 @click.option("--project", "project_id", type=int, help="Register project runners in this project.")
@@ -273,7 +273,8 @@ def _mem(used: int | None, total: int | None) -> str:
 @host_option
 @config_option
 @runner_config_option
-@click.option("--gitlab-url", help="GitLab to check against [default: the url in config.toml].")
+@click.option("--gitlab-url", type=GitLabUrl(),
+              help="GitLab to check against [default: the url in config.toml].")
 @token_option
 def doctor(gpu_source: str | None, host_name: str | None, config_path: Path | None,
            runner_config: Path | None, gitlab_url: str | None, token: str | None) -> None:

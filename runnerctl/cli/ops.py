@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import click
 
@@ -17,7 +16,7 @@ from runnerctl.cli.host import (
     runner_config_option,
     token_option,
 )
-from runnerctl.cli.params import config_option
+from runnerctl.cli.params import GitLabUrl, config_option
 from runnerctl.controller.store import Store, StoreError
 from runnerctl.errors import ConfigError, first_line
 from runnerctl.gitlab import PythonGitLab
@@ -36,8 +35,9 @@ from runnerctl.uninstall import apply_uninstall, plan_uninstall
 
 
 @click.command()
-@click.option("--gitlab-url", help="GitLab base URL for `serve` (needed when serve is installed) "
-              "[default: the installed serve unit's].")
+@click.option("--gitlab-url", type=GitLabUrl(),
+              help="GitLab base URL for `serve` (needed when serve is installed) [default: the installed "
+                   "serve unit's].")
 @click.option("--listen", help="HOST:PORT of serve's web page and /metrics [default: the installed "
               "serve unit's, else 127.0.0.1:8080].")
 @click.option("--service", "services", type=click.Choice(SERVICES), multiple=True,
@@ -75,8 +75,8 @@ def install(gitlab_url: str | None, listen: str | None, services: tuple[str, ...
     if "serve" in chosen and not gitlab_url:
         raise ConfigError("--gitlab-url is needed to install runnerctl-serve",
                           hint="give the GitLab base URL, or --service postgres --service exporter")
-    if gitlab_url is not None:
-        _check_url(gitlab_url)
+    if gitlab_url is not None and kept and kept[0].startswith("--gitlab-url"):
+        _check_url(gitlab_url)  # the installed unit's (the option's own is checked as it is read)
     if parse_listen(listen)[1] == 0:  # serve's own check: HOST:PORT
         raise ConfigError(f"--listen {listen!r}: port 0 is any free port, a new one at each start",
                           hint="give a port from 1 to 65535")
@@ -104,21 +104,14 @@ def install(gitlab_url: str | None, listen: str | None, services: tuple[str, ...
 
 
 def _check_url(url: str) -> None:
-    """ConfigError (one line) unless `url` is an http(s) URL naming a host."""
-    try:
-        parts = urlsplit(url)
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
-    except ValueError:  # an unclosed [ of an IPv6 address
-        ok = False
-    if not ok or any(ord(c) <= 32 or ord(c) == 127 for c in url):  # no space or control character
-        raise ConfigError(f"--gitlab-url {url!r} is not an http(s) URL with a host",
-                          hint="for example https://gitlab.example.org")
+    """ConfigError (one line) unless `url`, the installed unit's, is an http(s) URL naming a host."""
+    GitLabUrl().convert(url, None, None)
 
 
 @click.command()
 @runner_config_option
-@click.option("--gitlab-url", help="GitLab that holds the runners [default: the url of runnerctl's "
-              "entries in config.toml].")
+@click.option("--gitlab-url", type=GitLabUrl(),
+              help="GitLab that holds the runners [default: the url of runnerctl's entries in config.toml].")
 @token_option
 @click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=Path("/"),
               show_default=True, help="Look for the systemd units below this directory instead of /.")
