@@ -1,7 +1,7 @@
 """The slurm driver: the user's script stages run as Slurm batch jobs (executors/batch.py).
 
-Each script stage is submitted with `sbatch --gres=gpu:N` (N = the slot's size) plus the
-job's SCHEDULER_PARAMETERS; `--nodes`, `--time`, `--partition` and `srun` inside pass
+Each script stage is submitted with `sbatch --gres=gpu:N --no-requeue` (N = the slot's
+size) plus the job's SCHEDULER_PARAMETERS; `--nodes`, `--time`, `--partition` and `srun` inside pass
 through. Options that would change the GPU request (`--gres`, `--gpus*`, `-G`,
 `--tres-per-*`) or the driver's own bookkeeping (output file, job name, working dir)
 are dropped with a note in the job log. Slurm sets CUDA_VISIBLE_DEVICES for the
@@ -12,11 +12,18 @@ available"), and a SCHEDULER_PARAMETERS the controller rejects (an unknown parti
 feature, a bad `--time`): a build failure with sbatch's words, since the job's own
 variables asked for it; only a controller that does not answer is a system failure.
 
+`--no-requeue`: Slurm requeues a job after a node failure (JobRequeue=1, the default),
+on preemption (PreemptMode=REQUEUE) or at an administrator's `scontrol requeue`, and "the
+batch script is initiated from its beginning" (sbatch(1)): the stage ran the script twice
+and passed on the second run. Not requeued, such a job ends NODE_FAIL or PREEMPTED, and
+an administrator's requeue is refused; `--requeue` is dropped from SCHEDULER_PARAMETERS.
+
 The outcome comes from `scontrol show job` (JobState, ExitCode=RC:SIG; kept MinJobAge
-seconds after the end): COMPLETED/FAILED/TIMEOUT/OUT_OF_MEMORY carry
-the script's code (a build failure); CANCELLED when runnerctl did not cancel it (an
-administrator's scancel), NODE_FAIL, BOOT_FAIL, PREEMPTED and DEADLINE are the
-cluster's doing (a system failure naming the job).
+seconds after the end; each field's first occurrence, as a job's own text such as its
+`--wckey` is printed after them): COMPLETED/FAILED/TIMEOUT/OUT_OF_MEMORY carry the
+script's code (a build failure), as does DEADLINE (the job's own `--deadline`); CANCELLED
+when runnerctl did not cancel it (an administrator's scancel), NODE_FAIL, BOOT_FAIL and
+PREEMPTED are the cluster's doing (a system failure naming the job).
 """
 
 from __future__ import annotations
@@ -39,24 +46,35 @@ from runnerctl.settings import ExecutorSettings
 
 _DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE"}
-_SCRIPT_ENDS = {"COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY"}
+_SCRIPT_ENDS = {"COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "DEADLINE"}
 """End states that carry the script's own exit code: build results."""
 _ONE_VALUE = ("--partition", "-p", "--account", "-A", "--qos", "-q", "--time", "-t", "--time-min",
               "--mem", "--mem-per-cpu", "--mem-per-gpu", "--constraint", "-C", "--cpus-per-task", "-c",
               "--cpus-per-gpu", "--ntasks", "-n", "--ntasks-per-node", "--reservation", "--mail-type",
-              "--mail-user", "--comment", "--exclude", "-x", "--nodelist", "-w", "--tmp", "--licenses",
+              "--mail-user", "--exclude", "-x", "--nodelist", "-w", "--tmp", "--licenses",
               "-L", "--wckey", "--begin", "--deadline", "--hint", "--signal")
 _VALUED = dict.fromkeys(_ONE_VALUE, 1)
 """sbatch options a job may add (sbatch(1)): where, on whose account, how long, with what
 memory and CPUs. Not the GPUs, nodes or arrays (`--gres`, `--gpus*`, `--tres*`, `-N`,
-`--array`), another cluster (`-M`), the output, name or directory, `--wrap`."""
-_FLAGS = ("--exclusive", "--requeue", "--no-requeue")
+`--array`), another cluster (`-M`), the output, name or directory, `--wrap`, requeueing, nor
+`--comment` (free text in `scontrol show job`, where `ExitCode=0:0` in it read as the result)."""
+_FLAGS = ("--exclusive", "--no-requeue")
 _NEVER = {"BadConstraints", "PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit",
-          "QOSMaxWallDurationPerJobLimit", "AssocMaxWallDurationPerJobLimit"}
-"""squeue reasons (%r) for a pending job that can never start as asked: among them a
-`--time` (the driver's default is the GitLab timeout) over the partition's MaxTime, its
-QOS's or its association's: sbatch(1), "the job will be left in a PENDING state
-(possibly indefinitely)" unless EnforcePartLimits refuses it at submit."""
+          "QOSMaxWallDurationPerJobLimit", "AssocMaxWallDurationPerJobLimit", "PartitionInactive",
+          "MaxMemPerLimit", "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
+          "QOSMaxGRESPerJob", "QOSMaxNodePerJobLimit", "QOSMaxCpuPerJobLimit", "QOSMaxMemoryPerJob",
+          "AssocMaxGRESPerJob", "AssocMaxNodePerJobLimit", "AssocMaxCpuPerJobLimit", "AssocMaxMemPerJob",
+          "QOSMinGRES", "JobHoldMaxRequeue", "ReservationDeleted", "launch failed requeued held",
+          "job requeued in held state"}
+"""squeue reasons (%r) for a pending job that can never start as asked (slurm's
+job_reason_string): among them a `--time` (the driver's default is the GitLab timeout)
+over the partition's MaxTime, its QOS's or its association's: sbatch(1), "the job will
+be left in a PENDING state (possibly indefinitely)" unless EnforcePartLimits refuses it
+at submit; a per-job limit the request is over; and a job held after a failed launch
+(a Prolog that failed: slurm.conf(5), "requeued in a held state"), which waits for an
+administrator. Matched on the reason's first part: squeue prints details after a comma.
+Limits of a group or a user (AssocGrpGRES, QOSMaxGRESPerUser), Resources, Priority, a
+node or partition down and a hold an administrator may release do wait."""
 _UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "temporarily unavailable",
                 "temporarily unable", "Zero Bytes were transmitted", "Communication connection failure")
 """sbatch errors that say the controller did not answer (a system failure); any other
@@ -91,8 +109,8 @@ class Slurm:
 
     def submit(self, request: Request) -> str:
         limit = [f"--time={-(-request.time_limit_s // 60)}"] if request.time_limit_s else []
-        command = ["sbatch", "--parsable", *limit, f"--nodes={request.nodes}", *request.options,
-                   f"--job-name={request.label}", f"--gres=gpu:{request.gpus}",
+        command = ["sbatch", "--parsable", "--no-requeue", *limit, f"--nodes={request.nodes}",
+                   *request.options, f"--job-name={request.label}", f"--gres=gpu:{request.gpus}",
                    f"--output={request.log}", f"--chdir={request.workdir}", str(request.wrapper)]
         result = run_command(command, env=request.env, cwd=request.workdir, **request.runas)
         if result.returncode != 0:
@@ -110,7 +128,7 @@ class Slurm:
 
     def never_runs(self, job_id: str) -> str | None:
         reason = run_command(["squeue", "-h", "-j", job_id, "-o", "%r"]).stdout.strip()
-        return f"pending for reason {reason}" if reason in _NEVER else None
+        return f"pending for reason {reason}" if reason.split(",")[0].strip() in _NEVER else None
 
     def outcome(self, job_id: str) -> Outcome:
         fields = wait_for_record(lambda: _job_fields(job_id))
@@ -122,7 +140,7 @@ class Slurm:
         if sig.isdigit() and int(sig):
             code = 128 + int(sig)
         if state in _SCRIPT_ENDS:
-            if state in ("TIMEOUT", "OUT_OF_MEMORY"):
+            if state in ("TIMEOUT", "OUT_OF_MEMORY", "DEADLINE"):
                 print(f"runnerctl: Slurm job {job_id} ended {state}", flush=True)
                 return Outcome(code=code or 1)
             return Outcome(code=code)
@@ -142,7 +160,9 @@ class Slurm:
 
 def _job_fields(job_id: str) -> dict[str, str] | None:
     out = run_command(["scontrol", "show", "job", job_id]).stdout
-    fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
+    fields: dict[str, str] = {}
+    for name, _, value in (f.partition("=") for f in out.split() if "=" in f):
+        fields.setdefault(name, value)  # the first: a job's own text (its --wckey) comes later
     return fields if fields.get("JobState") in _DONE else None
 
 

@@ -115,6 +115,65 @@ def test_killed_drivers_batch_job_is_reaped_by_the_next_prepare(host: Path, clus
     batch_acceptance.killed_driver_is_reaped_by_next_prepare(host, cluster)
 
 
+def test_a_slurm_job_is_never_requeued_to_run_its_script_twice(tmp_path: Path) -> None:
+    """Slurm requeues a job after a node failure, on preemption or at an administrator's
+    `scontrol requeue`, and runs its script again from the start: the stage ran the CI
+    script twice and passed on the second run (found by a review as a Slurm site admin).
+    Submitted with --no-requeue, a requeue is refused and the script runs once."""
+    assert "gpu:8" in _out("sinfo", "-h", "-o", "%G"), "Slurm is not running: bash .ci/setup/slurm.sh"
+    host = make_host(tmp_path)
+    h = batch_acceptance.harness(host, CLUSTERS["slurm"], (6,))
+    job = FakeJob(id=932, variables={"SCHEDULER_PARAMETERS": "--requeue"})
+    assert h.stage("prepare", job).code == 0
+    started = host / "started"
+    body = f'echo "attempt $SLURM_RESTART_COUNT"; touch {started}; sleep 3'
+    driver = h.start("run", job, str(h.script(job, "build_script", body)), "build_script")
+    name = batch_acceptance.label(host, job)
+    batch_acceptance.wait_until("the script to start", started.exists)
+    [job_id] = CLUSTERS["slurm"].jobs(name)
+    requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, check=False)
+    assert requeue.returncode != 0 and "disabled" in requeue.stderr, requeue.stderr
+    out, _ = driver.communicate(timeout=batch_acceptance.WAIT_S)
+    assert driver.returncode == 0, out
+    assert out.count("attempt") == 1 and "ignoring SCHEDULER_PARAMETERS --requeue" in out, out
+    assert h.stage("cleanup", job).code == 0
+
+
+def test_slurms_record_is_read_by_each_fields_first_value() -> None:
+    """`scontrol show job` prints a job's own text (its --wckey, --comment) after JobState
+    and ExitCode; read last-wins, `--comment="ok ExitCode=0:0"` turned a failed job into a
+    success (found by a review as a Slurm site admin). --comment is no longer passed, and
+    each field's first value is read."""
+    from unittest import mock
+
+    from runnerctl.executors import slurm
+
+    shown = ("JobId=7 JobName=runnerctl-1-x\n   JobState=FAILED Reason=NonZeroExitCode\n   ExitCode=3:0\n"
+             "   WorkDir=/w Comment=ok ExitCode=0:0 JobState=COMPLETED\n")
+    with mock.patch.object(slurm, "run_command",
+                           return_value=subprocess.CompletedProcess([], 0, stdout=shown, stderr="")):
+        assert slurm.Slurm().outcome("7").code == 3
+    assert slurm.scheduler_parameters('--comment "ok ExitCode=0:0" --requeue -p gpu') == (
+        ["-p", "gpu"], ["--comment", "ok ExitCode=0:0", "--requeue"])
+
+
+@pytest.mark.parametrize(("reason", "never"), [
+    ("QOSMaxGRESPerJob", True), ("InvalidAccount", True), ("launch failed requeued held", True),
+    ("PartitionTimeLimit", True), ("ReqNodeNotAvail, UnavailableNodes:node1", False),
+    ("QOSMaxGRESPerUser", False), ("Resources", False), ("JobHeldAdmin", False)])
+def test_slurm_pending_reasons_that_never_run_fail_at_once(reason: str, never: bool) -> None:
+    """A request over a per-job limit, an account or QOS the job may not use, or a job held
+    after its launch failed waited until GitLab's timeout (found by a review as a Slurm
+    site admin); limits of a group or user, and holds an administrator may release, wait."""
+    from unittest import mock
+
+    from runnerctl.executors import slurm
+
+    with mock.patch.object(slurm, "run_command",
+                           return_value=subprocess.CompletedProcess([], 0, stdout=reason + "\n", stderr="")):
+        assert (slurm.Slurm().never_runs("7") is not None) == never
+
+
 def test_pbs_and_pjm_parameters_keep_all_but_gpus_nodes_and_bookkeeping() -> None:
     from runnerctl.executors import pbs, pjm
 
