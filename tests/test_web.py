@@ -16,7 +16,7 @@ from runnerctl.controller.store import Store
 from runnerctl.exporter import endpoint
 from runnerctl.settings import ControllerSettings, WebSettings
 from runnerctl.sim.world import PROJECT, TOKEN, World, build_world
-from runnerctl.web.auth import add_user
+from runnerctl.web.auth import add_user, check_password
 from runnerctl.web.routes import install
 
 PASSWORD = "correct horse battery"
@@ -215,7 +215,11 @@ def test_no_secret_in_responses_or_logs(world: World, tmp_path: Path,
 def test_user_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                        monkeypatch: pytest.MonkeyPatch) -> None:
     import io
-    monkeypatch.setattr("sys.stdin", io.StringIO(PASSWORD + "\n"))
+
+    def stdin(data: bytes) -> None:
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+    stdin(PASSWORD.encode() + b"\r\n")  # a file written on Windows: its \r is no part of the password
     assert main(["user", "add", "ann", "--role", "operator", "--password-stdin",
                  "--state-dir", str(tmp_path)]) == 0
     assert main(["user", "list", "--state-dir", str(tmp_path)]) == 0
@@ -225,9 +229,18 @@ def test_user_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     found = store.user("ann")
     store.close()
     assert found is not None and found[0].startswith("$argon2id$") and PASSWORD not in found[0]
-    monkeypatch.setattr("sys.stdin", io.StringIO("short\n"))
+    store = Store.open(state_dir=tmp_path)
+    assert check_password(store, "ann", PASSWORD) is not None
+    store.close()
+    stdin(b"short\n")
     assert main(["user", "add", "bo", "--password-stdin", "--state-dir", str(tmp_path)]) != 0
     assert "shorter than 8" in capsys.readouterr().err
+    stdin(b"\xff\xfe\xfd\xfcabcdefghijk\n")  # no UTF-8: was "unexpected UnicodeEncodeError"
+    assert main(["user", "add", "bo", "--password-stdin", "--state-dir", str(tmp_path)]) == 3
+    assert "runnerctl: error: the password on stdin is not UTF-8 text\n" == capsys.readouterr().err
+    stdin(PASSWORD.encode() + b"\n")
+    assert main(["user", "add", "b" * 100_000, "--password-stdin", "--state-dir", str(tmp_path)]) == 3
+    assert "characters; at most 64" in capsys.readouterr().err
     assert main(["user", "remove", "ann", "--state-dir", str(tmp_path)]) == 0
     assert main(["user", "remove", "ann", "--state-dir", str(tmp_path)]) != 0
 

@@ -42,8 +42,12 @@ def user() -> None:
 @config_option
 def add(name: str, role: str, password_stdin: bool, state_dir: Path | None, config_path: Path | None) -> None:
     """Add an account (or set a new password and role for an existing one)."""
-    if password_stdin:
-        password = sys.stdin.readline().rstrip("\n")
+    if password_stdin:  # bytes: a password that is no UTF-8 was "unexpected UnicodeEncodeError"
+        line = sys.stdin.buffer.readline().rstrip(b"\r\n")  # a CRLF file's \r is no part of it
+        try:
+            password = line.decode()
+        except UnicodeDecodeError:
+            raise ConfigError("the password on stdin is not UTF-8 text") from None
     elif not sys.stdin.isatty():  # getpass would warn that it may echo, then read nothing useful
         raise ConfigError("no terminal to ask the password on", hint="pipe it in with --password-stdin")
     else:

@@ -67,11 +67,17 @@ def hash_password(password: str) -> str:
     return _HASHER.hash(password)
 
 
+MAX_NAME = 64
+"""The longest user name (it is shown on the page and in the log; a 100,000-character one was taken)."""
+
+
 def add_user(store: Store, name: str, password: str, role: str) -> None:
     if role not in ROLES:
         raise ConfigError(f"unknown role {role!r}; one of {', '.join(ROLES)}")
     if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise ConfigError(f"user name {name!r} must be letters, digits, '-', '_' or '.'")
+    if len(name) > MAX_NAME:
+        raise ConfigError(f"user name {name[:20]!r}... is {len(name)} characters; at most {MAX_NAME}")
     store.save_user(name, hash_password(password), role, time.time())
 
 
