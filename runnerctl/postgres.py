@@ -172,14 +172,7 @@ class PostgresServer:
         is refused: it kept the old ones, and the URLs runnerctl hands out named the new
         (found by a review as a DBA)."""
         if self.initialised():
-            made = self._made_with()
-            wanted = {"port": str(self.config.port), "listen_addresses": self.config.listen}
-            differ = [f"{name} {made[name]} (settings: {value})" for name, value in wanted.items()
-                      if name in made and made[name] != value]
-            if differ:
-                raise PostgresError(f"the server in {self.config.data_dir} was made with {', '.join(differ)}",
-                                    hint="set [postgres] port and listen back (or the options), or change "
-                                         "them in its postgresql.conf and restart it")
+            self.check_made_with()
             return False
         cfg = self.config
         _check_listen(cfg.listen)
@@ -257,6 +250,19 @@ class PostgresServer:
         return create_database(self.admin_url(), name, self.secrets, host=host or self.host())
 
     # -- helpers ---------------------------------------------------------------------------
+    def check_made_with(self) -> None:
+        """PostgresError when the cluster was made with another port or listen address than
+        the settings say: start, status and url reported and named the settings' port, on
+        which nothing answered (found by a review fuzzing the CLI)."""
+        made = self._made_with()
+        wanted = {"port": str(self.config.port), "listen_addresses": self.config.listen}
+        differ = [f"{name} {made[name]} (settings: {value})" for name, value in wanted.items()
+                  if name in made and made[name] != value]
+        if differ:
+            raise PostgresError(f"the server in {self.config.data_dir} was made with {', '.join(differ)}",
+                                hint="set [postgres] port and listen back (or the options), or change "
+                                     "them in its postgresql.conf and restart it")
+
     def _made_with(self) -> dict[str, str]:
         """port and listen_addresses as the cluster's postgresql.conf sets them (the last
         line of a name wins, as PostgreSQL reads it)."""

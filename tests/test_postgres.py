@@ -72,7 +72,8 @@ def test_a_cluster_is_run_by_the_binaries_of_its_own_major_version(
     assert "A new PostgreSQL major version" in (found.value.hint or "")
 
 
-def test_init_on_a_cluster_made_with_another_port_says_so(pg_server: PostgresServer) -> None:
+def test_init_on_a_cluster_made_with_another_port_says_so(pg_server: PostgresServer,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """init on an existing cluster changed nothing, yet `url` then named the new port and
     nothing answered there (found by a review as a DBA)."""
     config = pg_server.config
@@ -82,6 +83,10 @@ def test_init_on_a_cluster_made_with_another_port_says_so(pg_server: PostgresSer
     said = rf"was made with port {config.port} \(settings: {config.port + 1}\)"
     with pytest.raises(PostgresError, match=said):
         other.init()
+    for command in ("status", "start", "url"):  # they named the settings' port, where nothing answers
+        code = main(["postgres", "--dir", str(config.base_dir), "--port", str(config.port + 1),
+                     "--listen", config.listen, command])
+        assert code == 1 and "was made with port" in capsys.readouterr().err, command
 
 
 def test_the_documented_backup_and_restore_work(pg_server: PostgresServer, tmp_path: Path) -> None:

@@ -70,7 +70,9 @@ class _Target:
         if self.external_url:
             raise ConfigError("an external PostgreSQL is configured ([postgres] url); runnerctl "
                               "runs no server of its own", hint="`url` and `create-study` use it")
-        return PostgresServer(self.config)
+        server = PostgresServer(self.config)
+        server.check_made_with()
+        return server
 
     def admin_url(self) -> str:
         return self.external_url or self.server().admin_url()
