@@ -224,6 +224,12 @@ def test_admin_toggles_pause_drain_resume(world: World, tmp_path: Path,
     kinds = [e.kind for e in world.store.events("demo")]
     assert {"drain", "pause", "resume"} <= set(kinds)
 
+    # a misspelt host: the toggle closed nothing and said it had (found by a review fuzzing the CLI)
+    typo = ["--host-name", "dmeo", "--state-dir", str(tmp_path)]
+    assert main(["pause", "--gpu", "7", "--why", "fan", "--who", "carol", *typo]) == 0
+    assert capsys.readouterr().out == ("dmeo gpu:7: pause by carol (fan); no controller has run on dmeo yet, "
+                                       "it applies once one does (the store's hosts: demo)\n")
+
 
 def _whole_host_drained(world: World, singles_s: float, settle_s: float) -> int:
     """Eight 1-GPU jobs of `singles_s`, then an 8-GPU job the host drains for (its id)."""

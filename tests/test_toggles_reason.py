@@ -46,7 +46,8 @@ def test_a_slot_named_by_another_hosts_runner_is_refused(tmp_path: Path,
                    "(--host-name gpu-b toggles that host's runners)\n")
     assert not (tmp_path / "controller.sqlite").exists()  # refused before the store opened
     assert main(["pause", *args[:-6], "--host-name", "gpu-b", *args[-4:]]) == 0
-    assert capsys.readouterr().out == "gpu-b slot:gpu0-3: pause by " + getpass.getuser() + " (fan)\n"
+    assert capsys.readouterr().out == ("gpu-b slot:gpu0-3: pause by " + getpass.getuser() + " (fan); no "
+                                       "controller has run on gpu-b yet, it applies once one does\n")
 
 
 @pytest.mark.parametrize("who", ["", "  ", "ann\nroot"])

@@ -152,7 +152,12 @@ def request(store: Store, *, action: str, host: str, target: str, who: str, why:
         removed = resume(store, host=host, target=target, who=who, why=why, now=now)
         return f"{host} {target}: resumed ({removed} toggle{'s' if removed != 1 else ''} removed)"
     set_toggle(store, Toggle(host, target, action, who, now, why))
-    return f"{host} {target}: {action} by {who}" + (f" ({why})" if why else "")
+    said = f"{host} {target}: {action} by {who}" + (f" ({why})" if why else "")
+    if store.inventory(host) is None:  # no serve ran there yet, or the name is misspelt: say so
+        hosts = [h for h in store.hosts() if h != host]
+        said += (f"; no controller has run on {host} yet, it applies once one does"
+                 + (f" (the store's hosts: {', '.join(hosts)})" if hosts else ""))
+    return said
 
 
 def held_slots(toggles: Iterable[Toggle], slots: Iterable[Slot]) -> dict[str, str]:
