@@ -85,3 +85,15 @@ def test_a_gitlab_url_that_is_none_is_refused_in_one_line_before_anything_runs(
     assert main(argv) == 3
     err = capsys.readouterr().err
     assert "is not an http(s) URL with a host" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_ctrl_c_ends_a_command_with_130_and_no_error_line(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """click turns Ctrl-C into its Abort, which said `runnerctl: aborted` and exited 1, not
+    a shell's 130 (found by a review fuzzing the CLI)."""
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("runnerctl.cli.report._existing_store", interrupted)
+    assert main(["report", "--state-dir", "/nonexistent-runnerctl"]) == 130
+    assert "aborted" not in capsys.readouterr().err

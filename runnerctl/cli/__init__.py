@@ -72,7 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.exit_code)
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
-    except click.Abort:
+    except click.Abort as exc:
+        if isinstance(exc.__context__, KeyboardInterrupt):  # click's own for Ctrl-C: 130, as a shell's
+            return 130
         click.echo("runnerctl: aborted", err=True)
         return int(ExitCode.ERROR)
     except click.exceptions.NoArgsIsHelpError as exc:  # a bare `runnerctl` (or group): its help
