@@ -194,7 +194,9 @@ job of such a name would replace the keyword."""
 MAX_JOB_NAME = 255
 """GitLab refuses longer job names: "name is too long (maximum is 255 characters)" (the job
 entry's length validation, gitlab merge request 73559)."""
-_NOT_BLANK = ("stage", "image", "job_name")
+_NOT_BLANK = ("stage", "image", "job_name", "command")
+"""Inputs GitLab refuses or runs as nothing when blank (an empty `command` is an empty
+script line: the job passed without doing anything)."""
 
 
 def _check_shape(name: str, value: Any) -> None:
@@ -203,6 +205,8 @@ def _check_shape(name: str, value: Any) -> None:
     if name in _NOT_BLANK and isinstance(value, str) and not value.strip():
         raise ConfigError(f"input {name!r} must not be empty")
     if name == "job_name" and isinstance(value, str):
+        if any(not c.isprintable() for c in value):  # a newline made a key over two lines
+            raise ConfigError("input 'job_name' must be one line without control characters")
         if value in KEYWORDS:
             raise ConfigError(f"input 'job_name' {value!r} is a GitLab CI keyword, not a job name")
         if value.startswith("."):

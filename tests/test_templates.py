@@ -235,6 +235,10 @@ def test_python_cache_keys_on_the_lock_file_and_skips_pip_when_it_matches() -> N
     ("gpu-job", {"job_name": "a" * 256}, "'job_name' is 256 characters; GitLab takes at most 255"),
     ("gpu-job", {"stage": " "}, "input 'stage' must not be empty"),
     ("gpu-job", {"image": ""}, "input 'image' must not be empty"),
+    # an empty script line passed doing nothing; a newline split the job's key (found fuzzing the CLI)
+    ("gpu-job", {"command": " "}, "input 'command' must not be empty"),
+    ("optuna-sweep", {"command": ""}, "input 'command' must not be empty"),
+    ("gpu-job", {"job_name": "train\nevil"}, "input 'job_name' must be one line"),
     ("gpu-job", {"artifacts": "[]"}, "'artifacts' needs at least one path"),
     ("optuna-sweep", {"storage": "postgresql://u:s3cret@db.lab:5432/u"}, "'storage' holds a password"),
     # libpq and SQLAlchemy also take it as a parameter (found by a review as a researcher sweeping)
