@@ -55,6 +55,24 @@ def test_under_systemd_each_line_carries_its_syslog_priority(tmp_path: Path) -> 
     assert OneLineFormatter("%(message)s", journal=True).format(record) == "<4>a\\nforged line"
 
 
+def test_a_command_that_cannot_start_says_why_at_priority_err_under_systemd(tmp_path: Path) -> None:
+    """serve's reason for not starting (no token, a store it cannot reach) went to journald
+    at priority info: `journalctl -p err`, as docs/operations.md says to read, showed
+    nothing while it restarted every few seconds (found by a review as an on-call engineer)."""
+    err = tmp_path / "stderr"
+    for journal in (True, False):
+        with err.open("w") as handle:
+            found = os.fstat(handle.fileno())
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "RUNNERCTL_GITLAB_TOKEN": "",
+                   "JOURNAL_STREAM": f"{found.st_dev}:{found.st_ino}" if journal else ""}
+            subprocess.run([sys.executable, "-m", "runnerctl", "serve", "--gitlab", "https://gitlab.example",
+                            "--gpu-source", "sim:2", "--state-dir", str(tmp_path / "state")],
+                           stderr=handle, env=env, check=False, timeout=60)
+        said = err.read_text()
+        assert said.startswith("<3>runnerctl: error: " if journal else "runnerctl: error: "), said
+        assert "token" in said
+
+
 def test_a_password_in_the_gitlab_url_stays_out_of_messages() -> None:
     url = f"http://admin:s3cretpw@127.0.0.1:{free_port()}"
     with pytest.raises(TemporaryError) as caught:

@@ -20,7 +20,7 @@ import click
 from runnerctl import __version__
 from runnerctl.cli import controller, experiments, host, monitoring, ops, report, sim, users
 from runnerctl.errors import ExitCode, RunnerctlError, redact
-from runnerctl.logline import configure
+from runnerctl.logline import configure, to_journal
 
 COMMANDS: list[click.Command] = [
     host.init,
@@ -119,7 +119,9 @@ def error(message: str) -> None:
     """One line on stderr, whatever the message holds (input echoed in it may carry a
     newline or other control characters: they are shown escaped)."""
     shown = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in message)
-    click.echo(f"runnerctl: error: {shown}", err=True)
+    priority = "<3>" if to_journal() else ""  # under systemd: an error, so `journalctl -p err` finds
+    # why serve would not start (it was filed as info; found by a review as an on-call engineer)
+    click.echo(f"{priority}runnerctl: error: {shown}", err=True)
 
 
 def os_error(exc: OSError) -> str:
