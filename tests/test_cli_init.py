@@ -200,7 +200,7 @@ def test_status_cannot_claim_a_gpu_healthy_without_watching_its_xids(tmp_path: P
 
 
 def test_usage_error_exit_code() -> None:
-    result = runnerctl("init", "--gitlab-url", "x", "--group", "1", "--project", "2",
+    result = runnerctl("init", "--gitlab-url", "https://gitlab.example", "--group", "1", "--project", "2",
                        "--gpu-source", "sim:1", "--dry-run")
     assert result.returncode == 2
     assert "not both" in result.stderr
