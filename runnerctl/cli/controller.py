@@ -270,7 +270,7 @@ def drain(**kwargs: object) -> None:
 @click.command()
 @_toggle_options
 def resume(**kwargs: object) -> None:
-    """Remove a pause or drain (and reopen an unhealthy GPU); the controller decides again."""
+    """Remove a pause or drain (with --gpu, also reopen an unhealthy GPU); the controller decides again."""
     _toggle("resume", **kwargs)  # type: ignore[arg-type]
 
 
