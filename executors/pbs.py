@@ -76,15 +76,24 @@ def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
         word = dropped[i]
         separate = word == "-l" and i + 1 < len(dropped)
         value = dropped[i + 1] if separate else word[2:] if word.startswith("-l") else ""
-        if not value.startswith("select="):
+        if not any(item.startswith("select=") for item in value.split(",")):
             left.append(word)
             i += 1
             continue
-        taken, rest = _chunk_of(value)
+        taken, refused = [], []  # one -l may hold several resources: `select=1:ncpus=16,walltime=1:00:00`
+        for item in value.split(","):
+            if item.startswith("select="):
+                chunk, rest = _chunk_of(item)
+                taken += chunk
+                refused += [rest] if rest else []
+            elif item.partition("=")[0] in _GPU_RESOURCES:
+                refused.append(item)
+            else:
+                taken.append(item)
         if taken:
             kept += ["-l", ",".join(taken)]
-        if rest:
-            left += ["-l", rest] if separate else [f"-l{rest}"]
+        if refused:
+            left += ["-l", ",".join(refused)] if separate else [f"-l{','.join(refused)}"]
         i += 2 if separate else 1
     return kept, left
 
@@ -100,7 +109,8 @@ def _chunk_of(select: str) -> tuple[list[str], str]:
 
 def _chunk(request: Request) -> tuple[str, list[str]]:
     """(the `select=` statement, the other options): the job's chunk-level resources go
-    into the driver's chunk after its node count and GPUs (a name given twice: its last value)."""
+    into the driver's chunk after its node count and GPUs (a name given twice: its last
+    value in `options`, where those of the job's own select come last)."""
     chunk: dict[str, str] = {}
     rest: list[str] = []
     words = iter(request.options)

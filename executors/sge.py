@@ -106,7 +106,7 @@ class GridEngine:
             if any(words in message for words in _UNREACHABLE):
                 raise SystemFailure(f"qsub could not submit the job: {message}")
             if "no suitable queues" in message:
-                raise Refused(f"{message} (no queue offers {' '.join(gpus[1:] + request.options)})"
+                raise Refused(f"{message} (no queue offers {' '.join(gpus + request.options)})"
                               .replace(" )", ")"))
             if resource and f'unknown resource "{resource}"' in message:
                 raise SystemFailure(f"{message}: this Grid Engine has no consumable {resource!r} (qconf -sc "

@@ -71,10 +71,12 @@ job_reason_string): among them a `--time` (the driver's default is the GitLab ti
 over the partition's MaxTime, its QOS's or its association's: sbatch(1), "the job will
 be left in a PENDING state (possibly indefinitely)" unless EnforcePartLimits refuses it
 at submit; a per-job limit the request is over; and a job held after a failed launch
-(a Prolog that failed: slurm.conf(5), "requeued in a held state"), which waits for an
-administrator. Matched on the reason's first part: squeue prints details after a comma.
-Limits of a group or a user (AssocGrpGRES, QOSMaxGRESPerUser), Resources, Priority, a
-node or partition down and a hold an administrator may release do wait."""
+(a Prolog that failed: slurm.conf(5), "requeued in a held state"): the node is drained
+and the job waits for an administrator, so the stage fails rather than hold its slot
+until GitLab's timeout. Matched on the reason's first part: squeue prints details after a
+comma. Limits of a group or a user (AssocGrpGRES, QOSMaxGRESPerUser), Resources,
+Priority, a node or partition down and an administrator's or user's hold (JobHeldAdmin,
+JobHeldUser) do wait."""
 _UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "temporarily unavailable",
                 "temporarily unable", "Zero Bytes were transmitted", "Communication connection failure")
 """sbatch errors that say the controller did not answer (a system failure); any other

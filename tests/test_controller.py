@@ -230,7 +230,9 @@ def test_admin_toggles_pause_drain_resume(world: World, tmp_path: Path,
     assert capsys.readouterr().out == ("dmeo gpu:7: pause by carol (fan); no controller has run on dmeo yet, "
                                        "it applies once one does (the store's hosts: demo)\n")
     assert main(["resume", "--gpu", "7", "--host-name", "dmoe", "--state-dir", str(tmp_path)]) == 0
-    assert "(0 toggles removed); no controller has run on dmoe yet" in capsys.readouterr().out  # not "done"
+    said = capsys.readouterr().out
+    assert "(0 toggles removed); no controller has run on dmoe yet" in said  # it looked done
+    assert said.endswith("(the store's hosts: demo)\n")  # not the misspelt dmeo its toggle named
 
 
 def _whole_host_drained(world: World, singles_s: float, settle_s: float) -> int:

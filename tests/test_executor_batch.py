@@ -191,6 +191,9 @@ def test_pbs_and_pjm_parameters_keep_all_but_gpus_nodes_and_bookkeeping() -> Non
     given = "-l select=2:ncpus=16:ngpus=4:mem=64gb -lselect=1:vmem=2gb+1:ncpus=2"
     assert pbs.scheduler_parameters(given) == (
         ["-l", "ncpus=16,mem=64gb", "-l", "vmem=2gb"], ["-l", "select=2:ngpus=4", "-lselect=1+1:ncpus=2"])
+    # one -l holds several resources, a walltime's colons too (its select split it to walltime=01: 1 s)
+    assert pbs.scheduler_parameters("-l select=1:ncpus=16,walltime=01:00:00") == (
+        ["-l", "ncpus=16,walltime=01:00:00"], ["-l", "select=1"])
     assert pjm.scheduler_parameters("-Lgpu=8 --bulk --sparam 0-63 -g lab") == (
         ["-g", "lab"], ["-Lgpu=8", "--bulk", "--sparam", "0-63"])
 

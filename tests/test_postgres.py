@@ -89,6 +89,20 @@ def test_init_on_a_cluster_made_with_another_port_says_so(pg_server: PostgresSer
         assert code == 1 and "was made with port" in capsys.readouterr().err, command
 
 
+def test_stop_works_whatever_the_settings_say(base_dir: Path) -> None:
+    """The unit's ExecStop is `runnerctl postgres stop`: refused for settings that differ
+    from the cluster's, it would leave the server running (found by a final review)."""
+    server = PostgresServer(PostgresConfig(base_dir=base_dir / "pg", port=free_port()))
+    server.init()
+    server.start()
+    try:
+        assert main(["postgres", "--dir", str(base_dir / "pg"), "--port", str(server.config.port + 1),
+                     "stop"]) == 0
+        assert not server.running()
+    finally:
+        server.stop()
+
+
 def test_the_documented_backup_and_restore_work(pg_server: PostgresServer, tmp_path: Path) -> None:
     """docs/operations.md's pg_dump ran as a `postgres` role init never makes, and wrote
     the dump (web users' password hashes) world-readable (found by a review as a DBA).

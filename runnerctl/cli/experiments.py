@@ -70,17 +70,23 @@ class _Target:
         if self.external_url:
             raise ConfigError("an external PostgreSQL is configured ([postgres] url); runnerctl "
                               "runs no server of its own", hint="`url` and `create-study` use it")
-        server = PostgresServer(self.config)
+        return PostgresServer(self.config)
+
+    def checked_server(self) -> PostgresServer:
+        """The server, refused when the settings name another port or listen address than
+        the cluster has (start, status, url: they would report or name a port nothing
+        answers on). Not for stop: the unit's ExecStop must stop it whatever the settings."""
+        server = self.server()
         server.check_made_with()
         return server
 
     def admin_url(self) -> str:
-        return self.external_url or self.server().admin_url()
+        return self.external_url or self.checked_server().admin_url()
 
     def database(self, name: str, host: str | None) -> str:
         """Create (or find) database+role NAME; its URL, naming `host` if given."""
         if not self.external_url:
-            host = host or self.server().host()
+            host = host or self.checked_server().host()
         return create_database(self.admin_url(), name, Secrets(self.config.secrets_dir), host=host)
 
     def local(self, url: str) -> str:
@@ -121,7 +127,7 @@ def pg_init(target: _Target) -> None:
 @click.pass_obj
 def pg_start(target: _Target) -> None:
     """Start the server (harmless when it runs; run it again after a reboot)."""
-    server = target.server()
+    server = target.checked_server()
     started = server.start()
     if not started and os.environ.get("INVOCATION_ID"):  # systemd's ExecStart (systemd.exec(5))
         # a server started by hand is no child of the unit: systemd refuses its postgres-owned
@@ -147,7 +153,7 @@ def pg_status(target: _Target) -> None:
     if target.external_url:
         click.echo(f"external PostgreSQL {ping(target.external_url)}: reachable")
         return
-    server = target.server()
+    server = target.checked_server()
     running = server.running()
     click.echo(f"{server.config.data_dir}: "
                f"{'initialised' if server.initialised() else 'not initialised'}, "

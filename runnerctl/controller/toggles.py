@@ -156,7 +156,7 @@ def request(store: Store, *, action: str, host: str, target: str, who: str, why:
         set_toggle(store, Toggle(host, target, action, who, now, why))
         said = f"{host} {target}: {action} by {who}" + (f" ({why})" if why else "")
     if removed in (None, 0) and store.inventory(host) is None:  # no serve ran there, or a misspelt name
-        hosts = [h for h in store.hosts() if h != host]
+        hosts = [h for h in store.hosts() if h != host and store.inventory(h) is not None]  # a controller ran
         said += (f"; no controller has run on {host} yet, it applies once one does"
                  + (f" (the store's hosts: {', '.join(hosts)})" if hosts else ""))
     return said
