@@ -369,3 +369,22 @@ def test_health_and_metrics_answer_while_page_requests_fill_the_thread_pool(worl
         release.set()
         held.join(60)
     assert done and answers == {"/healthz": 200, "/metrics": 200, "/api/state": 200}, answers
+
+
+def test_how_long_each_part_has_failed_is_a_metric() -> None:
+    """A clock off the shared store's failed /healthz and nothing else: no metric, so no
+    alert could say so (found by a review as an on-call engineer)."""
+    from prometheus_client.core import Metric
+
+    from runnerctl.exporter.reconcile import liveness
+
+    now = [100.0]
+    live = Liveness(host="h", interval_s=5.0, clock=lambda: now[0])
+    live.trouble("clock", "60 s ahead of the store's server")
+    now[0] = 160.0
+    assert live.trouble_ages() == {"clock": 60.0, "gitlab": 0.0, "gpus": 0.0}
+    [family] = [m for m in liveness(live)
+                if isinstance(m, Metric) and m.name == "runnerctl_reconcile_trouble_seconds"]
+    assert {s.labels["part"]: s.value for s in family.samples} == {"clock": 60.0, "gitlab": 0.0, "gpus": 0.0}
+    live.trouble("clock", "")
+    assert live.trouble_ages()["clock"] == 0.0

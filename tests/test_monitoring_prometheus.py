@@ -20,7 +20,8 @@ replaced the way Grafana would for one host: `$Hostname` -> `demo`, `$__rate_int
 Every alert expression must return a series: the healthy host produces some conditions
 (GPU held outside CI, GPU leased but idle), the ailing host and the dead target the
 others (runner offline or unknown, target down, GitLab down, a collector failing, a
-multi-GPU job waiting over two hours, a GPU that cannot be used). The alerts that only
+multi-GPU job waiting over two hours, a GPU that cannot be used, a clock off the store's).
+The alerts that only
 the ailing host should raise must return no series of the healthy hosts (they do not
 fire falsely).
 """
@@ -66,7 +67,7 @@ GRAFANA_VARS = {"$Hostname": "demo", "$__rate_interval": "20s", "$__range": "10m
 NOT_IN_A_HEALTHY_RUN = {"RunnerctlRunnerOffline", "RunnerctlRunnerUnknown", "RunnerctlControllerDown",
                         "RunnerctlGitLabUnreachable", "RunnerctlExporterCollectorFailed",
                         "RunnerctlMultiGpuJobWaiting", "RunnerctlReconcileStalled",
-                        "RunnerctlGitLabTokenExpiring", "RunnerctlGpuUnusable"}
+                        "RunnerctlGitLabTokenExpiring", "RunnerctlGpuUnusable", "RunnerctlClockOff"}
 STEP_S, PACE_S = 5.0, 0.1  # virtual seconds per step, wall seconds between steps (about 50x)
 
 
@@ -173,7 +174,8 @@ class AilingHost(HostThread):
     thread, like `Workload`): its gitlab-runner never polls (every runner offline in
     GitLab), runner gpu0 was deleted in GitLab (state unknown), an 8-GPU job has been
     pending for three hours, its token expires in six days, GPU 7 falls off the bus (NVML
-    no longer lists it), then GitLab answers 500 to every request; its /metrics has one
+    no longer lists it), then GitLab answers 500 to every request, and its clock is off the
+    shared store's; its /metrics has one
     collector that raises, as a bug would; after a few ticks with GitLab failing its loop
     hangs (no tick finishes any more, as when a tick waits on a locked store)."""
 
@@ -205,6 +207,7 @@ class AilingHost(HostThread):
             world.server.faults.append(Fault("*", ".*", "500", count=10**9))
             world.advance(30.0)  # ticks with GitLab failing
             assert world.controller.view.gitlab_error
+            world.controller.liveness.trouble("clock", "60 s ahead of the store's server")  # as check_clock
             self.ready.set()
             self.stop.wait()  # the loop hangs: its last good tick ages
         finally:

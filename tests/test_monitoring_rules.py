@@ -138,3 +138,18 @@ def test_hosts_answering_is_0_when_every_target_is_down(tmp_path: Path) -> None:
     promtool_test(tmp_path, [{"interval": "1m", "input_series": inputs, "promql_expr_test": [
         {"expr": expr, "eval_time": "8m", "exp_samples": [{"labels": "{}", "value": 0}]},
     ]}])
+
+
+def test_a_clock_off_the_shared_stores_for_ten_minutes_warns(tmp_path: Path) -> None:
+    """/healthz failed for a host whose clock is off the store's (its claims expire early or
+    late for the other hosts), and no alert said so (found by a review as an on-call
+    engineer)."""
+    host = {"job": "runnerctl", "instance": "a:8080", "Hostname": "a"}
+    name = "runnerctl_reconcile_trouble_seconds"
+    inputs = [series(name, "0+60x30", **host, part="clock"), series(name, "0x30", **host, part="gitlab"),
+              series(name, "0x30", **{**host, "instance": "b:8080", "Hostname": "b"}, part="clock")]
+    off = {"exp_labels": {"severity": "warning", **host, "part": "clock"}}
+    promtool_test(tmp_path, [{"interval": "1m", "input_series": inputs, "alert_rule_test": [
+        {"eval_time": "9m", "alertname": "RunnerctlClockOff", "exp_alerts": []},
+        {"eval_time": "15m", "alertname": "RunnerctlClockOff", "exp_alerts": [off]},
+    ]}])

@@ -79,6 +79,13 @@ class Liveness:
             log.warning("%s: %s", warn, error)
         self.troubles[part] = (self.troubles.get(part, (self._clock(), ""))[0], error)
 
+    def trouble_ages(self) -> dict[str, float]:
+        """Seconds each part the loop needs ("gitlab", "gpus", "clock") has failed, 0 for one
+        that works: the metrics' `runnerctl_reconcile_trouble_seconds`."""
+        now = self._clock()
+        return {part: round(now - self.troubles[part][0], 3) if part in self.troubles else 0.0
+                for part in sorted({*_PARTS, *self.troubles})}
+
     def notice(self, part: str, text: str) -> None:
         """Something an admin must act on before it fails (the GitLab token's expiry), or
         "" when it is gone: on /healthz under `notices`, which stays healthy; logged as a

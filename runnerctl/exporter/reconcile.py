@@ -85,6 +85,13 @@ def liveness(live: Liveness) -> Iterator[Metric]:
                  host, live.age_s())
     yield _gauge("runnerctl_reconcile_stale_after_seconds", "Age of the last good tick at which "
                  "/healthz fails (a few reconcile intervals).", host, live.stale_after_s)
+    trouble = GaugeMetricFamily("runnerctl_reconcile_trouble_seconds", "How long a part the loop needs "
+                                "has failed: gitlab (GitLab answers no or errs), gpus (NVML cannot be "
+                                "read), clock (this host's clock is off the shared store's); 0 while it "
+                                "works.", labels=["Hostname", "part"])
+    for part, seconds in live.trouble_ages().items():
+        trouble.add_metric([live.host, part], seconds)
+    yield trouble
     failures = CounterMetricFamily("runnerctl_reconcile_failures", "Reconcile ticks that failed, by "
                                    "exception type.", labels=["Hostname", "kind"])
     for kind, count in sorted(live.failures.items()):
