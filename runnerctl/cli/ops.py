@@ -63,7 +63,7 @@ def install(gitlab_url: str | None, listen: str | None, services: tuple[str, ...
     chosen = tuple(s for s in SERVICES if s in services) if services else (before.services or SERVICES)
     kept = []
     if "serve" in chosen and gitlab_url is None and before.gitlab_url:
-        gitlab_url = before.gitlab_url
+        gitlab_url = GitLabUrl().convert(before.gitlab_url, None, None)  # the option's own is checked as read
         kept.append(f"--gitlab-url {gitlab_url}")
     if "serve" in chosen and listen is None and before.listen:
         listen = before.listen
@@ -75,8 +75,6 @@ def install(gitlab_url: str | None, listen: str | None, services: tuple[str, ...
     if "serve" in chosen and not gitlab_url:
         raise ConfigError("--gitlab-url is needed to install runnerctl-serve",
                           hint="give the GitLab base URL, or --service postgres --service exporter")
-    if gitlab_url is not None and kept and kept[0].startswith("--gitlab-url"):
-        _check_url(gitlab_url)  # the installed unit's (the option's own is checked as it is read)
     if parse_listen(listen)[1] == 0:  # serve's own check: HOST:PORT
         raise ConfigError(f"--listen {listen!r}: port 0 is any free port, a new one at each start",
                           hint="give a port from 1 to 65535")
@@ -101,11 +99,6 @@ def install(gitlab_url: str | None, listen: str | None, services: tuple[str, ...
     if "serve" in chosen:
         click.echo(f"next: put the GitLab token (scope api) into {root / ENV_FILE.relative_to('/')}")
     click.echo(f"then: systemctl daemon-reload && systemctl enable --now {units}")
-
-
-def _check_url(url: str) -> None:
-    """ConfigError (one line) unless `url`, the installed unit's, is an http(s) URL naming a host."""
-    GitLabUrl().convert(url, None, None)
 
 
 @click.command()

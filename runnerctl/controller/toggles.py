@@ -148,14 +148,15 @@ def request(store: Store, *, action: str, host: str, target: str, who: str, why:
     if not who.strip() or any(unicodedata.category(c) in _NOT_IN_A_LINE for c in who):
         raise ConfigError(f"who asks must be a name on one line, not {who!r}")
     target = check_target(store, host, target)
-    removed = None
     if action == "resume":
         removed = resume(store, host=host, target=target, who=who, why=why, now=now)
         said = f"{host} {target}: resumed ({removed} toggle{'s' if removed != 1 else ''} removed)"
+        nothing_seen = removed == 0  # a resume that removed nothing may name a wrong host
     else:
         set_toggle(store, Toggle(host, target, action, who, now, why))
         said = f"{host} {target}: {action} by {who}" + (f" ({why})" if why else "")
-    if removed in (None, 0) and store.inventory(host) is None:  # no serve ran there, or a misspelt name
+        nothing_seen = True
+    if nothing_seen and store.inventory(host) is None:  # no serve ran there, or a misspelt name
         hosts = [h for h in store.hosts() if h != host and store.inventory(h) is not None]  # a controller ran
         said += (f"; no controller has run on {host} yet, it applies once one does"
                  + (f" (the store's hosts: {', '.join(hosts)})" if hosts else ""))
