@@ -7,7 +7,9 @@ Rules modelled, from openpbs/openpbs:
 - A chunk-level resource (`ncpus`, `mem`, ...: ATR_DFLAG_CVTSLT in
   src/lib/Libattr/master_resc_def_all.xml) asked for job-wide beside a `select` makes the
   server refuse the job (src/server/req_quejob.c, PBSE_INVALJOBRESC; the words from
-  src/lib/Liblog/pbs_messages.c and src/server/reply_send.c), and qsub exits non-zero.
+  src/lib/Liblog/pbs_messages.c and src/server/reply_send.c); qsub prints them and exits
+  with the error number, PBSE_INVALJOBRESC 15109 (src/include/pbs_error.h), as a process
+  status 15109 % 256 = 5 (src/cmds/qsub.c, main: exit_qsub(rc) with rc from do_submit).
 - Only with `-V` does the job get qsub's environment (doc/man1/qsub.1B, -V); without it
   the job starts with a bare one. The job starts in the owner's home directory, not
   the submission directory (PBS_O_WORKDIR names that one).
@@ -48,6 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import batch_engine as engine  # noqa: E402  (run as a script from tests/fakes/bin/pbs)
 
 SERVER = "fakepbs"
+_PBSE_INVALJOBRESC = 15109
 _CHUNK_LEVEL = {"mem", "ncpus", "naccelerators", "arch", "nchunk", "vntype", "mpiprocs", "ompthreads",
                 "vmem", "vnode", "aoe", "eoe", "accelerator", "accelerator_model", "accelerator_memory",
                 "accelerator_group", "hbmem"}  # ATR_DFLAG_CVTSLT (master_resc_def_all.xml)
@@ -67,7 +70,7 @@ def qsub(args: list[str]) -> int:
     if beside:
         print(f'qsub: "-lresource=" cannot be used with "select" or "place", resource is: {beside[0]}',
               file=sys.stderr)
-        return 1
+        return _PBSE_INVALJOBRESC % 256
     chunks, gpus = _select(opts["resources"].get("select", "1"))
     comment = ""
     if gpus > engine.node_gpus() or chunks > engine.nodes():
