@@ -125,13 +125,15 @@ def test_a_slurm_job_is_never_requeued_to_run_its_script_twice(tmp_path: Path) -
     h = batch_acceptance.harness(host, CLUSTERS["slurm"], (6,))
     job = FakeJob(id=932, variables={"SCHEDULER_PARAMETERS": "--requeue"})
     assert h.stage("prepare", job).code == 0
-    started = host / "started"
-    body = f'echo "attempt $SLURM_RESTART_COUNT"; touch {started}; sleep 3'
+    started, asked = host / "started", host / "asked"  # the job runs until the requeue was asked for
+    body = (f'echo "attempt $SLURM_RESTART_COUNT"; touch {started}; '
+            f'until [ -e {asked} ]; do sleep 0.1; done')
     driver = h.start("run", job, str(h.script(job, "build_script", body)), "build_script")
     name = batch_acceptance.label(host, job)
     batch_acceptance.wait_until("the script to start", started.exists)
     [job_id] = CLUSTERS["slurm"].jobs(name)
     requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, check=False)
+    asked.touch()
     assert requeue.returncode != 0 and "disabled" in requeue.stderr, requeue.stderr
     out, _ = driver.communicate(timeout=batch_acceptance.WAIT_S)
     assert driver.returncode == 0, out
