@@ -418,6 +418,11 @@ def _check_more(cls: type[Any], values: dict[str, Any]) -> str:
                 ipaddress.ip_network(proxy, strict=False)
             except ValueError:
                 return f"trusted_proxies: {proxy!r} is no address or CIDR range"
+    if cls is MonitoringSettings and "exporter_listen" in values:
+        host, _, port = str(values["exporter_listen"]).rpartition(":")
+        if not host or not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+            return (f"exporter_listen must be HOST:PORT with a port from 1 to 65535 (Prometheus scrapes it "
+                    f"there), not {values['exporter_listen']!r}")
     if cls is ControllerSettings:
         return _check_controller(values)
     return ""

@@ -3,6 +3,7 @@ of concurrent calls: for the tests that need uvicorn itself (browser, sign-in li
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -20,9 +21,10 @@ class Serve:
 
     def __init__(self, log_dir: Path, *args: str, env: dict[str, str] | None = None,
                  port: int | None = None) -> None:
-        self.port = port or free_port()
+        """`port` 0: any free port, read from serve's announcement."""
+        self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(log_dir / f"serve-{self.port}.log", "w")  # noqa: SIM115
+        self.log = open(log_dir / f"serve-{self.port or 'any'}.log", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "runnerctl", "serve", "--gitlab", "sim", "--gpu-source", "sim:8",
              "--listen", f"127.0.0.1:{self.port}", "--interval", "1", *args],
@@ -30,6 +32,13 @@ class Serve:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, Path(self.log.name).read_text()
+            if not self.port:
+                announced = re.search(r"runnerctl serve: http://127\.0\.0\.1:(\d+)/", self.output())
+                if announced is None:
+                    time.sleep(0.2)
+                    continue
+                self.port = int(announced.group(1))
+                self.url = f"http://127.0.0.1:{self.port}"
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
                     return

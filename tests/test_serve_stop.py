@@ -35,3 +35,14 @@ def test_sighup_stops_it_cleanly_saying_so_and_sigusr1_is_ignored(tmp_path: Path
     assert code == 0, serve.output()
     assert "runnerctl serve: stopped (SIGHUP); it has no reload" in serve.output()
     assert not (state / "controller.sqlite-wal").exists()
+
+
+def test_port_0_is_announced_as_the_port_it_got(tmp_path: Path) -> None:
+    """`--listen 127.0.0.1:0` announced `http://127.0.0.1:0/`, where no page answers (found by
+    a review as an operator reading the log)."""
+    serve = Serve(tmp_path, "--state-dir", str(tmp_path / "state"), port=0)
+    try:
+        assert serve.port > 0
+        assert f"runnerctl serve: http://127.0.0.1:{serve.port}/ (page)" in serve.output()
+    finally:
+        serve.stop()

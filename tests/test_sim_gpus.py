@@ -122,6 +122,8 @@ def test_only_a_watching_reader_knows_the_xid_count(tmp_path: Path) -> None:
     ("gpus: 2\ntopology: [[0, 1, FOO]]\n", "topology[0] is [0, 1, 'FOO'], not [GPU, GPU, LEVEL] of two GPUs"),
     ("gpus: 2\ntopology: [5]\n", "topology[0] is 5, not [GPU, GPU, LEVEL]"),
     ("gpus: " + "9" * 5000 + "\n", "is not valid YAML: Exceeds the limit"),
+    ('host: "gpu-a,gpus:8"\ngpus: 1\n', "host is 'gpu-a,gpus:8', not a host name (1 to 63 letters"),
+    ('host: "a/b"\ngpus: 1\n', "host is 'a/b', not a host name"),
 ])
 def test_every_bad_sim_file_is_one_line_naming_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                          content: str, needle: str) -> None:

@@ -217,8 +217,11 @@ def demo(ctx: click.Context, duration: float, listen: str, state_dir: Path | Non
             server = serve_in_background(world.controller, listen, attach(world.controller, settings),
                                          extend=_web(world.controller, settings, simulated=True),
                                          sign_in=_can_sign_in(world.controller, None))
-            click.echo(f"web page: http://{listen}/ (metrics at /metrics)" if server
-                       else f"(web page off: {listen} is taken)")
+            if server is None:
+                click.echo(f"(web page off: {listen} is taken)")
+                return
+            host = listen.rpartition(":")[0]
+            click.echo(f"web page: http://{host}:{server.config.port}/ (metrics at /metrics)")
 
         ctx.exit(run_demo(duration_s=duration, echo=click.echo, serve=web, state_dir=state_dir))
 

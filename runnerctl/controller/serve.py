@@ -207,6 +207,7 @@ def serve(controller: Controller, listen: str, *,
                      webhook_refusal=controller.demand.refusal,
                      health=controller.liveness.report, max_body_bytes=web.max_body_bytes)
     server = uvicorn.Server(http_config(app, host, port, web, "warning"))
+    sock = listening_socket(host, port)  # bound here, so that port 0 is announced as the one it got
     terminated: list[int] = []
     previous = {s: signal.getsignal(s) for s in (*STOP_SIGNALS, *IGNORED_SIGNALS)}
     armed = _stop_on_sigterm(server, terminated)
@@ -214,10 +215,10 @@ def serve(controller: Controller, listen: str, *,
     worker = threading.Thread(target=loop or controller.run, args=(stop,), name="reconcile", daemon=True)
     controller.liveness.watch(worker)  # /healthz fails if it ever ends
     worker.start()
-    log.warning("runnerctl serve: http://%s:%d/ (page), /api/state, /metrics, webhooks at /webhooks/gitlab",
-                host, port)
+    log.warning("runnerctl serve: http://%s/ (page), /api/state, /metrics, webhooks at /webhooks/gitlab",
+                bound_address(sock))
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         stop.set()
         worker.join(timeout=10)
@@ -276,18 +277,30 @@ def serve_in_background(controller: Controller, listen: str, metrics: Metrics | 
                      webhook_refusal=controller.demand.refusal,
                      health=controller.liveness.report, max_body_bytes=web.max_body_bytes)
     server = uvicorn.Server(http_config(app, host, port, web, "error"))
-    thread = threading.Thread(target=server.run, name="web", daemon=True)
+    try:
+        sock = listening_socket(host, port)
+    except ConfigError:
+        return None
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="web", daemon=True)
     thread.start()
     deadline = time.monotonic() + 5
     while not server.started and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
-    return server if server.started else None
+    if not server.started:
+        return None
+    server.config.port = sock.getsockname()[1]  # the port it got: port 0 picks one
+    return server
 
 
 def check_listen(listen: str) -> None:
     """ConfigError (one line) unless HOST:PORT can be listened on now (not in use, an
     address of this machine, allowed): checked before `serve` starts anything."""
-    host, port = parse_listen(listen)
+    listening_socket(*parse_listen(listen)).close()
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket listening on HOST:PORT (port 0: any free one), for uvicorn to serve on;
+    ConfigError in one line when it cannot be had."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM,
                                                              flags=socket.AI_PASSIVE)[0]
@@ -297,8 +310,14 @@ def check_listen(listen: str) -> None:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen()
+        sock.listen(2048)  # uvicorn's own backlog
     except OSError as exc:
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    finally:
         sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def bound_address(sock: socket.socket) -> str:
+    """HOST:PORT a socket listens on, an IPv6 host in brackets: what a client types."""
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

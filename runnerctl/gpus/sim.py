@@ -36,6 +36,7 @@ import yaml
 from runnerctl.errors import GpuError
 from runnerctl.gpus.nvml import owner_of
 from runnerctl.model import Gpu, GpuProcess, GpuSnapshot, ProcessKind, TopologyLevel
+from runnerctl.tags import host_name_problem
 
 GIB = 1024**3
 MAX_GPUS = 64  # as `sim:N` (gpus.sim_count)
@@ -139,6 +140,8 @@ MAX_COUNT = 2**63 - 1  # NVML's error counters are unsigned long long
 def _parse(data: dict[str, Any], default_host: str, *, source: str) -> GpuSnapshot:
     _known(data, _FILE_KEYS, "the file")
     host = _text(data, "host", "") or default_host
+    if host != default_host and host_name_problem(host):  # it names the host's runners and metrics
+        raise _Invalid("host", host, "a host name (1 to 63 letters, digits, '-', '_' or '.')")
     raw = data.get("gpus")
     if isinstance(raw, list) and len(raw) <= MAX_GPUS:
         entries = [_mapping(entry, f"gpus[{pos}]") for pos, entry in enumerate(raw)]
