@@ -70,6 +70,10 @@ DEFAULT_RETRY_S = 5.0
 T = TypeVar("T")
 _NO_RETRY: dict[str, Any] = {"obey_rate_limit": False, "max_retries": 0}
 """Per-request options: python-gitlab must not sleep and retry by itself; callers do."""
+CONTACT_ONLY_SYSTEM_ID = "r_runnerctl-contact-only"
+"""A system_id no gitlab-runner makes (theirs are `r_` or `s_` and 12 letters and digits:
+gitlab-runner commands/internal/configfile/system_id_state.go) and runnerctl never
+verifies with, so GitLab never has a manager of it: `contact_runner` deletes nothing."""
 
 
 MAX_RETRY_AFTER_S = 3600.0
@@ -254,6 +258,25 @@ class PythonGitLab:
             self._call("keep the stand-by runner online",
                        lambda: self._gl.http_post("/runners/verify", post_data=body, **_NO_RETRY))
         except _Forbidden:  # the runner's own token, not the user's rights (lib/api/ci/runner.rb)
+            raise PermanentError(f"GitLab at {self.where} refused the stand-by runner's own token (403): "
+                                 "the runner was deleted or its token reset") from None
+
+    def contact_runner(self, token: str) -> None:
+        """Marks the runner contacted where `POST /runners/verify` does not: GitLab 16 and 17
+        skip `contacted_at` on a verify with a `glrt-` token (lib/api/ci/runner.rb,
+        `registering_created_runner`), while their `DELETE /runners/managers` heartbeats the
+        runner (`authenticate_runner!(ensure_runner_manager: false)`, update_contacted_at
+        true by default) before it looks the manager up. Sent with a system_id no
+        runner manager has (`CONTACT_ONLY_SYSTEM_ID`), it deletes nothing: GitLab answers
+        404 "Runner manager not found". Newer GitLab does not heartbeat there, and needs
+        this not. A refused token raises PermanentError."""
+        body = {"token": token, "system_id": CONTACT_ONLY_SYSTEM_ID}
+        try:
+            self._call("keep the stand-by runner online",
+                       lambda: self._gl.http_delete("/runners/managers", post_data=body, **_NO_RETRY))
+        except _NotFound:  # the answer when no manager has that id: the runner was contacted
+            return
+        except _Forbidden:
             raise PermanentError(f"GitLab at {self.where} refused the stand-by runner's own token (403): "
                                  "the runner was deleted or its token reset") from None
 

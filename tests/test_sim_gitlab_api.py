@@ -342,3 +342,30 @@ def test_project_and_group_listings_show_what_the_caller_may_see(gl: SimGitLab) 
         assert {p["id"] for p in client.get("/projects").json()} == set(info["project_ids"])
         assert client.get("/projects", params={"min_access_level": 40}).json() == []
         assert [g["id"] for g in client.get("/groups").json()] == [info["group_id"]]
+
+
+@pytest.mark.parametrize("verify_skips_contact", [False, True])
+def test_which_runner_call_marks_a_glrt_runner_contacted(gl: SimGitLab, verify_skips_contact: bool) -> None:
+    """GitLab 16 and 17 (`verify_skips_contact`): a verify with a `glrt-` token leaves the
+    runner never contacted, while `DELETE /runners/managers` heartbeats it before it
+    finds no manager (404); newer GitLab is the other way round."""
+    server, info = gl
+    server.state.verify_skips_contact = verify_skips_contact
+    runner = _runner(info, ["gpu"])
+    assert runner["token"].startswith("glrt-")
+    verify = httpx.post(info["url"] + "/api/v4/runners/verify",
+                        json={"token": runner["token"], "system_id": "s_a"})
+    assert verify.status_code == 200
+    with _api(info) as admin:
+        after_verify = admin.get(f"/runners/{runner['id']}").json()
+        managers = admin.get(f"/runners/{runner['id']}/managers").json()
+    assert after_verify["online"] is not verify_skips_contact
+    assert after_verify["status"] == ("never_contacted" if verify_skips_contact else "online")
+    assert [(m["system_id"], m["contacted_at"] is None) for m in managers] == [("s_a", verify_skips_contact)]
+    server.state.runners[runner["id"]].contacted_at = None
+    gone = httpx.request("DELETE", info["url"] + "/api/v4/runners/managers",
+                         json={"token": runner["token"], "system_id": "r_nobody"})
+    assert (gone.status_code, gone.json()) == (404, {"message": "404 Runner manager not found Not Found"})
+    with _api(info) as admin:
+        assert admin.get(f"/runners/{runner['id']}").json()["online"] is verify_skips_contact
+        assert len(admin.get(f"/runners/{runner['id']}/managers").json()) == 1

@@ -41,3 +41,23 @@ def test_sim_gitlab_bad_listen_is_one_line() -> None:
                           check=False, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "--listen" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_sim_gitlab_verify_skips_contact_is_gitlab_16s_verify() -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "runnerctl", "sim", "gitlab", "--listen", "127.0.0.1:0",
+                             "--verify-skips-contact"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+        api = httpx.Client(base_url=info["url"] + "/api/v4", headers={"PRIVATE-TOKEN": info["admin_token"]})
+        made = api.post("/user/runners", json={"runner_type": "group_type", "group_id": info["group_id"]})
+        runner = made.json()
+        verify = httpx.post(info["url"] + "/api/v4/runners/verify",
+                            json={"token": runner["token"], "system_id": "s_a"})
+        assert verify.status_code == 200
+        assert api.get(f"/runners/{runner['id']}").json()["status"] == "never_contacted"
+        api.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

@@ -120,6 +120,26 @@ def test_the_standby_stays_online_through_a_three_hour_drain_and_nothing_is_drop
     assert world.clock() - (standby.contacted_at or 0.0) <= VERIFY_EVERY_S + 30.0
 
 
+def test_on_a_gitlab_whose_verify_skips_glrt_runners_the_standby_is_kept_online_another_way(
+        long_world: World, caplog: pytest.LogCaptureFixture) -> None:
+    """GitLab 16 and 17 do not mark a `glrt-` runner contacted on `POST /runners/verify`
+    (lib/api/ci/runner.rb `registering_created_runner`): the stand-by stayed never
+    contacted, and GitLab dropped the job waiting for the drain after an hour (found by a
+    review against GitLab's source). `DELETE /runners/managers` with a system_id no
+    manager has heartbeats the runner there and deletes nothing."""
+    world = long_world
+    assert world.standby is not None
+    world.state.verify_skips_contact = True
+    standby = world.state.runners[world.standby.id]
+    with caplog.at_level(logging.WARNING):
+        big = _drain_behind_three_hour_jobs(world, hours=3.5)
+    assert world.dropped == {} and big in world.fleet.finished
+    assert world.state.online(standby)
+    assert [m.system_id for m in world.state.managers_of(standby.id)] == [world.standby.system_id]
+    said = [r.getMessage() for r in caplog.records if "stand-by" in r.getMessage()]
+    assert len(said) == 1 and "keeps it online through DELETE /runners/managers" in said[0], said
+
+
 def test_a_standby_paused_by_hand_is_unpaused_and_nothing_is_dropped(
         long_world: World, caplog: pytest.LogCaptureFixture) -> None:
     """An admin paused it in GitLab's UI, where it looks idle: GitLab's stuck-job rule

@@ -34,8 +34,10 @@ def sim() -> None:
 @click.option("--drop-silent-running", is_flag=True,
               help="Also fail running jobs with no update for an hour, as GitLab does (for runners that "
                    "send trace updates as gitlab-runner does; not with POST /-/sim/clock jumps).")
+@click.option("--verify-skips-contact", is_flag=True,
+              help="POST /runners/verify does not mark a glrt- runner contacted, as in GitLab 16 and 17.")
 def gitlab(listen: str, drop_interval_s: float, legacy_failure_reasons: bool,
-           drop_silent_running: bool) -> None:
+           drop_silent_running: bool, verify_skips_contact: bool) -> None:
     """Serve a simulated GitLab until SIGTERM or Ctrl-C.
 
     Prints one JSON line on stdout: url, admin_token (administrator `root`, scope api),
@@ -52,7 +54,8 @@ def gitlab(listen: str, drop_interval_s: float, legacy_failure_reasons: bool,
     try:
         server, info = standalone(host, port, drop_interval_s=drop_interval_s,
                                   legacy_failure_reasons=legacy_failure_reasons,
-                                  drop_silent_running=drop_silent_running)
+                                  drop_silent_running=drop_silent_running,
+                                  verify_skips_contact=verify_skips_contact)
     except OSError as exc:
         raise click.ClickException(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
     stop = threading.Event()

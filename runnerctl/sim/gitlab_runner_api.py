@@ -6,10 +6,13 @@ as in GitLab (lib/api/ci/runner.rb, lib/api/ci/helpers/runner.rb):
 - `POST /runners/verify` {token, system_id?}: `authenticate_runner!` finds the runner
   (403 otherwise), heartbeats it and finds or creates its runner manager for
   `system_id` (`<legacy>` without one); answers 200 with `{id, token, token_expires_at}`
-  (Entities::Ci::RunnerRegistrationDetails).
+  (Entities::Ci::RunnerRegistrationDetails). With `GitLabState.verify_skips_contact`
+  (GitLab 16 and 17), a `glrt-` token's verify makes the manager but contacts neither.
 - `DELETE /runners/managers` {token, system_id}: deletes that runner manager (204; 404
-  when there is none); `DELETE /runners` {token}: unregisters the runner (204). Neither
-  heartbeats (`authenticate_runner!(ensure_runner_manager: false)`).
+  "Runner manager not found" when there is none); `DELETE /runners` {token}: unregisters
+  the runner (204). Neither heartbeats (`authenticate_runner!(ensure_runner_manager:
+  false)`), except `DELETE /runners/managers` under `verify_skips_contact`, whose
+  helper heartbeats the runner first.
 - `POST /jobs/request` {token, system_id, info{features}, last_update}: the same
   heartbeat; a paused runner gets 204; otherwise 201 with the job
   (lib/api/entities/ci/job_request/response.rb and its JobInfo, GitInfo, RunnerInfo,
@@ -53,7 +56,9 @@ class RunnerApi:
               raw: bytes) -> Answer:
         if method == "POST" and path == "/runners/verify":
             runner = self._runner(body)
-            self.state.heartbeat(runner, str(body.get("system_id") or LEGACY_SYSTEM_ID))
+            created = runner.token.startswith("glrt-")  # made by POST /user/runners
+            self.state.heartbeat(runner, str(body.get("system_id") or LEGACY_SYSTEM_ID),
+                                 contact=not (self.state.verify_skips_contact and created))
             return 200, {"id": runner.id, "token": runner.token,
                          "token_expires_at": runner.token_expires_at}, {}
         if method == "POST" and path == "/jobs/request":
@@ -62,8 +67,10 @@ class RunnerApi:
             runner = self._runner(body)
             if not body.get("system_id"):
                 raise ApiError(400, {"error": "system_id is missing"})
+            if self.state.verify_skips_contact:
+                self.state.heartbeat(runner)
             if self.state.managers.pop((runner.id, str(body["system_id"])), None) is None:
-                raise ApiError(404, {"message": "404 Not Found"})
+                raise ApiError(404, {"message": "404 Runner manager not found Not Found"})
             return 204, None, {}
         if method == "DELETE" and path == "/runners":
             self.state.delete_runner(self._runner(body).id)

@@ -26,7 +26,8 @@ HOURLY_S = 3600.0
 
 def standalone(host: str, port: int, *, drop_interval_s: float | None = HOURLY_S,
                legacy_failure_reasons: bool = False,
-               drop_silent_running: bool = False) -> tuple[GitLabServer, dict[str, Any]]:
+               drop_silent_running: bool = False,
+               verify_skips_contact: bool = False) -> tuple[GitLabServer, dict[str, Any]]:
     """A started server and the line `runnerctl sim gitlab` prints about it."""
     directory = Directory(strict=True)
     directory.add_user(ADMIN, admin=True)
@@ -35,7 +36,7 @@ def standalone(host: str, port: int, *, drop_interval_s: float | None = HOURLY_S
     projects = [directory.add_project(name, group_id=group.id) for name in PROJECTS]
     state = GitLabState(clock=OffsetClock(), directory=directory,
                         legacy_failure_reasons=legacy_failure_reasons,
-                        drop_silent_running=drop_silent_running)
+                        drop_silent_running=drop_silent_running, verify_skips_contact=verify_skips_contact)
     token = "glpat-" + secrets.token_urlsafe(20)
     server = GitLabServer(state, tokens={token: ADMIN}, host=host, port=port, admins=(ADMIN,),
                           drop_interval_s=drop_interval_s)

@@ -94,7 +94,7 @@ class SimManager:
     runner_id: int
     system_id: str
     created_at: float
-    contacted_at: float
+    contacted_at: float | None
     features: dict[str, bool] = dataclasses.field(default_factory=dict)
 
 
@@ -136,10 +136,22 @@ class SimJob:
 class GitLabState:
     def __init__(self, *, clock: Clock = time.time, base_url: str = "http://gitlab.sim",
                  directory: Directory | None = None, legacy_failure_reasons: bool = False,
-                 drop_silent_running: bool = False) -> None:
+                 drop_silent_running: bool = False, verify_skips_contact: bool = False) -> None:
         """`drop_silent_running`: also apply drop_running_service.rb (see `drop_stuck_jobs`).
         Off where the runners are stand-ins that send no updates while a job runs (the
-        simulator's), which a real gitlab-runner does every few seconds."""
+        simulator's), which a real gitlab-runner does every few seconds.
+
+        `verify_skips_contact`: a GitLab whose `POST /runners/verify` in lib/api/ci/runner.rb
+        reads `registering_created_runner = params[:token].start_with?(CREATED_RUNNER_TOKEN_PREFIX)`
+        and calls `authenticate_runner!(update_contacted_at: !registering_created_runner)`
+        ("we want to update the contacted_at value only when it starts polling for jobs"),
+        GitLab 16 and 17: a `glrt-` runner's verify leaves it, and its manager, never
+        contacted. There `DELETE /runners/managers` calls `authenticate_runner!(
+        ensure_runner_manager: false)`, whose `update_contacted_at` defaults to true
+        (lib/api/ci/helpers/runner.rb), so it heartbeats the runner before it looks the
+        manager up. Newer GitLab verifies with a plain `authenticate_runner!` (a heartbeat),
+        and its helper heartbeats only `if ensure_runner_manager`."""
+        self.verify_skips_contact = verify_skips_contact
         self.clock = clock
         self.base_url = base_url
         self.directory = directory or Directory()
@@ -200,22 +212,26 @@ class GitLabState:
         return runner.contacted_at is not None and self.clock() - runner.contacted_at < ONLINE_WINDOW_S
 
     def heartbeat(self, runner: SimRunner, system_id: str | None = None,
-                  features: dict[str, bool] | None = None) -> SimManager | None:
+                  features: dict[str, bool] | None = None, *, contact: bool = True) -> SimManager | None:
         """A contact from a gitlab-runner process: the runner (and its manager) seen now.
 
         app/models/ci/runner_manager.rb: a manager is created the first time a
         `system_id` is seen with a runner's token (lib/api/ci/helpers/runner.rb
         `current_runner_manager`, `find_or_create`), and counts as online for 2 hours.
+        `contact` False (`update_contacted_at: false`): the manager is still made, but
+        neither it nor the runner is marked contacted.
         """
         now = self.clock()
-        runner.contacted_at = now
+        if contact:
+            runner.contacted_at = now
         if system_id is None:
             return None
         manager = self.managers.get((runner.id, system_id))
         if manager is None:
-            manager = SimManager(runner.id, system_id, now, now)
+            manager = SimManager(runner.id, system_id, now, None)
             self.managers[(runner.id, system_id)] = manager
-        manager.contacted_at = now
+        if contact:
+            manager.contacted_at = now
         if features is not None:
             manager.features = dict(features)
         return manager
@@ -224,7 +240,7 @@ class GitLabState:
         return [m for (rid, _), m in sorted(self.managers.items()) if rid == runner_id]
 
     def manager_online(self, manager: SimManager) -> bool:
-        return self.clock() - manager.contacted_at < ONLINE_WINDOW_S
+        return manager.contacted_at is not None and self.clock() - manager.contacted_at < ONLINE_WINDOW_S
 
     def serves(self, runner: SimRunner, job: SimJob) -> bool:
         """runner_matcher.rb `matches?` plus the runner's reach (see the module docstring)."""
