@@ -153,13 +153,20 @@ class PythonGitLab:
             maximum_timeout=_seconds(attrs.get("maximum_timeout")),
         )
 
-    def list_runners(self, runner_type: RunnerType) -> list[RunnerInfo]:
-        """Runners of one type the token can see (`GET /runners/all` for instance runners,
-        which needs an admin; `GET /runners` for group and project runners). The list
-        carries no tags: `tags` is empty."""
-        manager = self._gl.runners_all if runner_type == "instance_type" else self._gl.runners
+    def list_runners(self, scope: RunnerScope) -> list[RunnerInfo]:
+        """The runners of the scope's type that its group or project can use (`GET
+        /groups/:id/runners`, `GET /projects/:id/runners`; instance runners `GET
+        /runners/all`, which needs an admin): its own and its ancestor groups'. Not `GET
+        /runners`, which lists only runners of groups and projects the user is a member
+        of (`current_user.ci_owned_runners`, lib/api/ci/runners.rb), so none of a group
+        an administrator who is no member set up. The list carries no tags: `tags` is empty."""
+        manager: Any = self._gl.runners_all
+        if scope.group_id is not None:
+            manager = self._gl.groups.get(scope.group_id, lazy=True).runners
+        elif scope.project_id is not None:
+            manager = self._gl.projects.get(scope.project_id, lazy=True).runners
         found = self._call("list runners",
-                           lambda: manager.list(type=runner_type, get_all=True, **_NO_RETRY))
+                           lambda: manager.list(type=scope.runner_type, get_all=True, **_NO_RETRY))
         return [RunnerInfo(id=int(a["id"]), description=str(a.get("description") or ""),
                            paused=bool(a.get("paused", not a.get("active", True))), tags=(),
                            online=a.get("online"))

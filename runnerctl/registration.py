@@ -263,7 +263,7 @@ def find_orphans(plan: RegistrationPlan, scope: RunnerScope, gitlab: GitLabPort)
     config.toml does not know: made by a create whose answer was lost, token unknown."""
     names = {s.name for s in plan.slots} | {name for name, _ in plan.retire}
     known = {rid for _, rid in plan.keep} | {rid for _, rid in plan.retire if rid}
-    return [r for r in gitlab.list_runners(scope.runner_type) if r.description in names and r.id not in known]
+    return [r for r in gitlab.list_runners(scope) if r.description in names and r.id not in known]
 
 
 def _create(gitlab: GitLabPort, slot: Slot, options: RegistrationOptions, *,

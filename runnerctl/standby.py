@@ -118,7 +118,7 @@ def find_orphans(gitlab: GitLabPort, *, gitlab_url: str, host: str, scope: Runne
     """Runners named like this host's stand-by that the record does not know."""
     name = standby_name(host)
     known = _known(runner_config, gitlab_url=gitlab_url, name=name)
-    return [r for r in gitlab.list_runners(scope.runner_type)
+    return [r for r in gitlab.list_runners(scope)
             if r.description == name and (known is None or r.id != known.id)]
 
 

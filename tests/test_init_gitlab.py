@@ -183,6 +183,26 @@ def test_a_create_whose_answer_was_lost_leaves_no_orphan(gitlab_server: GitLabSe
     assert gitlab_server.changing_requests() == []  # known runners are never taken for orphans
 
 
+def test_an_administrators_lost_create_is_found_in_a_group_they_are_no_member_of(
+        gitlab_server: GitLabServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An administrator may make a group's runners without being a member, but `GET
+    /runners` lists only runners of groups the user is a member of (ci_owned_runners):
+    a lost create stayed in GitLab for good, and the same host name on a second machine
+    went unnoticed (found by a review against GitLab's source). The group's own runner
+    list shows them."""
+    directory = gitlab_server.state.directory
+    group = directory.add_group("lab", group_id=7)
+    assert directory.group_level(group, "admin") == 0  # root, no member of the group
+    config = tmp_path / "config.toml"
+    gitlab_server.faults.append(Fault("POST", "^/user/runners$", "lost", count=1))
+    assert _init(gitlab_server, config, "sim:2") != 0
+    [orphan] = gitlab_server.state.runners
+    capsys.readouterr()
+    assert _init(gitlab_server, config, "sim:2") == 0
+    assert orphan not in gitlab_server.state.runners
+    assert f"runner {orphan}, deleted" in capsys.readouterr().out
+
+
 def test_a_second_machine_with_the_same_host_name_deletes_nothing(
         gitlab_server: GitLabServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Machine one's runners, polled by its gitlab-runner, are online; machine two, given

@@ -369,3 +369,27 @@ def test_which_runner_call_marks_a_glrt_runner_contacted(gl: SimGitLab, verify_s
     with _api(info) as admin:
         assert admin.get(f"/runners/{runner['id']}").json()["online"] is verify_skips_contact
         assert len(admin.get(f"/runners/{runner['id']}/managers").json()) == 1
+
+
+def test_a_groups_runner_list_needs_owner_and_shows_them_to_an_administrator(gl: SimGitLab) -> None:
+    """lib/api/ci/runners.rb `GET /groups/:id/runners` (`read_group_runners`: Owner) and
+    `GET /projects/:id/runners` (Maintainer); `GET /runners` shows an administrator only
+    runners of groups they are a member of (ci_owned_runners)."""
+    server, info = gl
+    runner = _runner(info, ["gpu"])
+    dana = _user(info, "dana")
+    with _api(info) as admin:
+        admin.post(f"/groups/{info['group_id']}/members", json={"user_id": dana, "access_level": 30})
+        listed = admin.get(f"/groups/{info['group_id']}/runners", params={"type": "group_type"}).json()
+        assert [r["id"] for r in listed] == [runner["id"]]
+        project = admin.get(f"/projects/{info['project_ids'][0]}/runners").json()
+        assert [r["id"] for r in project] == [runner["id"]]  # its group's runner serves it
+        assert admin.get(f"/groups/{info['group_id']}/runners", params={"type": "project_type"}).json() == []
+    directory = server.state.directory
+    directory.group_members[directory.groups[info["group_id"]].full_path].pop("root")
+    with _api(info) as admin:
+        assert admin.get("/runners", params={"type": "group_type"}).json() == []  # no member now
+        assert len(admin.get(f"/groups/{info['group_id']}/runners").json()) == 1
+    with _api(info, _token(info, "api", user_id=dana)) as developer:
+        assert developer.get(f"/groups/{info['group_id']}/runners").status_code == 403
+        assert developer.get(f"/projects/{info['project_ids'][0]}/runners").status_code == 403

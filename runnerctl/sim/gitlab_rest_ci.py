@@ -6,10 +6,12 @@ Shapes and rules from gitlabhq/gitlabhq:
   exist is `400 Bad request - Missing/invalid group|project`, a caller without the role
   `403 Forbidden - Insufficient permissions`, app/services/ci/runners/create_runner_service.rb
   and runner_creation_strategies/*); `run_untagged` defaults to true there.
-- lib/api/ci/runners.rb: `GET /runners` (the caller's owned runners), `GET /runners/all`
-  (admins), `GET/PUT/DELETE /runners/:id`, `GET /runners/:id/jobs`, `GET
-  /runners/:id/managers` (Entities::Ci::RunnerManager), 404 `Runner Not Found`, 403 `No
-  access granted`; entities lib/api/entities/ci/runner.rb and runner_details.rb.
+- lib/api/ci/runners.rb: `GET /runners` (the caller's owned runners: an administrator
+  who is no member sees none of a group's), `GET /runners/all` (admins), `GET
+  /groups/:id/runners` and `GET /projects/:id/runners` (what the group or project can
+  use), `GET/PUT/DELETE /runners/:id`, `GET /runners/:id/jobs`, `GET /runners/:id/managers`
+  (Entities::Ci::RunnerManager), 404 `Runner Not Found`, 403 `No access granted`;
+  entities lib/api/entities/ci/runner.rb and runner_details.rb.
 - lib/api/ci/jobs.rb: `GET /projects/:id/jobs?scope[]=`, `GET /projects/:id/jobs/:job_id`,
   `POST /projects/:id/jobs/:job_id/cancel` (201 with the job); lib/api/entities/ci/job.rb.
 """
@@ -22,6 +24,8 @@ from typing import Any
 
 from runnerctl.sim.gitlab_access import (
     DEVELOPER,
+    MAINTAINER,
+    OWNER,
     REPORTER,
     Access,
     ApiError,
@@ -62,6 +66,10 @@ class CiRoutes:
                 groups, projects = self.access.owned_runner_scopes(caller)
                 runners = [r for r in s.runners.values() if r.group_id in groups or r.project_id in projects]
             return 200, [self.runner_brief(r) for r in runners if _runner_matches(r, query)]
+        match = re.fullmatch(r"/(groups|projects)/([^/]+)/runners", path)
+        if match and method == "GET":
+            return 200, [self.runner_brief(r) for r in self._available(caller, match.group(1), match.group(2))
+                         if _runner_matches(r, query)]
         match = re.fullmatch(r"/runners/(\d+)(/jobs|/managers)?", path)
         if match:
             runner = s.runners.get(int(match.group(1)))
@@ -108,6 +116,26 @@ class CiRoutes:
                 return 200, self.job(job)
             raise not_found()
         return None
+
+    def _available(self, caller: Caller, kind: str, ref: str) -> list[SimRunner]:
+        """lib/api/ci/runners.rb `GET /groups/:id/runners` (`authorize! :read_group_runners`:
+        Owner, app/policies/group_policy.rb; `Ci::Runner.group_or_instance_wide`: the group's
+        and its ancestors' runners and the instance's) and `GET /projects/:id/runners`
+        (`read_project_runners`: Maintainer; `owned_or_instance_wide`: the project's, its
+        groups' and the instance's). Unlike `GET /runners`, an administrator sees them
+        without being a member."""
+        d = self.access.d
+        if kind == "groups":
+            group = self.access.group(caller, ref, level=OWNER)
+            groups = {g.id for g in d.ancestors(group.id)}
+            return [r for r in self.state.runners.values()
+                    if r.runner_type == "instance_type" or r.group_id in groups]
+        if not ref.isdigit():
+            raise not_found("Project")
+        project = self.access.project(caller, int(ref), level=MAINTAINER)
+        groups = d.project_group_ids(project.id)
+        return [r for r in self.state.runners.values()
+                if r.runner_type == "instance_type" or r.group_id in groups or r.project_id == project.id]
 
     def _create(self, caller: Caller, body: dict[str, Any]) -> dict[str, Any]:
         kind = body.get("runner_type")
