@@ -66,6 +66,10 @@ DEFAULT_TIMEOUT_S = 10.0
 """Per-request timeout: long enough for a busy GitLab, short enough to keep a tick alive."""
 DEFAULT_RETRY_S = 5.0
 """Delay suggested after a 5xx or network failure without Retry-After."""
+RATE_LIMIT_RETRY_S = 60.0
+"""Delay after a 429 without Retry-After, which GitLab's own rate limits mostly send
+(lib/api/helpers/rate_limiter.rb): their windows are a minute (`project_jobs_api_rate_limit`
+per minute and user for `GET /projects/:id/jobs`), so an earlier try is refused again."""
 
 T = TypeVar("T")
 _NO_RETRY: dict[str, Any] = {"obey_rate_limit": False, "max_retries": 0}
@@ -376,7 +380,8 @@ class PythonGitLab:
                                   "on the group (group runners), Maintainer on the project "
                                   "(project runners) or to be an administrator (instance runners)")
         if code == 429 or code is None or code >= 500:
-            return TemporaryError(detail, delay=self._retry_after or DEFAULT_RETRY_S,
+            guess = RATE_LIMIT_RETRY_S if code == 429 else DEFAULT_RETRY_S
+            return TemporaryError(detail, delay=self._retry_after or guess,
                                   told=self._retry_after is not None)
         return PermanentError(detail)
 

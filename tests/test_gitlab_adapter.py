@@ -97,6 +97,17 @@ def test_failures_map_to_retry_policy(gitlab_server: GitLabServer, kind: str,
     assert gitlab_server.state.runners[runner.id].paused is True
 
 
+def test_a_rate_limit_without_retry_after_waits_a_minute(gitlab_server: GitLabServer) -> None:
+    """GitLab's own rate limits (600 `GET /projects/:id/jobs` a minute per user) mostly
+    answer 429 with no Retry-After; 5 s later the same minute's limit refused again."""
+    gl = _client(gitlab_server)
+    gitlab_server.faults.append(Fault("GET", r"^/projects/\d+/jobs$", "429", retry_after=None))
+    with pytest.raises(TemporaryError) as caught:
+        gl.pending_jobs(1)
+    assert caught.value.delay == 60.0 and not caught.value.told
+    assert "requested too many times" in str(caught.value)
+
+
 def test_timeout_is_temporary(gitlab_server: GitLabServer) -> None:
     gl = _client(gitlab_server)
     gitlab_server.faults.append(Fault("GET", r"^/runners/1$", "delay", delay_s=2.0))

@@ -23,8 +23,8 @@ duration_s, user[, name, after_script_s]} -> {"id"}: a job whose script is `slee
 {advance_s} moves an `OffsetClock`; `GET /-/sim/health` says whether the server's
 threads live.
 
-Tests inject faults (`Fault`): a status (401, 403, 404, 429 with `Retry-After`, 500,
-502), `drop` (close the connection with no answer), `lost` (carry the request out,
+Tests inject faults (`Fault`): a status (401, 403, 404, 429 with or without `Retry-After`,
+500, 502), `drop` (close the connection with no answer), `lost` (carry the request out,
 then close the connection with no answer: a create that happened although the client
 saw a failure) or `delay` (answer late, so a client times out). Every request is logged in `requests`.
 """
@@ -57,13 +57,19 @@ CHANGING = frozenset({"POST", "PUT", "DELETE", "PATCH"})
 Answer = tuple[int, Any, dict[str, str]]
 
 
+RATE_LIMITED = "This endpoint has been requested too many times. Try again later."
+"""GitLab's 429 text (lib/api/helpers/rate_limiter.rb)."""
+
+
 @dataclasses.dataclass
 class Fault:
     method: str  # "*" for any
     path: str  # regex matched against the path without /api/v4
     kind: str  # "401", "403", "404", "429", "500", "502", "drop", "lost" or "delay"
     count: int = 1  # how many requests it hits
-    retry_after: int = 1  # seconds, for 429
+    retry_after: int | None = 1
+    """Seconds, for 429; None: no header, as GitLab's `check_rate_limit!` answers in most
+    versions (lib/api/helpers/rate_limiter.rb `render_api_error!({ error: ... }, 429)`)."""
     delay_s: float = 0.0  # for "delay"
 
 
@@ -237,8 +243,11 @@ def _handler_for(server: GitLabServer) -> type[BaseHTTPRequestHandler]:
                 time.sleep(fault.delay_s)
             if fault is not None and fault.kind.isdigit():
                 status = int(fault.kind)
-                headers = {"Retry-After": str(fault.retry_after)} if status == 429 else {}
+                headers = {"Retry-After": str(fault.retry_after)} \
+                    if status == 429 and fault.retry_after is not None else {}
                 payload: Any = {"message": f"{status} {_REASONS.get(status, 'Error')}"}
+                if status == 429 and fault.retry_after is None:
+                    payload = {"message": {"error": RATE_LIMITED}}
             else:
                 lowered = {k.lower(): v for k, v in self.headers.items()}
                 status, payload, headers = server.answer(self.command, path, query, body, lowered, raw)
