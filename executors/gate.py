@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import psutil
 
-from runnerctl.executors.lease import Lease, environ_token, in_cgroup_of
+from runnerctl.executors.lease import Lease, earlier_boot, environ_token, in_cgroup_of
 from runnerctl.gpus import GpuSource
 from runnerctl.model import GpuProcess, GpuSnapshot
 
@@ -63,7 +63,7 @@ def belongs_to(pid: int, lease: Lease) -> bool:
         proc = psutil.Process(pid)
         if environ_token(pid) == lease.token and proc.uids().real == lease.uid:
             return True
-        if lease.pgid is None:
+        if lease.pgid is None or earlier_boot(lease):  # a group of an earlier boot is gone
             return False
         if proc.create_time() < lease.created_at - CLOCK_SLACK_S:
             return False  # older than the lease: a reused group id, not the job's

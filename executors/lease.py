@@ -143,16 +143,32 @@ def process_started(pid: int) -> float | None:
         return None
 
 
+def this_boot() -> str:
+    """The kernel's id of this boot ("" when it cannot be read)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def earlier_boot(lease: Lease) -> bool:
+    """Written before the machine last booted: none of its processes can still run here."""
+    boot = lease.owner_since_boot.partition(":")[0]
+    return bool(boot) and boot != this_boot()
+
+
 def process_since_boot(pid: int) -> str | None:
     """"<boot id>:<start in clock ticks since boot>" of a running process (proc(5),
     /proc/<pid>/stat field 22), None when there is none. Unlike psutil's create_time, which
     adds the start to the boot's wall-clock time, it does not move when the clock is stepped
     (NTP, `date -s`): compared by create_time, every live owner looked dead after a step
     and its job's GPUs could be leased again."""
+    boot = this_boot()
     try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
+        return None
+    if not boot:
         return None
     fields = stat.rpartition(")")[2].split()  # the name, in parentheses, may hold anything
     return f"{boot}:{fields[19]}" if len(fields) > 19 else None
@@ -245,7 +261,10 @@ def slurm_active(job: str | None) -> bool:
 
 
 def job_running(lease: Lease) -> bool:
-    return (group_alive(lease.pgid) or bool(job_processes(lease))
+    """A process group of an earlier boot is gone, whatever now has its number (a host that
+    lost power: its shell job's pgid, reused, held the GPUs until the orphan audit); a
+    batch job may outlive the submit host's reboot, so the scheduler is asked."""
+    return ((group_alive(lease.pgid) and not earlier_boot(lease)) or bool(job_processes(lease))
             or slurm_active(lease.slurm_job) or batch_active(lease.batch_job))
 
 

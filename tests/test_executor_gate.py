@@ -49,6 +49,9 @@ def test_process_group_of_the_lease_is_ci_but_not_older_processes(
     assert [p.pid for p in classify(snapshot, [_lease(0, pgid=group.pid)])[0].ci] == [child.pid]
     later = _lease(0, pgid=group.pid, created_at=time.time() + 60)  # a reused group id
     assert [p.pid for p in classify(snapshot, [later])[0].foreign] == [child.pid]
+    # after a reboot every process is newer than the lease: the boot id tells it is not the job's
+    before_reboot = _lease(0, pgid=group.pid, created_at=0.0, owner_since_boot="a-boot-before-this-one:7")
+    assert [p.pid for p in classify(snapshot, [before_reboot])[0].foreign] == [child.pid]
 
 
 @pytest.mark.parametrize(("entry", "gpu", "said"), [

@@ -109,6 +109,19 @@ def test_a_live_owner_stays_the_owner_when_the_clock_is_stepped(monkeypatch: pyt
     assert is_stale(lease)
 
 
+def test_a_lease_from_before_a_reboot_is_stale_though_its_pgid_is_in_use_again() -> None:
+    """After a power loss the shell job's process group id belonged to some new process,
+    so the lease looked alive and held its GPUs until the orphan audit (found by a review
+    as a disaster-recovery engineer)."""
+    reused = os.getpgid(0)  # a group that exists now
+    lease = Lease(**{**_template("a", 999_999).__dict__, "gpu": 0, "pgid": reused,
+                     "owner_since_boot": "a-boot-before-this-one:12345"})
+    assert is_stale(lease)
+    this = process_since_boot(os.getpid())
+    assert this is not None
+    assert not is_stale(Lease(**{**lease.__dict__, "owner_since_boot": this.partition(":")[0] + ":1"}))
+
+
 @settings(max_examples=int(os.environ.get("LEASE_EXAMPLES", "50")), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["prepare", "run", "cleanup", "kill", "orphan"]),
                           st.integers(0, 5),
