@@ -29,6 +29,15 @@ class Serve:
             [sys.executable, "-m", "runnerctl", "serve", "--gitlab", "sim", "--gpu-source", "sim:8",
              "--listen", f"127.0.0.1:{self.port}", "--interval", "1", *args],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        try:
+            self._wait_until_up()
+        except BaseException:
+            self.proc.kill()  # a serve that never came up is not left running after the test
+            self.proc.wait()
+            self.log.close()
+            raise
+
+    def _wait_until_up(self) -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, Path(self.log.name).read_text()

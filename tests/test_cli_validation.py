@@ -179,9 +179,9 @@ def test_a_second_serve_of_the_same_state_directory_refuses_to_start(
         one_line(capsys, code, 3, f"another runnerctl serve runs on {tmp_path} (pid {os.getpid()})")
         assert not (tmp_path / "controller.sqlite").exists()  # nothing started
     finally:
-        os.close(first)
+        os.close(first.fd)
     second = hold_state_dir(tmp_path)  # free once the first ends
-    os.close(second)
+    os.close(second.fd)
 
 
 @pytest.fixture

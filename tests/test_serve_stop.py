@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 from pathlib import Path
 
@@ -46,3 +47,22 @@ def test_port_0_is_announced_as_the_port_it_got(tmp_path: Path) -> None:
         assert f"runnerctl serve: http://127.0.0.1:{serve.port}/ (page)" in serve.output()
     finally:
         serve.stop()
+
+
+def test_a_state_dir_deleted_under_serve_stops_it_saying_why(tmp_path: Path) -> None:
+    """`rm -rf` of the state directory while serve ran: it went on with a store and leases
+    nobody else saw, /healthz said ok, and a second serve could lock the new directory
+    beside it (found by a review as a disaster-recovery engineer). It now stops, exit 3."""
+    state = tmp_path / "state"
+    serve = Serve(tmp_path, "--state-dir", str(state))
+    shutil.rmtree(state)
+    try:
+        code = serve.proc.wait(timeout=60)
+    finally:
+        if serve.proc.poll() is None:
+            serve.proc.kill()
+        serve.log.close()
+    assert code == 3, serve.output()
+    assert f"the state directory {state} was deleted while serve ran: stopping serve" in serve.output()
+    assert f"runnerctl: error: the state directory {state} was deleted while serve ran: serve stopped" \
+        in serve.output()

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from runnerctl.controller.loop import Controller
+    from runnerctl.controller.serve import StateDirHold
     from runnerctl.sim.world import World
     from runnerctl.web.oauth import GitLabOAuth
 
@@ -82,20 +83,20 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
     serving.check_listen(listen)  # a bad or taken --listen fails before anything starts
     if gitlab_url != "sim" and not token:
         raise ConfigError("no GitLab token", hint=NO_TOKEN_HINT)
-    lock = serving.hold_state_dir(settings.state_dir)
+    hold = serving.hold_state_dir(settings.state_dir)
     try:
         _serve(settings, listen, gpu_source, gitlab_url, token or "", runner_config, webhook_secret,
-               sim_workload)
+               sim_workload, hold)
     finally:
-        os.close(lock)
+        os.close(hold.fd)
 
 
 def _serve(settings: Settings, listen: str, gpu_source: str | None, gitlab_url: str, token: str,
-           runner_config: Path | None, webhook_secret: str, sim_workload: str) -> None:
+           runner_config: Path | None, webhook_secret: str, sim_workload: str, hold: StateDirHold) -> None:
     from runnerctl.controller import serve as serving
 
     if gitlab_url == "sim":
-        _serve_sim(settings, listen, gpu_source, webhook_secret, sim_workload)
+        _serve_sim(settings, listen, gpu_source, webhook_secret, sim_workload, hold)
         return
     controller = serving.production_controller(
         settings, gitlab_url=gitlab_url, token=token, gpu_source=gpu_source or settings.host.gpu_source,
@@ -112,7 +113,7 @@ def _serve(settings: Settings, listen: str, gpu_source: str | None, gitlab_url: 
                               hint="set $RUNNERCTL_GITLAB_OAUTH_SECRET and [web] gitlab_oauth_group")
     serving.serve(controller, listen, metrics=attach(controller, settings),
                   extend=_web(controller, settings, oauth), web=settings.web,
-                  sign_in=_can_sign_in(controller, oauth))
+                  sign_in=_can_sign_in(controller, oauth), hold=hold)
 
 
 def _can_sign_in(controller: Controller, oauth: GitLabOAuth | None, *, simulated: bool = False) -> bool:
@@ -136,7 +137,8 @@ def _web(controller: Controller, settings: Settings, oauth: GitLabOAuth | None =
                                 state_dir=settings.state_dir, oauth=oauth, clock=controller.wiring.clock)]
 
 
-def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: str, workload: str) -> None:
+def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: str, workload: str,
+               hold: StateDirHold) -> None:
     from runnerctl.controller import serve as serving
     from runnerctl.gpus import sim_count
     from runnerctl.sim.demo import busy_workload
@@ -166,7 +168,8 @@ def _serve_sim(settings: Settings, listen: str, gpu_source: str | None, secret: 
     try:
         serving.serve(world.controller, listen, loop=loop, metrics=attach(world.controller, settings),
                       extend=_web(world.controller, settings, oauth, simulated=True),
-                      web=settings.web, sign_in=_can_sign_in(world.controller, oauth, simulated=True))
+                      web=settings.web, sign_in=_can_sign_in(world.controller, oauth, simulated=True),
+                      hold=hold)
     finally:
         world.close()
 

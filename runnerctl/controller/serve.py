@@ -8,6 +8,7 @@ simulated source). The store is SQLite in the state dir unless a PostgreSQL URL 
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import ipaddress
 import logging
@@ -101,7 +102,35 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def hold_state_dir(state_dir: Path) -> int:
+@dataclasses.dataclass(frozen=True)
+class StateDirHold:
+    """The lock `hold_state_dir` took (its descriptor) and the file it was taken on."""
+
+    fd: int
+    path: Path
+    key: tuple[int, int]  # (device, inode) of the lock file
+
+    def lost(self) -> str:
+        """Why the state directory is no longer the one serve locked, or "": deleted (`rm -rf`
+        of it while serve ran) or replaced. Serve then acted on a store and leases nobody
+        else saw, and a second serve could lock the new directory beside it (found by a
+        review as a disaster-recovery engineer)."""
+        try:
+            found = os.stat(self.path)
+        except FileNotFoundError:
+            return f"the state directory {self.path.parent} was deleted while serve ran"
+        except OSError:
+            return ""  # cannot tell (a read error): no reason to stop
+        if (found.st_dev, found.st_ino) != self.key:
+            return f"the state directory {self.path.parent} was replaced while serve ran"
+        return ""
+
+
+HOLD_CHECK_S = 2.0
+"""How often `serve` checks that its state directory is still the one it locked."""
+
+
+def hold_state_dir(state_dir: Path) -> StateDirHold:
     """Make this the one `serve` of `state_dir`: an exclusive lock on its `serve.lock`,
     held until the process ends (the returned descriptor). A second serve of the same host
     would act beside the first, spend its own API budget and record every event twice;
@@ -120,7 +149,8 @@ def hold_state_dir(state_dir: Path) -> int:
                           hint="stop it first (systemctl stop runnerctl-serve)") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
+    held = os.fstat(fd)
+    return StateDirHold(fd, state_dir / private.SERVE_LOCK, (held.st_dev, held.st_ino))
 
 
 MAX_CONNECTIONS = 500
@@ -197,9 +227,11 @@ def refuse_exposed(listen: str, *, sign_in: bool) -> None:
 def serve(controller: Controller, listen: str, *,
           loop: Callable[[threading.Event], None] | None = None, metrics: Metrics | None = None,
           extend: Sequence[Callable[[FastAPI], None]] = (), web: WebSettings | None = None,
-          sign_in: bool = False) -> None:
+          sign_in: bool = False, hold: StateDirHold | None = None) -> None:
     """Run until SIGINT/SIGTERM: `loop(stop)` (default: the controller's own) in a thread.
-    Refuses a non-loopback `listen` unless someone can sign in (`refuse_exposed`)."""
+    Refuses a non-loopback `listen` unless someone can sign in (`refuse_exposed`). With
+    `hold`, stops when the state directory is no longer the one locked, and raises
+    ConfigError saying so (systemd starts serve again, on a new directory)."""
     refuse_exposed(listen, sign_in=sign_in)
     host, port = parse_listen(listen)
     web = web or WebSettings()
@@ -215,6 +247,10 @@ def serve(controller: Controller, listen: str, *,
     worker = threading.Thread(target=loop or controller.run, args=(stop,), name="reconcile", daemon=True)
     controller.liveness.watch(worker)  # /healthz fails if it ever ends
     worker.start()
+    lost: list[str] = []
+    if hold is not None:
+        threading.Thread(target=_watch_hold, args=(hold, server, stop, lost), name="state-dir",
+                         daemon=True).start()
     log.warning("runnerctl serve: http://%s/ (page), /api/state, /metrics, webhooks at /webhooks/gitlab",
                 bound_address(sock))
     try:
@@ -228,10 +264,25 @@ def serve(controller: Controller, listen: str, *,
             for signum, handler in previous.items():
                 if handler is not None:
                     signal.signal(signum, handler)
+    if lost:
+        raise ConfigError(f"{lost[0]}: serve stopped", hint="start it again (systemd does, after 5 s); the "
+                          "toggles, drains and history of the lost directory's store are gone")
     if terminated:
         name = signal.Signals(terminated[0]).name
         log.warning("runnerctl serve: stopped (%s)%s", name, "; it has no reload: start it again to read "
                     "changed settings" if terminated[0] == signal.SIGHUP else "")
+
+
+def _watch_hold(hold: StateDirHold, server: uvicorn.Server, stop: threading.Event, lost: list[str]) -> None:
+    """Every HOLD_CHECK_S until `stop`: a lost state directory ends the server."""
+    while not stop.wait(HOLD_CHECK_S):
+        why = hold.lost()
+        if why:
+            log.error("%s: stopping serve (its store and leases are gone; a new serve may have locked "
+                      "a new directory there)", why)
+            lost.append(why)
+            server.should_exit = True
+            return
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
