@@ -16,6 +16,7 @@ from runnerctl.cli import main
 from runnerctl.controller.app import create_app
 from runnerctl.controller.demand import ApiBudget, DemandTracker, due
 from runnerctl.controller.loop import Controller
+from runnerctl.controller.migrations import StoreError
 from runnerctl.controller.orphans import OrphanAudit
 from runnerctl.controller.plan import PlanPolicy
 from runnerctl.controller.toggles import request
@@ -533,3 +534,20 @@ def test_a_block_is_not_resumed_over_a_runner_a_short_run_of_404s_hid(world: Wor
     assert violations == [] and unpaused_overlap(world) is None
     world.advance(300)
     assert job in world.fleet.started  # and the job ran once the singles were read again
+
+
+def test_a_store_made_again_under_the_controller_gets_its_inventory_again(world: World) -> None:
+    """Published once per start, the host's GPUs and slots (what a toggle may name) were
+    missing from a store whose tables were dropped and made again until serve restarted."""
+    world.advance(6)
+    store = world.controller.wiring.store
+    assert store.inventory(world.controller.host) is not None
+    with store._tx() as cur:  # the database dropped and made again: no table left
+        for (table,) in cur.query("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                  "AND name NOT LIKE 'sqlite_%'"):
+            cur.execute(f'DROP TABLE "{table}"')
+    with pytest.raises(StoreError, match="no such table"):
+        world.advance(5)  # the tick that finds the tables gone fails (serve's loop logs it, retries)
+    world.advance(30)  # the next makes the schema again
+    assert store.schema_made == 2
+    assert store.inventory(world.controller.host) is not None

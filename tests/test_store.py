@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from runnerctl.controller.migrations import StoreError
 from runnerctl.controller.store import Event, Store, Toggle
 from runnerctl.postgres import PostgresServer
 
@@ -229,3 +230,29 @@ def test_the_fleets_hosts_and_a_hosts_last_events_come_from_the_host_index(
             plan = " ".join(str(r[-1]) for r in cur.query(
                 "EXPLAIN QUERY PLAN SELECT kind FROM events WHERE host = 'gpu-a' ORDER BY id DESC LIMIT 1"))
     assert "events_host_id" in plan, plan
+
+
+def test_a_store_whose_tables_were_dropped_makes_them_again_at_the_next_call(
+        stores: tuple[Store, Store], caplog: pytest.LogCaptureFixture) -> None:
+    """The database dropped and made again (or restored from an empty dump) under a running
+    serve: every tick failed with `relation "toggles" does not exist` until serve was
+    restarted (found by a review as a disaster-recovery engineer)."""
+    a, b = stores
+    a.set_toggle(Toggle("gpu-a", "gpu:3", "pause", "carol", 10.0, "ECC errors"))
+    with b._tx() as cur:
+        if b._pg:
+            tables = cur.query("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+        else:
+            tables = cur.query("SELECT name FROM sqlite_master WHERE type = 'table' "
+                               "AND name NOT LIKE 'sqlite_%'")
+        for (table,) in tables:
+            cur.execute(f'DROP TABLE "{table}"' + (" CASCADE" if b._pg else ""))
+    assert a.schema_made == 1
+    with pytest.raises(StoreError, match="toggles"):
+        a.toggles("gpu-a")  # the call that finds the tables gone fails, saying so
+    assert a.toggles("gpu-a") == []  # the next makes them again
+    assert a.schema_made == 2
+    a.set_toggle(Toggle("gpu-a", "gpu:5", "pause", "dave", 11.0, ""))
+    assert [t.target for t in b.toggles("gpu-a")] == ["gpu:5"]
+    said = [r.getMessage() for r in caplog.records if "had lost its tables" in r.getMessage()]
+    assert len(said) == 1, said

@@ -103,6 +103,11 @@ def pg_params(conninfo: str, timeout_s: float) -> dict[str, Any]:
     return params
 
 
+def _missing_table(exc: BaseException) -> bool:
+    """PostgreSQL's undefined_table (42P01), SQLite's "no such table"."""
+    return getattr(exc, "sqlstate", None) == "42P01" or str(exc).startswith("no such table")
+
+
 DEADLINE_GRACE_S = 15.0
 """A PostgreSQL transaction is cut this long after the server's own statement timeout
 would have ended it (`Store.deadline_s`)."""
@@ -132,8 +137,15 @@ class Store:
         self.where = where  # for messages: the SQLite path or PostgreSQL host/db, never a password
         self._lock = threading.Lock()  # the web thread and the loop share one connection
         self._conn: Any = None
+        self._migrations, self._upgrade = migrations, upgrade
+        self._schema_gone = False
+        self.schema_made = 0
+        """How often this store made its schema: 1 at open, more after its tables were gone
+        (a database dropped and made again, restored empty): what each host publishes
+        once (its inventory) is published again then."""
         with self._tx() as cur:
             self.version = migrate(cur, postgres=postgres, migrations=migrations, upgrade=upgrade)
+        self.schema_made = 1
 
     @classmethod
     def open(cls, *, url: str = "", state_dir: Path | None = None, timeout_s: float = 30.0,
@@ -193,11 +205,14 @@ class Store:
                 watchdog.start()
             try:
                 cur = self._begin()
+                if self._schema_gone:
+                    self._make_schema_again(cur)
                 try:
                     yield cur
                 except BaseException as exc:
                     self._rollback()
                     if isinstance(exc, db_errors()):
+                        self._schema_gone = self._schema_gone or _missing_table(exc)
                         raise self._error(exc) from None
                     raise
                 try:
@@ -208,6 +223,21 @@ class Store:
             finally:
                 if watchdog is not None:
                     watchdog.cancel()
+
+    def _make_schema_again(self, cur: Cursor) -> None:
+        """A table was missing at the last transaction: the database was dropped and made
+        again, or restored from an empty dump, under a running serve, which then failed
+        every tick (`relation "toggles" does not exist`) until restarted (found by a review
+        as a disaster-recovery engineer). The schema is made again, in this transaction."""
+        try:
+            self.version = migrate(cur, postgres=self._pg, migrations=self._migrations, upgrade=self._upgrade)
+        except db_errors() as exc:
+            self._rollback()
+            raise self._error(exc) from None
+        self._schema_gone = False
+        self.schema_made += 1
+        log.warning("the controller store %s had lost its tables (dropped, or restored empty?): made them "
+                    "again; what it held (toggles, users, history) is gone", self.where)
 
     def _cut(self) -> None:
         """The deadline passed (a watchdog thread): shut the connection's socket down, so
