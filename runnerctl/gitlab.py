@@ -133,7 +133,17 @@ class PythonGitLab:
         if maximum_timeout is not None:
             fields["maximum_timeout"] = maximum_timeout
         manager = CurrentUserRunnerManager(self._gl)
-        created = self._call("create a runner", lambda: manager.create(fields, **_NO_RETRY))
+        try:
+            created = self._call("create a runner", lambda: manager.create(fields, **_NO_RETRY))
+        except _Forbidden as exc:
+            if scope.runner_type == "instance_type":
+                raise
+            kind = "group" if scope.runner_type == "group_type" else "project"
+            raise PermanentError(exc.message, hint=(
+                f"the token's user needs to be {'Owner' if kind == 'group' else 'Maintainer'} of the {kind}; "
+                f"one who is may still be refused where an administrator turned off 'Members of the {kind} "
+                "can register runners' (Admin area > Settings > CI/CD > Runners), which GitLab's "
+                f"{kind} policy applies to creating runners too")) from None
         return CreatedRunner(id=int(created.id), token=str(created.token),
                              token_expires_at=getattr(created, "token_expires_at", None))
 

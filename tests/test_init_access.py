@@ -65,6 +65,25 @@ def test_a_group_maintainer_is_told_owner_is_needed(gitlab_server: GitLabServer,
     assert _init(gitlab_server, tmp_path, token, "--group", str(group.id)) == 0
 
 
+def test_an_owner_refused_by_the_instances_runner_registration_setting_is_told_of_it(
+        gitlab_server: GitLabServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Admin area > Settings > CI/CD > Runners, "Members of the group can register runners"
+    off: group_policy.rb prevents `create_runner` for every non-admin, Owners included, and
+    the error had told the Owner to become Owner."""
+    directory = gitlab_server.state.directory
+    group = directory.add_group("ml")
+    token = _token(gitlab_server, "olga", ["api"])
+    directory.group_members[group.full_path]["olga"] = 50
+    gitlab_server.state.runner_registrars = frozenset({"project"})
+    assert _init(gitlab_server, tmp_path, token, "--group", str(group.id)) == ExitCode.GITLAB
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "403" in err[0], err
+    assert "'Members of the group can register runners' (Admin area > Settings > CI/CD > Runners)" in err[0]
+    assert not gitlab_server.state.runners
+    gitlab_server.state.runner_registrars = frozenset({"group", "project"})
+    assert _init(gitlab_server, tmp_path, token, "--group", str(group.id)) == 0
+
+
 def test_a_project_developer_is_told_maintainer_is_needed(gitlab_server: GitLabServer, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """Project runners need Maintainer (app/policies/project_policy.rb: `maintainer`

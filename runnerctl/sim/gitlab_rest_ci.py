@@ -154,6 +154,9 @@ class CiRoutes:
             raise bad_request("Missing/invalid project")
         if not self.access.can_manage_runner(caller, kind, group_id, project_id):
             raise forbidden("Insufficient permissions")
+        if not caller.admin and kind != "instance_type" and \
+                kind.removesuffix("_type") not in self.state.runner_registrars:
+            raise forbidden("Insufficient permissions")
         runner = self.state.create_runner(
             description=str(body.get("description", "")), tags=_tags(body.get("tag_list", [])),
             paused=bool(_bool(body.get("paused")) or False), runner_type=kind,

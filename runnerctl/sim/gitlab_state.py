@@ -152,6 +152,11 @@ class GitLabState:
         manager up. Newer GitLab verifies with a plain `authenticate_runner!` (a heartbeat),
         and its helper heartbeats only `if ensure_runner_manager`."""
         self.verify_skips_contact = verify_skips_contact
+        self.runner_registrars = frozenset({"group", "project"})
+        """Admin area > Settings > CI/CD > Runners, "Runner registration" (application setting
+        `valid_runner_registrars`): where "group" is not in it, app/policies/group_policy.rb
+        `rule { ~admin & ~group_runner_registration_allowed }` prevents `create_runner`, so
+        a group's Owner may not create its runners; project_policy.rb likewise for "project"."""
         self.clock = clock
         self.base_url = base_url
         self.directory = directory or Directory()
