@@ -108,7 +108,10 @@ def require(gitlab: AccessReader, scope: RunnerScope) -> Access:
     access = read_access(gitlab, scope)
     lacking = missing(access, scope)
     if lacking:
+        admin_mode = "" if scope.group_id is not None or scope.project_id is not None else (
+            "; where Admin Mode is on, GitLab counts a token as an administrator's only with the "
+            "admin_mode scope too")
         raise PermanentError("the GitLab token is missing " + " and ".join(lacking) + "; nothing was changed",
                              hint=f"make a token with the {REQUIRED_SCOPE} scope as a user who is "
-                                  f"{needed_role(scope)[1]}")
+                                  f"{needed_role(scope)[1]}{admin_mode}")
     return access

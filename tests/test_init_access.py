@@ -142,3 +142,17 @@ def test_doctor_leaves_no_runner_manager_behind(gitlab_server: GitLabServer, tmp
     main(doctor)
     assert "runner tokens valid (15/15), verified as gitlab-runner's own manager" in capsys.readouterr().out
     assert {system_id for _, system_id in gitlab_server.state.managers} == {"s_00aa11bb22cc"}
+
+
+def test_instance_runners_without_an_administrator_name_admin_mode(
+        gitlab_server: GitLabServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With Admin Mode on, an administrator's token without the `admin_mode` scope is not an
+    administrator's (GitLab MR 107925, lib/api/api_guard.rb: with the Admin Mode setting on,
+    every admin endpoint needs the scope):
+    the error says so, not only "be an administrator" to one who is."""
+    token = _token(gitlab_server, "sam", ["api"])
+    assert _init(gitlab_server, tmp_path, token) == ExitCode.GITLAB
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the role an administrator (instance runners)" in err[0], err
+    assert "admin_mode scope" in err[0]
+    assert not gitlab_server.state.runners
