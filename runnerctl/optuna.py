@@ -107,6 +107,8 @@ def make_storage(url: str, *, heartbeat_interval: int | None = None,
         engine["connect_args"] = {"timeout": 60}  # wait for the file lock, do not fail
     else:
         engine.update(pool_size=POOL_SIZE, max_overflow=0)
+    if url.startswith("postgres"):
+        engine["connect_args"] = {"client_encoding": "UTF8"}  # a SQL_ASCII database's text is no bytes
     with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna, and needed here
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         keyword, callback = _retry_callback()

@@ -6,10 +6,12 @@ import logging
 import os
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pynvml
 import pytest
 
+from runnerctl.controller.store import Event, Store
 from runnerctl.errors import GpuError
 from runnerctl.gpus import open_gpu_source
 from runnerctl.gpus.nvml import read_snapshot
@@ -101,6 +103,26 @@ def test_processes_with_host_pid_owner_and_memory(nobody_process: int) -> None:
     assert (foreign.user, foreign.used_memory_bytes, foreign.kind) == ("nobody", 5 * GIB, ProcessKind.COMPUTE)
     assert foreign.command and "sleep" in foreign.command
     assert mine.used_memory_bytes is None and mine.kind == ProcessKind.GRAPHICS
+
+
+def test_a_command_line_that_is_not_utf8_is_read_and_stored_with_replacement_marks(tmp_path: Path) -> None:
+    """A colleague's script named in Shift_JIS: psutil hands its name over as lone
+    surrogates, and the gate event that named it failed every tick's write to the store
+    (found by a review as an internationalisation reviewer)."""
+    proc = subprocess.Popen([b"sh", b"-c", b"sleep 60", b"python \x8e\xc0\x8c\xb1.py"])
+    try:
+        with installed(_state(processes=[FakeProcess(pid=proc.pid, used_memory=GIB)])):
+            [seen] = read_snapshot("h").gpus[0].processes
+    finally:
+        proc.kill()
+        proc.wait()
+    assert seen.command is not None and "python \ufffd" in seen.command and seen.command.endswith(".py")
+    store = Store.open(state_dir=tmp_path)
+    try:
+        store.record(Event(1.0, "h", "gate", "gpu0", f"closed: foreign process {seen.pid} ({seen.command})"))
+        assert seen.command in store.events("h")[0].detail
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize("error", [NOT_SUPPORTED, NO_PERMISSION])

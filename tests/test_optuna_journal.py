@@ -524,3 +524,25 @@ def test_rdb_workers_go_on_through_a_server_restart_without_losing_a_trial() -> 
         trials = optuna.load_study(study_name="restart", storage=make_storage(url)).trials
         states = Counter(t.state for t in trials)
         assert states[TrialState.COMPLETE] == 16 and states[TrialState.FAIL] == 0, states
+
+
+@pytest.mark.parametrize("kind", ["journal", "rdb"])
+def test_a_study_in_a_sql_ascii_database_keeps_japanese_text(pg_server: PostgresServer, kind: str) -> None:
+    """A site's server made by `initdb` under LANG=C: psycopg read its text as bytes (found
+    by a review as an internationalisation reviewer)."""
+    import psycopg
+    from psycopg import sql
+
+    name = f"ascii_{kind}"
+    url = storage_url(pg_server.create_database(name), kind)
+    with psycopg.connect(libpq_url(pg_server.admin_url()), autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(name)))
+        ident = sql.Identifier(name)
+        admin.execute(sql.SQL("CREATE DATABASE {} ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' "
+                              "TEMPLATE template0 OWNER {}").format(ident, ident))
+    study = optuna.create_study(study_name="学習率", storage=make_storage(url))
+    study.set_user_attr("メモ", "ファン交換 🔧")
+    study.optimize(lambda t: t.suggest_categorical("opt", ["アダム", "sgd"]) == "sgd", n_trials=2)
+    again = optuna.load_study(study_name="学習率", storage=make_storage(url))
+    assert again.user_attrs == {"メモ": "ファン交換 🔧"} and len(again.trials) == 2
+    assert {t.params["opt"] for t in again.trials} <= {"アダム", "sgd"}

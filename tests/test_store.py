@@ -256,3 +256,25 @@ def test_a_store_whose_tables_were_dropped_makes_them_again_at_the_next_call(
     assert [t.target for t in b.toggles("gpu-a")] == ["gpu:5"]
     said = [r.getMessage() for r in caplog.records if "had lost its tables" in r.getMessage()]
     assert len(said) == 1, said
+
+
+def test_a_sql_ascii_database_holds_a_japanese_reason(pg_server: PostgresServer) -> None:
+    """A site's PostgreSQL made by `initdb` under LANG=C has SQL_ASCII databases: psycopg
+    read their text as bytes and the store failed at its first query (`operator does not
+    exist: text = bytea`; found by a review as an internationalisation reviewer)."""
+    import psycopg
+    from psycopg import sql
+
+    from runnerctl.postgres import libpq_url
+
+    url = pg_server.create_database("ascii_store")
+    with psycopg.connect(libpq_url(pg_server.admin_url()), autocommit=True) as admin:
+        admin.execute("DROP DATABASE ascii_store")
+        admin.execute(sql.SQL("CREATE DATABASE ascii_store ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' "
+                              "TEMPLATE template0 OWNER ascii_store"))
+    store = Store.open(url=url)
+    try:
+        store.set_toggle(Toggle("gpu-a", "gpu:3", "pause", "田中", 10.0, "ファン交換 🔧"))
+        assert store.toggles("gpu-a") == [Toggle("gpu-a", "gpu:3", "pause", "田中", 10.0, "ファン交換 🔧")]
+    finally:
+        store.close()

@@ -82,14 +82,19 @@ def pg_params(conninfo: str, timeout_s: float) -> dict[str, Any]:
     (keepalives; `tcp_user_timeout` for data left unacknowledged): without them a
     partitioned server held the loop, and every web request behind the store's lock,
     until the kernel gave up, hours later. The store reconnects at the next transaction.
-    `PGOPTIONS` is kept where the URL sets no `options` (libpq reads it only then)."""
+    `PGOPTIONS` is kept where the URL sets no `options` (libpq reads it only then). Text
+    goes as UTF-8 whatever the database's encoding: psycopg took a SQL_ASCII database's
+    (what `initdb` makes under LANG=C) text for bytes, and the store failed at its first
+    query (`operator does not exist: text = bytea`; found by a review as an
+    internationalisation reviewer)."""
     from psycopg.conninfo import conninfo_to_dict
 
     params: dict[str, Any] = conninfo_to_dict(conninfo)
     limit_ms = max(1000, int(timeout_s * 1000))
     for name, value in (("connect_timeout", max(1, int(timeout_s))), ("keepalives", 1),
                         ("keepalives_idle", KEEPALIVE_IDLE_S), ("keepalives_interval", 10),
-                        ("keepalives_count", 3), ("tcp_user_timeout", limit_ms)):
+                        ("keepalives_count", 3), ("tcp_user_timeout", limit_ms),
+                        ("client_encoding", "UTF8")):
         params.setdefault(name, value)
     options = str(params.get("options", os.environ.get("PGOPTIONS", "")))
     for setting in ("statement_timeout", "lock_timeout"):

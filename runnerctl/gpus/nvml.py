@@ -269,13 +269,21 @@ class NvmlSession:
 
 
 def owner_of(pid: int) -> tuple[str | None, str | None]:
-    """The user and command line of a host process; (None, None) once it is gone."""
+    """The user and command line of a host process; (None, None) once it is gone. Bytes
+    that are not UTF-8 (a script named in Shift_JIS, which psutil hands over as lone
+    surrogates) become U+FFFD: stored as they were, they failed every tick's write of
+    the gate event, and the controller stood still while the process ran (found by a
+    review as an internationalisation reviewer)."""
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():
-            return proc.username(), " ".join(proc.cmdline()) or proc.name()
+            return _utf8(proc.username()), _utf8(" ".join(proc.cmdline()) or proc.name())
     except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError):
         return None, None
+
+
+def _utf8(text: str) -> str:
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _dedupe(processes: list[GpuProcess]) -> list[GpuProcess]:
