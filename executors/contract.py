@@ -54,7 +54,7 @@ AFTER_SCRIPT_TIMEOUT_S = 300.0
 """gitlab-runner's `common.AfterScriptTimeout`: the after_script stage's own limit, unless
 the job's `RUNNER_AFTER_SCRIPT_TIMEOUT` sets another (gitlab-runner 16.4 and later)."""
 
-_DURATION_PART = r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)"
+_DURATION_PART = r"([0-9]+\.?[0-9]*|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)"  # ASCII digits, as Go reads them
 _DURATION = re.compile(f"(?:{_DURATION_PART})+")
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
                    "h": 3600.0}

@@ -87,7 +87,7 @@ class Job:
         data: dict[str, Any] = {}
         path = env.get(ENV_JOB_RESPONSE_FILE)
         if path and Path(path).exists():
-            data = json.loads(Path(path).read_text())
+            data = json.loads(Path(path).read_text(encoding="utf-8"))  # JSON is UTF-8, whatever LANG says
         variables: dict[Any, Any] = {}
         latest: dict[Any, Any] = {}
         for v in data.get("variables", []):

@@ -18,6 +18,15 @@ def redact(text: str) -> str:
     return _URL_PASSWORD.sub(r"\1***@", text)
 
 
+def undecodable(text: str) -> bool:
+    """Does `text` hold bytes this process's locale could not decode? Python hands them
+    over as lone surrogates (PEP 383): Japanese typed on a command line under LANG=C."""
+    return any(0xDC80 <= ord(c) <= 0xDCFF for c in text)
+
+
+LOCALE_HINT = "run runnerctl with a UTF-8 locale, such as LANG=C.UTF-8"
+
+
 def first_line(exc: BaseException) -> str:
     """An error's first line, any URL's password in it masked (libpq quotes the connection
     string it could not parse)."""

@@ -239,7 +239,8 @@ def _command(options: InstallOptions, *args: str) -> str:
 
 def _env_lines(options: InstallOptions) -> str:
     return (f"Environment={_word(f'RUNNERCTL_CONFIG={options.settings_path}')}\n"
-            "Environment=PYTHONUNBUFFERED=1\n")
+            "Environment=PYTHONUNBUFFERED=1\n"
+            "Environment=PYTHONUTF8=1\n")  # UTF-8 files and log lines whatever the system's locale
 
 
 def _serve(options: InstallOptions) -> str:

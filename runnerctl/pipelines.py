@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from runnerctl.errors import ConfigError
+from runnerctl.errors import LOCALE_HINT, ConfigError, undecodable
 
 _PLACEHOLDER = re.compile(r"\$\[\[\s*inputs\.([A-Za-z0-9_-]+)\s*\]\]")
 LIMITS: dict[str, tuple[int, int]] = {
@@ -73,7 +73,7 @@ def load_component(name: str) -> Component:
     source = _source(name) if re.fullmatch(r"[a-z0-9][a-z0-9_-]*", name) else None
     if source is None:
         raise ConfigError(f"unknown component {name!r}", hint=f"known: {', '.join(components())}")
-    header, jobs = yaml.safe_load_all(source.read_text())
+    header, jobs = yaml.safe_load_all(source.read_text(encoding="utf-8"))
     spec = (header or {}).get("spec") or {}
     inputs = {key: dict(value or {}) for key, value in (spec.get("inputs") or {}).items()}
     return Component(name, inputs, jobs or {})
@@ -205,6 +205,8 @@ def _check_shape(name: str, value: Any) -> None:
     if name in _NOT_BLANK and isinstance(value, str) and not value.strip():
         raise ConfigError(f"input {name!r} must not be empty")
     if name == "job_name" and isinstance(value, str):
+        if undecodable(value):
+            raise ConfigError("input 'job_name' is not valid text in this locale", hint=LOCALE_HINT)
         if any(not c.isprintable() for c in value):  # a newline made a key over two lines
             raise ConfigError("input 'job_name' must be one line without control characters")
         if value in KEYWORDS:

@@ -26,6 +26,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from runnerctl.columns import fit
 from runnerctl.controller.estimates import NOT_RUNS
 from runnerctl.controller.jobs_store import JobRecord
 from runnerctl.errors import ConfigError
@@ -142,7 +143,7 @@ def to_text(report: Report) -> str:
               f"{'wait max':>10} {'run p95':>10} {'run max':>10}")
     lines.append(header)
     for row in report.rows:
-        lines.append(f"{row.key[:20]:<20} {row.jobs:>6} {row.gpu_hours:>9.2f} {row.idle_gpu_hours:>11.2f} "
+        lines.append(f"{fit(row.key, 20)} {row.jobs:>6} {row.gpu_hours:>9.2f} {row.idle_gpu_hours:>11.2f} "
                      f"{_duration(row.wait_mean_s):>10} {_duration(row.wait_max_s):>10} "
                      f"{_duration(row.run_p95_s):>10} {_duration(row.run_max_s):>10}")
     if not report.rows:

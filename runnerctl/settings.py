@@ -479,7 +479,7 @@ def default_settings_path() -> Path:
 def load_settings(path: Path | None = None) -> Settings:
     path = path or default_settings_path()
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return dataclasses.replace(Settings(), source=str(path))
     except tomllib.TOMLDecodeError as exc:

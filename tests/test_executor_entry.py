@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from runnerctl.executors.contract import DriverArgs, stage_command
+from tests.test_locale import ASCII_LOCALE
 
 
 def test_a_broken_install_is_a_system_failure_not_the_jobs(tmp_path: Path) -> None:
@@ -21,3 +25,22 @@ def test_a_broken_install_is_a_system_failure_not_the_jobs(tmp_path: Path) -> No
     assert done.returncode == 7, done
     assert done.stderr.strip() == ("runnerctl: the stage driver cannot start on this host (ImportError: "
                                    "psutil is broken here); reinstall runnerctl here")
+
+
+def test_config_reads_a_japanese_job_under_a_locale_that_is_not_utf8(tmp_path: Path) -> None:
+    """Every job whose payload had Japanese in it (a commit message, a job name) failed
+    in config with a UnicodeDecodeError on a host whose locale is not UTF-8 (found by a
+    review as an internationalisation reviewer): the JSON is UTF-8, whatever LANG says."""
+    response = tmp_path / "response.json"
+    response.write_text(json.dumps({"id": 7, "job_info": {"name": "学習 🔧", "project_id": 1},
+                                    "variables": [{"key": "CI_COMMIT_MESSAGE", "value": "学習率を下げた"}]},
+                                   ensure_ascii=False), encoding="utf-8")
+    exe, argv = stage_command("config", DriverArgs("runnerctl/gpu-a/gpu0", (0,), "sim:2",
+                                                   str(tmp_path / "none.toml"), "shell"))
+    env = {**os.environ, **ASCII_LOCALE, "JOB_RESPONSE_FILE": str(response),
+           "BUILD_FAILURE_EXIT_CODE": "1", "SYSTEM_FAILURE_EXIT_CODE": "7"}
+    done = subprocess.run([exe, *argv], env=env, capture_output=True, text=True, timeout=120, check=False,
+                          encoding="utf-8")
+    assert done.returncode == 0, done
+    assert "job_env" in json.loads(done.stdout)
+

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from runnerctl.cli import main
+from runnerctl.columns import cells
 from runnerctl.controller import jobs_store
 from runnerctl.controller.history import History
 from runnerctl.controller.jobs_store import JobRecord
@@ -520,3 +521,18 @@ def test_a_running_jobs_run_time_on_the_page_survives_a_restart_of_serve(world: 
     page = host_page(world.controller.view, [], JobMemory())  # a page process just started
     [shown] = [j for g in page.gpus for j in g.jobs if j.job_id == job]
     assert 500 < shown.runtime_s < 700
+
+
+def test_report_columns_line_up_with_japanese_names() -> None:
+    """Padded by characters, a Japanese name (two terminal cells each) pushed the rest of
+    its row six cells right of the others' (found by a review as an internationalisation
+    reviewer); a name longer than the column is cut at its width, never mid-character."""
+    def job(job_id: int, user: str) -> JobRecord:
+        return JobRecord("gpu-a", job_id, "slot", (0,), "lab/app", "", "train", user, "", queued_at=900.0,
+                         started_at=1000.0, seen_at=1600.0, ended_at=1600.0, outcome="success")
+    names = ["carol", "田中太郎", "渡辺・ワタナベ・わたなべ・🔧"]
+    report = build([job(i, name) for i, name in enumerate(names)], by="user", since=None, until=2000.0)
+    rows = to_text(report).splitlines()[2:5]
+    assert sorted(line.split()[0] for line in rows) == ["carol", "渡辺・ワタナベ・わた", "田中太郎"], rows
+    assert len({cells(line) for line in rows}) == 1, rows  # every row as wide as the others
+    assert all(cells(line[:line.index(" 1 ")]) == 25 for line in rows), rows  # the jobs column, aligned

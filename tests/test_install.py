@@ -127,6 +127,8 @@ def test_values_reach_systemd_as_given(tmp_path: Path) -> None:
     assert 'Environment="RUNNERCTL_CONFIG=' in serve and "%%h" in serve
     assert '--gitlab "https://gitlab.example/a$$b%%h\\"c"' in serve
     assert "LimitNOFILE=65536" in serve and "LimitNOFILE=65536" in files[2].text
+    # a system locale that is not UTF-8 (ja_JP.eucJP) would make files and journald lines of it
+    assert all("Environment=PYTHONUTF8=1" in unit.text for unit in files if "ExecStart=" in unit.text)
 
 
 @pytest.mark.parametrize(("option", "value", "says"), [

@@ -67,7 +67,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("runnerctl.settings", "runnerctl.private", "runnerctl.logline", "runnerctl.runner_config",
      "runnerctl.layout", "runnerctl.gpus", "runnerctl.gitlab", "runnerctl.pipelines"),
     ("runnerctl", "runnerctl.model", "runnerctl.errors", "runnerctl.tags", "runnerctl.gitlab_port",
-     "runnerctl.stats"),
+     "runnerctl.stats", "runnerctl.columns"),
 )
 SIBLINGS = {("runnerctl.optuna", "runnerctl.optuna_tools"), ("runnerctl.optuna_tools", "runnerctl.optuna"),
             ("runnerctl.optuna", "runnerctl.optuna_journal")}

@@ -212,6 +212,9 @@ def test_masked_variables_never_reach_the_trace() -> None:
 def test_go_durations() -> None:
     assert parse_duration("1h30m") == 5400 and parse_duration("90s") == 90 and parse_duration("0") == 0
     assert parse_duration("10") is None and parse_duration("-5s") is None
+    # full-width digits (a Japanese IME): Go's ParseDuration refuses them, and gitlab-runner
+    # keeps the job's timeout, so a batch job limited to 1 h by "１h" was killed early
+    assert parse_duration("１h") is None and parse_duration("1h３0m") is None
 
 
 # -- the process: config.toml, polling, reporting, signals (against a stub of GitLab's runner API) --

@@ -222,9 +222,15 @@ def test_user_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     stdin(PASSWORD.encode() + b"\r\n")  # a file written on Windows: its \r is no part of the password
     assert main(["user", "add", "ann", "--role", "operator", "--password-stdin",
                  "--state-dir", str(tmp_path)]) == 0
+    stdin(PASSWORD.encode() + b"\n")
+    assert main(["user", "add", "田中", "--role", "viewer", "--password-stdin",
+                 "--state-dir", str(tmp_path)]) == 0
+    capsys.readouterr()
     assert main(["user", "list", "--state-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "ann" in out and "operator" in out and "argon2" not in out
+    from runnerctl.columns import cells  # the role column lines up under a Japanese name too
+    assert sorted(cells(line[:line.rindex(" ")]) for line in out.splitlines()) == [24, 24], out
     store = Store.open(state_dir=tmp_path)
     found = store.user("ann")
     store.close()

@@ -11,6 +11,7 @@ URL's password masked), with the traceback under `-vv`.
 from __future__ import annotations
 
 import errno
+import locale
 import logging
 import sys
 from collections.abc import Sequence
@@ -19,7 +20,7 @@ import click
 
 from runnerctl import __version__
 from runnerctl.cli import controller, experiments, host, monitoring, ops, report, sim, users
-from runnerctl.errors import ExitCode, RunnerctlError, redact
+from runnerctl.errors import LOCALE_HINT, ExitCode, RunnerctlError, redact
 from runnerctl.logline import configure, to_journal
 
 COMMANDS: list[click.Command] = [
@@ -92,6 +93,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(ExitCode.ERROR)
     except KeyboardInterrupt:
         return 130
+    except UnicodeEncodeError as exc:
+        if "surrogates" not in str(exc):
+            raise
+        error(f"text that is not valid in this locale ({locale.getpreferredencoding(False)}) cannot be "
+              f"stored or shown: {LOCALE_HINT}")  # Japanese typed under LANG=C: `pause --why`
+        return int(ExitCode.USAGE)
     except Exception as exc:  # a case no check foresaw: still one line, the traceback in -vv
         logging.getLogger("runnerctl").debug("unexpected error", exc_info=True)
         missing = missing_extra(exc)

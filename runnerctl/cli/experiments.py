@@ -50,7 +50,7 @@ def render_command(component: str, inputs: tuple[str, ...], output: Path | None)
         click.echo(text, nl=False)
     else:
         try:
-            output.write_text(text)
+            output.write_text(text, encoding="utf-8")  # GitLab reads .gitlab-ci.yml as UTF-8
         except OSError as exc:
             raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
         click.echo(f"wrote {output}")

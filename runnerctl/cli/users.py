@@ -14,6 +14,7 @@ import click
 
 from runnerctl.cli.host import _settings
 from runnerctl.cli.params import config_option
+from runnerctl.columns import pad
 from runnerctl.controller.store import Store
 from runnerctl.errors import ConfigError
 from runnerctl.web.auth import ROLES, add_user
@@ -68,7 +69,7 @@ def list_users(state_dir: Path | None, config_path: Path | None) -> None:
     store = _open(config_path, state_dir)
     try:
         for name, role, _created in store.users():
-            click.echo(f"{name:24} {role}")
+            click.echo(f"{pad(name, 24)} {role}")
     finally:
         store.close()
 

@@ -257,4 +257,4 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
 
 
 def _asset(name: str) -> str:
-    return resources.files("runnerctl.web").joinpath("pages", name).read_text()
+    return resources.files("runnerctl.web").joinpath("pages", name).read_text(encoding="utf-8")
