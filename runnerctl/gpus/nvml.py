@@ -19,9 +19,11 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -322,9 +324,49 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+PROC_MAPS = Path("/proc/self/maps")
+KERNEL_DRIVER_VERSION = Path("/sys/module/nvidia/version")
+"""The loaded kernel module's version (`modinfo nvidia`'s, while it is loaded)."""
+_LIBRARY = "libnvidia-ml.so"
+
+
+def library_mismatch(maps: Path | None = None, kernel: Path | None = None) -> str:
+    """Why a process started now fails `nvmlInit` with LIB_RM_VERSION_MISMATCH while this
+    one, which loaded the old library, reads NVML as before; "" when nothing says so.
+
+    A driver package upgraded without a reboot (unattended upgrades) replaces
+    `libnvidia-ml.so.1` on disk, now a link to `libnvidia-ml.so.<new version>`, while the
+    kernel keeps the old module: every CUDA job and every stage's gate then fails with
+    "Driver/library version mismatch", and the controller, still reading NVML through the
+    library it loaded at its start, kept the runners open to them. Compared: the version
+    in the name the link beside the loaded library points to now, and the kernel module's.
+    Either unreadable (no NVIDIA driver, NVML faked): ""."""
+    try:
+        lines = (maps or PROC_MAPS).read_text(encoding="utf-8", errors="replace").splitlines()
+        loaded = next((line.split(maxsplit=5)[5] for line in lines
+                       if _LIBRARY in line and len(line.split(maxsplit=5)) == 6), "")
+        running = (kernel or KERNEL_DRIVER_VERSION).read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+    loaded = loaded.removesuffix(" (deleted)")
+    if not loaded or not running:
+        return ""
+    try:
+        target = os.path.realpath(Path(loaded).parent / f"{_LIBRARY}.1")
+    except OSError:
+        return ""
+    on_disk = Path(target).name.partition(f"{_LIBRARY}.")[2]
+    if not on_disk[:1].isdigit() or "." not in on_disk or on_disk == running:
+        return ""  # a library file not named by its version (".so.1" itself) tells nothing
+    return (f"the NVIDIA library on disk is {on_disk} but the kernel driver is {running} (a driver "
+            "upgrade without a reboot): every job started now fails with 'Driver/library version mismatch'")
+
+
 class LiveNvml:
     """A session kept open across snapshots (the controller's), so Xid events between
-    ticks are counted; reopened after an NVML failure."""
+    ticks are counted; reopened after an NVML failure. A snapshot fails while a process
+    started now could not use NVML (`library_mismatch`): the controller then closes every
+    runner, which it would otherwise keep open to jobs that all fail."""
 
     def __init__(self, host: str) -> None:
         self.host = host
@@ -334,10 +376,14 @@ class LiveNvml:
         if self._session is None:
             self._session = NvmlSession()
         try:
-            return self._session.snapshot(self.host, watch_xid=True)
+            snapshot = self._session.snapshot(self.host, watch_xid=True)
         except pynvml.NVMLError as exc:
             self.close()
             raise GpuError(f"NVML query failed: {exc}", hint="check `nvidia-smi`") from None
+        mismatch = library_mismatch()
+        if mismatch:
+            raise GpuError(mismatch, hint=_HINTS[pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH])
+        return snapshot
 
     def close(self) -> None:
         if self._session is not None:
