@@ -143,18 +143,25 @@ def process_started(pid: int) -> float | None:
         return None
 
 
+_BOOT: list[str] = []  # this boot's id, once read: it changes only with a reboot
+
+
 def this_boot() -> str:
-    """The kernel's id of this boot ("" when it cannot be read)."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
+    """The kernel's id of this boot ("" when it cannot be read, say out of descriptors)."""
+    if not _BOOT:
+        try:
+            _BOOT.append(Path("/proc/sys/kernel/random/boot_id").read_text().strip())
+        except OSError:
+            return ""
+    return _BOOT[0]
 
 
-def earlier_boot(lease: Lease) -> bool:
-    """Written before the machine last booted: none of its processes can still run here."""
-    boot = lease.owner_since_boot.partition(":")[0]
-    return bool(boot) and boot != this_boot()
+def earlier_boot(lease: Lease, now: str | None = None) -> bool:
+    """Written before the machine last booted (`now`: this boot's id, read when not given):
+    none of its processes can still run here. False when this boot's id cannot be read: a
+    live job's process group must not look gone because a read failed."""
+    boot, now = lease.owner_since_boot.partition(":")[0], this_boot() if now is None else now
+    return bool(boot) and bool(now) and boot != now
 
 
 def process_since_boot(pid: int) -> str | None:

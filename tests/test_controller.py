@@ -19,6 +19,7 @@ from runnerctl.controller.loop import Controller
 from runnerctl.controller.migrations import StoreError
 from runnerctl.controller.orphans import OrphanAudit
 from runnerctl.controller.plan import PlanPolicy
+from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import request
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim.gitlab_server import Fault
@@ -549,5 +550,20 @@ def test_a_store_made_again_under_the_controller_gets_its_inventory_again(world:
     with pytest.raises(StoreError, match="no such table"):
         world.advance(5)  # the tick that finds the tables gone fails (serve's loop logs it, retries)
     world.advance(30)  # the next makes the schema again
-    assert store.schema_made == 2
+    assert store.inventory(world.controller.host) is not None
+
+
+def test_a_store_another_host_made_again_gets_this_hosts_inventory_too(world: World, tmp_path: Path) -> None:
+    """The tables dropped and made again by another process (another host's serve, a CLI
+    command): this controller never saw a missing table, and never published its GPUs and
+    slots again (found by a review of the change)."""
+    world.advance(6)
+    store = world.controller.wiring.store
+    with store._tx() as cur:
+        for (table,) in cur.query("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                  "AND name NOT LIKE 'sqlite_%'"):
+            cur.execute(f'DROP TABLE "{table}"')
+    Store.open(state_dir=tmp_path).close()  # another opener makes the schema again
+    assert store.inventory(world.controller.host) is None
+    world.advance(10)
     assert store.inventory(world.controller.host) is not None

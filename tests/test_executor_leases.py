@@ -16,6 +16,7 @@ from runnerctl.executors.lease import (
     Lease,
     LeaseBusy,
     LeaseTable,
+    earlier_boot,
     is_stale,
     new_nonce,
     process_since_boot,
@@ -120,6 +121,16 @@ def test_a_lease_from_before_a_reboot_is_stale_though_its_pgid_is_in_use_again()
     this = process_since_boot(os.getpid())
     assert this is not None
     assert not is_stale(Lease(**{**lease.__dict__, "owner_since_boot": this.partition(":")[0] + ":1"}))
+
+
+def test_a_boot_id_that_cannot_be_read_counts_no_lease_of_an_earlier_boot() -> None:
+    """Out of descriptors, the boot id read as "", unlike every lease's: the live job's
+    process group counted as gone and its lease could be taken (found by a review)."""
+    lease = Lease(**{**_template("a", 999_999).__dict__, "gpu": 0, "owner_since_boot": "some-boot:12345"})
+    assert earlier_boot(lease, "another-boot") and not earlier_boot(lease, "some-boot")
+    assert not earlier_boot(lease, "")  # unknown: no claim that its processes are gone
+    older = Lease(**{**lease.__dict__, "owner_since_boot": ""})  # written before boot ids
+    assert not earlier_boot(older, "another-boot")
 
 
 @settings(max_examples=int(os.environ.get("LEASE_EXAMPLES", "50")), deadline=None)

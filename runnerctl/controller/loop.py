@@ -136,7 +136,7 @@ class Controller:
         self.ticks = 0
         self._slots: tuple[Slot, ...] = ()
         self._synced = False
-        self._published = 0  # the store's schema_made the inventory was published for (save_inventory)
+        self._published = False  # the inventory toggles are checked against (store.save_inventory)
         self._partial_caps_logged = False  # runners' maximum timeouts on some sizes only
         self.stats = ControllerStats()  # counters for the exporter, fed once per tick
         self.on_tick: list[Callable[[ControllerView], None]] = []  # e.g. dcgm job mapping files
@@ -235,14 +235,14 @@ class Controller:
         return snapshot
 
     def _publish_inventory(self, snapshot: GpuSnapshot | None) -> None:
-        """Once per start, and again when the store made its schema again: the GPUs and
-        slots that toggle targets may name (toggles.py)."""
+        """Once per start, and again whenever the store has none for this host (its tables
+        made again under serve, by this host or another): the GPUs and slots that toggle
+        targets may name (toggles.py)."""
         store = self.wiring.store
-        if snapshot is not None and self._published != store.schema_made:
-            made = store.schema_made
+        if snapshot is not None and (not self._published or store.inventory(self.host) is None):
             store.save_inventory(self.host, [g.index for g in snapshot.gpus], [s.key for s in self._slots],
                                  self.wiring.clock())
-            self._published = made
+            self._published = True
 
     def _toggles(self, snapshot: GpuSnapshot | None, now: float) -> list[Toggle]:
         toggles = self.wiring.store.toggles(self.host)

@@ -131,7 +131,7 @@ def migrate(cur: Cursor, *, postgres: bool, migrations: Sequence[Migration] = MI
     if current > newest:
         raise StoreError(f"the controller store has schema version {current}, this runnerctl knows "
                          f"up to {newest}", hint="upgrade runnerctl on this host")
-    if current < newest and not upgrade and (current or _has_tables(cur, postgres=postgres)):
+    if current < newest and not upgrade and (current or has_tables(cur, postgres=postgres)):
         raise StoreError(f"the controller store has schema version {current}, this runnerctl reads "
                          f"version {newest} and does not upgrade a store to read it",
                          hint="upgrade it by starting this version's `runnerctl serve` (docs/operations.md, "
@@ -184,14 +184,16 @@ def _renumbered(cur: Cursor, recorded: dict[int, str], migrations: Sequence[Migr
     return migrations[-1].version
 
 
-def _has_tables(cur: Cursor, *, postgres: bool) -> bool:
-    """Whether the store holds any table but `schema_migrations` (an unversioned store does)."""
+def has_tables(cur: Cursor, *, postgres: bool, besides: tuple[str, ...] = ("schema_migrations",)) -> bool:
+    """Whether the store holds any table but those `besides` (an unversioned store holds
+    some but `schema_migrations`; one whose database was dropped and made again, none)."""
+    left_out = ", ".join(f"'{name}'" for name in (*besides, "sqlite_sequence"))
     if postgres:
         rows = cur.query("SELECT COUNT(*) FROM information_schema.tables "
-                         "WHERE table_schema = current_schema() AND table_name <> 'schema_migrations'")
+                         f"WHERE table_schema = current_schema() AND table_name NOT IN ({left_out})")
     else:
         rows = cur.query("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' "
-                         "AND name NOT IN ('schema_migrations', 'sqlite_sequence')")
+                         f"AND name NOT IN ({left_out})")
     return bool(rows[0][0])
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from runnerctl import private
-from runnerctl.controller.migrations import MIGRATIONS, Migration, StoreError, migrate
+from runnerctl.controller.migrations import MIGRATIONS, Migration, StoreError, has_tables, migrate
 from runnerctl.controller.store_db import Cursor, close_quietly, db_errors, describe_url, first_line
 
 __all__ = ["Event", "Migration", "Store", "StoreError", "Toggle", "WebSession"]
@@ -143,14 +143,9 @@ class Store:
         self._lock = threading.Lock()  # the web thread and the loop share one connection
         self._conn: Any = None
         self._migrations, self._upgrade = migrations, upgrade
-        self._schema_gone = False
-        self.schema_made = 0
-        """How often this store made its schema: 1 at open, more after its tables were gone
-        (a database dropped and made again, restored empty): what each host publishes
-        once (its inventory) is published again then."""
+        self._schema_gone = False  # a table was missing: the next transaction looks why first
         with self._tx() as cur:
             self.version = migrate(cur, postgres=postgres, migrations=migrations, upgrade=upgrade)
-        self.schema_made = 1
 
     @classmethod
     def open(cls, *, url: str = "", state_dir: Path | None = None, timeout_s: float = 30.0,
@@ -210,9 +205,10 @@ class Store:
                 watchdog.start()
             try:
                 cur = self._begin()
-                if self._schema_gone:
-                    self._make_schema_again(cur)
+                remade = False
                 try:
+                    if self._schema_gone:
+                        remade = self._make_schema_again(cur)
                     yield cur
                 except BaseException as exc:
                     self._rollback()
@@ -225,24 +221,26 @@ class Store:
                 except db_errors() as exc:
                     self._rollback()
                     raise self._error(exc) from None
+                if remade:
+                    self._schema_gone = False
+                    log.warning("the controller store %s had lost its tables (dropped, or restored empty?): "
+                                "made them again; what it held (toggles, users, history) is gone", self.where)
             finally:
                 if watchdog is not None:
                     watchdog.cancel()
 
-    def _make_schema_again(self, cur: Cursor) -> None:
-        """A table was missing at the last transaction: the database was dropped and made
-        again, or restored from an empty dump, under a running serve, which then failed
-        every tick (`relation "toggles" does not exist`) until restarted (found by a review
-        as a disaster-recovery engineer). The schema is made again, in this transaction."""
-        try:
-            self.version = migrate(cur, postgres=self._pg, migrations=self._migrations, upgrade=self._upgrade)
-        except db_errors() as exc:
-            self._rollback()
-            raise self._error(exc) from None
-        self._schema_gone = False
-        self.schema_made += 1
-        log.warning("the controller store %s had lost its tables (dropped, or restored empty?): made them "
-                    "again; what it held (toggles, users, history) is gone", self.where)
+    def _make_schema_again(self, cur: Cursor) -> bool:
+        """A table was missing at the last transaction. With none left (the database dropped
+        and made again, or restored from an empty dump, under a running serve, which then
+        failed every tick with `relation "toggles" does not exist` until restarted; found by
+        a review as a disaster-recovery engineer), the schema is made again in this
+        transaction: True. With some left (another host made them again meanwhile, or a part
+        was dropped by hand, which only a restore mends), nothing is made: False."""
+        if has_tables(cur, postgres=self._pg, besides=()):
+            self._schema_gone = False
+            return False
+        self.version = migrate(cur, postgres=self._pg, migrations=self._migrations, upgrade=self._upgrade)
+        return True
 
     def _cut(self) -> None:
         """The deadline passed (a watchdog thread): shut the connection's socket down, so
