@@ -79,6 +79,9 @@ class GpuSnapshot:
     topology: Mapping[tuple[int, int], TopologyLevel] = dataclasses.field(default_factory=dict)
     driver_version: str | None = None
     source: str = "nvml"
+    host_problem: str = ""
+    """Why no job may start on any GPU of the host now, whatever each GPU reads (a driver
+    upgraded without a reboot: `gpus.nvml.library_mismatch`); "" when nothing stops them."""
 
     def gpu(self, index: int) -> Gpu:
         for gpu in self.gpus:

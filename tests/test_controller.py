@@ -128,6 +128,23 @@ def test_a_clock_step_moves_the_gates_cool_down_and_the_orphan_audit_and_recheck
     assert audit.suspects[78] == 4600.0  # still as long missing, not an hour longer
 
 
+def test_a_driver_upgraded_without_a_reboot_closes_every_runner_until_it_is_mended(world: World) -> None:
+    """Every job started on the host fails with 'Driver/library version mismatch' then: the
+    runners close (jobs wait, none fails), each GPU shows unhealthy with the reason, and
+    after the reboot they open again a cool-down later, with no admin reopen."""
+    world.advance(6)
+    assert _open(world) == {f"gpu{i}" for i in range(8)}
+    world.gpus.host_problem = "the NVIDIA library on disk is 570.86.10 but the kernel driver is 550.54.15"
+    world.advance(10)
+    assert _open(world) == set()
+    occupancy = world.controller.view.occupancy
+    assert {o.state for o in occupancy.values()} == {"unhealthy"}
+    assert "570.86.10" in occupancy[0].detail
+    world.gpus.host_problem = ""  # rebooted
+    world.advance(SETTINGS.cooldown_s + 20)
+    assert _open(world) == {f"gpu{i}" for i in range(8)}
+
+
 def test_unhealthy_gpu_stays_closed_until_admin_reopens(world: World, tmp_path: Path) -> None:
     world.gpus.unhealthy.add(2)
     world.advance(6)

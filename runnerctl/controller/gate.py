@@ -63,15 +63,19 @@ class GateState:
 
 
 def step(state: GateState, gpu: Gpu, *, now: float, is_ci: IsCi, owned: bool,
-         limits: GateThresholds, lease_problem: str = "") -> GateState:
+         limits: GateThresholds, lease_problem: str = "", host_problem: str = "") -> GateState:
     """The GPU's next state. `owned`: a CI lease holds this GPU (its memory is expected).
     `lease_problem`: why its lease file cannot be read; such a lease holds the GPU (the
-    executors' prepare waits on it too) until an admin removes the file."""
+    executors' prepare waits on it too) until an admin removes the file. `host_problem`:
+    why no job may start on the host (`GpuSnapshot.host_problem`): closed while it lasts,
+    open again a cool-down after, with no admin reopen (a reboot mends it)."""
     state = _rebase(state, gpu)
     sick = _sickness(gpu, state)
     if sick or state.unhealthy:
         return dataclasses.replace(state, closed=True, unhealthy=True,
                                    reason=sick or state.reason, last_dirty=now)
+    if host_problem:
+        return dataclasses.replace(state, closed=True, reason=host_problem, last_dirty=now)
     if gpu.mig_enabled:
         return dataclasses.replace(state, closed=True, reason=MIG_REASON, last_dirty=now)
     if not gpu.processes_known and not owned:  # no list: memory alone cannot say who uses it

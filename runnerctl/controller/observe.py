@@ -277,5 +277,5 @@ def gate_step(snapshot: GpuSnapshot, gate: Mapping[int, GateState], *, now: floa
     owned_set, problems = set(owned), unreadable or {}
     return {gpu.index: step(gate.get(gpu.index, GateState()), gpu, now=now, is_ci=is_ci,
                             owned=gpu.index in owned_set, limits=limits,
-                            lease_problem=problems.get(gpu.index, ""))
+                            lease_problem=problems.get(gpu.index, ""), host_problem=snapshot.host_problem)
             for gpu in snapshot.gpus}

@@ -118,22 +118,26 @@ def classify(view: ControllerView) -> dict[int, GpuOccupancy]:
     gpus = {g.index: g for g in view.snapshot.gpus} if view.snapshot is not None else {}
     gates = {g.index: g for g in view.gpus}
     toggles = [t for t, _ in view.toggles if t.action in ("pause", "drain")]
+    host_problem = view.snapshot.host_problem if view.snapshot is not None else ""
     found: dict[int, GpuOccupancy] = {}
     for index in sorted(known | set(gpus)):
         over = [s for s in view.slots if index in s.gpus]
         toggle = toggle_over_gpu(toggles, index, [s.key for s in over])
-        found[index] = _one(index, gpus, gates.get(index), over, toggle, view.drains)._replace(toggle=toggle)
+        found[index] = _one(index, gpus, gates.get(index), over, toggle, view.drains,
+                            host_problem)._replace(toggle=toggle)
     return found
 
 
 def _one(index: int, gpus: Mapping[int, Any], gate: GpuView | None, over: Sequence[SlotView],
-         toggle: Toggle | None, drains: Mapping[str, int]) -> GpuOccupancy:
+         toggle: Toggle | None, drains: Mapping[str, int], host_problem: str) -> GpuOccupancy:
     gpu = gpus.get(index)
     if gpu is None:
         return GpuOccupancy("unknown", "no GPU snapshot")
     if gpu.lost or gpu.healthy is False or (gate is not None and gate.unhealthy):
         reason = gate.reason if gate is not None and gate.reason else "NVML reports errors"
         return GpuOccupancy("unhealthy", reason)
+    if host_problem:  # unhealthy, so that RunnerctlGpuUnusable pages someone: a reboot mends it
+        return GpuOccupancy("unhealthy", host_problem)
     jobs = ", ".join(f"job {job} on {s.key}" for s in over for job in s.running_jobs)
     if toggle is not None:
         return GpuOccupancy("draining" if toggle.action == "drain" else "paused",

@@ -325,12 +325,10 @@ def _text(value: str | bytes) -> str:
 
 
 PROC_MAPS = Path("/proc/self/maps")
-KERNEL_DRIVER_VERSION = Path("/sys/module/nvidia/version")
-"""The loaded kernel module's version (`modinfo nvidia`'s, while it is loaded)."""
 _LIBRARY = "libnvidia-ml.so"
 
 
-def library_mismatch(maps: Path | None = None, kernel: Path | None = None) -> str:
+def library_mismatch(driver_version: str | None, maps: Path = PROC_MAPS) -> str:
     """Why a process started now fails `nvmlInit` with LIB_RM_VERSION_MISMATCH while this
     one, which loaded the old library, reads NVML as before; "" when nothing says so.
 
@@ -339,16 +337,16 @@ def library_mismatch(maps: Path | None = None, kernel: Path | None = None) -> st
     kernel keeps the old module: every CUDA job and every stage's gate then fails with
     "Driver/library version mismatch", and the controller, still reading NVML through the
     library it loaded at its start, kept the runners open to them. Compared: the version
-    in the name the link beside the loaded library points to now, and the kernel module's.
-    Either unreadable (no NVIDIA driver, NVML faked): ""."""
+    in the name the link beside the loaded library (its line in `maps`) points to now,
+    and `driver_version`, the kernel driver's (`nvmlSystemGetDriverVersion`, which this
+    session still reads). Either unknown (no library loaded: NVML faked): ""."""
     try:
-        lines = (maps or PROC_MAPS).read_text(encoding="utf-8", errors="replace").splitlines()
-        loaded = next((line.split(maxsplit=5)[5] for line in lines
-                       if _LIBRARY in line and len(line.split(maxsplit=5)) == 6), "")
-        running = (kernel or KERNEL_DRIVER_VERSION).read_text(encoding="utf-8").strip()
+        lines = maps.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return ""
-    loaded = loaded.removesuffix(" (deleted)")
+    loaded = next((line.split(maxsplit=5)[5] for line in lines
+                   if _LIBRARY in line and len(line.split(maxsplit=5)) == 6), "")
+    loaded, running = loaded.removesuffix(" (deleted)"), driver_version or ""
     if not loaded or not running:
         return ""
     try:
@@ -364,12 +362,14 @@ def library_mismatch(maps: Path | None = None, kernel: Path | None = None) -> st
 
 class LiveNvml:
     """A session kept open across snapshots (the controller's), so Xid events between
-    ticks are counted; reopened after an NVML failure. A snapshot fails while a process
-    started now could not use NVML (`library_mismatch`): the controller then closes every
-    runner, which it would otherwise keep open to jobs that all fail."""
+    ticks are counted; reopened after an NVML failure. While a process started now could
+    not use NVML (`library_mismatch` of the library mapped as `maps` says), a snapshot
+    says so as its `host_problem`: the controller closes every runner, which it would
+    otherwise keep open to jobs that all fail, and its metrics and page stay."""
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, *, maps: Path = PROC_MAPS) -> None:
         self.host = host
+        self.maps = maps
         self._session: NvmlSession | None = None
 
     def snapshot(self) -> GpuSnapshot:
@@ -380,10 +380,10 @@ class LiveNvml:
         except pynvml.NVMLError as exc:
             self.close()
             raise GpuError(f"NVML query failed: {exc}", hint="check `nvidia-smi`") from None
-        mismatch = library_mismatch()
+        mismatch = library_mismatch(snapshot.driver_version, self.maps)
         if mismatch:
-            raise GpuError(mismatch, hint=_HINTS[pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH])
-        return snapshot
+            mismatch = f"{mismatch}: {_HINTS[pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH]}"
+        return dataclasses.replace(snapshot, host_problem=mismatch)
 
     def close(self) -> None:
         if self._session is not None:

@@ -40,7 +40,8 @@ class SimGitLabState(Protocol):
 class SimGpus:
     """`count` idle GPUs; `foreign[gpu] = (pid, user)` adds a process someone started by hand;
     `busy[gpu]` is the utilization (0-1) of a GPU a CI job runs on (SimFleet sets it);
-    a GPU in `mig` is in MIG mode (NVML then reports no utilization for it)."""
+    a GPU in `mig` is in MIG mode (NVML then reports no utilization for it);
+    `host_problem` is the snapshots' (a driver upgraded without a reboot)."""
 
     def __init__(self, host: str, count: int, clock: Callable[[], float]) -> None:
         self.spec = f"sim:{count}"
@@ -50,6 +51,7 @@ class SimGpus:
         self.unhealthy: set[int] = set()
         self.mig: set[int] = set()
         self.busy: dict[int, float] = {}
+        self.host_problem = ""
         self._clock = clock
 
     def snapshot(self) -> GpuSnapshot:
@@ -67,7 +69,8 @@ class SimGpus:
             if gpu.index in self.mig:
                 gpu = dataclasses.replace(gpu, mig_enabled=True, utilization=None)
             gpus.append(gpu)
-        return dataclasses.replace(base, gpus=tuple(gpus), taken_at=self._clock())
+        return dataclasses.replace(base, gpus=tuple(gpus), taken_at=self._clock(),
+                                   host_problem=self.host_problem)
 
     def slots(self) -> list[Slot]:
         return plan_slots(count_snapshot(self.host, self.count))
