@@ -139,10 +139,9 @@ class PythonGitLab:
             if scope.runner_type == "instance_type":
                 raise
             kind = "group" if scope.runner_type == "group_type" else "project"
-            raise PermanentError(exc.message, hint=(
-                f"the token's user needs to be {'Owner' if kind == 'group' else 'Maintainer'} of the {kind}; "
-                f"one who is may still be refused where an administrator turned off 'Members of the {kind} "
-                "can register runners' (Admin area > Settings > CI/CD > Runners), which GitLab's "
+            raise PermanentError(exc.message, hint=(  # init checked the role before it created any
+                f"a user with the role may still be refused where an administrator turned off 'Members of "
+                f"the {kind} can register runners' (Admin area > Settings > CI/CD > Runners), which GitLab's "
                 f"{kind} policy applies to creating runners too")) from None
         return CreatedRunner(id=int(created.id), token=str(created.token),
                              token_expires_at=getattr(created, "token_expires_at", None))

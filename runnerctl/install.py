@@ -244,6 +244,9 @@ def _env_lines(options: InstallOptions) -> str:
 
 
 def _serve(options: InstallOptions) -> str:
+    """serve's unit. Its state directory is made before each start, outside the sandbox
+    (`+`): ProtectSystem=strict cannot set up a ReadWritePaths= that does not exist, so a
+    directory deleted under serve (which then stops) kept it from starting again."""
     state = options.settings.state_dir
     runner_dir = Path(options.settings.paths.runner_config or "/etc/gitlab-runner/config.toml").parent
     writable = [_word(str(state)), _word(f"-{runner_dir}"), *_mapping_words(options)]
@@ -256,6 +259,7 @@ Wants=network-online.target
 Type=simple
 User=root
 {_env_lines(options)}EnvironmentFile={ENV_FILE}
+ExecStartPre=+/bin/mkdir -p {_word(str(state)).replace("$", "$$")}
 ExecStart={_command(options, "serve", "--gitlab", options.gitlab_url, "--listen", options.listen)}
 Restart=always
 RestartSec=5

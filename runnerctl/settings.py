@@ -396,6 +396,19 @@ _RANGES: dict[tuple[type, str], Bound] = {
 """Settings with a narrower range than "finite, not negative" (`_build` checks them)."""
 
 
+def parse_listen(listen: str, *, what: str = "--listen") -> tuple[str, int]:
+    """(host, port) of HOST:PORT (port 0: any free one); an IPv6 address in brackets
+    (`[::1]:8080`) comes back without them, as sockets take it. ConfigError naming `what`."""
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isascii() or not port.isdigit():
+        raise ConfigError(f"{what} {listen!r} is not HOST:PORT")
+    if int(port) > 65535:
+        raise ConfigError(f"{what} {listen!r}: port {int(port)} is not from 0 to 65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
 def _check_more(cls: type[Any], values: dict[str, Any]) -> str:
     """What a range cannot say (names from a list, addresses, absolute paths, tables of
     numbers): why the values cannot be, or "". Normalizes `runner_max_timeout_s`'s keys."""
@@ -419,10 +432,12 @@ def _check_more(cls: type[Any], values: dict[str, Any]) -> str:
             except ValueError:
                 return f"trusted_proxies: {proxy!r} is no address or CIDR range"
     if cls is MonitoringSettings and "exporter_listen" in values:
-        host, _, port = str(values["exporter_listen"]).rpartition(":")
-        if not host or not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
-            return (f"exporter_listen must be HOST:PORT with a port from 1 to 65535 (Prometheus scrapes it "
-                    f"there), not {values['exporter_listen']!r}")
+        try:
+            port = parse_listen(str(values["exporter_listen"]), what="exporter_listen")[1]
+        except ConfigError as exc:
+            return exc.message
+        if port == 0:
+            return "exporter_listen needs a port from 1 to 65535: Prometheus scrapes it there, not at port 0"
     if cls is ControllerSettings:
         return _check_controller(values)
     return ""

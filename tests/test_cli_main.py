@@ -10,7 +10,7 @@ import pytest
 
 import runnerctl.cli.host
 from runnerctl.cli import main
-from runnerctl.controller.serve import parse_listen
+from runnerctl.settings import parse_listen
 
 
 @pytest.mark.parametrize("argv", [[], ["sim"], ["user"], ["postgres"]])

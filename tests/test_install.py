@@ -126,6 +126,9 @@ def test_values_reach_systemd_as_given(tmp_path: Path) -> None:
     serve = files[0].text
     assert 'Environment="RUNNERCTL_CONFIG=' in serve and "%%h" in serve
     assert '--gitlab "https://gitlab.example/a$$b%%h\\"c"' in serve
+    # made before each start: a state directory deleted under serve kept it from starting again
+    state = str(odd / "state").replace("%", "%%").replace("$", "$$")
+    assert f'ExecStartPre=+/bin/mkdir -p "{state}"' in serve
     assert "LimitNOFILE=65536" in serve and "LimitNOFILE=65536" in files[2].text
     # a system locale that is not UTF-8 (ja_JP.eucJP) would make files and journald lines of it
     assert all("Environment=PYTHONUTF8=1" in unit.text for unit in files if "ExecStart=" in unit.text)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 from pathlib import Path
 
+import pytest
+
+from runnerctl.cli import main
 from tests.e2e_fleet import wait_for
 from tests.serve_proc import Serve
 
@@ -66,3 +70,10 @@ def test_a_state_dir_deleted_under_serve_stops_it_saying_why(tmp_path: Path) -> 
     assert f"the state directory {state} was deleted while serve ran: stopping serve" in serve.output()
     assert f"runnerctl: error: the state directory {state} was deleted while serve ran: serve stopped" \
         in serve.output()
+
+
+def test_the_demo_announces_the_port_it_listens_on(capsys: pytest.CaptureFixture[str]) -> None:
+    """`demo --listen 127.0.0.1:0` printed `http://127.0.0.1:0/`, where no page answers."""
+    assert main(["demo", "--duration", "0", "--listen", "127.0.0.1:0"]) == 0
+    announced = re.search(r"web page: http://127\.0\.0\.1:(\d+)/", capsys.readouterr().out)
+    assert announced is not None and int(announced.group(1)) > 0

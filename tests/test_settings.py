@@ -100,8 +100,8 @@ def test_a_long_interval_without_a_claim_ttl_keeps_working(tmp_path: Path) -> No
         ("[web]\nmax_concurrent_signins = 0\n", "max_concurrent_signins must be from 1 to 1000"),
         ("[host]\nname = 'gpu-a/b'\n", r"\[host\]: host name 'gpu-a/b' must be 1 to 63 letters"),
         ("[host]\nname = 'x,gpus:8'\n", "host name 'x,gpus:8' must be"),
-        ("[monitoring]\nexporter_listen = 'nope'\n", r"\[monitoring\]: exporter_listen must be HOST:PORT"),
-        ("[monitoring]\nexporter_listen = '127.0.0.1:0'\n", "with a port from 1 to 65535"),
+        ("[monitoring]\nexporter_listen = 'nope'\n", "exporter_listen 'nope' is not HOST:PORT"),
+        ("[monitoring]\nexporter_listen = '127.0.0.1:0'\n", "exporter_listen needs a port from 1 to 65535"),
     ],
 )
 def test_bad_settings_name_the_problem(tmp_path: Path, text: str, needle: str) -> None:

@@ -40,11 +40,11 @@ def exporter(listen: str | None, gpu_source: str | None, host_name: str | None, 
     """Serve GPU occupancy metrics without a controller (observe-only: GPUs, leases, gate)."""
     from runnerctl.controller.gate import GateThresholds
     from runnerctl.controller.observe import LeaseJobs
-    from runnerctl.controller.serve import parse_listen
     from runnerctl.exporter.dcgm import JobMappingWriter
     from runnerctl.exporter.standalone import Observer, lease_holders, serve_exporter
     from runnerctl.gpus import open_gpu_source
     from runnerctl.private import serve_pid
+    from runnerctl.settings import parse_listen
 
     settings, _ = _settings(config_path)
     if state_dir is not None:

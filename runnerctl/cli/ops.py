@@ -57,7 +57,7 @@ def install(gitlab_url: str | None, listen: str | None, services: tuple[str, ...
     Run again after an upgrade, it rewrites the services installed before with the
     GitLab URL, listen address and settings file they had, unless given.
     """
-    from runnerctl.controller.serve import parse_listen
+    from runnerctl.settings import parse_listen
 
     before = installed(root)
     chosen = tuple(s for s in SERVICES if s in services) if services else (before.services or SERVICES)

@@ -47,7 +47,7 @@ def gitlab(listen: str, drop_interval_s: float, legacy_failure_reasons: bool,
     whose script is `sleep duration_s`; POST /-/sim/clock {advance_s} moves the clock;
     POST /-/sim/drop runs the stuck-jobs rules now.
     """
-    from runnerctl.controller.serve import parse_listen
+    from runnerctl.settings import parse_listen
     from runnerctl.sim.gitlab_standalone import standalone
 
     host, port = parse_listen(listen)

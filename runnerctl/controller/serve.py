@@ -34,7 +34,7 @@ from runnerctl.errors import ConfigError
 from runnerctl.gitlab import PythonGitLab
 from runnerctl.gpus import open_gpu_source
 from runnerctl.runner_config import RunnerConfigFile
-from runnerctl.settings import Settings, WebSettings
+from runnerctl.settings import Settings, WebSettings, parse_listen
 from runnerctl.standby import load as load_standby
 
 log = logging.getLogger(__name__)
@@ -75,19 +75,6 @@ def production_controller(settings: Settings, *, gitlab_url: str, token: str, gp
                                    "multi-GPU jobs that wait over an hour for a drain; run `runnerctl init` "
                                    "again to create it (it changes nothing else)")
     return controller
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    """(host, port) of HOST:PORT; an IPv6 address in brackets (`[::1]:8080`) comes back
-    without them, as sockets take it."""
-    host, _, port = listen.rpartition(":")
-    if not host or not port.isascii() or not port.isdigit():
-        raise ConfigError(f"--listen {listen!r} is not HOST:PORT")
-    if int(port) > 65535:  # 0: any free port (tests)
-        raise ConfigError(f"--listen {listen!r}: port {int(port)} is not from 0 to 65535")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
 
 
 Metrics = Callable[[], tuple[bytes, str]]
@@ -338,8 +325,8 @@ def serve_in_background(controller: Controller, listen: str, metrics: Metrics | 
     while not server.started and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     if not server.started:
+        sock.close()
         return None
-    server.config.port = sock.getsockname()[1]  # the port it got: port 0 picks one
     return server
 
 
