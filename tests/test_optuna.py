@@ -48,7 +48,8 @@ def _quick(trial: optuna.Trial) -> float:
 def test_postgres_storage_settings(pg_server: PostgresServer) -> None:
     storage = make_storage(pg_server.create_database("settings"), env={})
     assert isinstance(storage, RDBStorage)
-    assert storage.engine_kwargs == {"pool_pre_ping": True, "pool_size": POOL_SIZE, "max_overflow": 0}
+    assert storage.engine_kwargs == {"pool_pre_ping": True, "pool_size": POOL_SIZE, "max_overflow": 0,
+                                     "connect_args": {"client_encoding": "UTF8"}}  # SQL_ASCII: text, no bytes
     assert storage.engine.pool.size() == POOL_SIZE  # type: ignore[attr-defined]
     assert 16 * POOL_SIZE <= 100 // 2  # 16 workers take at most half of max_connections = 100
     assert (storage.heartbeat_interval, storage.grace_period) == (HEARTBEAT_INTERVAL_S, GRACE_PERIOD_S)

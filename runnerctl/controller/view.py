@@ -129,7 +129,7 @@ def classify(view: ControllerView) -> dict[int, GpuOccupancy]:
 
 
 def _one(index: int, gpus: Mapping[int, Any], gate: GpuView | None, over: Sequence[SlotView],
-         toggle: Toggle | None, drains: Mapping[str, int], host_problem: str) -> GpuOccupancy:
+         toggle: Toggle | None, drains: Mapping[str, int], host_problem: str = "") -> GpuOccupancy:
     gpu = gpus.get(index)
     if gpu is None:
         return GpuOccupancy("unknown", "no GPU snapshot")
