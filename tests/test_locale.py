@@ -60,8 +60,25 @@ def test_japanese_on_a_command_line_the_locale_cannot_decode_is_one_line(tmp_pat
                             b"--config", str(tmp_path / "none.toml").encode())
     assert done.returncode == 2, done
     assert done.stderr.strip().splitlines() == [
-        "runnerctl: error: text that is not valid in this locale (ANSI_X3.4-1968) cannot be stored or shown: "
-        "run runnerctl with a UTF-8 locale, such as LANG=C.UTF-8"], done.stderr
+        "runnerctl: error: text that is not valid utf-8 cannot be stored or shown (the locale's encoding is "
+        "ANSI_X3.4-1968): run runnerctl with a UTF-8 locale, such as LANG=C.UTF-8"], done.stderr
     done = _runnerctl_bytes(b"render", b"gpu-job", b"-i", "job_name=学習".encode(), b"-i", b"command=true")
     assert done.returncode == 3 and "input 'job_name' is not valid text in this locale" in done.stderr, done
     assert "LANG=C.UTF-8" in done.stderr
+
+
+def test_japanese_printed_to_a_latin1_terminal_is_one_line(tmp_path: Path) -> None:
+    """`user list` with a Japanese name, printed where the output encoding is latin-1: a
+    traceback (found by the final review of the session); now the one locale line."""
+    store = tmp_path / "state"
+    add = subprocess.run([sys.executable, "-m", "runnerctl", "user", "add", "田中", "--role", "viewer",
+                          "--password-stdin", "--state-dir", str(store)], input="a long enough password 1\n",
+                         capture_output=True, text=True, encoding="utf-8", timeout=120, check=False)
+    assert add.returncode == 0, add
+    done = subprocess.run([sys.executable, "-m", "runnerctl", "user", "list", "--state-dir", str(store)],
+                          env={**os.environ, "PYTHONIOENCODING": "latin-1"}, capture_output=True, text=True,
+                          encoding="latin-1", timeout=120, check=False)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done
+    assert done.stderr.strip().splitlines() == [
+        "runnerctl: error: text that is not valid latin-1 cannot be stored or shown (the locale's encoding "
+        "is UTF-8): run runnerctl with a UTF-8 locale, such as LANG=C.UTF-8"], done.stderr

@@ -77,3 +77,25 @@ def test_the_demo_announces_the_port_it_listens_on(capsys: pytest.CaptureFixture
     assert main(["demo", "--duration", "0", "--listen", "127.0.0.1:0"]) == 0
     announced = re.search(r"web page: http://127\.0\.0\.1:(\d+)/", capsys.readouterr().out)
     assert announced is not None and int(announced.group(1)) > 0
+
+
+def test_a_name_of_two_addresses_is_listened_on_at_both_on_one_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--listen localhost:8080` where localhost is ::1 and 127.0.0.1 (/etc/hosts on Debian
+    lists both): serve bound the first only, and Prometheus's 127.0.0.1:8080 was refused
+    (found by the final review of the session). Both are bound, on the port the first got."""
+    import socket
+
+    from runnerctl.controller.serve import bound_address, listening_sockets
+
+    both = [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", 0, 0, 0)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0))]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: both)
+    socks = listening_sockets("localhost", 0)
+    try:
+        assert sorted(s.getsockname()[0] for s in socks) == ["127.0.0.1", "::1"]
+        port = socks[0].getsockname()[1]
+        assert port > 0 and all(s.getsockname()[1] == port for s in socks)
+        assert bound_address("localhost", socks) == f"localhost:{port}"
+    finally:
+        for sock in socks:
+            sock.close()

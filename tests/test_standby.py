@@ -136,8 +136,26 @@ def test_on_a_gitlab_whose_verify_skips_glrt_runners_the_standby_is_kept_online_
     assert world.dropped == {} and big in world.fleet.finished
     assert world.state.online(standby)
     assert [m.system_id for m in world.state.managers_of(standby.id)] == [world.standby.system_id]
-    said = [r.getMessage() for r in caplog.records if "stand-by" in r.getMessage()]
-    assert len(said) == 1 and "keeps it online through DELETE /runners/managers" in said[0], said
+    assert not [r for r in caplog.records if "stand-by" in r.getMessage()]  # nothing is wrong
+
+
+def test_a_restarted_controller_keeps_the_standby_online_on_such_a_gitlab(long_world: World) -> None:
+    """A serve restarted while the stand-by was still online from its predecessor's calls
+    sent verifies only, which GitLab 16 and 17 ignore: the runner went offline for up to
+    15 minutes at each restart (found by the final review of the session)."""
+    world = long_world
+    assert world.standby is not None
+    world.state.verify_skips_contact = True
+    standby = world.state.runners[world.standby.id]
+    world.advance(40 * 60, step=10)
+    assert world.state.online(standby)
+    world.controller.standby = StandbyKeeper(world.standby)  # serve restarted
+    offline = []
+    for _ in range(3 * 360):  # three hours, a look every 10 s
+        world.advance(10, step=10)
+        if not world.state.online(standby):
+            offline.append(world.clock())
+    assert offline == []
 
 
 def test_a_standby_paused_by_hand_is_unpaused_and_nothing_is_dropped(

@@ -93,11 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(ExitCode.ERROR)
     except KeyboardInterrupt:
         return 130
-    except UnicodeEncodeError as exc:
-        if "surrogates" not in str(exc):
-            raise
-        error(f"text that is not valid in this locale ({locale.getpreferredencoding(False)}) cannot be "
-              f"stored or shown: {LOCALE_HINT}")  # Japanese typed under LANG=C: `pause --why`
+    except UnicodeEncodeError as exc:  # Japanese typed under LANG=C (`pause --why`), or shown in latin-1
+        error(f"text that is not valid {exc.encoding} cannot be stored or shown (the locale's encoding is "
+              f"{locale.getpreferredencoding(False)}): {LOCALE_HINT}")
         return int(ExitCode.USAGE)
     except Exception as exc:  # a case no check foresaw: still one line, the traceback in -vv
         logging.getLogger("runnerctl").debug("unexpected error", exc_info=True)

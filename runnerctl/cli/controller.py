@@ -204,6 +204,7 @@ def _sim_oauth(world: World, listen: str) -> GitLabOAuth:
 def demo(ctx: click.Context, duration: float, listen: str, state_dir: Path | None) -> None:
     """Watch runnerctl compose 4- and 8-GPU runners on a simulated host, no GPU or GitLab needed."""
     from runnerctl.controller.serve import bound_address, serve_in_background
+    from runnerctl.settings import parse_listen
     from runnerctl.sim.demo import run_demo
 
     if state_dir is not None and state_dir.is_dir() and any(state_dir.iterdir()):
@@ -223,7 +224,8 @@ def demo(ctx: click.Context, duration: float, listen: str, state_dir: Path | Non
             if server is None:
                 click.echo(f"(web page off: {listen} is taken)")
                 return
-            address = bound_address(server.servers[0].sockets[0])  # port 0 picks one
+            sockets = [s for listening in server.servers for s in listening.sockets]
+            address = bound_address(parse_listen(listen)[0], sockets)  # port 0 picks one
             click.echo(f"web page: http://{address}/ (metrics at /metrics)")
 
         ctx.exit(run_demo(duration_s=duration, echo=click.echo, serve=web, state_dir=state_dir))

@@ -170,10 +170,13 @@ STANDBY_RETRY_S = 60.0
 class StandbyKeeper:
     """Keeps the host's stand-by runner online (see runnerctl/standby.py): a
     `POST /runners/verify` with its own token and its one system_id every
-    `VERIFY_EVERY_S`, retried a minute after a failure. GitLab 16 and 17 skip
-    `contacted_at` on a verify with a `glrt-` token: where the runner is not online
-    after it, `GitLabPort.contact_runner` marks it contacted, and from then on every
-    time. Failures are logged once while they last; so is a runner still not online."""
+    `VERIFY_EVERY_S`, retried a minute after a failure, and each time
+    `GitLabPort.contact_runner` too: GitLab 16 and 17 skip `contacted_at` on a verify with
+    a `glrt-` token, and newer GitLab answers it with a 404 that changes nothing. Sent only
+    once a verify had left the runner offline, a restarted serve, finding it still online
+    from its predecessor's calls, let it go offline for up to 15 minutes (found by the final
+    review of the session). Failures are logged once while they last; so is a runner
+    still not online."""
 
     def __init__(self, standby: Standby | None, *, every_s: float = VERIFY_EVERY_S,
                  logger: logging.Logger = log) -> None:
@@ -182,8 +185,6 @@ class StandbyKeeper:
         self.verified_at: float | None = None
         self.retry_at = 0.0
         self.error = ""
-        self.verify_contacts = True
-        """False once a verify left the runner offline (GitLab 16 and 17)."""
         self._log = logger
 
     def due(self, now: float) -> bool:
@@ -202,17 +203,8 @@ class StandbyKeeper:
             return
         try:
             gitlab.heartbeat_runner(standby.token, system_id=standby.system_id)
-            if not self.verify_contacts:
-                gitlab.contact_runner(standby.token)
+            gitlab.contact_runner(standby.token)
             info = gitlab.get_runner(standby.id)
-            if info is not None and info.online is False and self.verify_contacts:
-                self.verify_contacts = False
-                self._log.warning("GitLab does not count the stand-by runner %s online after a verify "
-                                  "(GitLab 16 and 17 skip it for glrt- tokens): runnerctl keeps it online "
-                                  "through DELETE /runners/managers with a system_id no manager has",
-                                  standby.id)
-                gitlab.contact_runner(standby.token)
-                info = gitlab.get_runner(standby.id)
         except GitLabError as exc:
             self.retry_at = now + STANDBY_RETRY_S
             self._failed(f"cannot keep the stand-by runner {standby.id} online: {exc}; GitLab may drop "

@@ -226,7 +226,7 @@ def serve(controller: Controller, listen: str, *,
                      webhook_refusal=controller.demand.refusal,
                      health=controller.liveness.report, max_body_bytes=web.max_body_bytes)
     server = uvicorn.Server(http_config(app, host, port, web, "warning"))
-    sock = listening_socket(host, port)  # bound here, so that port 0 is announced as the one it got
+    socks = listening_sockets(host, port)  # bound here, so that port 0 is announced as the one it got
     terminated: list[int] = []
     previous = {s: signal.getsignal(s) for s in (*STOP_SIGNALS, *IGNORED_SIGNALS)}
     armed = _stop_on_sigterm(server, terminated)
@@ -239,9 +239,9 @@ def serve(controller: Controller, listen: str, *,
         threading.Thread(target=_watch_hold, args=(hold, server, stop, lost), name="state-dir",
                          daemon=True).start()
     log.warning("runnerctl serve: http://%s/ (page), /api/state, /metrics, webhooks at /webhooks/gitlab",
-                bound_address(sock))
+                bound_address(host, socks))
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=socks)
     finally:
         stop.set()
         worker.join(timeout=10)
@@ -252,8 +252,9 @@ def serve(controller: Controller, listen: str, *,
                 if handler is not None:
                     signal.signal(signum, handler)
     if lost:
-        raise ConfigError(f"{lost[0]}: serve stopped", hint="start it again (systemd does, after 5 s); the "
-                          "toggles, drains and history of the lost directory's store are gone")
+        raise ConfigError(f"{lost[0]}: serve stopped", hint="systemd starts it again after 5 s, on a new "
+                          "directory; a SQLite store was in it, with its toggles, history and users: an "
+                          "exposed --listen needs `runnerctl user add NAME --role operator` again")
     if terminated:
         name = signal.Signals(terminated[0]).name
         log.warning("runnerctl serve: stopped (%s)%s", name, "; it has no reload: start it again to read "
@@ -316,16 +317,17 @@ def serve_in_background(controller: Controller, listen: str, metrics: Metrics | 
                      health=controller.liveness.report, max_body_bytes=web.max_body_bytes)
     server = uvicorn.Server(http_config(app, host, port, web, "error"))
     try:
-        sock = listening_socket(host, port)
+        socks = listening_sockets(host, port)
     except ConfigError:
         return None
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="web", daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": socks}, name="web", daemon=True)
     thread.start()
     deadline = time.monotonic() + 5
     while not server.started and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     if not server.started:
-        sock.close()
+        for sock in socks:
+            sock.close()
         return None
     return server
 
@@ -333,29 +335,40 @@ def serve_in_background(controller: Controller, listen: str, metrics: Metrics | 
 def check_listen(listen: str) -> None:
     """ConfigError (one line) unless HOST:PORT can be listened on now (not in use, an
     address of this machine, allowed): checked before `serve` starts anything."""
-    listening_socket(*parse_listen(listen)).close()
+    for sock in listening_sockets(*parse_listen(listen)):
+        sock.close()
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket listening on HOST:PORT (port 0: any free one), for uvicorn to serve on;
-    ConfigError in one line when it cannot be had."""
+def listening_sockets(host: str, port: int) -> list[socket.socket]:
+    """Sockets listening on every address HOST resolves to (`localhost`: ::1 and
+    127.0.0.1, as uvicorn's own bind has it), all on one port (port 0: one free port,
+    the first picks it), for uvicorn to serve on; ConfigError in one line when one cannot
+    be had."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
-        sock = socket.socket(family, kind, proto)
+        found = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (OSError, UnicodeError) as exc:
         raise ConfigError(f"--listen {host}:{port}: {getattr(exc, 'strerror', None) or exc}") from None
+    socks: list[socket.socket] = []
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(2048)  # uvicorn's own backlog
+        for family, kind, proto, _, address in dict.fromkeys((f, k, p, "", a) for f, k, p, _, a in found):
+            if socks and port == 0:  # the others on the port the first one got
+                address = (address[0], socks[0].getsockname()[1], *address[2:])
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # IPv6 only: 127.0.0.1 gets its own socket
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(2048)  # uvicorn's own backlog
     except OSError as exc:
-        sock.close()
+        for sock in socks:
+            sock.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    return sock
+    return socks
 
 
-def bound_address(sock: socket.socket) -> str:
-    """HOST:PORT a socket listens on, an IPv6 host in brackets: what a client types."""
-    host, port = sock.getsockname()[:2]
+def bound_address(host: str, socks: list[socket.socket]) -> str:
+    """HOST:PORT to type for sockets listening on HOST: its name as given, the port they got
+    (an IPv6 address in brackets)."""
+    port = socks[0].getsockname()[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
