@@ -204,3 +204,18 @@ def test_the_controller_reads_who_runs_each_job_from_the_leases(tmp_path: Path) 
     assert jobs.owners() == {41: ("carol", url)}
     table.release("41")
     assert jobs.running() == {} and jobs.owners() == {}
+
+
+def test_a_lease_is_kept_while_its_scheduler_cannot_be_asked(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail closed: a batch job nobody can ask about (no squeue on PATH, a driver this host
+    lacks) counts as running, so its GPUs are not leased to another job (a mutation that
+    took either for "inactive" went unnoticed; found by a review as a mutation tester)."""
+    from runnerctl.executors.lease import batch_active, slurm_active
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no squeue here
+    assert slurm_active("12")
+    assert batch_active("nosuch:12")
+    assert not slurm_active(None) and not batch_active("")
+    lease = Lease(**{**_template("a", 999_999).__dict__, "gpu": 0, "slurm_job": "12"})
+    assert not is_stale(lease)  # its owner is gone, but Slurm may still run the job

@@ -152,7 +152,10 @@ def test_foreign_process_leaving_lets_the_job_start(host: Path) -> None:
     while time.monotonic() < deadline and not _leases(host).held_by("402"):
         time.sleep(0.05)
     assert _leases(host).held_by("402") and waiting.poll() is None  # leased, and held at the gate
-    (host / "gpus.yaml").write_text("host: gpu-a\ngpus: 8\n")  # the colleague is done
+    # the colleague is done: written whole at once, as NVML answers (a gate reading the file
+    # between a truncate and the write saw no GPU 6 and failed the job; a flaky run in CI)
+    (host / "gpus.yaml.new").write_text("host: gpu-a\ngpus: 8\n")
+    os.replace(host / "gpus.yaml.new", host / "gpus.yaml")
     colleague.kill()
     colleague.wait()
     out, _ = waiting.communicate(timeout=120)

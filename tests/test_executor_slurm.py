@@ -211,3 +211,28 @@ def test_a_time_over_the_partitions_limit_fails_at_once_instead_of_pending(host:
     finally:
         subprocess.run(["scontrol", "delete", "PartitionName=rc-short"], capture_output=True, timeout=30,
                        check=False)
+
+
+@pytest.mark.parametrize(("fields", "code", "failure"), [
+    ({"JobState": "COMPLETED", "ExitCode": "0:0"}, 0, None),
+    ({"JobState": "FAILED", "ExitCode": "3:0"}, 3, None),
+    ({"JobState": "FAILED", "ExitCode": "0:9"}, 137, None),  # killed by a signal: never a pass
+    ({"JobState": "TIMEOUT", "ExitCode": "0:0"}, 1, None),  # ran out of time: never a pass
+    ({"JobState": "OUT_OF_MEMORY", "ExitCode": "0:0"}, 1, None),
+    ({"JobState": "COMPLETED"}, 1, None),  # no exit code to read: not a pass
+    ({"JobState": "NODE_FAIL", "ExitCode": "0:0"}, None, "ended NODE_FAIL"),  # the cluster's doing
+    ({"JobState": "PREEMPTED", "ExitCode": "0:0"}, None, "ended PREEMPTED"),
+    ({"JobState": "CANCELLED", "ExitCode": "0:15"}, None, "was cancelled outside runnerctl"),
+])
+def test_slurm_outcomes_never_turn_a_failure_into_a_pass(monkeypatch: pytest.MonkeyPatch,
+                                                         fields: dict[str, str], code: int | None,
+                                                         failure: str | None) -> None:
+    """`scontrol show job`'s fields -> the stage's result (mutations that read a signal, a
+    timeout or a missing exit code as 0 went unnoticed; found by a review as a mutation
+    tester)."""
+    from runnerctl.executors import slurm
+
+    monkeypatch.setattr(slurm, "_job_fields", lambda job_id: fields)
+    outcome = slurm.Slurm().outcome("42")
+    assert outcome.code == code
+    assert (outcome.failure is None) if failure is None else (failure in (outcome.failure or ""))
