@@ -16,8 +16,9 @@ On the batch contract of executors/batch.py, with OpenPBS's documented behaviour
   JSON invalid and the stage poll it until GitLab's timeout;
   `Exit_status` is the script's code (a build failure); above 256 a signal (256 + N)
   ended it, i.e. qdel by someone else: a system failure naming the job; negative is
-  PBS's own failure (src/include/job.h JOB_EXEC_*), except -29, the walltime (a build
-  failure: the job ran past its GitLab timeout); none means it was deleted before it ran;
+  PBS's own failure (src/include/job.h JOB_EXEC_*), except -24 to -29, the job past its
+  own walltime, mem, vmem, cput or ncpus (a build failure, as Slurm's TIMEOUT and
+  OUT_OF_MEMORY); none means it was deleted before it ran;
 - the cgroups hook sets CUDA_VISIBLE_DEVICES to the GPUs' UUIDs; the lease records them;
 - PBS writes the job's output file only when it ends, so the wrapper's own output file
   (in the shared builds dir) is what the job log streams;
@@ -61,7 +62,11 @@ ones of src/lib/Libattr/master_resc_def_all.xml (but the GPU and chunk counts). 
 '"-lresource=" cannot be used with "select" or "place", resource is: ncpus'), and the
 driver always gives one, so a job's `-l ncpus=16`, `-l mem=64gb` or the same inside its
 own `-l select=1:ncpus=16:mem=64gb` go into the driver's chunk (one per node)."""
-_WALLTIME = -29  # JOB_EXEC_KILL_WALLTIME (src/include/job.h)
+_OVER_LIMIT = {-24: "ncpus (burst)", -25: "ncpus (sum)", -26: "vmem", -27: "mem", -28: "cput",
+               -29: "walltime"}
+"""Exit_status of a job the MoM killed for going past one of its own limits
+(src/include/job.h JOB_EXEC_KILL_*, set in src/resmom/mom_main.c job_over_limit): the
+job's doing, a build failure, as Slurm's TIMEOUT and OUT_OF_MEMORY are."""
 
 
 def scheduler_parameters(text: str) -> tuple[list[str], list[str]]:
@@ -181,8 +186,8 @@ class Pbs:
         if "Exit_status" not in job:
             return Outcome(None, "was deleted before it ran (qdel by an administrator?)")
         status = int(job["Exit_status"]) if job["Exit_status"].lstrip("-").isdigit() else -1
-        if status == _WALLTIME:
-            print(f"runnerctl: PBS job {job_id} ran past its walltime", flush=True)
+        if status in _OVER_LIMIT:
+            print(f"runnerctl: PBS job {job_id} ran past its {_OVER_LIMIT[status]} limit", flush=True)
             return Outcome(1)
         if status < 0:
             return Outcome(None, f"failed in PBS (Exit_status {status}, JOB_EXEC code)")

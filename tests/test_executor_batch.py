@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -196,6 +197,9 @@ def test_pbs_and_pjm_parameters_keep_all_but_gpus_nodes_and_bookkeeping() -> Non
     # one -l holds several resources, a walltime's colons too (its select split it to walltime=01: 1 s)
     assert pbs.scheduler_parameters("-l select=1:ncpus=16,walltime=01:00:00") == (
         ["-l", "ncpus=16,walltime=01:00:00"], ["-l", "select=1"])
+    # a GPU count beside the select in the same -l is dropped with it, never passed on
+    assert pbs.scheduler_parameters("-l select=1:ncpus=2,ngpus=4,walltime=1:00:00") == (
+        ["-l", "ncpus=2,walltime=1:00:00"], ["-l", "select=1,ngpus=4"])
     assert pjm.scheduler_parameters("-Lgpu=8 --bulk --sparam 0-63 -g lab") == (
         ["-g", "lab"], ["-Lgpu=8", "--bulk", "--sparam", "0-63"])
 
@@ -280,3 +284,100 @@ def test_pbs_is_read_from_qstat_text_since_its_json_breaks_on_a_variable_like_po
         json.loads(raw)
     text = _out("qstat", "-x", "-f", job_id)
     assert "\n\t" in text and "job_state = F" in text  # a long Variable_List goes on after a tab
+
+
+def _qstat_f(state: str, **attrs: str) -> str:
+    lines = [f"    {name} = {value}" for name, value in {"job_state": state, **attrs}.items()]
+    return "Job Id: 7.server\n    Job_Name = runnerctl-1-x\n" + "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(("exit_status", "code", "failure"), [
+    ("0", 0, None),
+    ("3", 3, None),
+    ("271", None, "killed by signal 15"),  # qdel by someone else: the cluster's doing
+    ("-29", 1, None),  # JOB_EXEC_KILL_WALLTIME: past its own limit, never a pass
+    ("-27", 1, None),  # JOB_EXEC_KILL_MEM: past its own memory, the job's doing
+    ("-24", 1, None),  # JOB_EXEC_KILL_NCPUS_BURST
+    ("-1", None, "failed in PBS (Exit_status -1"),  # JOB_EXEC_FAIL1: PBS's own failure
+    ("-30", None, "failed in PBS (Exit_status -30"),  # JOB_EXEC_JOINJOB
+    ("x", None, "failed in PBS"),  # unreadable: never 0
+    (None, None, "was deleted before it ran"),
+])
+def test_pbs_outcomes_never_turn_a_failure_into_a_pass(monkeypatch: pytest.MonkeyPatch,
+                                                       exit_status: str | None, code: int | None,
+                                                       failure: str | None) -> None:
+    """`qstat -x -f`'s Exit_status -> the stage's result (src/include/job.h JOB_EXEC_*; the
+    MoM sets JOB_EXEC_KILL_* when a job goes past its own limit, src/resmom/mom_main.c).
+    Mutations that read a walltime kill, a missing or unreadable status or PBS's own
+    failure as a pass went unnoticed (found by a review as a mutation tester); a job killed
+    past its memory was a system failure blaming the cluster."""
+    from unittest import mock
+
+    from runnerctl.executors import batch, pbs
+
+    monkeypatch.setattr(batch, "POLL_S", 0.01)
+    attrs = {} if exit_status is None else {"Exit_status": exit_status}
+    shown = [_qstat_f("R"), _qstat_f("F", **attrs)]  # accounting lags: still R at the first look
+    with mock.patch.object(pbs, "run_command", side_effect=lambda command, **kw: subprocess.CompletedProcess(
+            command, 0, stdout=shown.pop(0) if len(shown) > 1 else shown[0], stderr="")):
+        outcome = pbs.Pbs().outcome("7.server")
+    assert outcome.code == code
+    assert (outcome.failure is None) if failure is None else (failure in (outcome.failure or ""))
+
+
+def test_pbs_reads_a_job_it_cannot_ask_about_as_running_and_only_a_queued_one_as_never_running() -> None:
+    """Fail closed: qstat failing (server down) keeps the job active, so its lease holds; a
+    "Can Never Run" comment counts only while the job is queued (a running job keeps an old
+    comment), read whole when qstat wraps it onto tab-led lines (mutations of each went
+    unnoticed; found by a review as a mutation tester)."""
+    from unittest import mock
+
+    from runnerctl.executors import pbs
+
+    def answer(code: int, text: str = "") -> mock._patch[Any]:
+        return mock.patch.object(pbs, "run_command", return_value=subprocess.CompletedProcess(
+            [], code, stdout=text, stderr="Connection refused" if code else ""))
+
+    with answer(15010):
+        assert pbs.Pbs().active("7.server") and pbs.Pbs().never_runs("7.server") is None
+    with answer(0, _qstat_f("F", Exit_status="0")):
+        assert not pbs.Pbs().active("7.server")
+    never = "Can Never Run: Insufficient amount of resource: ngpus (R: 16 A: 8 T: 8)"
+    wrapped = _qstat_f("Q", comment=never[:40]).rstrip("\n") + "\n\t" + never[40:] + "\n"
+    with answer(0, wrapped):
+        assert pbs.Pbs().never_runs("7.server") == never
+    with answer(0, _qstat_f("R", comment=never)):
+        assert pbs.Pbs().never_runs("7.server") is None
+
+
+def test_pbs_reaps_by_name_and_by_the_recorded_id_and_tells_an_unreachable_server_from_a_refusal(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """reap deletes what `qselect -N <label>` finds and the job id the lease recorded (one
+    submitted under another name, or one qselect misses); a qsub that reached no server is
+    a system failure, a request the server refused a build failure (mutations of each went
+    unnoticed; found by a review as a mutation tester)."""
+    from unittest import mock
+
+    from runnerctl.executors import pbs
+    from runnerctl.executors.batch import Refused, Request
+    from runnerctl.executors.driver import SystemFailure
+
+    ran: list[list[str]] = []
+
+    def record(command: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        ran.append(command)
+        return subprocess.CompletedProcess(command, 0, stdout="8.server\n" if command[0] == "qselect" else "",
+                                           stderr="")
+
+    me = pwd.getpwuid(os.getuid())
+    with mock.patch.object(pbs, "run_command", side_effect=record):
+        pbs.Pbs().reap("runnerctl-1-x", "9.server", me)
+    assert sorted(c[1] for c in ran if c[0] == "qdel") == ["8.server", "9.server"]
+    request = mock.Mock(spec=Request, label="runnerctl-1-x", time_limit_s=60, nodes=1, gpus=1, options=[],
+                        log=Path("/nonexistent/log"), wrapper=Path("/nonexistent/w"), env={},
+                        workdir=Path("/"), runas={})
+    for stderr, error in [("qsub: cannot connect to server pbs1 (errno=111)", SystemFailure),
+                          ("qsub: Unknown queue", Refused)]:
+        with mock.patch.object(pbs, "run_command", return_value=subprocess.CompletedProcess(
+                [], 1, stdout="", stderr=stderr)), pytest.raises(error):
+            pbs.Pbs().submit(request)

@@ -90,3 +90,65 @@ def test_gate_waits_then_names_gpu_pid_and_user(tmp_path: Path,
     assert colleague.poll() is None  # only read, never signalled
     assert wait_until_free(source, (0,), lambda: [], wait_s=10, sleep=sleep,
                            clock=lambda: now[0]) == []
+
+
+def test_a_job_process_whose_group_leader_left_is_still_the_jobs(
+        tmp_path: Path, spawned: list[subprocess.Popen[bytes]]) -> None:
+    """A process the job double-forked (a daemonised data loader) has init as its parent
+    but keeps the job's process group: it is CI by its group id, not only by an ancestor
+    whose pid is the group's (a mutation that dropped the group id test went unnoticed;
+    found by a review as a mutation tester)."""
+    ready = tmp_path / "orphan.pid"
+    daemon = f"(sleep 60 & echo $! > {ready}.new; mv {ready}.new {ready}) & wait; sleep 60"
+    group = subprocess.Popen(["bash", "-c", daemon], start_new_session=True, env={})
+    spawned.append(group)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not ready.exists():
+            time.sleep(0.05)
+        orphan = int(ready.read_text())
+        assert group.pid not in [p.pid for p in psutil.Process(orphan).parents()]  # the leader is no ancestor
+        snapshot = sim_snapshot(tmp_path, {0: [orphan]})
+        assert [p.pid for p in classify(snapshot, [_lease(0, pgid=group.pid)])[0].ci] == [orphan]
+    finally:
+        os.killpg(group.pid, 9)
+
+
+def test_an_unreadable_lease_or_a_gone_process_vouches_for_nothing(
+        tmp_path: Path, spawned: list[subprocess.Popen[bytes]]) -> None:
+    """Fail closed: a lease that could not be read makes no process CI, its token or group
+    notwithstanding, and a process that is gone is not the job's (mutations of each went
+    unnoticed; found by a review as a mutation tester)."""
+    from runnerctl.executors.gate import belongs_to
+
+    lease = _lease(0)
+    ci = subprocess.Popen(["sleep", "60"], env={LEASE_ENV: lease.token})
+    gone = subprocess.Popen(["true"], env={LEASE_ENV: lease.token})
+    spawned += [ci, gone]
+    gone.wait()
+    assert belongs_to(ci.pid, lease)
+    assert not belongs_to(ci.pid, dataclasses.replace(lease, problem="not JSON", pgid=ci.pid))
+    assert not belongs_to(gone.pid, dataclasses.replace(lease, pgid=gone.pid))
+
+
+def test_the_gate_reads_the_leases_again_at_every_look(tmp_path: Path,
+                                                       spawned: list[subprocess.Popen[bytes]]) -> None:
+    """A process whose lease is written while the gate waits (the job's own, taken a moment
+    late) stops counting as foreign at the next look; read once, the gate waited out its
+    whole time and failed the job (a mutation that did so went unnoticed; found by a review
+    as a mutation tester)."""
+    lease = _lease(1)
+    job = subprocess.Popen(["sleep", "60"], env={LEASE_ENV: lease.token})
+    spawned.append(job)
+    sim_snapshot(tmp_path, {1: [job.pid]})
+    source = open_gpu_source(f"sim:{tmp_path / 'gpus.yaml'}", host="gpu-a")
+    now = [0.0]
+    looks: list[int] = []
+
+    def leases() -> list[Lease]:
+        looks.append(1)
+        return [lease] if len(looks) > 1 else []
+
+    found = wait_until_free(source, (1,), leases, wait_s=600, poll_s=2,
+                            sleep=lambda s: now.__setitem__(0, now[0] + s), clock=lambda: now[0])
+    assert found == [] and now[0] == 2  # free at the second look, not after 600 s

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -236,3 +238,47 @@ def test_slurm_outcomes_never_turn_a_failure_into_a_pass(monkeypatch: pytest.Mon
     outcome = slurm.Slurm().outcome("42")
     assert outcome.code == code
     assert (outcome.failure is None) if failure is None else (failure in (outcome.failure or ""))
+
+
+def test_slurm_keeps_a_job_it_cannot_ask_about_reaps_by_id_and_name_and_rounds_the_limit_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """squeue failing (slurmctld down) keeps the job active, so its lease holds, while one
+    Slurm no longer knows is gone; reap cancels the recorded id and the label's jobs;
+    a controller that did not answer sbatch is a system failure, a refusal a build
+    failure; `--time` is in minutes, rounded up (a 30 s limit floored to `--time=0` is
+    no limit at all). Mutations of each went unnoticed (found by a review as a mutation
+    tester)."""
+    from unittest import mock
+
+    from runnerctl.executors import slurm
+    from runnerctl.executors.batch import Refused, Request
+    from runnerctl.executors.driver import SystemFailure
+
+    def answer(code: int, stdout: str = "", stderr: str = "") -> Any:
+        return mock.patch.object(slurm, "run_command", return_value=subprocess.CompletedProcess(
+            [], code, stdout=stdout, stderr=stderr))
+
+    with answer(1, stderr="slurm_load_jobs error: Unable to contact slurm controller (connect failure)"):
+        assert slurm.Slurm().active("7")
+    with answer(1, stderr="slurm_load_jobs error: Invalid job id specified"):
+        assert not slurm.Slurm().active("7")
+    with answer(0, stdout="RUNNING\n"):
+        assert slurm.Slurm().active("7")
+    ran: list[list[str]] = []
+    with mock.patch.object(slurm, "run_command", side_effect=lambda command, **kw: ran.append(command)):
+        slurm.Slurm().reap("runnerctl-1-x", "9", pwd.getpwuid(os.getuid()))
+    assert ["scancel", "9"] in ran and any(c[:3] == ["scancel", "--name", "runnerctl-1-x"] for c in ran)
+    request = mock.Mock(spec=Request, label="runnerctl-1-x", time_limit_s=None, nodes=1, gpus=1, options=[],
+                        log=Path("/l"),
+                        wrapper=Path("/w"), env={}, workdir=Path("/"), runas={})
+    for stderr, error in [("sbatch: error: Batch job submission failed: Unable to contact slurm controller "
+                           "(connect failure)", SystemFailure),
+                          ("sbatch: error: Batch job submission failed: Invalid partition name specified",
+                           Refused)]:
+        with answer(1, stderr=stderr), pytest.raises(error):
+            slurm.Slurm().submit(request)
+    for seconds, minutes in [(30, 1), (60, 1), (90, 2), (7200, 120)]:
+        request.time_limit_s = seconds
+        with answer(0, stdout="12\n") as run:
+            assert slurm.Slurm().submit(request) == "12"
+        assert f"--time={minutes}" in run.call_args.args[0]
