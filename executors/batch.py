@@ -193,10 +193,13 @@ class BatchDriver:
         outcome = self.scheduler.outcome(job_id)
         if outcome.failure is not None:
             raise SystemFailure(f"{self.scheduler.title} job {job_id} {outcome.failure}")
-        if outcome.code == 1 and self.scheduler.reserved_exits:
-            own = _rc_written(paths.rc)  # the wrapper ended with 1 for a code the scheduler acts on
-            if own in self.scheduler.reserved_exits:
-                return own
+        own = _rc_written(paths.rc)  # the script's code, as the wrapper wrote it on the node
+        if outcome.code == 1 and own in self.scheduler.reserved_exits:
+            return own  # the wrapper ended with 1 for a code the scheduler acts on
+        if outcome.code == 0 and own:  # never a pass when the script failed
+            print(f"runnerctl: {self.scheduler.title} records job {job_id} as ended with 0, but its "
+                  f"script exited {own} (a parallel task's or an older job's record read first?)", flush=True)
+            return own
         return 1 if outcome.code is None else outcome.code
 
     def reap(self, lease: Lease, settings: Settings) -> None:
@@ -218,7 +221,12 @@ class BatchDriver:
             print(f"runnerctl: ignoring SCHEDULER_PARAMETERS {' '.join(dropped)}: the runner sets GPUs, "
                   f"nodes, output and job name, and passes only the options docs/hpc.md lists for "
                   f"{self.scheduler.title}", flush=True)
-        env = {**ctx.env, **ctx.gpu_env(ctx.gpu_uuids())}
+        # the job's variables reach it through its script's own exports (gitlab-runner's shell
+        # writes them: shells/abstract.go exportVariables); their CUSTOM_ENV_ copies in the batch
+        # job's environment were shown to every user of the cluster (Grid Engine's `qstat -j`
+        # env_list, PBS's Variable_List to its operators), CI_JOB_TOKEN and masked ones included
+        env = {**{k: v for k, v in ctx.env.items() if not k.startswith("CUSTOM_ENV_")},
+               **ctx.gpu_env(ctx.gpu_uuids())}
         env.pop("CUDA_VISIBLE_DEVICES")  # the scheduler's (or gpu_exports') choice, on its node
         env.pop("NVIDIA_VISIBLE_DEVICES")
         workdir = Path(ctx.settings.builds_dir).resolve()

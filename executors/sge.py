@@ -6,16 +6,22 @@ Grid Engine (Son of Grid Engine / Debian's gridengine 8.1.9, `qsub(1)`, `qacct(1
   name a node type that carries its GPUs): `-w e` makes qsub refuse at once
   ("no suitable queues") a request no queue can ever meet, such as more GPUs than the
   `gpu` consumable of any host; `-terse` prints the bare job id; `-V` passes the
-  driver's environment; `-l h_rt=<the job's timeout>` is the hard time limit;
+  driver's environment (not the job's CUSTOM_ENV_ variables: `qstat -j` shows env_list to
+  every user); `-l h_rt=<the job's timeout>` is the hard time limit; `-r n`: a job is
+  never run again after a node failed (its script would run twice);
 - Grid Engine counts the `gpu` consumable but hands out no device ids, so the driver
   picks them: the slot's GPUs, which its lease holds, become CUDA_VISIBLE_DEVICES (the
   site's runner slots describe the execution host's GPUs);
 - while a job is pending or running `qstat -j <id>` answers 0; after, it does not;
 - the truth about an ended job is `qacct -j <id>` (the accounting file, written moments
   after the end): `failed 0` and `exit_status` is the script's code; a job deleted with
-  qdel shows `failed 100 : assumedly after job` (exit_status 137), one past its h_rt or
-  h_vmem `failed 37` (a build failure). `qsub -sync y` is not used: it returns 0 for a
-  deleted job;
+  qdel shows `failed 100 : assumedly after job` (exit_status 137), one past its h_rt
+  `failed 37`, one past its own s_rt or s_cpu `failed 100` with exit_status 138 or 152
+  (both a build failure). A job number may have several records (a rescheduled run,
+  `failed 25`; each task of a tightly integrated parallel job; an older job after the
+  ids wrapped): only those of the job's own name count, rescheduled runs are waited past,
+  and the script's code from the `.rc` file overrules a record of 0 (the batch contract).
+  `qsub -sync y` is not used: it returns 0 for a deleted job;
 - a script's exit 99 or 100 means requeue or error state to Grid Engine: the wrapper
   exits 1 then, and the stage returns the script's own code from its `.rc` file; a job
   in error state for any other reason fails the stage at once (`never_runs`);
@@ -57,6 +63,18 @@ _OVER_LIMIT = {"37"}
 """qacct `failed` codes of a job that ran past its own limits (accounting(5): 37, "qmaster
 enforced h_rt, h_cpu, or h_vmem limit"): the job's doing, a build failure, as Slurm's
 TIMEOUT and OUT_OF_MEMORY are."""
+_SOFT_LIMIT_SIGNALS = {138: "s_rt (SIGUSR1)", 152: "s_cpu (SIGXCPU)"}
+"""exit_status of a job ended by a signal Grid Engine sends at the job's own soft limit
+(queue_conf(5) RESOURCE LIMITS: SIGUSR1 at s_rt, SIGXCPU at s_cpu; qacct says `failed 100 :
+assumedly after job`, as after a qdel, whose signal is SIGKILL, 137): a build failure."""
+_RESCHEDULED = "25"
+"""qacct `failed` of a run that Grid Engine rescheduled (sge_status(5)): another record
+follows when the job has run again; the driver submits with `-r n`, so only an
+administrator's forced `qmod -f -rj` does it."""
+ACCOUNTING_WAIT_S = 90.0
+"""How long an ended job's record may take to reach `qacct`: the qmaster writes it every
+`accounting_flush_time` (sge_conf(5): "sensible values range from a few seconds to one
+minute"; 15 s by default, the `flush_time`)."""
 RESERVED_EXITS = (99, 100)
 """Exit codes of a job script that Grid Engine acts on (queue_conf(5): 99 requeues the job,
 100 puts it in error state, where it waits for an administrator): the wrapper ends with
@@ -76,6 +94,9 @@ class GridEngine:
     reserved_exits: tuple[int, ...] = RESERVED_EXITS
     node_launch = mpirun_launch(names='if [ -n "${PE_HOSTFILE-}" ]; then awk \'{print $1}\' "$PE_HOSTFILE"; '
                                       "else hostname; fi", job_id="JOB_ID")
+
+    def __init__(self) -> None:
+        self.labels: dict[str, str] = {}  # job id -> the name it was submitted under
 
     def check(self) -> None:
         result = run_command(["qstat"])
@@ -97,7 +118,7 @@ class GridEngine:
         limit = ["-l", f"h_rt={request.time_limit_s}"] if request.time_limit_s else []
         resource = request.site.sge_gpu_resource
         gpus = ["-l", f"{resource}={request.gpus}"] if resource else []
-        command = ["qsub", "-terse", "-w", "e", "-V", "-S", "/bin/bash", "-N", request.label,
+        command = ["qsub", "-terse", "-w", "e", "-r", "n", "-V", "-S", "/bin/bash", "-N", request.label,
                    "-o", str(request.log), "-j", "y", "-wd", str(request.workdir),
                    *gpus, *limit, *request.options, str(request.wrapper)]
         result = run_command(command, env=request.env, cwd=request.workdir, **request.runas)
@@ -112,7 +133,9 @@ class GridEngine:
                 raise SystemFailure(f"{message}: this Grid Engine has no consumable {resource!r} (qconf -sc "
                                     "lists them): set [executor] sge_gpu_resource in runnerctl.toml")
             raise Refused(message)  # the qmaster's answer to the job's own request
-        return result.stdout.strip().split(".")[0]
+        job_id = result.stdout.strip().split(".")[0]
+        self.labels[job_id] = request.label
+        return job_id
 
     def active(self, job_id: str) -> bool:
         result = run_command(["qstat", "-j", job_id])
@@ -130,15 +153,24 @@ class GridEngine:
         return None
 
     def outcome(self, job_id: str) -> Outcome:
-        record = wait_for_record(lambda: _qacct(job_id))
-        if record is None:
-            raise SystemFailure(f"Grid Engine has no accounting record of job {job_id} (qacct -j)")
+        name = self.labels.get(job_id)
+        records = wait_for_record(lambda: _ended_runs(job_id, name), ACCOUNTING_WAIT_S)
+        if records is None:
+            seen = _qacct(job_id, name)
+            if seen:  # only rescheduled runs: the last one never ended
+                return Outcome(None, "was rescheduled by Grid Engine (qacct failed 25) and its next run "
+                                     f"left no record in {ACCOUNTING_WAIT_S:.0f} s")
+            raise SystemFailure(f"Grid Engine has no accounting record of job {job_id} after "
+                                f"{ACCOUNTING_WAIT_S:.0f} s (qacct -j): deleted before it ran, or qacct "
+                                "reads another accounting file than the qmaster writes")
+        record = records[-1]
         failed = record.get("failed", "0")
         status = record.get("exit_status", "1").split()[0]
         code = int(status) if status.isdigit() else 1
-        if failed.split()[0] in _OVER_LIMIT:
-            print(f"runnerctl: Grid Engine job {job_id} ran past its limit: qacct failed {failed}",
-                  flush=True)
+        if failed.split()[0] in _OVER_LIMIT or (failed.split()[0] == "100" and code in _SOFT_LIMIT_SIGNALS):
+            limit = _SOFT_LIMIT_SIGNALS.get(code, "limit")
+            print(f"runnerctl: Grid Engine job {job_id} ran past its {limit}: qacct failed {failed}, "
+                  f"exit_status {code}", flush=True)
             return Outcome(code=code or 1)
         if failed.split()[0] != "0":
             return Outcome(None, f"was deleted or killed by Grid Engine (qdel by an administrator?): "
@@ -154,16 +186,30 @@ class GridEngine:
         run_command(["qdel", label], **as_user(user))  # submitted just before the driver was killed
 
 
-def _qacct(job_id: str) -> dict[str, str] | None:
+def _qacct(job_id: str, name: str | None = None) -> list[dict[str, str]]:
+    """The job's records in `qacct -j` (one per run, and one per task of a tightly integrated
+    parallel job), in the file's order; with `name`, only those of a job of that name: a job
+    number comes again after the ids wrap or the qmaster's spool was made anew
+    (accounting(5)), and such an older record is no record of this job."""
     result = run_command(["qacct", "-j", job_id])
     if result.returncode != 0:
-        return None
-    record: dict[str, str] = {}
+        return []
+    records: list[dict[str, str]] = []
     for line in result.stdout.splitlines():
+        if line.startswith("====="):
+            records.append({})
+            continue
         key, _, value = line.partition(" ")
-        if key and value.strip():
-            record[key] = value.strip()
-    return record if "exit_status" in record else None
+        if key and value.strip() and records:
+            records[-1][key] = value.strip()
+    return [r for r in records if "exit_status" in r and (name is None or r.get("jobname") == name)]
+
+
+def _ended_runs(job_id: str, name: str | None) -> list[dict[str, str]] | None:
+    """The job's records once one is of a run that was not rescheduled; None before."""
+    records = _qacct(job_id, name)
+    ended = [r for r in records if r.get("failed", "0").split()[0] != _RESCHEDULED]
+    return ended or None
 
 
 def SgeDriver() -> BatchDriver:  # noqa: N802 (the registry's constructor name)

@@ -270,7 +270,7 @@ def _first_line(exc: BaseException) -> str:
 def _retry_callback() -> tuple[str, Any]:
     """RDBStorage's argument name and the callback: Optuna 4.9 renamed both."""
     try:
-        from optuna.storages import RetryHeartbeatStaleTrialCallback
+        from optuna.storages import RetryHeartbeatStaleTrialCallback  # type: ignore[attr-defined, unused-ignore]
     except ImportError:  # Optuna < 4.9
         from optuna.storages import RetryFailedTrialCallback
 

@@ -266,9 +266,12 @@ def test_pbs_jobs_get_the_cpus_and_memory_they_ask_for_inside_the_drivers_chunk(
 def test_pbs_is_read_from_qstat_text_since_its_json_breaks_on_a_variable_like_point_001(
         host: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """OpenPBS up to 23.06 writes a value strtod() reads whole as a bare number in qstat's
-    JSON (`"CUSTOM_ENV_LR":.001`: no JSON), and qsub -V puts every CI variable into
+    JSON (`"LR":.001`: no JSON), and qsub -V puts the submitting environment into
     Variable_List; the stage polled the broken JSON until GitLab's timeout. The stand-in
-    writes what 23.06 writes; the driver reads `qstat -x -f` text (wrapped long lines too)."""
+    writes what 23.06 writes; the driver reads `qstat -x -f` text (wrapped long lines too).
+    The job's own variables reach it through its script, never as CUSTOM_ENV_ copies in
+    Variable_List, which PBS operators (and Grid Engine's `qstat -j`, every user) can read."""
+    monkeypatch.setenv("LR", ".001")  # in the runner's environment, which qsub -V passes on
     monkeypatch.setenv("PATH", f"{FAKES / 'bin' / 'pbs'}:{os.environ['PATH']}")
     monkeypatch.setenv("RUNNERCTL_FAKE_BATCH", str(tmp_path / "fake-pbs"))
     h = batch_acceptance.harness(host, CLUSTERS["pbs"], (0,))
@@ -279,7 +282,8 @@ def test_pbs_is_read_from_qstat_text_since_its_json_breaks_on_a_variable_like_po
     assert h.outcomes[930].exit_code == 6
     job_id = next(line.split()[3] for line in build.output.splitlines() if "PBS job" in line)
     raw = _out("qstat", "-x", "-f", "-F", "json", job_id)
-    assert '"CUSTOM_ENV_LR":.001' in raw  # the stand-in breaks JSON as OpenPBS 23.06 does
+    assert '"LR":.001' in raw  # the stand-in breaks JSON as OpenPBS 23.06 does
+    assert "CUSTOM_ENV_" not in raw and "x" * 300 not in raw  # the job's variables: only in its script
     with pytest.raises(ValueError):
         json.loads(raw)
     text = _out("qstat", "-x", "-f", job_id)

@@ -128,3 +128,94 @@ def test_a_sites_own_gpu_consumable_is_asked_for_by_its_name(host: Path) -> None
     assert "no consumable 'cuda_cards'" in build.output and "sge_gpu_resource" in build.output, build.output
     assert "should-not-run" not in build.output
     assert harness.outcomes[917].failure_reason == "runner_system_failure"
+
+
+def test_the_jobs_variables_are_not_in_what_qstat_shows_every_user(host: Path) -> None:
+    """`qstat -j` shows a job's env_list to every user of the cluster, and `qsub -V` put
+    every CUSTOM_ENV_ copy of the job's variables there, masked ones and CI_JOB_TOKEN
+    included (found by a review as a Grid Engine admin). The job still has its variables:
+    its script exports them."""
+    harness = harness_for(host, (6,), "sge")
+    job = FakeJob(id=931, variables={"DEPLOY_PASSWORD": "hunter2-secret"})
+    body = ('echo "length=${#DEPLOY_PASSWORD}"; qstat -j "$JOB_ID" | grep -c "^env_list"; '
+            'qstat -j "$JOB_ID" | grep -o "[A-Z_]*DEPLOY_PASSWORD=[^,]*" || echo none-shown')
+    build = harness.run_job(job, body)["build_script"]
+    assert build.code == 0 and "length=14" in build.output and "\n1\n" in build.output, build.output
+    assert "none-shown" in build.output and "hunter2" not in build.output, build.output
+
+
+def test_a_job_past_its_own_s_rt_is_its_build_failure(host: Path) -> None:
+    """At a job's own `-l s_rt` Grid Engine sends SIGUSR1, and qacct says `failed 100`,
+    exit_status 138, as after a qdel: it was a system failure blaming an administrator
+    (found by a review as a Grid Engine admin)."""
+    harness = harness_for(host, (7,), "sge")
+    job = FakeJob(id=932, variables={"SCHEDULER_PARAMETERS": "-l s_rt=3"})
+    build = harness.run_job(job, "echo started; sleep 120", timeout=150)["build_script"]
+    assert build.code == BUILD_FAILURE and "ran past its s_rt (SIGUSR1)" in build.output, build.output
+    assert harness.outcomes[932].failure_reason == "script_failure"
+
+
+def test_a_failed_parallel_job_never_passes_on_its_slave_tasks_record(host: Path) -> None:
+    """A tightly integrated `-pe` job writes an accounting record per `qrsh -inherit` task;
+    the slave's (exit 0) reached qacct first, and the failed job passed (found by a review
+    as a Grid Engine admin). The script's own code, which the batch job wrote, decides."""
+    harness = harness_for(host, (5,), "sge")
+    job = FakeJob(id=933, variables={"SCHEDULER_PARAMETERS": "-pe mpi 2"})
+    slave_done = host / "slave-done"
+    body = (f'qrsh -inherit "$(awk \'NR==1{{print $1}}\' "$PE_HOSTFILE")" /bin/echo slave-ran; '
+            f'touch {slave_done}; sleep 20; exit 3')
+    build = harness.run_job(job, body, timeout=150)["build_script"]
+    assert "slave-ran" in build.output and slave_done.exists(), build.output
+    assert build.code == BUILD_FAILURE and harness.outcomes[933].exit_code == 3, build.output
+
+
+def _qacct_text(*records: dict[str, str]) -> str:
+    return "".join("=" * 62 + "\n" + "".join(f"{k:<13}{v}\n" for k, v in r.items()) for r in records)
+
+
+@pytest.mark.parametrize(("records", "code", "failure"), [
+    # an older job of the same number (ids wrapped) is no record of this one
+    ([{"jobname": "other-job", "failed": "0", "exit_status": "0"},
+      {"jobname": "runnerctl-1-x", "failed": "0", "exit_status": "3"}], 3, None),
+    # a rescheduled first run (failed 25) is waited past, to the run that ended
+    ([{"jobname": "runnerctl-1-x", "failed": "25  : rescheduling", "exit_status": "0"},
+      {"jobname": "runnerctl-1-x", "failed": "0", "exit_status": "0"}], 0, None),
+    ([{"jobname": "runnerctl-1-x", "failed": "100 : assumedly after job", "exit_status": "137"}], None,
+     "was deleted or killed by Grid Engine"),
+    ([{"jobname": "runnerctl-1-x", "failed": "100 : assumedly after job", "exit_status": "152"}], 152, None),
+])
+def test_the_outcome_is_the_jobs_own_record_past_rescheduled_runs(
+        monkeypatch: pytest.MonkeyPatch, records: list[dict[str, str]], code: int | None,
+        failure: str | None) -> None:
+    """(found by a review as a Grid Engine admin: an older record of the job's number, or a
+    rescheduled run's, was read as the job's result)"""
+    from unittest import mock
+
+    from runnerctl.executors import sge
+
+    engine = GridEngine()
+    engine.labels["7"] = "runnerctl-1-x"
+    shown = subprocess.CompletedProcess([], 0, stdout=_qacct_text(*records), stderr="")
+    with mock.patch.object(sge, "run_command", return_value=shown):
+        outcome = engine.outcome("7")
+    assert outcome.code == code
+    assert (outcome.failure is None) if failure is None else (failure in (outcome.failure or ""))
+
+
+def test_a_job_whose_every_run_was_rescheduled_or_that_left_no_record_fails_naming_why(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from unittest import mock
+
+    from runnerctl.executors import batch, sge
+    from runnerctl.executors.driver import SystemFailure
+
+    monkeypatch.setattr(sge, "ACCOUNTING_WAIT_S", 0.05)
+    monkeypatch.setattr(batch, "POLL_S", 0.01)
+    run = _qacct_text({"jobname": "runnerctl-1-x", "failed": "25  : rescheduling", "exit_status": "0"})
+    shown = subprocess.CompletedProcess([], 0, stdout=run, stderr="")
+    with mock.patch.object(sge, "run_command", return_value=shown):
+        assert "was rescheduled" in (GridEngine().outcome("7").failure or "")
+    none = subprocess.CompletedProcess([], 1, stdout="", stderr="error: job id 7 not found")
+    with mock.patch.object(sge, "run_command", return_value=none), pytest.raises(SystemFailure,
+                                                                                 match="deleted before"):
+        GridEngine().outcome("7")

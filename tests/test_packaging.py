@@ -19,7 +19,6 @@ import runnerctl
 from runnerctl.cli import OPTIONAL_MODULES, main, missing_extra
 
 ROOT = Path(__file__).resolve().parents[1]
-FASTAPI_PROVIDES = {"pydantic", "starlette"}  # imported directly, installed (and pinned) by fastapi
 
 
 def _pyproject() -> dict[str, Any]:
@@ -62,7 +61,7 @@ def test_every_imported_module_is_a_declared_dependency_or_an_optional_one() -> 
     core = _names(project["dependencies"])
     undeclared = {}
     for module in sorted(_imported_top_level_modules()):
-        if module in OPTIONAL_MODULES or module in FASTAPI_PROVIDES:
+        if module in OPTIONAL_MODULES:
             continue
         distribution = _distribution(module)
         if distribution not in core:
@@ -78,11 +77,6 @@ def test_each_optional_module_comes_with_the_extra_its_error_names() -> None:
         # sqlalchemy comes with optuna rather than on its own line
         providers = {d for d in declared if distribution in _names(requires(d) or [])}
         assert distribution in declared or providers, f"{module}: not installed by runnerctl[{extra}]"
-
-
-def test_what_fastapi_provides_is_what_fastapi_requires() -> None:
-    assert "fastapi" in _names(_pyproject()["project"]["dependencies"])
-    assert {_distribution(m) for m in FASTAPI_PROVIDES} <= _names(requires("fastapi") or [])
 
 
 def test_a_core_module_missing_is_not_blamed_on_an_extra() -> None:

@@ -323,3 +323,21 @@ def test_a_failed_sign_in_logs_a_name_no_account_has_as_such(world: World, tmp_p
     said = [r.getMessage() for r in caplog.records if "failed sign-in" in r.getMessage()]
     assert said == ["failed sign-in for a name no account has from testclient",
                     "failed sign-in for 'olga' from testclient"]
+
+
+def test_sign_out_needs_the_csrf_token_and_the_cookie_is_secure_when_asked(world: World,
+                                                                          tmp_path: Path) -> None:
+    """Another site's form cannot sign a user out (403 without X-CSRF-Token); `[web]
+    https_only_cookies` marks the session cookie Secure, and it is not without it
+    (mutations of each went unnoticed; found by a review as a mutation tester)."""
+    client = _client(world, tmp_path)
+    status, csrf = _sign_in(client, "olga")
+    assert status == 200
+    assert client.post("/api/session/end").status_code == 403
+    assert client.get("/api/session").json()["user"] == "olga"
+    assert client.post("/api/session/end", headers={"X-CSRF-Token": csrf}).status_code == 200
+    assert client.get("/api/session").json()["user"] is None
+    for secure in (False, True):
+        answer = _client(world, tmp_path, WebSettings(https_only_cookies=secure)).get("/api/session")
+        cookie = answer.headers["set-cookie"].lower()
+        assert cookie.startswith("runnerctl_session=") and ("; secure" in cookie) is secure, cookie

@@ -270,3 +270,29 @@ def test_a_sign_in_waits_briefly_for_a_hashing_slot(world: World, tmp_path: Path
         release.set()
         assert [f.result(timeout=30)[0] for f in busy] == [401, 401]
         assert waiting.result(timeout=30)[0] == 200
+
+
+def test_a_locked_out_name_signs_in_again_a_minute_later_and_right_passwords_never_count() -> None:
+    """The limit is a sliding minute: failures older than 60 s are forgotten, and an
+    attempt that succeeded gives its place back (a mutation that kept failures for 100
+    minutes went unnoticed; found by a review as a mutation tester)."""
+    now = [0.0]
+    limiter = auth.SignInLimiter(3, lambda: now[0])
+    for _ in range(10):  # right passwords, one after another
+        assert limiter.begin("10.1.0.2", "olga")
+        limiter.succeeded("10.1.0.2", "olga")
+    assert [limiter.begin("10.1.0.2", "olga") for _ in range(4)] == [True] * 3 + [False]
+    now[0] = 59.0
+    assert not limiter.begin("10.1.0.2", "olga")
+    now[0] = 60.5
+    assert limiter.begin("10.1.0.2", "olga")
+
+
+def test_an_account_needs_a_role_runnerctl_knows(world: World) -> None:
+    """`add_user` refuses a role that is none of runnerctl's, whatever calls it (the CLI's
+    choice list was the only check a mutation left; found by a review as a mutation tester)."""
+    from runnerctl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown role 'admin'"):
+        auth.add_user(world.store, "eve", "a long enough password", "admin")
+    assert world.store.user("eve") is None

@@ -169,3 +169,35 @@ def test_a_store_from_before_sessions_upgrades_and_keeps_its_accounts(tmp_path: 
     store = Store.open(state_dir=tmp_path)
     assert store.version == MIGRATIONS[-1].version and store.user("olga") is not None
     store.close()
+
+
+def test_signing_in_again_ends_the_session_the_cookie_had(world: World) -> None:
+    """A second sign-in on a browser (another account, or the same) starts a new session and
+    ends the old one for every copy of the old cookie (against fixation; a mutation that
+    kept the old one alive went unnoticed; found by a review as a mutation tester)."""
+    from runnerctl.web.auth import Principal
+    from runnerctl.web.sessions import Sessions
+
+    sessions = Sessions(world.store, max_age_s=3600, recheck_s=300, clock=Clock())
+    cookie: dict[str, str] = {}
+    sessions.sign_in(cookie, Principal("olga", "operator", "local"))
+    planted = dict(cookie)  # what an attacker set, or a copy of it
+    add_user(world.store, "victor", PASSWORD, "viewer")
+    sessions.sign_in(cookie, Principal("victor", "viewer", "local"))
+    assert sessions.principal(planted) is None
+    who = sessions.principal(cookie)
+    assert who is not None and who.name == "victor" and cookie["csrf"] != planted["csrf"]
+
+
+def test_a_gitlab_session_with_a_role_runnerctl_does_not_know_is_a_viewer(world: World) -> None:
+    """A session row whose role is none of runnerctl's (a store written by another version,
+    or edited) grants nothing beyond viewing (a mutation that took any role went unnoticed;
+    found by a review as a mutation tester)."""
+    from runnerctl.controller.store import WebSession
+    from runnerctl.web.sessions import Sessions, _key
+
+    clock = Clock()
+    world.store.save_session(WebSession(_key("sid-1"), "mia", "gitlab", "admin", 11, clock.now, clock.now,
+                                        clock.now + 3600))
+    who = Sessions(world.store, max_age_s=3600, recheck_s=300, clock=clock).principal({"sid": "sid-1"})
+    assert who is not None and who.role == "viewer" and not who.can_toggle

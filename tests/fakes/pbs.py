@@ -147,8 +147,7 @@ def qstat(args: list[str]) -> int:
                                  "Resource_List": {"select": job["select"], "walltime": job["walltime"]}}
         if job["state"] == "done" and "exit_status" in job:
             attrs["Exit_status"] = job["exit_status"]
-        attrs["Variable_List"] = {k: v for k, v in job["env"].items()
-                                  if k.startswith(("PBS_O_", "CUSTOM_ENV_"))}
+        attrs["Variable_List"] = dict(job["env"])  # with -V, all of qsub's environment
         jobs[f"{job['id']}.{SERVER}"] = attrs
     if as_json:
         print(_json({"timestamp": int(time.time()), "pbs_version": "fake", "pbs_server": SERVER,
