@@ -65,6 +65,11 @@ class Refused(Exception):
     """The scheduler will never run this request (e.g. more GPUs than any node has)."""
 
 
+class SiteFault(str):
+    """A `never_runs` reason that is the cluster's doing, not the job's request (a prolog
+    that failed, a working directory a node lacks): a system failure, not a build failure."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Request:
     """One batch job, as the driver asks for it."""
@@ -184,6 +189,8 @@ class BatchDriver:
         if verdict is not None:
             subprocess.run(self.scheduler.cancel_command(job_id), capture_output=True, check=False,
                            timeout=COMMAND_TIMEOUT_S, **runas)
+            if isinstance(verdict, SiteFault):
+                raise SystemFailure(f"{self.scheduler.title} job {job_id} can never run: {verdict}")
             print(f"runnerctl: {self.scheduler.title} job {job_id} can never run: {verdict}",
                   flush=True)
             return 1

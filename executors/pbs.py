@@ -7,7 +7,9 @@ On the batch contract of executors/batch.py, with OpenPBS's documented behaviour
   because PBS gives a job no environment of the submitter's otherwise;
 - PBS accepts a request no vnode can meet and leaves it queued with the comment "Can
   Never Run: ..." (src/scheduler/constant.h): the driver reads the comment while the job
-  waits, deletes the job and fails the stage at once with the scheduler's words;
+  waits, deletes the job and fails the stage at once with the scheduler's words; a job
+  the server held after MoMs refused it over 20 times ("job held, too many failed
+  attempts to run") is deleted too, as a system failure;
 - state and outcome from `qstat -x -f <id>` (text: `    name = value`, a long value
   going on in lines that start with a tab): `job_state` F is finished. Not `-F json`:
   OpenPBS up to 23.06 prints any value that strtod() reads whole as a bare number
@@ -38,6 +40,7 @@ from runnerctl.executors.batch import (
     Outcome,
     Refused,
     Request,
+    SiteFault,
     allowed_options,
     hms,
     run_command,
@@ -134,6 +137,10 @@ def _chunk(request: Request) -> tuple[str, list[str]]:
     return f"select={request.nodes}:ngpus={request.gpus}{own}", rest
 
 
+_HELD_AFTER_FAILURES = "job held, too many failed attempts to run"
+"""The comment of a job the server held (Hold_Types s) after MoMs refused to run it over 20
+times (src/server/req_runjob.c check_failed_attempts: a failing execjob_prologue hook, a
+node without the job's directory): it waits for an administrator, a system failure."""
 _UNREACHABLE = ("cannot connect to server", "Connection refused", "Communication failure", "pbs_iff",
                 "Connection timed out")
 """qsub errors that say the server did not answer (a system failure); any other refusal
@@ -177,6 +184,8 @@ class Pbs:
     def never_runs(self, job_id: str) -> str | None:
         job = _qstat(job_id) or {}
         comment = str(job.get("comment", ""))
+        if job.get("job_state") == "H" and comment.startswith(_HELD_AFTER_FAILURES):
+            return SiteFault(comment)  # no MoM would run it: the cluster's doing
         return comment if job.get("job_state") == "Q" and comment.startswith("Can Never Run") else None
 
     def outcome(self, job_id: str) -> Outcome:

@@ -24,7 +24,8 @@ Grid Engine (Son of Grid Engine / Debian's gridengine 8.1.9, `qsub(1)`, `qacct(1
   `qsub -sync y` is not used: it returns 0 for a deleted job;
 - a script's exit 99 or 100 means requeue or error state to Grid Engine: the wrapper
   exits 1 then, and the stage returns the script's own code from its `.rc` file; a job
-  in error state for any other reason fails the stage at once (`never_runs`);
+  in error state for any other reason fails the stage at once, as a system failure
+  (`never_runs`: what is left to go wrong there is the node's);
 - `qdel <id>` cancels; `qdel <name>` deletes this user's jobs of that name (reaping).
 SCHEDULER_PARAMETERS: `-pe`, `-q`, `-l h_rt=...` and the like pass; `-l gpu=...`, output,
 name, working-dir and submission-mode options are dropped with a note.
@@ -40,6 +41,7 @@ from runnerctl.executors.batch import (
     Outcome,
     Refused,
     Request,
+    SiteFault,
     allowed_options,
     run_command,
     wait_for_record,
@@ -145,11 +147,14 @@ class GridEngine:
 
     def never_runs(self, job_id: str) -> str | None:
         """A job in error state (Eqw) waits for an administrator's `qmod -cj`, for ever
-        as far as the CI job goes; what qsub -w e can refuse it refused already."""
+        as far as the CI job goes. The site's doing (a system failure): what qsub -w e can
+        refuse in the job's request it refused already, the script's own 100 is masked, and
+        what is left fails on the node (the working directory or output file the driver
+        gives, the shell, a prolog: sge_status(5))."""
         result = run_command(["qstat", "-j", job_id])
         for line in result.stdout.splitlines():
             if line.startswith("error reason"):
-                return f"it is in error state ({' '.join(line.partition(':')[2].split())})"
+                return SiteFault(f"it is in error state ({' '.join(line.partition(':')[2].split())})")
         return None
 
     def outcome(self, job_id: str) -> Outcome:

@@ -35,6 +35,7 @@ from runnerctl.executors.batch import (
     Outcome,
     Refused,
     Request,
+    SiteFault,
     allowed_options,
     run_command,
     wait_for_record,
@@ -77,6 +78,9 @@ until GitLab's timeout. Matched on the reason's first part: squeue prints detail
 comma. Limits of a group or a user (AssocGrpGRES, QOSMaxGRESPerUser), Resources,
 Priority, a node or partition down and an administrator's or user's hold (JobHeldAdmin,
 JobHeldUser) do wait."""
+_SITE_HOLDS = {"launch failed requeued held", "job requeued in held state", "JobHoldMaxRequeue"}
+"""Of those, the cluster's doing (a Prolog or a node that failed the launch): a system
+failure; the others are the job's own request (a build failure)."""
 _UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "temporarily unavailable",
                 "temporarily unable", "Zero Bytes were transmitted", "Communication connection failure")
 """sbatch errors that say the controller did not answer (a system failure); any other
@@ -130,7 +134,11 @@ class Slurm:
 
     def never_runs(self, job_id: str) -> str | None:
         reason = run_command(["squeue", "-h", "-j", job_id, "-o", "%r"]).stdout.strip()
-        return f"pending for reason {reason}" if reason.split(",")[0].strip() in _NEVER else None
+        first = reason.split(",")[0].strip()
+        if first not in _NEVER:
+            return None
+        said = f"pending for reason {reason}"
+        return SiteFault(said) if first in _SITE_HOLDS else said
 
     def outcome(self, job_id: str) -> Outcome:
         fields = wait_for_record(lambda: _job_fields(job_id))

@@ -160,21 +160,25 @@ def test_slurms_record_is_read_by_each_fields_first_value() -> None:
         ["-p", "gpu"], ["--comment", "ok ExitCode=0:0", "--requeue"])
 
 
-@pytest.mark.parametrize(("reason", "never"), [
-    ("QOSMaxGRESPerJob", True), ("InvalidAccount", True), ("launch failed requeued held", True),
-    ("PartitionTimeLimit", True), ("ReqNodeNotAvail, UnavailableNodes:node1", False),
-    ("QOSMaxGRESPerUser", False), ("Resources", False), ("JobHeldAdmin", False)])
-def test_slurm_pending_reasons_that_never_run_fail_at_once(reason: str, never: bool) -> None:
+@pytest.mark.parametrize(("reason", "never", "site"), [
+    ("QOSMaxGRESPerJob", True, False), ("InvalidAccount", True, False),
+    ("launch failed requeued held", True, True), ("PartitionTimeLimit", True, False),
+    ("ReqNodeNotAvail, UnavailableNodes:node1", False, False),
+    ("QOSMaxGRESPerUser", False, False), ("Resources", False, False), ("JobHeldAdmin", False, False)])
+def test_slurm_pending_reasons_that_never_run_fail_at_once(reason: str, never: bool, site: bool) -> None:
     """A request over a per-job limit, an account or QOS the job may not use, or a job held
     after its launch failed waited until GitLab's timeout (found by a review as a Slurm
-    site admin); limits of a group or user, and holds an administrator may release, wait."""
+    site admin); limits of a group or user, and holds an administrator may release, wait.
+    A launch that failed (a Prolog, a node) is the cluster's doing: a system failure."""
     from unittest import mock
 
     from runnerctl.executors import slurm
+    from runnerctl.executors.batch import SiteFault
 
     with mock.patch.object(slurm, "run_command",
                            return_value=subprocess.CompletedProcess([], 0, stdout=reason + "\n", stderr="")):
-        assert (slurm.Slurm().never_runs("7") is not None) == never
+        said = slurm.Slurm().never_runs("7")
+    assert (said is not None) == never and isinstance(said, SiteFault) == site
 
 
 def test_pbs_and_pjm_parameters_keep_all_but_gpus_nodes_and_bookkeeping() -> None:
@@ -385,3 +389,24 @@ def test_pbs_reaps_by_name_and_by_the_recorded_id_and_tells_an_unreachable_serve
         with mock.patch.object(pbs, "run_command", return_value=subprocess.CompletedProcess(
                 [], 1, stdout="", stderr=stderr)), pytest.raises(error):
             pbs.Pbs().submit(request)
+
+
+def test_a_pbs_job_no_mom_will_run_fails_at_once_as_the_clusters_failure(
+        host: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job the server held after its MoMs refused it over 20 times (a failing prologue
+    hook; src/server/req_runjob.c check_failed_attempts) waits for an administrator: the
+    stage waited until GitLab's timeout. It is deleted and the stage fails at once, as a
+    system failure (the cluster's, not the job's)."""
+    from tests.fakes.pbs import MOM_REJECTS
+
+    monkeypatch.setenv("PATH", f"{FAKES / 'bin' / 'pbs'}:{os.environ['PATH']}")
+    monkeypatch.setenv("RUNNERCTL_FAKE_BATCH", str(tmp_path / "fake-pbs"))
+    monkeypatch.setenv(MOM_REJECTS, "1")
+    h = batch_acceptance.harness(host, CLUSTERS["pbs"], (0,))
+    build = h.run_job(FakeJob(id=934), "echo should-not-run", timeout=600)["build_script"]
+    assert "too many failed attempts to run" in build.output and "should-not-run" not in build.output
+    assert h.outcomes[934].failure_reason == "runner_system_failure", build.output
+    from tests.fakes import batch_engine
+
+    jobs = batch_engine.all_jobs()
+    assert jobs and all(job["state"] == "done" for job in jobs), jobs  # deleted, not left held

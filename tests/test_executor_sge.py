@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from runnerctl.executors.batch import SiteFault
 from runnerctl.executors.sge import GridEngine, scheduler_parameters
 from tests.harness_custom_executor import BUILD_FAILURE, FakeJob, harness_for, make_host
 
@@ -93,6 +94,7 @@ def test_a_job_in_error_state_can_never_run(tmp_path: Path) -> None:
             said = engine.never_runs(job_id)
             time.sleep(0.5)
         assert said is not None and said.startswith("it is in error state (") and "runnerctl-wd" in said, said
+        assert isinstance(said, SiteFault)  # the node's doing: a system failure, not the job's
     finally:
         subprocess.run(["qdel", job_id], capture_output=True, timeout=30, check=False)
 

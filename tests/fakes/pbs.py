@@ -33,6 +33,11 @@ Rules modelled, from openpbs/openpbs:
   before it ran has none.
 - The cgroups hook sets CUDA_VISIBLE_DEVICES to the assigned GPUs' UUIDs
   (src/hooks/cgroups/pbs_cgroups.PY); PBS_JOBID, PBS_JOBNAME, PBS_NODEFILE are set.
+- A job no MoM will run (an execjob_prologue hook that rejects it, a node without its
+  directory) is tried again until its run_count passes 20, then the server holds it
+  (job_state H, Hold_Types s) with the comment "job held, too many failed attempts to
+  run" (src/server/req_runjob.c check_failed_attempts; test/tests/functional/
+  pbs_hook_execjob_prologue.py), and it waits for an administrator's qrls.
 - `qdel <id>` ends the job (doc/man1/qdel.1B); `qselect -N <name> [-u <user>]` lists the
   ids of unfinished jobs with that name (doc/man1/qselect.1B).
 """
@@ -54,7 +59,11 @@ _PBSE_INVALJOBRESC = 15109
 _CHUNK_LEVEL = {"mem", "ncpus", "naccelerators", "arch", "nchunk", "vntype", "mpiprocs", "ompthreads",
                 "vmem", "vnode", "aoe", "eoe", "accelerator", "accelerator_model", "accelerator_memory",
                 "accelerator_group", "hbmem"}  # ATR_DFLAG_CVTSLT (master_resc_def_all.xml)
-_STATE = {"queued": "Q", "running": "R", "done": "F"}
+_STATE = {"queued": "Q", "running": "R", "done": "F", "held": "H"}
+MOM_REJECTS = "RUNNERCTL_FAKE_PBS_MOM_REJECTS"
+"""Set: every MoM refuses to run the job (a failing execjob_prologue hook, a node without
+the job's working directory), so the server holds it after its attempts run out."""
+_HELD = "job held, too many failed attempts to run"
 
 
 def qsub(args: list[str]) -> int:
@@ -85,7 +94,9 @@ def qsub(args: list[str]) -> int:
                              "chunks": chunks, "gpus": gpus,
                              "walltime": opts["resources"].get("walltime", ""),
                              "select": opts["resources"].get("select", "1")})
-    if not comment:
+    if not comment and os.environ.get(MOM_REJECTS):
+        engine.update(job_id, state="held", comment=_HELD, run_count=21)
+    elif not comment:
         engine.start(job_id, "pbs")
     print(f"{job_id}.{SERVER}")
     return 0
@@ -143,6 +154,8 @@ def qstat(args: list[str]) -> int:
                   "information", file=sys.stderr)
             return 35
         attrs: dict[str, Any] = {"Job_Name": job["name"], "job_state": _STATE[job["state"]],
+                                 **({"Hold_Types": "s", "run_count": job["run_count"]}
+                                    if job["state"] == "held" else {}),
                                  "comment": job["comment"],
                                  "Resource_List": {"select": job["select"], "walltime": job["walltime"]}}
         if job["state"] == "done" and "exit_status" in job:
