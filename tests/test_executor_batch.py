@@ -44,7 +44,7 @@ def _sge_jobs(label: str) -> list[str]:
 
 
 def _pjm_jobs(label: str) -> list[str]:
-    return [row.split()[0] for row in _out("pjstat").splitlines()[1:] if row.split()[1:2] == [label]]
+    return [row.split()[0] for row in _out("pjstat", "--filter", f"jnam={label}").splitlines()[1:]]
 
 
 CLUSTERS = {
@@ -62,8 +62,8 @@ CLUSTERS = {
                    limit_seen="walltime = 0:02:00"),
     "pjm": Cluster(driver="pjm", title="PJM", jobs=_pjm_jobs,
                    admin_delete=lambda job: _delete("pjdel", job),
-                   limit_probe='pjstat "$PJM_JOBID" | tail -n 1 | awk \'{print "elapse=" $8}\'',
-                   limit_seen="elapse=0000:02:00"),
+                   limit_probe='echo "elapse=$PJM_ELAPSE_LIMIT"',  # pjstat runs on login nodes only
+                   limit_seen="elapse=120"),
 }
 
 
@@ -410,3 +410,66 @@ def test_a_pbs_job_no_mom_will_run_fails_at_once_as_the_clusters_failure(
 
     jobs = batch_engine.all_jobs()
     assert jobs and all(job["state"] == "done" for job in jobs), jobs  # deleted, not left held
+
+
+@pytest.mark.parametrize(("record", "code", "failure"), [
+    ({"STATE": "EXT", "EXIT CODE": "0", "PJM CODE": "0", "SIGNAL NO": "-"}, 0, None),
+    ({"STATE": "EXT", "EXIT CODE": "3", "PJM CODE": "0", "SIGNAL NO": "-"}, 3, None),
+    ({"STATE": "EXT", "EXIT CODE": "0", "PJM CODE": "0", "SIGNAL NO": "9"}, 137, None),  # never a pass
+    ({"STATE": "EXT", "EXIT CODE": "0", "PJM CODE": "11", "SIGNAL NO": "24"}, 152, None),  # past its elapse
+    ({"STATE": "EXT", "EXIT CODE": "-", "PJM CODE": "12", "SIGNAL NO": "-"}, 1, None),  # past its memory
+    ({"STATE": "CCL", "EXIT CODE": "-", "PJM CODE": "1", "SIGNAL NO": "-"}, None, "was cancelled"),
+    ({"STATE": "RJT", "EXIT CODE": "-", "PJM CODE": "0", "SIGNAL NO": "-"}, None, "ended RJT"),
+    ({"STATE": "EXT", "EXIT CODE": "0", "PJM CODE": "20", "SIGNAL NO": "-"}, None, "PJM CODE 20"),
+])
+def test_pjm_outcomes_from_the_fields_pjstat_prints(record: dict[str, str], code: int | None,
+                                                    failure: str | None) -> None:
+    """`pjstat -H -s` names the state STATE (Fujitsu's Command Reference); read as "JOB
+    STATE", every job on a real PJM ended "unknown", a system failure (found by a review
+    as a PJM user). A signal never passes; PJM CODE 11/12/23 (the job's own elapse or
+    memory limit) are build failures, as Slurm's TIMEOUT and OUT_OF_MEMORY."""
+    from unittest import mock
+
+    from runnerctl.executors import pjm
+
+    shown = " [Job Statistical Information]\n" + "".join(f" {k:<28}: {v}\n" for k, v in record.items())
+    with mock.patch.object(pjm, "run_command", return_value=subprocess.CompletedProcess([], 0, stdout=shown,
+                                                                                       stderr="")):
+        outcome = pjm.Pjm().outcome("7")
+    assert outcome.code == code
+    assert (outcome.failure is None) if failure is None else (failure in (outcome.failure or ""))
+
+
+def test_pjm_tells_a_job_manager_that_cannot_take_jobs_from_a_refused_request() -> None:
+    from unittest import mock
+
+    from runnerctl.executors import pjm
+    from runnerctl.executors.batch import Refused, Request
+    from runnerctl.executors.driver import SystemFailure
+
+    request = mock.Mock(spec=Request, label="runnerctl-1-x", time_limit_s=60, nodes=1, gpus=1, options=[],
+                        log=Path("/l"), wrapper=Path("/w"), env={}, workdir=Path("/"), runas={})
+    for stderr, error in [("[ERR.] PJM 0090 pjsub PJM daemon is not present.", SystemFailure),
+                          ("[ERR.] PJM 0057 pjsub gpu=9 is greater than the upper limit (8).", Refused)]:
+        with mock.patch.object(pjm, "run_command", return_value=subprocess.CompletedProcess(
+                [], 1, stdout="", stderr=stderr)), pytest.raises(error):
+            pjm.Pjm().submit(request)
+
+
+def test_a_pjm_job_in_err_state_fails_at_once_as_the_clusters_failure(
+        host: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ERR (stopped by an error PJM detected) is a fixed state: the job waits for ever. It is
+    deleted and the stage fails at once as a system failure (found by a review as a PJM
+    user); its name, cut to 10 characters in pjstat, is found with --filter."""
+    from tests.fakes import batch_engine
+    from tests.fakes.pjm import PJM_ERROR
+
+    monkeypatch.setenv("PATH", f"{FAKES / 'bin' / 'pjm'}:{os.environ['PATH']}")
+    monkeypatch.setenv("RUNNERCTL_FAKE_BATCH", str(tmp_path / "fake-pjm"))
+    monkeypatch.setenv(PJM_ERROR, "1")
+    h = batch_acceptance.harness(host, CLUSTERS["pjm"], (0,))
+    build = h.run_job(FakeJob(id=935), "echo should-not-run", timeout=600)["build_script"]
+    assert "ERR state" in build.output and "should-not-run" not in build.output, build.output
+    assert h.outcomes[935].failure_reason == "runner_system_failure", build.output
+    jobs = batch_engine.all_jobs()
+    assert jobs and all(job["state"] == "done" for job in jobs), jobs

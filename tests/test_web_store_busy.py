@@ -106,3 +106,31 @@ def test_a_store_error_during_sign_in_is_no_failed_attempt(world: World, tmp_pat
         assert _sign_in(client, "victor")[0] == 200
     finally:
         store.close()
+
+
+def test_reads_the_store_cannot_serve_are_logged_once_a_minute(world: World, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """Every 503 was a WARNING line: one open tab polls four endpoints every 2 s, 7,200 lines
+    an hour while the store is down (found by a review hunting leaks in a long-running
+    serve). One line a minute says it; every answer is still a 503."""
+    import logging
+
+    from runnerctl.controller import app
+
+    now = [1000.0]
+    monkeypatch.setattr(app.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(app, "_store_trouble_logged", [-float("inf")])
+    store = Store.open(state_dir=tmp_path, timeout_s=0.2)
+    try:
+        client = _client(world, store, tmp_path)
+        assert _sign_in(client, "victor")[0] == 200
+        with _locked(tmp_path), caplog.at_level(logging.WARNING, logger="runnerctl.controller.app"):
+            codes = [client.get("/api/host").status_code for _ in range(6)]
+            now[0] += 61
+            codes.append(client.get("/api/host").status_code)
+        assert codes == [503] * 7
+        said = [r.getMessage() for r in caplog.records if "/api/host" in r.getMessage()]
+        assert len(said) == 2 and "logged once a minute" in said[0], said
+    finally:
+        store.close()

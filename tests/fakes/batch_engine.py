@@ -153,7 +153,7 @@ def delete(job_id: str, by: str) -> dict[str, Any] | None:
     if job["state"] == "running" and job.get("pgid"):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(int(job["pgid"]), signal.SIGTERM)
-    elif job["state"] in ("queued", "held"):
+    elif job["state"] in ("queued", "held", "error"):
         update(job_id, state="done", ended=time.time())
     return job
 
