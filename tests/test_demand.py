@@ -216,3 +216,27 @@ def test_a_look_emptied_by_a_webhook_just_before_is_no_error(gitlab_server: GitL
     tracker.budget.try_take = racing_take  # type: ignore[method-assign]
     tracker.poll(gl)  # no StopIteration
     assert tracker.jobs == []
+
+
+def test_a_project_only_a_webhook_named_that_gitlab_hides_is_dropped_once(
+        gitlab_server: GitLabServer, gl: PythonGitLab, caplog: pytest.LogCaptureFixture) -> None:
+    """A job event from a project the token cannot see (404: another GitLab's hook, a project
+    deleted since) kept it polled for ever, and each 404 failed the whole GitLab step:
+    health flapped and real projects were polled half as often (found by a review hunting
+    leaks in a long-running serve). It is dropped with one warning; a served project's
+    404 still goes to the loop."""
+    from runnerctl.errors import NotFoundError
+
+    clock = Clock()
+    tracker = _tracker(clock, projects=(5,))
+    _run(tracker, gl, clock, 30)
+    gitlab_server.state.directory.strict = True  # from here an unknown project is 404, as in GitLab
+    event = {"object_kind": "build", "build_id": 999_999, "build_status": "pending", "project_id": 4242}
+    assert tracker.webhook("s3cret", event) and 4242 in tracker.projects
+    with caplog.at_level("WARNING"):
+        _run(tracker, gl, clock, 600)  # raises if a 404 went out of poll
+    assert tracker.projects == [5]
+    assert sum("project 4242, named by a webhook" in r.getMessage() for r in caplog.records) == 1
+    hidden = _tracker(clock, projects=(4242,))
+    with pytest.raises(NotFoundError):
+        _run(hidden, gl, clock, 60)

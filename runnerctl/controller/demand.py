@@ -43,6 +43,7 @@ from datetime import datetime
 from typing import Any
 
 from runnerctl.controller.plan import Demand
+from runnerctl.errors import NotFoundError
 from runnerctl.gitlab import GitLabPort, JobInfo
 from runnerctl.tags import NORMAL, PRIORITY_RANK, gpus_of, host_of, priority_of
 
@@ -159,6 +160,8 @@ class DemandTracker:
         self._discovered = self._discover_at == float("inf")  # the projects are known
         self._said_no_runner = False  # "none of this host's runners is in GitLab", logged once
         self._named: set[int] = set()  # projects webhooks told of (kept across discoveries)
+        self._served: set[int] = set(self.override)  # projects the runners serve or the settings name
+        self._forgotten: set[int] = set()  # webhook-named projects found invisible (said once each)
         self._jobs: dict[int, PendingJob] = {}
         self._outcomes: dict[int, str] = {}  # job id -> final status from a webhook (job history)
         self._left: dict[int, float] = {}  # job id -> when a webhook said it left pending (bounded)
@@ -239,11 +242,35 @@ class DemandTracker:
 
     def _poll_project(self, gitlab: GitLabPort, project: int, now: float) -> None:
         self._polled[project] = now
-        jobs = gitlab.pending_jobs(project)
+        try:
+            jobs = gitlab.pending_jobs(project)
+        except NotFoundError:
+            if project in self._served:
+                raise  # a project the runners serve or the settings name: the loop says so
+            self._forget(project)
+            return
         self.polls += 1
         self.answered += 1
         with self._lock:
             self._replace(project, jobs, now)
+
+    def _forget(self, project: int) -> None:
+        """A project only a webhook named that runnerctl's token cannot see (404: another
+        GitLab's hook, a project deleted or moved since): no longer polled, until a webhook
+        names it again. Kept, its 404 failed every GitLab step: GitLab's health flapped and
+        the other projects were polled half as often (found by a review hunting leaks in a
+        long-running serve)."""
+        with self._lock:
+            self._named.discard(project)
+            self.projects = [p for p in self.projects if p != project]
+            self._polled.pop(project, None)
+            self._active.pop(project, None)
+            self._lookups.pop(project, None)
+            self._jobs = {k: j for k, j in self._jobs.items() if j.project_id != project}
+        if project not in self._forgotten:
+            self._forgotten.add(project)
+            log.warning("project %d, named by a webhook, is not visible to runnerctl's GitLab token (404): "
+                        "not polled until a webhook names it again", project)
 
     def _discover(self, gitlab: GitLabPort, now: float) -> None:
         """Read which projects the runners serve (the first call's request is taken)."""
@@ -278,6 +305,7 @@ class DemandTracker:
         self._discover_at = now + self._discover_s
         self._discovered = True
         with self._lock:
+            self._served = set(served)
             self.projects = list(dict.fromkeys([*served, *sorted(self._named)]))
         log.info("watching %d projects for pending GPU jobs (%s runners)", len(self.projects),
                  reach.runner_type)
