@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Request, Response
 
 from runnerctl.controller.serve import MAX_CONNECTIONS, http_config
 from runnerctl.settings import WebSettings
@@ -38,6 +38,14 @@ def _server(deadline_s: float, slow_s: float = 0.0) -> Iterator[str]:
     async def slow() -> dict[str, str]:
         await asyncio.sleep(slow_s)
         return {"ok": "late"}
+
+    @app.post("/echo")
+    async def echo(request: Request) -> dict[str, int]:
+        return {"bytes": len(await request.body())}
+
+    @app.get("/big")
+    async def big() -> Response:
+        return Response(b"x" * (64 << 20))
 
     port = free_port()
     server = uvicorn.Server(http_config(app, "127.0.0.1", port, WebSettings(), "error",
@@ -125,3 +133,26 @@ def test_the_connection_limit_filled_by_silent_clients_frees_itself() -> None:
         finally:
             for sock in silent:
                 sock.close()
+
+
+def test_part_of_a_body_or_an_answer_left_unread_does_not_hold_a_connection(url: str) -> None:
+    """Headers, then one byte of a 100-byte body; or a request whose answer the client never
+    reads: each held its connection for ever (found by a review hunting leaks in a
+    long-running serve). Closed after two looks a deadline apart; a whole body is answered."""
+    with _connect(url) as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{")
+        assert _closed_by_server(sock)
+    with _connect(url) as sock:
+        sock.sendall(b"GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        time.sleep(4 * DEADLINE_S)  # reads nothing: the server's writes stall, then it gives up
+        got = 0
+        with contextlib.suppress(ConnectionResetError):  # an abort, or EOF after what was sent
+            while chunk := sock.recv(1 << 20):  # a socket timeout (WAIT_S) fails the test
+                got += len(chunk)
+        assert got < 64 << 20
+    with _connect(url) as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n\r\n{}")
+        answer = b""
+        while not answer.endswith(b"}"):
+            answer += sock.recv(65536)
+        assert answer.endswith(b'{"bytes":2}')

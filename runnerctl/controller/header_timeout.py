@@ -7,8 +7,12 @@ its connection for as long as it likes. `serve` answers 503 once `MAX_CONNECTION
 open, so a few hundred such connections from one client shut the page to everyone.
 
 `HeaderTimeoutProtocol` closes a connection whose next request's headers have not all
-arrived `timeout_s` after the connection opened or the previous response ended. A
-request whose headers came is left alone, however long its handling or body takes.
+arrived `timeout_s` after the connection opened or the previous response ended, and one
+whose request's body has not all arrived, or whose answer the client does not read
+(uvicorn waits for its writes to drain), at two looks `timeout_s` apart: part of a body,
+or an answer left unread, held a connection for ever, and 499 of them turned /healthz and
+/metrics into 503 (found by a review hunting leaks in a long-running serve). A request
+the application is still working on is left alone, however long it takes.
 It relies on the h11 protocol's internals (`cycle`, made once a request's headers are
 whole; `on_response_complete`; `loop`; `transport`), stable across uvicorn's releases
 so far: tests/test_web_header_timeout.py fails if they change.
@@ -38,6 +42,8 @@ class HeaderTimeoutProtocol(H11Protocol):
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
         self._waiting_after: object = None  # the request cycle whose successor must come in time
+        self._stuck: object = None  # the request cycle whose body or answer stood still at the last look
+        self._unsent = 0  # bytes of an ended answer still unsent at the last look
 
     @classmethod
     def with_timeout(cls, timeout_s: float) -> type[HeaderTimeoutProtocol]:
@@ -59,6 +65,7 @@ class HeaderTimeoutProtocol(H11Protocol):
     def _arm(self) -> None:
         self._disarm()
         self._waiting_after = self.cycle
+        self._unsent = 0
         self._deadline = self.loop.call_later(self.timeout_s, self._expired)
 
     def _disarm(self) -> None:
@@ -71,7 +78,26 @@ class HeaderTimeoutProtocol(H11Protocol):
         if self.transport.is_closing() or self.transport.get_protocol() is not self:
             return  # closed, or upgraded to a websocket whose protocol now reads it
         idle = self.cycle is None or self.cycle.response_complete  # else a request is being answered
-        if idle and self.cycle is self._waiting_after:
-            # no request's headers came whole since the deadline was set
-            log.debug("closing %s: no request's headers within %g s", self.client, self.timeout_s)
-            self.transport.close()
+        if idle:
+            if self.cycle is not self._waiting_after:
+                return
+            unsent = self.transport.get_write_buffer_size()  # an answer the client is not reading
+            if not unsent:  # no request's headers came whole since the deadline was set
+                log.debug("closing %s: no request's headers within %g s", self.client, self.timeout_s)
+                self.transport.close()
+            elif unsent == self._unsent:
+                log.debug("closing %s: it read none of its answer for %g s", self.client, self.timeout_s)
+                self.transport.abort()  # close() would wait for the unread answer to be sent
+            else:
+                self._unsent = unsent
+                self._deadline = self.loop.call_later(self.timeout_s, self._expired)
+            return
+        # a request is being answered: its body must come, and its answer be read, in time
+        stuck = self.cycle.more_body or self.flow.write_paused
+        if stuck and self._stuck is self.cycle:  # stuck at two looks, timeout_s apart
+            log.debug("closing %s: its request's body or its answer stood still for %g s", self.client,
+                      self.timeout_s)
+            self.transport.abort()  # close() would wait for the unread answer to be sent
+            return
+        self._stuck = self.cycle if stuck else None
+        self._deadline = self.loop.call_later(self.timeout_s, self._expired)
