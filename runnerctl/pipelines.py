@@ -179,14 +179,50 @@ def _holds_password(url: str) -> bool:
 
 FAILURE_REASONS = frozenset({
     "always", "unknown_failure", "script_failure", "api_failure", "stuck_or_timeout_failure",
-    "runner_system_failure", "runner_unsupported", "stale_schedule", "job_execution_timeout",
-    "archived_failure", "unmet_prerequisites", "scheduler_failure", "data_integrity_failure",
+    "runner_system_failure", "missing_dependency_failure", "runner_unsupported", "stale_schedule",
+    "job_execution_timeout", "archived_failure", "unmet_prerequisites", "scheduler_failure",
+    "data_integrity_failure", "forward_deployment_failure", "user_blocked", "project_deleted",
+    "ci_quota_exceeded", "pipeline_loop_detected", "no_matching_runner", "trace_size_exceeded",
+    "builds_disabled", "environment_creation_failure", "deployment_rejected",
+    "failed_outdated_deployment_job", "job_execution_server_timeout",
     "stuck_pending_with_matching_runners", "stuck_pending_no_matching_runners", "no_updates_running",
     "no_updates_canceling", "server_timeout_running", "server_timeout_canceling",
-    "runner_configuration_error", "runner_external_dependency_failure", "runner_interrupted"})
+    "runner_configuration_error", "runner_external_dependency_failure", "runner_interrupted",
+    "protected_environment_failure", "insufficient_bridge_permissions",
+    "downstream_bridge_project_not_found", "invalid_bridge_trigger", "upstream_bridge_project_not_found",
+    "insufficient_upstream_permissions", "bridge_pipeline_is_child_pipeline",
+    "downstream_pipeline_creation_failed", "secrets_provider_not_found",
+    "reached_max_descendant_pipelines_depth", "ip_restriction_failure", "reached_max_pipeline_hierarchy_size",
+    "reached_downstream_pipeline_trigger_rate_limit", "duo_workflow_not_allowed", "job_router_failure",
+    "job_token_expired", "id_token_burned_project_path", "downstream_project_trigger_resolved_to_empty"})
 """What `retry:when` may name (lib/gitlab/ci/config/entry/retry.rb: `always` and the job
-failure reasons of app/models/concerns/enums/ci/commit_status.rb; the last eight only on a
-GitLab that split `stuck_or_timeout_failure` and `runner_system_failure`, gitlab issue 602133)."""
+failure reasons of app/models/concerns/enums/ci/commit_status.rb, the newest GitLab's; an
+older GitLab refuses the reasons it does not have yet, such as the split of
+`stuck_or_timeout_failure` and `runner_system_failure`, gitlab issue 602133)."""
+_DURATION_UNITS = {
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60),
+    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600),
+    **dict.fromkeys(("d", "day", "days"), 86400),
+    **dict.fromkeys(("w", "wk", "wks", "week", "weeks"), 7 * 86400)}
+_DURATION_PART = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]+)\s*")
+MAX_JOB_TIMEOUT_S = 30 * 86400
+"""GitLab's longest job timeout, a month (lib/gitlab/ci/config/entry/timeout.rb: `duration:
+{ limit: ChronicDuration.output(Project::MAX_BUILD_TIMEOUT) }`), taken as 30 days."""
+
+
+def duration_s(text: str) -> float | None:
+    """Seconds of a job `timeout` in the words GitLab reads (ChronicDuration: `90m`, `2h 30m`,
+    `1.5h`, `3 hours`); None for text it would not take. A bare number, which GitLab reads
+    as seconds, is refused here too: `timeout: 90` meant 90 minutes to the one who wrote it."""
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != re.sub(r"\s+", "", text):
+        return None
+    if any(unit not in _DURATION_UNITS for _, unit in parts):
+        return None
+    return sum(float(n) * _DURATION_UNITS[unit] for n, unit in parts)
+
+
 KEYWORDS = ("after_script", "before_script", "cache", "default", "image", "include", "services", "stages",
             "types", "variables", "workflow")
 """Top-level keys GitLab reads as keywords, not jobs (lib/gitlab/ci/config/entry/root.rb); a
@@ -216,6 +252,20 @@ def _check_shape(name: str, value: Any) -> None:
         if len(value) > MAX_JOB_NAME:
             raise ConfigError(f"input 'job_name' is {len(value)} characters; GitLab takes at most "
                               f"{MAX_JOB_NAME}")
+    if name == "stage" and value in (".pre", ".post"):
+        raise ConfigError(f"input 'stage' {value!r} is GitLab's own first or last stage: the jobs would run "
+                          "beside the ones this component puts there (a pipeline of only .pre and .post "
+                          "jobs is not even created)", hint="name a stage of your own, e.g. test or train")
+    if name == "service_tags" and value == []:
+        raise ConfigError("input 'service_tags' needs at least one tag: runnerctl's runners take no "
+                          "untagged job, so the job would wait until GitLab drops it")
+    if name == "timeout" and isinstance(value, str):
+        seconds = duration_s(value)
+        if seconds is None:
+            raise ConfigError(f"input 'timeout' {value!r} is not a duration with units", hint="e.g. 90m, "
+                              "2h 30m, 1.5h (a bare number is seconds to GitLab)")
+        if not 0 < seconds <= MAX_JOB_TIMEOUT_S:
+            raise ConfigError(f"input 'timeout' {value!r} is over GitLab's longest job timeout, a month")
     if name == "artifacts" and value == []:
         raise ConfigError("input 'artifacts' needs at least one path (GitLab refuses an empty list)")
     if name == "retry_when" and isinstance(value, list):

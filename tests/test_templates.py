@@ -226,7 +226,7 @@ def test_python_cache_keys_on_the_lock_file_and_skips_pip_when_it_matches() -> N
     ("gpu-job", {"gpus": "two"}, "'gpus' must be a number"),
     ("gpu-job", {"gpus": "nan"}, "'gpus' must be a whole number"),
     ("gpu-job", {"priority": "urgent"}, "'priority' must be one of high, normal, low"),
-    ("gpu-job", {"timeout": "forever"}, "'timeout' does not match"),
+    ("gpu-job", {"timeout": "forever"}, "'timeout' 'forever' is not a duration"),
     ("optuna-sweep", {"study_name": "lr\n"}, "'study_name' does not match"),  # RE2's $: the end of the text
     ("optuna-sweep", {"storage": "journal+postgresql://u:s3cret@db.lab/u"}, "'storage' holds a password"),
     ("gpu-job", {"job_name": "stages"}, "'job_name' 'stages' is a GitLab CI keyword"),
@@ -306,3 +306,35 @@ def test_gitlab_itself_refuses_a_gpu_count_no_runner_has(name: str, key: str) ->
     spec = next(yaml.safe_load_all(path.read_text()))["spec"]["inputs"][key]
     assert spec["type"] == "number" and spec["options"] == [1, 2, 4, 8, 16, 32, 64]
     assert spec["default"] in spec["options"]
+
+
+@pytest.mark.parametrize(("name", "inputs", "said"), [
+    ("optuna-sweep", {"study_name": "s", "command": "python t.py", "stage": ".pre"},
+     "GitLab's own first or last stage"),
+    ("gpu-job", {"command": "python train.py", "stage": ".post"}, "GitLab's own first or last stage"),
+    ("optuna-sweep", {"study_name": "s", "command": "python t.py", "service_tags": "[]"},
+     "needs at least one tag"),
+    ("gpu-job", {"command": "python train.py", "timeout": "1x"}, "is not a duration"),
+    ("gpu-job", {"command": "python train.py", "timeout": "90"}, "is not a duration"),
+    ("gpu-job", {"command": "python train.py", "timeout": "9999h"}, "longest job timeout"),
+])
+def test_inputs_gitlab_would_refuse_or_run_wrong_are_refused_at_render(name: str, inputs: dict[str, Any],
+                                                                        said: str) -> None:
+    """`.pre`/`.post` ran the sweep's workers beside create-study (or nothing at all), an
+    empty service_tags left create-study for no runner, and a timeout GitLab cannot read
+    or over its month failed the pipeline at creation; `90` is 90 seconds to GitLab
+    (found by a review as a GitLab CI author)."""
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        render(name, inputs)
+
+
+def test_values_gitlab_takes_are_rendered() -> None:
+    """A decimal timeout and any failure reason of GitLab's list render; the report job
+    downloads none of the workers' artifacts."""
+    text = render("gpu-job", {"command": "python train.py", "timeout": "1.5h",
+                              "retry_when": '["missing_dependency_failure"]'})
+    job = next(v for k, v in yaml.safe_load(text).items() if isinstance(v, dict) and "script" in v)
+    assert job["timeout"] == "1.5h" and job["retry"]["when"] == ["missing_dependency_failure"]
+    sweep = yaml.safe_load(render("optuna-sweep", {"study_name": "s", "command": "python t.py"}))
+    report = next(v for k, v in sweep.items() if k.endswith("-report"))
+    assert report["dependencies"] == []
