@@ -174,6 +174,8 @@ def test_postgres_connections_bound_every_wait_and_keep_the_urls_own_settings() 
     assert own["options"] == ("-c statement_timeout=0 -c lock_timeout=30000 "
                               "-c plan_cache_mode=force_custom_plan")
     assert own["connect_timeout"] == "9"
+    assert params["application_name"].startswith("runnerctl@")  # who it is in pg_stat_activity
+    assert pg_params("postgresql://u@db.lab/store?application_name=mine", 2.0)["application_name"] == "mine"
 
 
 def test_a_lock_held_by_another_host_fails_the_write_after_the_timeout_then_it_heals(pg_url: str) -> None:

@@ -69,3 +69,26 @@ def test_a_stopped_server_fails_the_call_within_the_deadline_and_the_store_heals
     store.record(Event(3.0, "gpu-a", "drain", "gpu0-7", "after"))  # reconnected
     assert [e.detail for e in store.events("gpu-a", 5)] == ["after", "before"]
     store.close()
+
+
+def test_the_deadline_watches_every_transaction_with_one_thread(pg_server: PostgresServer,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A threading.Timer per transaction started a thread each, some eight a tick and one
+    per page read, about 130,000 a day (found by a review hunting leaks in a long-running
+    serve). One watchdog thread serves them all, and is gone after close()."""
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def counted(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        real_start(thread)
+
+    store = Store.open(url=pg_server.create_database("watchdog"), timeout_s=2.0)
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    for n in range(100):
+        store.record(Event(float(n), "gpu-a", "drain", "gpu0-7", "one of many"))
+    assert len(started) <= 1, started
+    watchdog = store._watchdog._thread
+    assert watchdog is not None and watchdog.is_alive()
+    store.close()
+    assert not watchdog.is_alive()

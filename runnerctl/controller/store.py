@@ -22,6 +22,7 @@ import os
 import socket
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -86,7 +87,8 @@ def pg_params(conninfo: str, timeout_s: float) -> dict[str, Any]:
     goes as UTF-8 whatever the database's encoding: psycopg took a SQL_ASCII database's
     (what `initdb` makes under LANG=C) text for bytes, and the store failed at its first
     query (`operator does not exist: text = bytea`; found by a review as an
-    internationalisation reviewer)."""
+    internationalisation reviewer). `application_name` names runnerctl and its host in
+    `pg_stat_activity` (where it was blank beside Optuna's and everyone's)."""
     from psycopg.conninfo import conninfo_to_dict
 
     params: dict[str, Any] = conninfo_to_dict(conninfo)
@@ -94,7 +96,8 @@ def pg_params(conninfo: str, timeout_s: float) -> dict[str, Any]:
     for name, value in (("connect_timeout", max(1, int(timeout_s))), ("keepalives", 1),
                         ("keepalives_idle", KEEPALIVE_IDLE_S), ("keepalives_interval", 10),
                         ("keepalives_count", 3), ("tcp_user_timeout", limit_ms),
-                        ("client_encoding", "UTF8")):
+                        ("client_encoding", "UTF8"),
+                        ("application_name", f"runnerctl@{socket.gethostname()}")):
         params.setdefault(name, value)
     options = str(params.get("options", os.environ.get("PGOPTIONS", "")))
     for setting in ("statement_timeout", "lock_timeout"):
@@ -120,6 +123,56 @@ would have ended it (`Store.deadline_s`)."""
 RETIRED = "retired"
 """The event `retire_host` records: the host left the fleet."""
 
+
+class _Watchdog:
+    """One thread per store that calls `on_expiry` when a transaction outlives its
+    deadline. A `threading.Timer` per transaction started a thread for each, some eight
+    a tick and one per page read, about 130,000 a day (found by a review hunting leaks in
+    a long-running serve). Started at the first `arm`, again if it ever ended."""
+
+    def __init__(self, on_expiry: Callable[[], None]) -> None:
+        self._on_expiry = on_expiry
+        self._cond = threading.Condition()
+        self._deadline: float | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def arm(self, seconds: float) -> None:
+        with self._cond:
+            self._deadline = time.monotonic() + seconds
+            self._closed = False  # a store used again after close() is watched again
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="store-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def disarm(self) -> None:
+        with self._cond:
+            self._deadline = None
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._closed:
+                left = None if self._deadline is None else self._deadline - time.monotonic()
+                if left is None or left > 0:
+                    self._cond.wait(left)
+                    continue
+                self._deadline = None
+                self._cond.release()
+                try:
+                    self._on_expiry()
+                except Exception:  # noqa: BLE001 (said, and the next transaction is watched again)
+                    log.exception("the store's deadline could not cut its connection")
+                finally:
+                    self._cond.acquire()
+
 class Store:
     """One store API over SQLite or PostgreSQL; only the placeholders differ.
 
@@ -139,6 +192,7 @@ class Store:
         kernel that answers: a stopped one (SIGSTOP, storage hung) held the loop, silent,
         and every web read behind the lock, for as long as it stayed stopped."""
         self._cut_off = False  # the last transaction's connection was cut by the deadline
+        self._watchdog = _Watchdog(self._cut)
         self.where = where  # for messages: the SQLite path or PostgreSQL host/db, never a password
         self._lock = threading.Lock()  # the web thread and the loop share one connection
         self._conn: Any = None
@@ -193,16 +247,15 @@ class Store:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+        self._watchdog.close()
 
     @contextmanager
     def _tx(self) -> Iterator[Cursor]:
         with self._lock:
             self._cut_off = False
-            watchdog = None
-            if self._pg and self.deadline_s is not None:
-                watchdog = threading.Timer(self.deadline_s, self._cut)
-                watchdog.daemon = True
-                watchdog.start()
+            watched = self._pg and self.deadline_s is not None
+            if watched:
+                self._watchdog.arm(self.deadline_s or 0.0)
             try:
                 cur = self._begin()
                 remade = False
@@ -226,8 +279,8 @@ class Store:
                     log.warning("the controller store %s had lost its tables (dropped, or restored empty?): "
                                 "made them again; what it held (toggles, users, history) is gone", self.where)
             finally:
-                if watchdog is not None:
-                    watchdog.cancel()
+                if watched:
+                    self._watchdog.disarm()
 
     def _make_schema_again(self, cur: Cursor) -> bool:
         """A table was missing at the last transaction. With none left (the database dropped
