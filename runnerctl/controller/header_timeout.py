@@ -8,8 +8,9 @@ open, so a few hundred such connections from one client shut the page to everyon
 
 `HeaderTimeoutProtocol` closes a connection whose next request's headers have not all
 arrived `timeout_s` after the connection opened or the previous response ended, and one
-whose request's body has not all arrived, or whose answer the client does not read
-(uvicorn waits for its writes to drain), at two looks `timeout_s` apart: part of a body,
+whose request's body stopped coming, or whose answer the client stopped reading
+(uvicorn waits for its writes to drain), with no byte moved between two looks
+`timeout_s` apart: part of a body,
 or an answer left unread, held a connection for ever, and 499 of them turned /healthz and
 /metrics into 503 (found by a review hunting leaks in a long-running serve). A request
 the application is still working on is left alone, however long it takes.
@@ -44,6 +45,8 @@ class HeaderTimeoutProtocol(H11Protocol):
         self._waiting_after: object = None  # the request cycle whose successor must come in time
         self._stuck: object = None  # the request cycle whose body or answer stood still at the last look
         self._unsent = 0  # bytes of an ended answer still unsent at the last look
+        self._received = 0  # bytes received on the connection, to tell a slow body from a stopped one
+        self._progress: tuple[int, int] = (-1, -1)  # (received, unsent) at the last look at a request
 
     @classmethod
     def with_timeout(cls, timeout_s: float) -> type[HeaderTimeoutProtocol]:
@@ -57,6 +60,10 @@ class HeaderTimeoutProtocol(H11Protocol):
         super().on_response_complete()
         if not self.transport.is_closing():
             self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        self._received += len(data)
+        super().data_received(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -92,12 +99,13 @@ class HeaderTimeoutProtocol(H11Protocol):
                 self._unsent = unsent
                 self._deadline = self.loop.call_later(self.timeout_s, self._expired)
             return
-        # a request is being answered: its body must come, and its answer be read, in time
-        stuck = self.cycle.more_body or self.flow.write_paused
-        if stuck and self._stuck is self.cycle:  # stuck at two looks, timeout_s apart
+        # a request is being answered: its body must keep coming, and its answer keep being read
+        progress = (self._received, self.transport.get_write_buffer_size())
+        waiting = self.cycle.more_body or self.flow.write_paused  # on the client, not on the app
+        if waiting and self._stuck is self.cycle and progress == self._progress:
             log.debug("closing %s: its request's body or its answer stood still for %g s", self.client,
                       self.timeout_s)
             self.transport.abort()  # close() would wait for the unread answer to be sent
             return
-        self._stuck = self.cycle if stuck else None
+        self._stuck, self._progress = (self.cycle if waiting else None), progress
         self._deadline = self.loop.call_later(self.timeout_s, self._expired)
