@@ -95,6 +95,7 @@ class Outcome:
 
     code: int | None  # the script's exit code; None when the scheduler ended it
     failure: str | None = None  # why the scheduler ended it: a system failure
+    confirm: bool = False  # the record may be a task's, not the job's: 0 passes only if the script said 0
 
 
 class Scheduler(Protocol):
@@ -198,16 +199,10 @@ class BatchDriver:
         if cancelled:
             return CANCELLED_EXIT
         outcome = self.scheduler.outcome(job_id)
-        if outcome.failure is not None:
-            raise SystemFailure(f"{self.scheduler.title} job {job_id} {outcome.failure}")
         own = _rc_written(paths.rc)  # the script's code, as the wrapper wrote it on the node
-        if outcome.code == 1 and own in self.scheduler.reserved_exits:
-            return own  # the wrapper ended with 1 for a code the scheduler acts on
-        if outcome.code == 0 and own:  # never a pass when the script failed
-            print(f"runnerctl: {self.scheduler.title} records job {job_id} as ended with 0, but its "
-                  f"script exited {own} (a parallel task's or an older job's record read first?)", flush=True)
-            return own
-        return 1 if outcome.code is None else outcome.code
+        if outcome.code == 0 and outcome.confirm and own is None:  # the file may lag on the shared FS
+            own = wait_for_record(lambda: _rc_written(paths.rc), RC_WAIT_S)
+        return stage_code(self.scheduler, job_id, outcome, own)
 
     def reap(self, lease: Lease, settings: Settings) -> None:
         try:
@@ -309,6 +304,31 @@ class _Paths:
     gpus = property(lambda self: self._p(".gpus"))
     nodes = property(lambda self: self._p(".nodes"))
     each_node = property(lambda self: self._p(".each-node"))
+
+
+RC_WAIT_S = 30.0
+"""How long a script's own exit code may take to show on the submit host's shared file system."""
+
+
+def stage_code(scheduler: Scheduler, job_id: str, outcome: Outcome, own: int | None) -> int:
+    """The stage's exit code from the scheduler's record and the script's own code (`own`,
+    None where the wrapper wrote none). A record of 0 never passes a script that exited
+    otherwise, nor, where the record may be a parallel task's (`confirm`), a script that
+    said nothing: killed before it could (a Grid Engine task's record read first passed a
+    failed job; found by reviews as a Grid Engine admin and of the day's changes)."""
+    said = f"{scheduler.title} job {job_id}"
+    if outcome.failure is not None:
+        raise SystemFailure(f"{said} {outcome.failure}")
+    if outcome.code == 1 and own in scheduler.reserved_exits:
+        return own  # the wrapper ended with 1 for a code the scheduler acts on
+    if outcome.code == 0 and own:
+        print(f"runnerctl: {scheduler.title} records job {job_id} as ended with 0, but its script exited "
+              f"{own} (a parallel task's or an older job's record read first?)", flush=True)
+        return own
+    if outcome.code == 0 and outcome.confirm and own is None:
+        raise SystemFailure(f"{said}: the record of 0 may be a parallel task's, and the job's script wrote "
+                            "no exit code (killed before it ended?)")
+    return 1 if outcome.code is None else outcome.code
 
 
 def wrapper_script(paths: _Paths, setup: str, *, image: str | None, bind: Path,

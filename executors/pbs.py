@@ -14,8 +14,9 @@ On the batch contract of executors/batch.py, with OpenPBS's documented behaviour
   going on in lines that start with a tab): `job_state` F is finished. Not `-F json`:
   OpenPBS up to 23.06 prints any value that strtod() reads whole as a bare number
   (src/lib/Libcmds/pbs_json.c, add_json_node; openpbs/openpbs issues 1255 and 2541),
-  and `qsub -V` puts every CI variable into `Variable_List`, so `LR: ".001"` made the
-  JSON invalid and the stage poll it until GitLab's timeout;
+  and `qsub -V` puts the submitting environment into `Variable_List` (once every CI
+  variable too), so `LR=.001` there made the JSON invalid and the stage poll it until
+  GitLab's timeout;
   `Exit_status` is the script's code (a build failure); above 256 a signal (256 + N)
   ended it, i.e. qdel by someone else: a system failure naming the job; negative is
   PBS's own failure (src/include/job.h JOB_EXEC_*), except -24 to -29, the job past its

@@ -96,13 +96,18 @@ class Pjm:
             raise Refused(message)
         raise SystemFailure(f"pjsub did not submit the job: {message or f'exit {result.returncode}'}")
 
+    def __init__(self) -> None:
+        self._seen: dict[str, list[str] | None] = {}  # the row active() just read, for never_runs
+
     def active(self, job_id: str) -> bool:
-        return _row(job_id) != []
+        self._seen[job_id] = row = _row(job_id)
+        return row != []
 
     def never_runs(self, job_id: str) -> str | None:
         """ERR: PJM stopped the job for an error it found; it stays until deleted. What the
-        job's own request could not get, pjsub rejected already."""
-        row = _row(job_id)
+        job's own request could not get, pjsub rejected already. Reads the row active()
+        read a moment before (sites ask for few pjstat calls)."""
+        row = self._seen.pop(job_id) if job_id in self._seen else _row(job_id)
         return SiteFault("it is in ERR state (stopped by an error PJM detected; pjstat -v tells which)") \
             if row and row[3:4] == ["ERR"] else None
 

@@ -180,7 +180,9 @@ class GridEngine:
         if failed.split()[0] != "0":
             return Outcome(None, f"was deleted or killed by Grid Engine (qdel by an administrator?): "
                                  f"qacct failed {failed}, exit_status {code}")
-        return Outcome(code)
+        # a parallel job's record may be a task's (qacct -j does not say whose); the script's
+        # own code confirms a 0
+        return Outcome(code, confirm=record.get("granted_pe", "NONE") != "NONE")
 
     def cancel_command(self, job_id: str) -> list[str]:
         return ["qdel", job_id]

@@ -204,17 +204,21 @@ _DURATION_UNITS = {
     **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60),
     **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3600),
     **dict.fromkeys(("d", "day", "days"), 86400),
-    **dict.fromkeys(("w", "wk", "wks", "week", "weeks"), 7 * 86400)}
+    **dict.fromkeys(("w", "wk", "wks", "week", "weeks"), 7 * 86400),
+    **dict.fromkeys(("mo", "mos", "month", "months"), 2_629_746)}
 _DURATION_PART = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]+)\s*")
-MAX_JOB_TIMEOUT_S = 30 * 86400
+_DURATION_JOINS = re.compile(r"\s*(?:,|\band\b|\bwith\b|\bplus\b)\s*")
+"""What ChronicDuration reads between parts and drops (`2 hours and 30 minutes`)."""
+MAX_JOB_TIMEOUT_S = 2_629_746
 """GitLab's longest job timeout, a month (lib/gitlab/ci/config/entry/timeout.rb: `duration:
-{ limit: ChronicDuration.output(Project::MAX_BUILD_TIMEOUT) }`), taken as 30 days."""
+{ limit: ChronicDuration.output(Project::MAX_BUILD_TIMEOUT) }`; Rails' 1.month, 30.44 days)."""
 
 
 def duration_s(text: str) -> float | None:
     """Seconds of a job `timeout` in the words GitLab reads (ChronicDuration: `90m`, `2h 30m`,
     `1.5h`, `3 hours`); None for text it would not take. A bare number, which GitLab reads
     as seconds, is refused here too: `timeout: 90` meant 90 minutes to the one who wrote it."""
+    text = _DURATION_JOINS.sub(" ", text)
     parts = _DURATION_PART.findall(text)
     if not parts or "".join(n + u for n, u in parts) != re.sub(r"\s+", "", text):
         return None
@@ -264,7 +268,9 @@ def _check_shape(name: str, value: Any) -> None:
         if seconds is None:
             raise ConfigError(f"input 'timeout' {value!r} is not a duration with units", hint="e.g. 90m, "
                               "2h 30m, 1.5h (a bare number is seconds to GitLab)")
-        if not 0 < seconds <= MAX_JOB_TIMEOUT_S:
+        if seconds <= 0:
+            raise ConfigError(f"input 'timeout' {value!r} is no time at all")
+        if seconds > MAX_JOB_TIMEOUT_S:
             raise ConfigError(f"input 'timeout' {value!r} is over GitLab's longest job timeout, a month")
     if name == "artifacts" and value == []:
         raise ConfigError("input 'artifacts' needs at least one path (GitLab refuses an empty list)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import types
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,16 @@ import pytest
 
 from runnerctl.executors import batch
 from runnerctl.executors.apptainer import run_line
-from runnerctl.executors.batch import BadParameters, _gpus_written, _Paths, _stream, time_limit
+from runnerctl.executors.batch import (
+    BadParameters,
+    Outcome,
+    _gpus_written,
+    _Paths,
+    _stream,
+    stage_code,
+    time_limit,
+)
+from runnerctl.executors.driver import SystemFailure
 from runnerctl.executors.pbs import scheduler_parameters as pbs_parameters
 from runnerctl.executors.pjm import scheduler_parameters as pjm_parameters
 from runnerctl.executors.rendezvous import BadNodes, nodes_requested
@@ -119,3 +129,27 @@ def test_an_image_name_is_only_ever_text_in_the_wrapper(tmp_path: Path, image: s
                           capture_output=True, text=True, check=False)
     assert done.stdout.endswith("needs apptainer or singularity on this node\nrc=127\n"), done
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(("outcome", "own", "reserved", "code", "failure"), [
+    (Outcome(0), 0, (), 0, None),
+    (Outcome(0), None, (), 0, None),  # a scheduler whose record is the job's own
+    (Outcome(0), 3, (), 3, None),  # a task's or an older job's record: never a pass
+    (Outcome(0, confirm=True), 0, (), 0, None),
+    (Outcome(0, confirm=True), None, (), None, "wrote no exit code"),  # killed before it said
+    (Outcome(3), 3, (), 3, None),
+    (Outcome(1), 99, (99, 100), 99, None),  # the wrapper masked a code the scheduler acts on
+    (Outcome(1), 99, (), 1, None),
+    (Outcome(None, "was cancelled"), 0, (), None, "was cancelled"),
+])
+def test_a_stage_passes_only_when_the_record_and_the_scripts_own_code_agree(
+        outcome: Outcome, own: int | None, reserved: tuple[int, ...], code: int | None,
+        failure: str | None) -> None:
+    """(found by reviews as a Grid Engine admin and of the day's changes: a parallel task's
+    record of 0, read before the job's own, passed a failed job)"""
+    scheduler = types.SimpleNamespace(title="Grid Engine", reserved_exits=reserved)
+    if failure is not None:
+        with pytest.raises(SystemFailure, match=failure):
+            stage_code(scheduler, "7", outcome, own)  # type: ignore[arg-type]
+    else:
+        assert stage_code(scheduler, "7", outcome, own) == code  # type: ignore[arg-type]

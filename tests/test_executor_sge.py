@@ -221,3 +221,19 @@ def test_a_job_whose_every_run_was_rescheduled_or_that_left_no_record_fails_nami
     with mock.patch.object(sge, "run_command", return_value=none), pytest.raises(SystemFailure,
                                                                                  match="deleted before"):
         GridEngine().outcome("7")
+
+
+def test_a_parallel_jobs_record_of_0_asks_for_the_scripts_own_word() -> None:
+    """qacct -j does not say whether a tightly integrated job's record is the job's or a
+    task's: a 0 from a parallel job passes only if the script wrote 0 (found by a review of
+    the day's changes: the job killed after its task ended passed)."""
+    from unittest import mock
+
+    from runnerctl.executors import sge
+
+    for pe, confirm in (("mpi", True), ("NONE", False)):
+        shown = _qacct_text({"jobname": "runnerctl-1-x", "granted_pe": pe, "failed": "0", "exit_status": "0"})
+        answer = subprocess.CompletedProcess([], 0, stdout=shown, stderr="")
+        with mock.patch.object(sge, "run_command", return_value=answer):
+            outcome = GridEngine().outcome("7")
+        assert outcome.code == 0 and outcome.confirm is confirm

@@ -317,6 +317,7 @@ def test_gitlab_itself_refuses_a_gpu_count_no_runner_has(name: str, key: str) ->
     ("gpu-job", {"command": "python train.py", "timeout": "1x"}, "is not a duration"),
     ("gpu-job", {"command": "python train.py", "timeout": "90"}, "is not a duration"),
     ("gpu-job", {"command": "python train.py", "timeout": "9999h"}, "longest job timeout"),
+    ("gpu-job", {"command": "python train.py", "timeout": "0h"}, "no time at all"),
 ])
 def test_inputs_gitlab_would_refuse_or_run_wrong_are_refused_at_render(name: str, inputs: dict[str, Any],
                                                                         said: str) -> None:
@@ -338,3 +339,12 @@ def test_values_gitlab_takes_are_rendered() -> None:
     sweep = yaml.safe_load(render("optuna-sweep", {"study_name": "s", "command": "python t.py"}))
     report = next(v for k, v in sweep.items() if k.endswith("-report"))
     assert report["dependencies"] == []
+
+
+@pytest.mark.parametrize("timeout", ["1h30m", "30 minutes", "2 hrs", "1 day", "1.5h", "1 month",
+                                     "2 hours and 30 minutes", "1 hour, 30 minutes", "730h"])
+def test_timeouts_in_the_words_gitlab_reads_render(timeout: str) -> None:
+    """ChronicDuration's words, months and joins included, up to Rails' month (found by a
+    review of the day's changes: `1 month` and `2 hours and 30 minutes` were refused)."""
+    job = yaml.safe_load(render("gpu-job", {"command": "x", "timeout": timeout}))["gpu-job"]
+    assert job["timeout"] == timeout

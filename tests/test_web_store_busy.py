@@ -120,7 +120,7 @@ def test_reads_the_store_cannot_serve_are_logged_once_a_minute(world: World, tmp
 
     now = [1000.0]
     monkeypatch.setattr(app.time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(app, "_store_trouble_logged", [-float("inf")])
+    monkeypatch.setattr(app, "_store_trouble_logged", {})
     store = Store.open(state_dir=tmp_path, timeout_s=0.2)
     try:
         client = _client(world, store, tmp_path)
@@ -132,5 +132,8 @@ def test_reads_the_store_cannot_serve_are_logged_once_a_minute(world: World, tmp
         assert codes == [503] * 7
         said = [r.getMessage() for r in caplog.records if "/api/host" in r.getMessage()]
         assert len(said) == 2 and "logged once a minute" in said[0], said
+        with _locked(tmp_path), caplog.at_level(logging.WARNING, logger="runnerctl.controller.app"):
+            assert client.get("/api/events").status_code == 503  # another path: said at once
+        assert any("/api/events" in r.getMessage() for r in caplog.records)
     finally:
         store.close()

@@ -122,20 +122,23 @@ def refused(request: Request, exc: RunnerctlError) -> JSONResponse:
     now (the store is unreachable or busy: 503), in one line, never a 500. Also for
     middleware (runnerctl.web.routes' guard), which runs outside the exception handlers."""
     unavailable = isinstance(exc, StoreError)
-    now = time.monotonic()
-    if not unavailable or now - _store_trouble_logged[0] >= STORE_TROUBLE_LOG_S:
+    now, key = time.monotonic(), f"{request.method} {request.url.path}"
+    if not unavailable or now - _store_trouble_logged.get(key, -math.inf) >= STORE_TROUBLE_LOG_S:
         if unavailable:  # the loop logs the outage once; each open page asks every 2 s
-            _store_trouble_logged[0] = now
+            if len(_store_trouble_logged) >= 256:  # paths come from clients: bounded
+                _store_trouble_logged.clear()
+            _store_trouble_logged[key] = now
         log.warning("%s %s: %s%s", request.method, request.url.path, one_line(str(exc)),
-                    " (pages that cannot reach the store are logged once a minute)" if unavailable else "")
+                    " (logged once a minute for this path while the store fails)" if unavailable else "")
     return JSONResponse({"detail": str(exc)}, status_code=503 if unavailable else 422)
 
 
 STORE_TROUBLE_LOG_S = 60.0
-"""Requests the store cannot serve are logged at most once in this long: one browser tab
-polls four endpoints every 2 s, 7,200 lines an hour during an outage (found by a review
-hunting leaks in a long-running serve)."""
-_store_trouble_logged = [-math.inf]
+"""Requests the store cannot serve are logged at most once in this long per method and
+path: one browser tab polls four endpoints every 2 s, 7,200 lines an hour during an
+outage (found by a review hunting leaks in a long-running serve), and a toggle that
+failed is still said beside them."""
+_store_trouble_logged: dict[str, float] = {}
 
 
 class _BadBody(ValueError):
