@@ -71,6 +71,9 @@ class Pjm:
     reserved_exits: tuple[int, ...] = ()
     node_launch = mpirun_launch(names='awk \'!seen[$0]++\' "$PJM_O_NODEINF"', job_id="PJM_JOBID")
 
+    def __init__(self) -> None:
+        self._seen: dict[str, list[str] | None] = {}  # the row active() just read, for never_runs
+
     def check(self) -> None:
         result = run_command(["pjstat"])
         if result.returncode != 0:
@@ -95,9 +98,6 @@ class Pjm:
         if "[ERR.]" in message and not any(code in message for code in _PJM_DOWN):
             raise Refused(message)
         raise SystemFailure(f"pjsub did not submit the job: {message or f'exit {result.returncode}'}")
-
-    def __init__(self) -> None:
-        self._seen: dict[str, list[str] | None] = {}  # the row active() just read, for never_runs
 
     def active(self, job_id: str) -> bool:
         self._seen[job_id] = row = _row(job_id)

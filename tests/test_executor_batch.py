@@ -67,13 +67,18 @@ CLUSTERS = {
 }
 
 
+def _stand_in(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str) -> None:
+    """The PBS or PJM stand-in first on PATH, with a job table of this test's own."""
+    monkeypatch.setenv("PATH", f"{FAKES / 'bin' / name}:{os.environ['PATH']}")
+    monkeypatch.setenv("RUNNERCTL_FAKE_BATCH", str(tmp_path / f"fake-{name}"))
+
+
 @pytest.fixture(params=sorted(CLUSTERS))
 def cluster(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             ) -> Iterator[Cluster]:
     name = str(request.param)
     if name in ("pbs", "pjm"):
-        monkeypatch.setenv("PATH", f"{FAKES / 'bin' / name}:{os.environ['PATH']}")
-        monkeypatch.setenv("RUNNERCTL_FAKE_BATCH", str(tmp_path / f"fake-{name}"))
+        _stand_in(monkeypatch, tmp_path, name)
     elif name == "slurm":
         assert "gpu:8" in _out("sinfo", "-h", "-o", "%G"), "Slurm is not running: bash .ci/setup/slurm.sh"
     else:
@@ -255,8 +260,7 @@ def test_pbs_jobs_get_the_cpus_and_memory_they_ask_for_inside_the_drivers_chunk(
     (req_quejob.c, PBSE_INVALJOBRESC), and the driver always gives one: a job's `-l
     vmem=8gb` failed to submit, and the ncpus of its own `select=` were dropped with it, so
     every job ran on PBS's default of one CPU. Both now go into the driver's chunk."""
-    monkeypatch.setenv("PATH", f"{FAKES / 'bin' / 'pbs'}:{os.environ['PATH']}")
-    monkeypatch.setenv("RUNNERCTL_FAKE_BATCH", str(tmp_path / "fake-pbs"))
+    _stand_in(monkeypatch, tmp_path, "pbs")
     h = batch_acceptance.harness(host, CLUSTERS["pbs"], (0,))
     given = "-l vmem=8gb -l select=2:ncpus=16:ngpus=8:mem=64gb -l place=scatter"
     job = FakeJob(id=931, variables={"SCHEDULER_PARAMETERS": given})
@@ -276,8 +280,7 @@ def test_pbs_is_read_from_qstat_text_since_its_json_breaks_on_a_variable_like_po
     The job's own variables reach it through its script, never as CUSTOM_ENV_ copies in
     Variable_List, which PBS operators (and Grid Engine's `qstat -j`, every user) can read."""
     monkeypatch.setenv("LR", ".001")  # in the runner's environment, which qsub -V passes on
-    monkeypatch.setenv("PATH", f"{FAKES / 'bin' / 'pbs'}:{os.environ['PATH']}")
-    monkeypatch.setenv("RUNNERCTL_FAKE_BATCH", str(tmp_path / "fake-pbs"))
+    _stand_in(monkeypatch, tmp_path, "pbs")
     h = batch_acceptance.harness(host, CLUSTERS["pbs"], (0,))
     job = FakeJob(id=930, variables={"LR": ".001", "NOTE": "x" * 300})
     results = h.run_job(job, 'echo "lr=$LR"; exit 6', timeout=60)
@@ -399,8 +402,7 @@ def test_a_pbs_job_no_mom_will_run_fails_at_once_as_the_clusters_failure(
     system failure (the cluster's, not the job's)."""
     from tests.fakes.pbs import MOM_REJECTS
 
-    monkeypatch.setenv("PATH", f"{FAKES / 'bin' / 'pbs'}:{os.environ['PATH']}")
-    monkeypatch.setenv("RUNNERCTL_FAKE_BATCH", str(tmp_path / "fake-pbs"))
+    _stand_in(monkeypatch, tmp_path, "pbs")
     monkeypatch.setenv(MOM_REJECTS, "1")
     h = batch_acceptance.harness(host, CLUSTERS["pbs"], (0,))
     build = h.run_job(FakeJob(id=934), "echo should-not-run", timeout=600)["build_script"]
@@ -464,8 +466,7 @@ def test_a_pjm_job_in_err_state_fails_at_once_as_the_clusters_failure(
     from tests.fakes import batch_engine
     from tests.fakes.pjm import PJM_ERROR
 
-    monkeypatch.setenv("PATH", f"{FAKES / 'bin' / 'pjm'}:{os.environ['PATH']}")
-    monkeypatch.setenv("RUNNERCTL_FAKE_BATCH", str(tmp_path / "fake-pjm"))
+    _stand_in(monkeypatch, tmp_path, "pjm")
     monkeypatch.setenv(PJM_ERROR, "1")
     h = batch_acceptance.harness(host, CLUSTERS["pjm"], (0,))
     build = h.run_job(FakeJob(id=935), "echo should-not-run", timeout=600)["build_script"]

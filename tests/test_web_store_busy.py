@@ -119,7 +119,7 @@ def test_reads_the_store_cannot_serve_are_logged_once_a_minute(world: World, tmp
     from runnerctl.controller import app
 
     now = [1000.0]
-    monkeypatch.setattr(app.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(app, "_clock", lambda: now[0])  # this module's clock, not everyone's
     monkeypatch.setattr(app, "_store_trouble_logged", {})
     store = Store.open(state_dir=tmp_path, timeout_s=0.2)
     try:

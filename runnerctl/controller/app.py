@@ -122,7 +122,7 @@ def refused(request: Request, exc: RunnerctlError) -> JSONResponse:
     now (the store is unreachable or busy: 503), in one line, never a 500. Also for
     middleware (runnerctl.web.routes' guard), which runs outside the exception handlers."""
     unavailable = isinstance(exc, StoreError)
-    now, key = time.monotonic(), f"{request.method} {request.url.path}"
+    now, key = _clock(), f"{request.method} {request.url.path}"
     if not unavailable or now - _store_trouble_logged.get(key, -math.inf) >= STORE_TROUBLE_LOG_S:
         if unavailable:  # the loop logs the outage once; each open page asks every 2 s
             if len(_store_trouble_logged) >= 256:  # paths come from clients: bounded
@@ -139,6 +139,7 @@ path: one browser tab polls four endpoints every 2 s, 7,200 lines an hour during
 outage (found by a review hunting leaks in a long-running serve), and a toggle that
 failed is still said beside them."""
 _store_trouble_logged: dict[str, float] = {}
+_clock = time.monotonic
 
 
 class _BadBody(ValueError):
