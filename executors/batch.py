@@ -43,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from runnerctl.executors.apptainer import run_line
+from runnerctl.executors.apptainer import binds, run_line
 from runnerctl.executors.contract import AFTER_SCRIPT_TIMEOUT_S, USER_SCRIPT_STAGES, parse_duration
 from runnerctl.executors.driver import StageContext, SystemFailure
 from runnerctl.executors.lease import Lease, LeaseTable
@@ -157,6 +157,13 @@ class BatchDriver:
         runas = as_user(user)
         paths = _Paths(Path(ctx.settings.builds_dir).resolve() / ".runnerctl", f"{ctx.job.id}-{stage}",
                        user if runas else None)
+        try:
+            return self._run(ctx, lease, paths, user, runas, script, stage)
+        finally:
+            paths.remove()
+
+    def _run(self, ctx: StageContext, lease: Lease, paths: _Paths, user: pwd.struct_passwd,
+             runas: dict[str, Any], script: Path, stage: str) -> int:
         paths.write(paths.copy, script.read_bytes())  # gitlab-runner's TMPDIR is not on the node
         cancelled = False
         with on_stop() as stop:  # a SIGTERM from here on is latched, never lost
@@ -164,7 +171,11 @@ class BatchDriver:
                 request = self._request(ctx, lease, paths, user, runas, stage)
                 setup = self.scheduler.gpu_exports(request) + setup_bash(
                     self.scheduler.node_launch, nodefile=paths.nodes, each_node=paths.each_node)
-                wrapper = wrapper_script(paths, setup, image=ctx.job.image, bind=request.workdir,
+                given = Path(os.path.abspath(ctx.settings.builds_dir))
+                project = ctx.env.get("CUSTOM_ENV_CI_PROJECT_DIR")
+                wrapper = wrapper_script(paths, setup, image=ctx.job.image,
+                                         binds=binds(request.workdir, given),
+                                         base=Path(project) if project else None,
                                          reserved=self.scheduler.reserved_exits)
                 paths.write(paths.wrapper, wrapper.encode())
                 job_id = self.scheduler.submit(request)
@@ -202,6 +213,9 @@ class BatchDriver:
         own = _rc_written(paths.rc)  # the script's code, as the wrapper wrote it on the node
         if outcome.code == 0 and outcome.confirm and own is None:  # the file may lag on the shared FS
             own = wait_for_record(lambda: _rc_written(paths.rc), RC_WAIT_S)
+        if own and _never_started(paths.rc):  # the site's node or registry, not the job's script
+            raise SystemFailure(f"{self.scheduler.title} job {job_id}: the image {ctx.job.image} never "
+                                f"ran the script (exit {own}; apptainer's own message is above)")
         return stage_code(self.scheduler, job_id, outcome, own)
 
     def reap(self, lease: Lease, settings: Settings) -> None:
@@ -213,7 +227,10 @@ class BatchDriver:
                 user = pwd.getpwuid(os.geteuid())
             self.scheduler.reap(label(lease), job, user)
         finally:
-            self._host.reap(lease, settings)
+            try:
+                _remove_job_files(Path(settings.builds_dir).resolve() / ".runnerctl", lease.job_id)
+            finally:
+                self._host.reap(lease, settings)
 
     def _request(self, ctx: StageContext, lease: Lease, paths: _Paths, user: pwd.struct_passwd,
                  runas: dict[str, Any], stage: str) -> Request:
@@ -232,10 +249,16 @@ class BatchDriver:
         env.pop("CUDA_VISIBLE_DEVICES")  # the scheduler's (or gpu_exports') choice, on its node
         env.pop("NVIDIA_VISIBLE_DEVICES")
         workdir = Path(ctx.settings.builds_dir).resolve()
+        nodes = nodes_requested(ctx.env)
+        if nodes > 1 and ctx.job.image:
+            raise BadNodes(f"RUNNERCTL_NODES={nodes} cannot be used with image: {ctx.job.image}: the node "
+                           "launcher (srun, mpirun) is on the nodes, not in the image; leave image: out "
+                           "and start the image on each node: \"$RUNNERCTL_EACH_NODE\" apptainer exec --nv "
+                           "IMAGE COMMAND (docs/hpc.md)")
         if runas:  # the job's environment, as the shell driver gives it
             env.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
         return Request(label=label(lease), wrapper=paths.wrapper, log=paths.log, workdir=workdir,
-                       gpus=len(ctx.args.gpus), nodes=nodes_requested(ctx.env),
+                       gpus=len(ctx.args.gpus), nodes=nodes,
                        time_limit_s=time_limit(ctx.env, ctx.job.timeout_s, stage), options=kept, env=env,
                        gpu_ids=ctx.args.gpus, site=site, runas=runas)
 
@@ -277,7 +300,7 @@ class _Paths:
         if self.owner is not None:
             os.chown(self.work, self.owner.pw_uid, self.owner.pw_gid, follow_symlinks=False)
         self.work.chmod(0o700)
-        for stale in (self.rc, self.output, self.log, self.gpus):
+        for stale in (self.rc, self.output, self.log, self.gpus, self.started):
             stale.unlink(missing_ok=True)
 
     def write(self, path: Path, data: bytes) -> None:
@@ -304,8 +327,17 @@ class _Paths:
     gpus = property(lambda self: self._p(".gpus"))
     nodes = property(lambda self: self._p(".nodes"))
     each_node = property(lambda self: self._p(".each-node"))
+    started = property(lambda self: self._p(".started"))
+
+    def remove(self) -> None:
+        """The stage's files: its script copy exports the job's variables, its output is
+        unmasked, and every job of the host runs as the same user (found by a review as
+        an HPC user: a later job of any project could read them)."""
+        for name in ("copy", "wrapper", "output", "log", "rc", "gpus", "nodes", "each_node", "started"):
+            getattr(self, name).unlink(missing_ok=True)
 
 
+NOSTART = "nostart"
 RC_WAIT_S = 30.0
 """How long a script's own exit code may take to show on the submit host's shared file system."""
 
@@ -331,18 +363,20 @@ def stage_code(scheduler: Scheduler, job_id: str, outcome: Outcome, own: int | N
     return 1 if outcome.code is None else outcome.code
 
 
-def wrapper_script(paths: _Paths, setup: str, *, image: str | None, bind: Path,
-                   reserved: Sequence[int] = ()) -> str:
+def wrapper_script(paths: _Paths, setup: str, *, image: str | None, binds: Sequence[str],
+                   base: Path | None = None, reserved: Sequence[int] = ()) -> str:
     """The batch script: output to the shared file, GPU set recorded, the stage run, its
-    code recorded; it exits 1 for a code in `reserved` (one the scheduler would act on)."""
+    code recorded (with `nostart` after it when the image's container never ran the
+    script); it exits 1 for a code in `reserved` (one the scheduler would act on)."""
     q = shlex.quote
     mask = f"case $rc in {'|'.join(map(str, reserved))}) exit 1 ;; esac\n" if reserved else ""
     return ("#!/bin/bash\n"
             f"exec >>{q(str(paths.output))} 2>&1\n"
             f"{setup}"
             f"echo \"${{CUDA_VISIBLE_DEVICES-}}\" > {q(str(paths.gpus))}\n"
-            + run_line(image=image, script=paths.copy, bind=bind, guard=GUARD)
-            + f"echo $rc > {q(str(paths.rc))}\n{mask}exit $rc\n")
+            + run_line(image=image, script=paths.copy, binds=binds, guard=GUARD, started=paths.started,
+                       base=base)
+            + f'echo "$rc${{runnerctl_nostart:+ {NOSTART}}}" > {q(str(paths.rc))}\n{mask}exit $rc\n')
 
 
 def label(lease: Lease) -> str:
@@ -512,14 +546,35 @@ def _stream(path: Path, offset: int) -> int:
     return offset
 
 
+def _remove_job_files(work: Path, job_id: str) -> None:
+    """Whatever a stage of the job left (a driver killed before its own removal): names
+    only, so a link is removed, never followed."""
+    try:
+        entries = list(os.scandir(work))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name.startswith(f"{job_id}-") and not entry.is_dir(follow_symlinks=False):
+            Path(entry.path).unlink(missing_ok=True)
+
+
 def _rc_written(path: Path) -> int | None:
     """The script's exit code as the wrapper wrote it on the node, None if it did not."""
     handle = _open_plain(path)
     if handle is None:
         return None
     with handle:
-        text = handle.read(32).decode(errors="replace").strip()
+        text = (handle.read(32).decode(errors="replace").split() or [""])[0]
     return int(text) if text.isascii() and text.isdigit() else None
+
+
+def _never_started(path: Path) -> bool:
+    """Did the wrapper write that the image's container never ran the script?"""
+    handle = _open_plain(path)
+    if handle is None:
+        return False
+    with handle:
+        return handle.read(32).decode(errors="replace").split()[1:] == [NOSTART]
 
 
 def _gpus_written(path: Path) -> str | None:

@@ -104,9 +104,14 @@ class Job:
         if not job_id:
             raise SystemFailure("no job id: neither JOB_RESPONSE_FILE nor CUSTOM_ENV_CI_JOB_ID")
         image = (data.get("image") or {}).get("name") if isinstance(data.get("image"), dict) else None
+        # gitlab-runner adds CI_JOB_IMAGE, the image's name with its $VARs expanded
+        # (common/build.go getBaseVariablesBeforeJob, GetAllVariables().Expand()), as its
+        # executors use it (executors/docker/docker.go ExpandValue): the payload's name is
+        # as written, `$CI_REGISTRY_IMAGE/train:latest` included
+        image = custom.get("CI_JOB_IMAGE") or image
         auth = custom.get("DOCKER_AUTH_CONFIG") or latest.get("DOCKER_AUTH_CONFIG") or ""
         return cls(id=job_id, pipeline_id=pick("CI_PIPELINE_ID"), project=pick("CI_PROJECT_PATH"),
-                   user=pick("GITLAB_USER_LOGIN"), image=image or pick("CI_JOB_IMAGE") or None,
+                   user=pick("GITLAB_USER_LOGIN"), image=image or None,
                    url=pick("CI_JOB_URL"), timeout_s=_timeout(data, pick("CI_JOB_TIMEOUT")),
                    name=pick("CI_JOB_NAME"),
                    # as gitlab-runner reads it: the last copy wins, its $VARs expanded

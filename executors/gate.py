@@ -67,6 +67,8 @@ def belongs_to(pid: int, lease: Lease) -> bool:
             return False
         if proc.create_time() < lease.created_at - CLOCK_SLACK_S:
             return False  # older than the lease: a reused group id, not the job's
+        if proc.uids().real != lease.uid:
+            return False  # another user's process given the group's number once it was free
         chain = [proc, *proc.parents()]
         return any(p.pid == lease.pgid or _pgid(p) == lease.pgid for p in chain)
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):

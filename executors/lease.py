@@ -187,7 +187,10 @@ def owner_alive(lease: Lease) -> bool:
     return process_started(lease.owner_pid) == lease.owner_started  # written by an older runnerctl
 
 
-def group_alive(pgid: int | None) -> bool:
+def group_alive(pgid: int | None, uid: int) -> bool:
+    """Does a process of user `uid` still run in process group `pgid`? Another user's
+    process that was given the number once the job's group was gone does not count
+    (a user who forked until they had it kept a finished job's lease, and its GPUs, held)."""
     if pgid is None:
         return False
     try:
@@ -195,8 +198,14 @@ def group_alive(pgid: int | None) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass  # someone else's group: whose is read below
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.uids().real == uid:
+                return True
+        except (ProcessLookupError, psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return False
 
 
 def environ_token(pid: int) -> str | None:
@@ -223,15 +232,36 @@ def token_processes(token: str, *, uid: int | None = None) -> list[psutil.Proces
 
 
 def in_cgroup_of(pid: int, lease: Lease) -> bool:
-    """Is the process in the lease's container or Slurm job (its cgroup path says so)?"""
+    """Is the process in the lease's container or Slurm job (its cgroup path says so)?
+
+    A cgroup's path is matched name by name, never as text, and not under user.slice:
+    systemd gives each user a subtree there to make cgroups of any name in (`systemd-run
+    --user --scope --unit=docker-<id>`), and a user's process in `.../docker-<id>.scope`
+    counted as the container's, free to use its GPUs (found by a review as a local user).
+    Docker names a container's cgroup `docker-<id>.scope` (systemd driver) or `docker/<id>`
+    (cgroupfs); Slurm a job's `job_<id>` (task/cgroup)."""
     if not lease.container and not lease.slurm_job:
         return False
     try:
         cgroup = Path(f"/proc/{pid}/cgroup").read_text()
     except OSError:
         return False
-    return bool((lease.container and lease.container in cgroup)
-                or (lease.slurm_job and f"/job_{lease.slurm_job}/" in cgroup))
+    return cgroup_is_of(cgroup, lease)
+
+
+def cgroup_is_of(cgroup: str, lease: Lease) -> bool:
+    """`in_cgroup_of` for the text of a /proc/<pid>/cgroup."""
+    for line in cgroup.splitlines():
+        names = line.split(":", 2)[-1].split("/")
+        if "user.slice" in names:
+            continue
+        pairs = zip(names, names[1:], strict=False)
+        if lease.container and (f"docker-{lease.container}.scope" in names
+                                or any(a == "docker" and b == lease.container for a, b in pairs)):
+            return True
+        if lease.slurm_job and f"job_{lease.slurm_job}" in names:
+            return True
+    return False
 
 
 def job_processes(lease: Lease) -> list[psutil.Process]:
@@ -271,7 +301,7 @@ def job_running(lease: Lease) -> bool:
     """A process group of an earlier boot is gone, whatever now has its number (a host that
     lost power: its shell job's pgid, reused, held the GPUs until the orphan audit); a
     batch job may outlive the submit host's reboot, so the scheduler is asked."""
-    return ((group_alive(lease.pgid) and not earlier_boot(lease)) or bool(job_processes(lease))
+    return ((group_alive(lease.pgid, lease.uid) and not earlier_boot(lease)) or bool(job_processes(lease))
             or slurm_active(lease.slurm_job) or batch_active(lease.batch_job))
 
 

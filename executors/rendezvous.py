@@ -25,6 +25,11 @@ NODES_VARIABLE = "RUNNERCTL_NODES"
 MAX_NODES = 10_000
 """More nodes than any cluster runnerctl drives has (as `render` checks the input)."""
 PORT_BASE, PORT_SPAN = 20000, 20000
+NODE_LOCAL = ("HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "TMPDIR", "CUDA_VISIBLE_DEVICES",
+              "NVIDIA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "OMPI_*", "PMIX_*",
+              "PMI_*")
+"""What mpirun does not copy from the first node: the node's own names, directories and GPUs
+(a scheduler's cgroup hook sets each node's), and Open MPI's and PMIx's own."""
 
 
 class BadNodes(ValueError):
@@ -40,12 +45,25 @@ class NodeLaunch:
     job_id: str  # the variable holding the scheduler's job id
     launch: str  # command prefix that starts one task per node
     rank: str  # the variable that holds the node's rank inside such a task
+    prelude: str = ""  # bash the per-node launcher runs first
 
 
 def mpirun_launch(*, names: str, job_id: str) -> NodeLaunch:
-    """For schedulers whose own per-node launcher is Open MPI's mpirun (sge, pbs, pjm)."""
-    return NodeLaunch(names=names, address='echo "$1"', job_id=job_id,
-                      launch='mpirun -np "$WORLD_SIZE" --hostfile "$RUNNERCTL_NODEFILE" --map-by node',
+    """For schedulers whose own per-node launcher is Open MPI's mpirun (sge, pbs, pjm).
+
+    mpirun gives the other nodes' tasks only the OMPI_ variables and those named with `-x`
+    (mpirun(1), "Exported Environment Variables"): every rank's torchrun got an empty
+    MASTER_ADDR. The launcher names every exported variable, as srun passes the whole
+    environment (`--export=ALL`), but those that belong to one node (NODE_LOCAL); names
+    only, so no value shows in `ps`."""
+    local = "|".join(NODE_LOCAL)
+    prelude = ("runnerctl_pass=()\n"
+               "for runnerctl_name in $(compgen -e); do\n"
+               f'  case $runnerctl_name in {local}) ;; *) runnerctl_pass+=(-x "$runnerctl_name") ;; esac\n'
+               "done\n")
+    return NodeLaunch(names=names, address='echo "$1"', job_id=job_id, prelude=prelude,
+                      launch='mpirun -np "$WORLD_SIZE" --hostfile "$RUNNERCTL_NODEFILE" --map-by node '
+                             '"${runnerctl_pass[@]}"',
                       rank="OMPI_COMM_WORLD_RANK")
 
 
@@ -60,7 +78,7 @@ def nodes_requested(env: Mapping[str, str]) -> int:
 def setup_bash(launch: NodeLaunch, *, nodefile: Path, each_node: Path) -> str:
     """Bash for the batch script: the node file, the rendezvous variables, the per-node launcher."""
     q = shlex.quote
-    each = (f"#!/bin/bash\nexec {launch.launch} bash -c "
+    each = (f"#!/bin/bash\n{launch.prelude}exec {launch.launch} bash -c "
             + q(f'export NODE_RANK=${launch.rank}; exec "$@"') + ' runnerctl "$@"\n')
     return (f"runnerctl_address() {{ {launch.address}; }}\n"
             f"( {launch.names} ) > {q(str(nodefile))}\n"

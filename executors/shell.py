@@ -155,11 +155,14 @@ def as_user(user: pwd.struct_passwd) -> dict[str, Any]:
 
 def _chown_tree(path: Path, user: pwd.struct_passwd) -> None:
     """`path` and everything in it to `user`, following no symbolic link (a job's own
-    files may link anywhere on the host)."""
+    files may link anywhere on the host). Each name is changed through its directory's
+    open descriptor: by path, a directory the job's user swapped for a link to /etc
+    between the walk's look and the chown handed /etc/shadow to that user (found by a
+    review as a local user; any job on another slot runs as the same user)."""
     os.chown(path, user.pw_uid, user.pw_gid, follow_symlinks=False)
-    for root, dirs, files in os.walk(path):
+    for _root, dirs, files, fd in os.fwalk(path, follow_symlinks=False):
         for name in dirs + files:
-            os.chown(os.path.join(root, name), user.pw_uid, user.pw_gid, follow_symlinks=False)
+            os.chown(name, user.pw_uid, user.pw_gid, dir_fd=fd, follow_symlinks=False)
 
 
 def _readable_copy(script: Path, directory: Path, user: pwd.struct_passwd) -> Path:

@@ -210,7 +210,10 @@ class PostgresServer:
         if self.running():
             return False
         log = self.config.log_file
-        log.touch()
+        # the server's log is its user's alone: a failed statement is logged whole, and a
+        # role's CREATE ... PASSWORD with it (it was 0644, read by every user of the host)
+        os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600))
+        log.chmod(0o600)
         self._own(log)
         # -t: crash recovery after a power loss can take minutes; killed at 60 s, it began again
         result = self._run("pg_ctl", "start", "-w", "-t", str(POSTGRES_START_WAIT_S),

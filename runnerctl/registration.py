@@ -29,6 +29,7 @@ from runnerctl.executors.contract import DriverArgs, custom_section
 from runnerctl.gitlab import CreatedRunner, GitLabPort, RunnerInfo, RunnerScope
 from runnerctl.layout import plan_slots, slot_tags, standby_name
 from runnerctl.model import GpuSnapshot, Slot
+from runnerctl.private import serve_pid
 from runnerctl.runner_config import RunnerConfigFile, raise_concurrent, replace_owned_entries
 from runnerctl.settings import Settings
 
@@ -208,11 +209,18 @@ def apply_registration(plan: RegistrationPlan, snapshot: GpuSnapshot,
                 if not changed:
                     result.unchanged.append(slot.name)
             entries[slot.name] = values
+        # a running serve read config.toml at its start and drives only the runners it
+        # names: one made now is paused and told as `replaced` (restart serve), or an entry
+        # removed by hand (doctor's own advice) came back open while serve kept its GPU
+        # paused for an admin (found by a review as a lab admin editing config)
+        unknown_to_serve = serve_pid(Path(options.settings.paths.state_dir)) is not None
         for slot in plan.create:
-            created = _create(gitlab, slot, options)
+            created = _create(gitlab, slot, options, paused=unknown_to_serve)
             entries[slot.name] = {**entry_values(slot, snapshot, options),
                                   **credentials(created, now)}
             result.created.append(slot.name)
+            if unknown_to_serve:
+                result.replaced.append(slot.name)
         for name, retired_id in plan.retire:
             if retired_id:
                 gitlab.delete_runner(retired_id)

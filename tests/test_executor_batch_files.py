@@ -124,7 +124,8 @@ def test_an_image_name_is_only_ever_text_in_the_wrapper(tmp_path: Path, image: s
     """Without apptainer on the node the wrapper says so, naming the image: as text, so
     a quote or newline in the job's `image:` runs nothing."""
     marker = tmp_path / "ran"
-    line = run_line(image=image.format(marker=marker), script=tmp_path / "s.sh", bind=tmp_path, guard="")
+    line = run_line(image=image.format(marker=marker), script=tmp_path / "s.sh", binds=(str(tmp_path),),
+                    guard="", started=tmp_path / "started")
     done = subprocess.run(["bash", "-c", "command() { return 1; }\n" + line + 'echo "rc=$rc"'],
                           capture_output=True, text=True, check=False)
     assert done.stdout.endswith("needs apptainer or singularity on this node\nrc=127\n"), done

@@ -152,3 +152,36 @@ def test_the_gate_reads_the_leases_again_at_every_look(tmp_path: Path,
     found = wait_until_free(source, (1,), leases, wait_s=600, poll_s=2,
                             sleep=lambda s: now.__setitem__(0, now[0] + s), clock=lambda: now[0])
     assert found == [] and now[0] == 2  # free at the second look, not after 600 s
+
+
+def test_another_users_process_in_a_freed_group_number_or_a_look_alike_cgroup_is_foreign(
+        tmp_path: Path, spawned: list[subprocess.Popen[bytes]]) -> None:
+    """Found by a review as a local user: a user who forked until a process of theirs had
+    a finished job's group id counted as that job on its GPUs (and kept the lease alive),
+    and a cgroup of their own named like the container's (`systemd-run --user --scope
+    --unit=docker-<id>`) counted as inside the container."""
+    from runnerctl.executors.lease import cgroup_is_of, group_alive
+
+    theirs = subprocess.Popen(["sleep", "60"], user="nobody", start_new_session=True)
+    spawned.append(theirs)
+    lease = _lease(0, pgid=theirs.pid)  # the job ran as this process's user
+    snapshot = sim_snapshot(tmp_path, {0: [theirs.pid]})
+    assert [p.pid for p in classify(snapshot, [lease])[0].foreign] == [theirs.pid]
+    assert not group_alive(theirs.pid, lease.uid)
+    as_theirs = _lease(0, pgid=theirs.pid, uid=psutil.Process(theirs.pid).uids().real)
+    assert [p.pid for p in classify(snapshot, [as_theirs])[0].ci] == [theirs.pid]
+    assert group_alive(theirs.pid, as_theirs.uid)
+
+    box = _lease(0, container="c0ffee" * 10 + "abcd", slurm_job="12")
+    cid = box.container
+    inside = [f"0::/system.slice/docker-{cid}.scope", f"4:memory:/docker/{cid}",
+              f"4:memory:/process_api/e51c/docker/{cid}",
+              "0::/system.slice/slurmstepd.scope/job_12/step_0/user/task_0",
+              "4:memory:/slurm/uid_5/job_12/step_0"]
+    outside = [f"0::/user.slice/user-1000.slice/user@1000.service/app.slice/docker-{cid}.scope",
+               f"0::/user.slice/user-1000.slice/user@1000.service/docker/{cid}",
+               "0::/user.slice/user-1000.slice/user@1000.service/job_12/x",
+               f"0::/system.slice/docker-{cid}0.scope", f"4:memory:/docker/{cid}-x/y",
+               "0::/system.slice/slurmstepd.scope/job_123/step_0", f"0::/notdocker/{cid}"]
+    assert [line for line in inside if not cgroup_is_of(line, box)] == []
+    assert [line for line in outside if cgroup_is_of(line, box)] == []

@@ -22,3 +22,18 @@ def test_a_jobs_own_copy_of_an_identity_variable_changes_nothing(tmp_path: Path)
     response.write_text(json.dumps({"id": 77, "variables": gitlab + yaml}))
     job = Job.from_env({"JOB_RESPONSE_FILE": str(response), "CUSTOM_ENV_GITLAB_USER_LOGIN": "alice"})
     assert (job.id, job.user, job.project, job.name) == ("77", "mallory", "mallory/sweep", "train")
+
+
+def test_the_image_is_the_one_gitlab_runner_expanded(tmp_path: Path) -> None:
+    """`image: $CI_REGISTRY_IMAGE/train:latest` reaches the runner as written; gitlab-runner
+    expands it (executors/docker/docker.go) and passes the result as CI_JOB_IMAGE
+    (common/build.go). Taken from the payload, Apptainer and Docker were handed
+    `docker://$CI_REGISTRY_IMAGE/...` (found by a review as an HPC user)."""
+    response = tmp_path / "response.json"
+    response.write_text(json.dumps({"id": 78, "image": {"name": "$CI_REGISTRY_IMAGE/train:latest"},
+                                    "variables": [{"key": "CI_REGISTRY_IMAGE", "value": "reg.lab/ml/exp"}]}))
+    env = {"JOB_RESPONSE_FILE": str(response), "CUSTOM_ENV_CI_JOB_IMAGE": "reg.lab/ml/exp/train:latest"}
+    assert Job.from_env(env).image == "reg.lab/ml/exp/train:latest"
+    assert Job.from_env({"JOB_RESPONSE_FILE": str(response)}).image == "$CI_REGISTRY_IMAGE/train:latest"
+    response.write_text(json.dumps({"id": 79}))
+    assert Job.from_env({"JOB_RESPONSE_FILE": str(response)}).image is None

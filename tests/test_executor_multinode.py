@@ -5,12 +5,17 @@ the rendezvous variables under the PBS and PJM stand-ins."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from runnerctl.executors.pbs import Pbs
+from runnerctl.executors.pjm import Pjm
+from runnerctl.executors.rendezvous import setup_bash
+from runnerctl.executors.sge import GridEngine
 from runnerctl.pipelines import render
 from tests.harness_custom_executor import FakeJob, harness_for, make_host
 
@@ -139,3 +144,48 @@ def test_the_hpc_batch_job_component_runs_across_two_slurm_nodes(host: Path) -> 
     build = results["build_script"]
     assert build.code == 0, build.output
     assert "world=2" in build.output and "node1,node2" in build.output, build.output
+
+
+CLEAN_LOGIN = """#!/bin/bash
+# ssh as Open MPI's rsh launcher uses it: options, the host, the command; the command runs
+# as sshd runs a non-interactive one, in a fresh login environment. Every "node" is this
+# host, with a /tmp of its own as a node has (the daemons' session directories collided)
+while [ "${1#-}" != "$1" ]; do shift; done
+node_tmp="$(dirname "$0")/tmp-$1"
+mkdir -p "$node_tmp"
+shift
+exec env -i PATH="$PATH" HOME="$HOME" TMPDIR="$node_tmp" bash -c "$*"
+"""
+
+
+@pytest.mark.parametrize("driver", ["pbs", "pjm", "sge"])
+def test_every_node_gets_the_rendezvous_variables_under_real_mpirun(driver: str, tmp_path: Path) -> None:
+    """Open MPI passes the other nodes only OMPI_ variables and those named with -x
+    (mpirun(1)); without them every rank's torchrun got an empty MASTER_ADDR (found by a
+    review as an HPC user). As srun does, it passes the job's own variables too, but not
+    those of one node. Real mpirun, two node names it reaches through a clean login."""
+
+    agent = tmp_path / "ssh"
+    agent.write_text(CLEAN_LOGIN)
+    agent.chmod(0o755)
+    hosts = tmp_path / "hosts"
+    hosts.write_text({"pbs": "nodeA\nnodeA\nnodeB\n", "pjm": "nodeA\nnodeB\n",
+                      "sge": "nodeA 2 all.q@nodeA UNDEFINED\nnodeB 2 all.q@nodeB UNDEFINED\n"}[driver])
+    launch = {"pbs": Pbs, "pjm": Pjm, "sge": GridEngine}[driver].node_launch
+    scheduler_env = {"pbs": f"PBS_NODEFILE={hosts} PBS_JOBID=4242.server",
+                     "pjm": f"PJM_O_NODEINF={hosts} PJM_JOBID=4242",
+                     "sge": f"PE_HOSTFILE={hosts} JOB_ID=4242"}[driver]
+    script = (f"{MPI_ENV.replace('OMPI_MCA_plm_rsh_agent=false', f'OMPI_MCA_plm_rsh_agent={agent}')} "
+              # both "nodes" are this host: their daemons' hwloc shared-memory topologies
+              # (rtc hwloc) would collide, and one crashed now and then
+              f"OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_rtc_hwloc_vmhole=none {scheduler_env}\n"
+              + setup_bash(launch, nodefile=tmp_path / "nodes", each_node=tmp_path / "each")
+              + "export HF_HOME='/scratch/a b' CUDA_VISIBLE_DEVICES=GPU-first-node\n"
+              + '"$RUNNERCTL_EACH_NODE" sh -c \'echo "rank=$NODE_RANK world=$WORLD_SIZE '
+                'master=$MASTER_ADDR port=$MASTER_PORT nodes=$(paste -sd, "$RUNNERCTL_NODEFILE") '
+                'hf=$HF_HOME cvd=${CUDA_VISIBLE_DEVICES-unset}"\'\n')
+    ran = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert ran.returncode == 0, ran.stderr
+    assert sorted(ran.stdout.splitlines()) == [
+        f"rank={rank} world=2 master=nodeA port=24242 nodes=nodeA,nodeB hf=/scratch/a b cvd=unset"
+        for rank in (0, 1)], ran.stdout

@@ -4,12 +4,14 @@ real Unix user made for each test."""
 
 from __future__ import annotations
 
+import os
 import pwd
 import shutil
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -97,3 +99,35 @@ def test_a_link_planted_as_the_slots_builds_dir_is_not_followed(open_root: Path,
     assert (builds / "gpu5").stat().st_uid == unix_user.pw_uid
     assert target.stat().st_uid == 0 and (target / "passwd").stat().st_uid == 0  # left as it was
     assert harness.stage("cleanup", FakeJob(id=704)).code == 0
+
+
+def test_a_directory_swapped_for_a_link_while_the_slot_is_handed_over_is_not_followed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """prepare, as root, hands the slot's files to the job user; a job of that user on
+    another slot swapped a directory in it for a link to a root-only one between the
+    walk's look and the chown (renameat2 in a loop), and the root-only file was handed
+    over. Here the swap happens at the first chown of a file."""
+    from runnerctl.executors.shell import _chown_tree
+
+    slot = tmp_path / "gpu5"
+    (slot / "d").mkdir(parents=True)
+    (slot / "d" / "shadow").write_text("the job's own file")
+    victim = tmp_path / "etc"
+    victim.mkdir(mode=0o700)
+    (victim / "shadow").write_text("root's")
+    user = pwd.struct_passwd(("job", "x", 54321, 54321, "", "/", "/bin/sh"))
+    real, swapped = os.chown, []
+
+    def racing(path: Any, uid: int, gid: int, *, dir_fd: int | None = None,
+               follow_symlinks: bool = True) -> None:
+        if not swapped and str(path).endswith("shadow"):
+            swapped.append(path)
+            (slot / "d").rename(slot / "d.before")
+            (slot / "d").symlink_to(victim)
+        real(path, uid, gid, dir_fd=dir_fd, follow_symlinks=follow_symlinks)
+
+    monkeypatch.setattr(os, "chown", racing)
+    _chown_tree(slot, user)
+    assert swapped
+    assert (victim / "shadow").stat().st_uid == os.geteuid()
+    assert (slot / "d.before" / "shadow").stat().st_uid == 54321

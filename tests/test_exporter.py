@@ -350,6 +350,26 @@ def test_dcgm_job_mapping_files_follow_the_jobs(world: World, tmp_path: Path) ->
     assert len(files) == 1 and all(text.strip().isdigit() for text in files.values())
 
 
+def test_a_link_planted_at_the_mapping_files_temporary_name_is_not_followed(
+        world: World, tmp_path: Path) -> None:
+    """In a mapping directory other users can write (a configured one under /tmp), a link
+    planted at the predictable temporary name had a root-only file truncated, rewritten
+    and made 0644 (found by a review as a local user)."""
+    directory = tmp_path / "dcgm"
+    directory.mkdir()
+    victim = tmp_path / "root-only"
+    victim.write_text("root's")
+    victim.chmod(0o600)
+    for gpu in range(8):
+        (directory / f".{gpu}.{os.getpid()}.tmp").symlink_to(victim)
+    world.controller.on_tick.append(JobMappingWriter(directory))
+    world.submit(1, 200.0)
+    world.advance(12)
+    assert victim.read_text() == "root's" and stat.S_IMODE(victim.stat().st_mode) == 0o600
+    [written] = [p for p in directory.iterdir() if not p.name.startswith(".")]
+    assert written.read_text().strip().isdigit() and not written.is_symlink()
+
+
 def test_dcgm_mapping_failure_is_logged_once_and_never_stops_the_loop(
         world: World, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     blocker = tmp_path / "not-a-dir"

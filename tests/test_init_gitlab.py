@@ -109,6 +109,28 @@ def test_runner_deleted_in_gitlab_is_registered_again_paused(gitlab_server: GitL
     assert "then: restart runnerctl serve" in capsys.readouterr().out
 
 
+def test_an_entry_removed_by_hand_while_serve_runs_comes_back_paused(
+        gitlab_server: GitLabServer, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """doctor's advice for a broken entry is to remove it and run init: the runner made
+    again came back open while the running serve, which knows only the runners it read at
+    its start, kept that GPU paused for an admin (found by a review as a lab admin)."""
+    config = tmp_path / "config.toml"
+    _init(gitlab_server, config, "sim:2")
+    doc = tomlkit.parse(config.read_text())
+    kept = [e for e in doc["runners"] if not e["name"].endswith("/gpu1")]
+    doc["runners"] = tomlkit.aot()
+    for entry in kept:
+        doc["runners"].append(entry)
+    config.write_text(tomlkit.dumps(doc))
+    monkeypatch.setattr("runnerctl.registration.serve_pid", lambda state_dir: 4242)
+    capsys.readouterr()
+    assert _init(gitlab_server, config, "sim:2") == 0
+    entry = next(e for e in tomlkit.parse(config.read_text())["runners"] if e["name"].endswith("/gpu1"))
+    assert gitlab_server.state.runners[entry["id"]].paused
+    assert "then: restart runnerctl serve" in capsys.readouterr().out
+
+
 def test_failure_midway_keeps_tokens_of_runners_already_created(gitlab_server: GitLabServer,
                                                                 tmp_path: Path) -> None:
     config = tmp_path / "config.toml"

@@ -146,7 +146,10 @@ def test_fresh_machine_init_start_url_and_a_study_survives_stop_start(
         assert main([*args, "init"]) == 0
         assert main([*args, "init"]) == 0  # changes nothing
         assert main([*args, "status"]) == 1  # initialised but stopped
+        (base_dir / "pg" / "server.log").write_text("")  # as an older runnerctl left it: 0644
         assert main([*args, "start"]) == 0
+        # the server's log is its user's alone: a failed CREATE ROLE ... PASSWORD is logged whole
+        assert stat.S_IMODE((base_dir / "pg" / "server.log").stat().st_mode) == 0o600
         assert main([*args, "start"]) == 0  # harmless
         assert "already running" in _out(capsys)
         # but not as the unit's ExecStart: systemd would refuse the hand-started server's pid

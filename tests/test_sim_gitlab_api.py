@@ -393,3 +393,17 @@ def test_a_groups_runner_list_needs_owner_and_shows_them_to_an_administrator(gl:
     with _api(info, _token(info, "api", user_id=dana)) as developer:
         assert developer.get(f"/groups/{info['group_id']}/runners").status_code == 403
         assert developer.get(f"/projects/{info['project_ids'][0]}/runners").status_code == 403
+
+
+def test_a_server_left_running_keeps_only_its_newest_requests() -> None:
+    """`runnerctl sim gitlab` runs for days behind `serve`: its request log must not grow
+    without end (about 5 MB a day), while a test's server keeps every request."""
+    with GitLabServer(tokens={"glpat-keep": "admin"}, keep_requests=5) as server, \
+            httpx.Client(base_url=server.url + "/api/v4", headers={"PRIVATE-TOKEN": "glpat-keep"},
+                         timeout=5.0) as api:
+        for page in range(1, 31):
+            assert api.get("/projects", params={"page": page}).status_code == 200
+        kept = [int(r.query["page"][0]) for r in server.requests]
+    assert len(kept) <= 10 and kept[-1] == 30 and kept == sorted(kept)
+    with running_sim() as (standalone_server, _info):
+        assert standalone_server.keep_requests is not None

@@ -183,7 +183,8 @@ def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: i
     click.echo(f"wrote {config.path}" if changed else f"{config.path} already up to date")
     if result.replaced:
         click.echo(f"then: restart runnerctl serve (systemctl restart runnerctl-serve): it drives the "
-                   f"{len(result.replaced)} runner(s) made again by their new ids, paused until then")
+                   f"{len(result.replaced)} runner(s) made now by their new ids (it knows only those it "
+                   f"read at its start), paused until then")
 
 
 def _text(path: Path) -> bytes | None:

@@ -68,7 +68,10 @@ class JobMappingWriter:
                 self._written.pop(gpu, None)
             elif self._written.get(gpu) != content:
                 temp = self.directory / f".{gpu}.{os.getpid()}.tmp"
-                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                # a new file, never what is at that name: in a directory other users can
+                # write, a link planted there had root's file truncated and rewritten
+                temp.unlink(missing_ok=True)
+                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
                 with os.fdopen(fd, "w") as handle:
                     os.fchmod(fd, 0o644)  # whatever the umask (the units' is 0077)
                     handle.write(content)

@@ -28,6 +28,7 @@ The sender thread is watched: a failed delivery is counted and logged once per h
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import itertools
@@ -44,6 +45,8 @@ from typing import Any
 from runnerctl.sim.gitlab_directory import Directory
 from runnerctl.sim.gitlab_rest_ci import _iso as iso
 from runnerctl.sim.gitlab_state import SimJob, SimRunner
+
+KEEP_DELIVERIES = 10_000
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +86,7 @@ class Hooks:
         self.clock = clock
         self.base_url = base_url
         self.hooks: dict[int, ProjectHook] = {}
-        self.deliveries: list[Delivery] = []
+        self.deliveries: collections.deque[Delivery] = collections.deque(maxlen=KEEP_DELIVERIES)  # the newest
         self._ids = itertools.count(1)
         self._queue: queue.Queue[tuple[ProjectHook, dict[str, Any]] | None] = queue.Queue()
         self._thread: threading.Thread | None = None

@@ -85,12 +85,14 @@ class GitLabServer:
     """`with GitLabServer(state, tokens={"glpat-x": "alice"}) as server: server.url`.
 
     Each token in `tokens` is a personal access token with scope `api` of its user; the
-    users named in `admins` are administrators.
+    users named in `admins` are administrators. `requests` logs every request for tests
+    to read; a server meant to run for days passes `keep_requests` so that the log keeps
+    only that many of the newest.
     """
 
     def __init__(self, state: GitLabState | None = None, *, tokens: dict[str, str] | None = None,
                  host: str = "127.0.0.1", port: int = 0, admins: Iterable[str] = ("admin",),
-                 drop_interval_s: float | None = None) -> None:
+                 drop_interval_s: float | None = None, keep_requests: int | None = None) -> None:
         self.state = state or GitLabState()
         directory = self.state.directory
         for name in admins:
@@ -100,6 +102,7 @@ class GitLabServer:
         self.faults: list[Fault] = []
         self.oauth = OAuthProvider(directory)
         self.requests: list[LoggedRequest] = []
+        self.keep_requests = keep_requests
         self.lock = threading.RLock()
         self.access = Access(directory)
         self.runner_api = RunnerApi(self.state)
@@ -144,6 +147,12 @@ class GitLabServer:
         with self.lock:
             self.state.directory.add_user(user, admin=admin)
             return self.state.directory.add_token(user, scopes, name="test", expires_at=expires_at).token
+
+    def log(self, request: LoggedRequest) -> None:
+        with self.lock:
+            self.requests.append(request)
+            if self.keep_requests is not None and len(self.requests) > 2 * self.keep_requests:
+                del self.requests[:-self.keep_requests]
 
     def changing_requests(self) -> list[LoggedRequest]:
         return [r for r in self.requests if r.method in CHANGING]
@@ -226,7 +235,7 @@ def _handler_for(server: GitLabServer) -> type[BaseHTTPRequestHandler]:
             if parsed.path.startswith("/oauth/"):
                 with server.lock:
                     answer = server.oauth.handle(self.command, parsed.path, query, body)
-                server.requests.append(LoggedRequest(self.command, parsed.path, query, answer[0]))
+                server.log(LoggedRequest(self.command, parsed.path, query, answer[0]))
                 self._send(*answer, parsed)
                 return
             if parsed.path.startswith("/-/"):
@@ -235,7 +244,7 @@ def _handler_for(server: GitLabServer) -> type[BaseHTTPRequestHandler]:
             path = parsed.path.removeprefix("/api/v4")
             fault = server.take_fault(self.command, path)
             if fault is not None and fault.kind == "drop":
-                server.requests.append(LoggedRequest(self.command, path, query, None))
+                server.log(LoggedRequest(self.command, path, query, None))
                 self.close_connection = True
                 self.connection.close()
                 return
@@ -251,7 +260,7 @@ def _handler_for(server: GitLabServer) -> type[BaseHTTPRequestHandler]:
             else:
                 lowered = {k.lower(): v for k, v in self.headers.items()}
                 status, payload, headers = server.answer(self.command, path, query, body, lowered, raw)
-            server.requests.append(LoggedRequest(self.command, path, query, status))
+            server.log(LoggedRequest(self.command, path, query, status))
             if fault is not None and fault.kind == "lost":  # done, but the answer never arrives
                 self.close_connection = True
                 self.connection.close()

@@ -21,6 +21,7 @@ ADMIN = "root"
 GROUP = "ml"
 PROJECTS = ("training", "sweeps")
 HOURLY_S = 3600.0
+KEEP_REQUESTS = 10_000  # the request log of a server left running for days keeps the newest
 """GitLab's StuckBuildsDropWorker cron: `0 * * * *` (config/initializers/1_settings.rb)."""
 
 
@@ -39,7 +40,7 @@ def standalone(host: str, port: int, *, drop_interval_s: float | None = HOURLY_S
                         drop_silent_running=drop_silent_running, verify_skips_contact=verify_skips_contact)
     token = "glpat-" + secrets.token_urlsafe(20)
     server = GitLabServer(state, tokens={token: ADMIN}, host=host, port=port, admins=(ADMIN,),
-                          drop_interval_s=drop_interval_s)
+                          drop_interval_s=drop_interval_s, keep_requests=KEEP_REQUESTS)
     state.base_url = server.url
     server.hooks.base_url = server.url
     server.start()
