@@ -168,6 +168,9 @@ class RegistrationResult:
     retired: list[str] = dataclasses.field(default_factory=list)
     unchanged: list[str] = dataclasses.field(default_factory=list)
     orphans: list[str] = dataclasses.field(default_factory=list)
+    reset: list[str] = dataclasses.field(default_factory=list)
+    """"entry: keys" of config.toml that init set back to its own values (a hand edit of
+    a key runnerctl owns, or a changed setting): said, never silently."""
     replaced: list[str] = dataclasses.field(default_factory=list)
     """Runners made again for ones deleted in GitLab: created paused, since a running
     `serve` knows the old ids only and would neither pause nor drain the new one while
@@ -228,7 +231,7 @@ def apply_registration(plan: RegistrationPlan, snapshot: GpuSnapshot,
             result.retired.append(name)
     finally:
         if entries or retired:
-            _write(config, entries, retired, len(plan.slots))
+            _write(config, entries, retired, len(plan.slots), result.reset)
     _ensure_standby(plan, options, gitlab, config, result)
     return result
 
@@ -290,10 +293,11 @@ def max_timeout(slot: Slot, options: RegistrationOptions) -> int | None:
 
 
 def _write(config: RunnerConfigFile, entries: dict[str, dict[str, Any]], retired: set[str],
-           slot_count: int) -> None:
+           slot_count: int, reset: list[str]) -> None:
     def change(doc: tomlkit.TOMLDocument) -> None:
         _ensure_globals(doc, slot_count)
-        replace_owned_entries(doc, entries, retire=retired)
+        reset.clear()  # edit may run `change` again on a file changed meanwhile
+        replace_owned_entries(doc, entries, retire=retired, reset=reset)
 
     config.edit(change)
     Path(config.path).chmod(0o600)

@@ -79,8 +79,8 @@ class RunnerConfigFile:
             return tomlkit.document(), None
         except OSError as exc:
             raise ConfigError(f"cannot read {self.path}: {exc.strerror}") from None
-        try:
-            doc = tomlkit.parse(raw.decode("utf-8"))
+        try:  # a BOM, as some editors write, gitlab-runner's TOML reader skips
+            doc = tomlkit.parse(raw.decode("utf-8").removeprefix("\ufeff"))
         except (TOMLKitError, UnicodeDecodeError) as exc:
             raise ConfigError(
                 f"{self.path} is not valid TOML ({exc}); it was left untouched",
@@ -91,7 +91,8 @@ class RunnerConfigFile:
 
     def _replace_if_unchanged(self, text: str, digest: str | None) -> bool:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".config.toml.", dir=self.path.parent)
+        target = Path(os.path.realpath(self.path))  # a link's file: the link itself stays
+        fd, tmp = tempfile.mkstemp(prefix=".config.toml.", dir=target.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(text)
@@ -100,7 +101,7 @@ class RunnerConfigFile:
             os.chmod(tmp, 0o600)
             if _digest_of(self.path) != digest:
                 return False
-            os.replace(tmp, self.path)
+            os.replace(tmp, target)
             tmp = ""
             return True
         finally:
@@ -119,6 +120,11 @@ def validate(doc: TOMLDocument, path: Path) -> None:
     for entry in _runners(doc):
         if not isinstance(entry, Table | dict):
             raise ConfigError(f"{path}: every [[runners]] entry must be a table")
+    names = [str(entry["name"]) for entry in owned(doc)]
+    if twice := sorted({name for name in names if names.count(name) > 1}):
+        raise ConfigError(f"{path}: two [[runners]] entries are named {twice[0]}: gitlab-runner would poll "
+                          "both, and the second job on its GPUs would wait for the first; it was left "
+                          "untouched", hint="remove one of them by hand, then run the command again")
 
 
 MAX_RUNNER_ID = 2**63 - 1  # GitLab's ci_runners.id is a bigint
@@ -209,12 +215,20 @@ def _digest_of(path: Path) -> str | None:
         return None
 
 
+RUNNERCTL_ENVIRONMENT = frozenset({"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+                                   "RUNNERCTL_OPTUNA_STORAGE"})
+"""The `environment` variables runnerctl sets in its entries; others there are the lab's."""
+_NOT_TOLD = frozenset({"id", "token", "token_obtained_at", "token_expires_at"})  # rotated, not edited
+
+
 def replace_owned_entries(doc: TOMLDocument, entries: dict[str, dict[str, Any]], *,
-                          retire: set[str]) -> None:
+                          retire: set[str], reset: list[str] | None = None) -> None:
     """Set runnerctl's entries: update by name in place, append new ones, drop `retire`.
 
-    Entries runnerctl does not own, and keys inside owned entries that runnerctl does
-    not set, are kept as they are.
+    Entries runnerctl does not own, keys inside owned entries that runnerctl does not
+    set, and `environment` variables it does not set (a lab's HTTPS_PROXY) are kept as
+    they are. A key of an existing entry set back to runnerctl's value (a hand edit, or
+    a changed setting) is added to `reset` as "entry: key", so init can say so.
     """
     runners = doc.get("runners")
     if not isinstance(runners, AoT):  # absent, or `runners = []` as an older uninstall left it:
@@ -228,7 +242,10 @@ def replace_owned_entries(doc: TOMLDocument, entries: dict[str, dict[str, Any]],
         if name in retire:
             continue
         if name in entries:
-            _merge(entry, entries[name])
+            changed: list[str] = []
+            _merge(entry, entries[name], changed)
+            if reset is not None and changed:
+                reset.append(f"{name}: {', '.join(changed)}")
             seen.add(name)
         kept.append(entry)
     for name, values in entries.items():
@@ -245,13 +262,20 @@ def replace_owned_entries(doc: TOMLDocument, entries: dict[str, dict[str, Any]],
         doc.append("runners", kept)
 
 
-def _merge(table: Table, values: dict[str, Any]) -> None:
+def _merge(table: Table, values: dict[str, Any], changed: list[str] | None = None, where: str = "") -> None:
     for key, value in values.items():
         if isinstance(value, dict):
             if key not in table:
                 table[key] = tomlkit.table()
             sub = table[key]
             assert isinstance(sub, Table)
-            _merge(sub, value)
-        elif table.get(key) != value:
+            _merge(sub, value, changed, f"{where}{key}.")
+            continue
+        old = table.get(key)
+        if key == "environment" and isinstance(old, list) and isinstance(value, list):
+            ours = {str(v).partition("=")[0] for v in value} | RUNNERCTL_ENVIRONMENT
+            value = [*value, *(v for v in old if str(v).partition("=")[0] not in ours)]
+        if old != value:
+            if changed is not None and old is not None and key not in _NOT_TOLD:
+                changed.append(f"{where}{key}")
             table[key] = value

@@ -63,6 +63,10 @@ DRIVERS = ("shell", "docker", "slurm", "sge", "pbs", "pjm")
 """The drivers behind the custom executor (executors/), `[executor] driver`."""
 BATCH_DRIVERS = frozenset({"slurm", "sge", "pbs", "pjm"})
 """Drivers whose jobs run on a batch system's nodes, not on this host's GPUs."""
+GATE_WAIT_MAX_S = 840.0
+"""The longest `gate_wait_s`: gitlab-runner ends prepare at its `prepare_exec_timeout`
+(executors/contract.py writes this plus a minute), and the gate's own message, naming
+the GPU, pid and user in the way, would be lost in a plain timeout."""
 PULL_POLICIES = ("if-not-present", "always")
 """`[executor] docker_pull_policy` (gitlab-runner's names)."""
 
@@ -372,6 +376,10 @@ class Bound:
         return f"{key} must be from {self.low:g} to {self.high:g}{unit}, not {value!r}"
 
 
+_ABSOLUTE: dict[type, tuple[str, ...]] = {
+    PathSettings: ("state_dir", "runner_config", "builds_dir", "cache_dir"),
+    PostgresSettings: ("dir",), MonitoringSettings: ("dcgm_job_mapping_dir",)}
+"""Path settings that must be absolute where set (`~` is not expanded either)."""
 _RATIO = Bound(0.0, 1.0, "a ratio")
 _MORE_THAN_0 = Bound(0.0, above=True)
 _RANGES: dict[tuple[type, str], Bound] = {
@@ -387,6 +395,8 @@ _RANGES: dict[tuple[type, str], Bound] = {
     (ControllerSettings, "unused_after_s"): _MORE_THAN_0,
     (PostgresSettings, "port"): Bound(1, 65535, "a TCP port"),
     (ExecutorSettings, "docker_shm_mib"): Bound(1, 1 << 24, "MiB"),
+    (ExecutorSettings, "gate_wait_s"): Bound(0, GATE_WAIT_MAX_S, "seconds: gitlab-runner ends prepare "
+                                             "a minute later"),
     (WebSettings, "session_max_age_s"): Bound(60, unit="seconds"),
     (WebSettings, "signin_attempts"): Bound(1, 1_000_000, "attempts a minute"),
     (WebSettings, "max_concurrent_signins"): Bound(1, 1000, "sign-ins at once"),
@@ -423,8 +433,10 @@ def _check_more(cls: type[Any], values: dict[str, Any]) -> str:
                                                     str(values.get("sge_gpu_resource", ""))):
         return (f"sge_gpu_resource must be a Grid Engine resource name or empty, "
                 f"not {values['sge_gpu_resource']!r}")
-    if cls is PathSettings and "state_dir" in values and not Path(values["state_dir"]).is_absolute():
-        return f"state_dir must be an absolute path, not {values['state_dir']!r}"
+    for key in _ABSOLUTE.get(cls, ()):  # a service's working directory is /: a relative path meant
+        empty_means_default = key != "state_dir"  # another file there, and `~` is never expanded
+        if key in values and (values[key] or not empty_means_default) and not Path(values[key]).is_absolute():
+            return f"{key} must be an absolute path, not {values[key]!r}"
     if cls is WebSettings:
         for proxy in values.get("trusted_proxies", ()):
             try:
@@ -461,6 +473,9 @@ def _check_controller(values: dict[str, Any]) -> str:
         if problem:
             return problem
     for project, priority in values.get("project_priorities", {}).items():
+        if not (project.isascii() and project.isdigit() and str(int(project)) == project != "0"):
+            return (f"project_priorities: {project!r} is no GitLab project id (its keys are ids, "
+                    f"\"42\" = \"high\"; project_shares takes paths)")
         if priority not in PRIORITIES:
             return f"project_priorities: {project} must be one of {', '.join(PRIORITIES)}, not {priority!r}"
     if any(isinstance(p, bool) or p < 1 for p in values.get("projects", ())):
@@ -494,7 +509,7 @@ def default_settings_path() -> Path:
 def load_settings(path: Path | None = None) -> Settings:
     path = path or default_settings_path()
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(path.read_text(encoding="utf-8").removeprefix("\ufeff"))  # an editor's BOM
     except FileNotFoundError:
         return dataclasses.replace(Settings(), source=str(path))
     except tomllib.TOMLDecodeError as exc:

@@ -131,6 +131,31 @@ def test_an_entry_removed_by_hand_while_serve_runs_comes_back_paused(
     assert "then: restart runnerctl serve" in capsys.readouterr().out
 
 
+def test_a_hand_edit_of_an_owned_key_is_said_and_a_labs_own_variable_is_kept(
+        gitlab_server: GitLabServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by a review as a lab admin: init set back a hand-edited builds_dir and dropped
+    an HTTPS_PROXY added to `environment` (no setting carries one), saying "unchanged"."""
+    config = tmp_path / "config.toml"
+    _init(gitlab_server, config, "sim:2")
+    doc = tomlkit.parse(config.read_text())
+    entry = next(e for e in doc["runners"] if e["name"].endswith("/gpu0"))
+    entry["environment"].append("HTTPS_PROXY=http://proxy.lab:3128")
+    entry["builds_dir"] = "/scratch/builds"
+    entry["pre_build_script"] = "echo mine"
+    config.write_text(tomlkit.dumps(doc))
+    capsys.readouterr()
+    assert _init(gitlab_server, config, "sim:2") == 0
+    out = capsys.readouterr().out
+    entry = next(e for e in tomlkit.parse(config.read_text())["runners"] if e["name"].endswith("/gpu0"))
+    assert "HTTPS_PROXY=http://proxy.lab:3128" in entry["environment"]
+    assert entry["builds_dir"] != "/scratch/builds" and entry["pre_build_script"] == "echo mine"
+    [said] = [line for line in out.splitlines() if line.startswith("set again")]
+    assert said.startswith(f"set again  {entry['name']}: builds_dir (keys runnerctl sets"), out
+    capsys.readouterr()
+    assert _init(gitlab_server, config, "sim:2") == 0
+    assert "set again" not in capsys.readouterr().out  # the lab's variable is no change to undo
+
+
 def test_failure_midway_keeps_tokens_of_runners_already_created(gitlab_server: GitLabServer,
                                                                 tmp_path: Path) -> None:
     config = tmp_path / "config.toml"

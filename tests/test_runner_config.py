@@ -131,6 +131,9 @@ def test_file_that_never_settles_is_refused(tmp_path: Path) -> None:
         ("concurrent = 0\n", "positive integer"),
         ("runners = 3\n", "array of tables"),
         ("runners = [1, 2]\n", "must be a table"),
+        # gitlab-runner would poll both: the second job on those GPUs waits on the first's lease
+        (ORIGINAL + '[[runners]]\n  name = "runnerctl/h/gpu0"\n  token = "glrt-ours"\n',
+         r"two \[\[runners\]\] entries are named runnerctl/h/gpu0"),
     ],
 )
 def test_malformed_file_is_refused_and_left_byte_for_byte(
@@ -141,6 +144,22 @@ def test_malformed_file_is_refused_and_left_byte_for_byte(
     with pytest.raises(ConfigError, match=needle):
         config.edit(lambda doc: doc.__setitem__("concurrent", 2))
     assert config.path.read_bytes() == before
+
+
+def test_a_linked_file_is_edited_in_place_and_a_bom_is_read(tmp_path: Path) -> None:
+    """Found by a review as a lab admin: a config.toml that links to the lab's managed copy
+    was replaced by a plain file (the copy unchanged, nothing said), and a file an editor
+    saved with a BOM, which gitlab-runner reads, was "not valid TOML"."""
+    real = tmp_path / "managed" / "config.toml"
+    real.parent.mkdir()
+    real.write_bytes(b"\xef\xbb\xbf" + ORIGINAL.encode())
+    link = tmp_path / "config.toml"
+    link.symlink_to(real)
+    config = RunnerConfigFile(link)
+    assert set(config.owned_entries()) == {"runnerctl/h/gpu0"}
+    config.edit(lambda doc: doc.__setitem__("concurrent", 9))
+    assert link.is_symlink() and tomlkit.parse(real.read_text())["concurrent"] == 9
+    assert "# managed partly by hand: keep this comment" in real.read_text()
 
 
 def test_missing_file_is_created(tmp_path: Path) -> None:

@@ -96,6 +96,19 @@ def test_a_long_interval_without_a_claim_ttl_keeps_working(tmp_path: Path) -> No
          "docker_pull_policy must be one of if-not-present, always"),
         ("[paths]\nstate_dir = ''\n", "state_dir must be an absolute path, not ''"),
         ("[paths]\nstate_dir = 'relative/dir'\n", "state_dir must be an absolute path"),
+        # found by a review as a lab admin: under systemd (working directory /) a relative
+        # runner_config named another file than init wrote; `~` was never expanded
+        ("[paths]\nrunner_config = 'gr/config.toml'\n", "runner_config must be an absolute path"),
+        ("[paths]\nbuilds_dir = 'builds'\n", "builds_dir must be an absolute path, not 'builds'"),
+        ("[paths]\ncache_dir = '~/cache'\n", "cache_dir must be an absolute path, not '~/cache'"),
+        ("[postgres]\ndir = 'pg'\n", "dir must be an absolute path"),
+        ("[monitoring]\ndcgm_job_mapping_dir = 'map'\n", "dcgm_job_mapping_dir must be an absolute path"),
+        # gitlab-runner ends prepare at its prepare_exec_timeout: the gate's message would be lost
+        ("[executor]\ngate_wait_s = 3600\n", r"gate_wait_s must be from 0 to 840 \(seconds"),
+        # its keys are project ids; a path (as project_shares takes) matched no project, silently
+        ("[controller]\nproject_priorities = { 'ml/vision' = 'high' }\n",
+         "project_priorities: 'ml/vision' is no GitLab project id"),
+        ("[controller]\nproject_priorities = { '042' = 'high' }\n", "'042' is no GitLab project id"),
         ("[web]\ntrusted_proxies = ['not-an-ip']\n", "trusted_proxies: 'not-an-ip' is no address or CIDR"),
         ("[web]\nmax_concurrent_signins = 0\n", "max_concurrent_signins must be from 1 to 1000"),
         ("[host]\nname = 'gpu-a/b'\n", r"\[host\]: host name 'gpu-a/b' must be 1 to 63 letters"),
@@ -122,7 +135,9 @@ def test_good_values_at_the_edges_load(tmp_path: Path) -> None:
     path = tmp_path / "runnerctl.toml"
     path.write_text("[controller]\ninterval_s = 0.05\nreopen_ratio = 1\nprojects = [7]\n"
                     "project_priorities = { '7' = 'high' }\n[postgres]\nport = 65535\n"
-                    "[executor]\ndriver = 'pjm'\n[web]\ntrusted_proxies = ['10.0.0.0/8', '::1']\n")
+                    "[executor]\ndriver = 'pjm'\ngate_wait_s = 840\n"
+                    "[web]\ntrusted_proxies = ['10.0.0.0/8', '::1']\n"
+                    "[paths]\nbuilds_dir = ''\nrunner_config = '/etc/gitlab-runner/config.toml'\n")
     settings = load_settings(path)
     assert (settings.controller.interval_s, settings.postgres.port, settings.executor.driver,
             settings.web.trusted_proxies) == (0.05, 65535, "pjm", ("10.0.0.0/8", "::1"))
@@ -164,3 +179,10 @@ def test_a_config_option_naming_a_missing_file_is_refused(tmp_path: Path,
     assert main(["report", "--config", str(missing)]) == 2
     err = capsys.readouterr().err
     assert f"'{missing}' does not exist" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_settings_file_an_editor_saved_with_a_bom_loads(tmp_path: Path) -> None:
+    """"Invalid statement (at line 1, column 1)" named nothing a lab admin could see."""
+    path = tmp_path / "runnerctl.toml"
+    path.write_bytes(b"\xef\xbb\xbf[host]\r\nname = \"gpu-b\"\r\n")
+    assert load_settings(path).host.name == "gpu-b"

@@ -61,7 +61,8 @@ listen_option = click.option("--listen", default="127.0.0.1:8080", show_default=
               help="Store and leases [default: from settings].")
 @click.option("--webhook-secret", envvar="RUNNERCTL_WEBHOOK_SECRET", show_envvar=True, default="",
               help="Secret GitLab sends in X-Gitlab-Token (webhooks are refused without one).")
-@click.option("--interval", type=Seconds(0.05, 3600), help="Reconcile interval in seconds [default: 5].")
+@click.option("--interval", type=Seconds(0.05, 3600),
+              help="Reconcile interval in seconds [default: [controller] interval_s, 5].")
 @click.option("--sim-workload", type=click.Choice(["none", "busy"]), default="none", show_default=True,
               help="With --gitlab sim: `busy` starts a 4-GPU job, 1-GPU jobs and a colleague's process.")
 def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | None,

@@ -179,6 +179,9 @@ def init(gitlab_url: str, token: str | None, group_id: int | None, project_id: i
                          ("unchanged", result.unchanged), ("orphans", result.orphans)):
         if names:
             click.echo(f"{label:9} {len(names):3}  " + ", ".join(slot_key(n) for n in names))
+    for line in result.reset:
+        click.echo(f"set again  {line} (keys runnerctl sets; hand edits belong in keys it does not set, "
+                   "docs/operations.md)")
     changed = _text(config.path) != before
     click.echo(f"wrote {config.path}" if changed else f"{config.path} already up to date")
     if result.replaced:
