@@ -391,3 +391,43 @@ def test_how_long_each_part_has_failed_is_a_metric() -> None:
     assert {s.labels["part"]: s.value for s in family.samples} == {"clock": 60.0, "gitlab": 0.0, "gpus": 0.0}
     live.trouble("clock", "")
     assert live.trouble_ages()["clock"] == 0.0
+
+
+def test_a_settings_file_or_runners_changed_while_serve_runs_is_a_notice(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Each job's stages read runnerctl.toml again, serve does not: a state_dir changed
+    while serve ran had two jobs lease one GPU, and a runner registered again went
+    undriven, while /healthz said ok (found by a review as a lab admin)."""
+    from runnerctl.controller.serve import INPUTS_CHECK_S, InputsWatch
+    from runnerctl.settings import load_settings
+
+    settings_file = tmp_path / "runnerctl.toml"
+    settings_file.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n')
+    config = tmp_path / "config.toml"
+    config.write_text('[[runners]]\nname = "runnerctl/h/gpu0"\nid = 5\ntoken = "glrt-x"\n')
+    live = Liveness(host="h", interval_s=5.0)
+    now = [0.0]
+    watch = InputsWatch(live, load_settings(settings_file), config, {"runnerctl/h/gpu0": 5},
+                        clock=lambda: now[0])
+    watch(None)
+    assert live.notices == {}
+    settings_file.write_text(f'[paths]\nstate_dir = "{tmp_path / "other"}"\n')
+    watch(None)
+    assert live.notices == {}  # looked at most every INPUTS_CHECK_S
+    now[0] += INPUTS_CHECK_S
+    with caplog.at_level(logging.WARNING):
+        watch(None)
+    assert "changed since serve started: restart serve" in live.notices["inputs"]
+    assert live.report()[0] and "restart serve" in caplog.text  # healthy, and said in the log
+    settings_file.write_text("[paths\n")
+    now[0] += INPUTS_CHECK_S
+    watch(None)
+    assert "no longer loads" in live.notices["inputs"]
+    settings_file.write_text(f'# put back\n[paths]\nstate_dir = "{tmp_path / "state"}"\n')
+    now[0] += INPUTS_CHECK_S
+    watch(None)
+    assert live.notices == {}  # the same settings; a comment is no change
+    config.write_text('[[runners]]\nname = "runnerctl/h/gpu0"\nid = 9\ntoken = "glrt-y"\n')
+    now[0] += INPUTS_CHECK_S
+    watch(None)
+    assert "runnerctl runners in" in live.notices["inputs"] and "restart serve" in live.notices["inputs"]

@@ -91,3 +91,22 @@ def test_doctor_without_gpus_or_config(tmp_path: Path) -> None:
     assert "--gpu-source sim:N" in result.stdout
     assert "run `runnerctl init` to create it" in result.stdout
     assert f"settings: {tmp_path / 'absent.toml'} (absent: defaults)" in result.stdout
+
+
+def test_runners_that_no_longer_follow_the_settings_are_named(gitlab_server: GitLabServer, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A driver changed in runnerctl.toml reached no job until init ran again, while doctor
+    said all was well (found by a review as a lab admin)."""
+    config = tmp_path / "config.toml"
+    assert main(["init", "--gitlab-url", gitlab_server.url, "--token-file", token_file(tmp_path),
+                 "--gpu-source", "sim:2", "--host", "gpu-a", "--runner-config", str(config),
+                 "--config", str(defaults_toml(tmp_path))]) == 0
+    capsys.readouterr()
+    _doctor(tmp_path, config)
+    assert "[ok] config.toml's runners follow the settings" in capsys.readouterr().out
+    defaults_toml(tmp_path).write_text('[executor]\ndriver = "shell"\n')
+    assert _doctor(tmp_path, config) == 1
+    out = capsys.readouterr().out
+    assert ("[FAIL] config.toml's runners follow the settings: runnerctl/gpu-a/gpu0 runs with --driver "
+            "docker, the settings say shell") in out
+    assert "run `runnerctl init` again" in out

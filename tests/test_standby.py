@@ -224,6 +224,8 @@ def test_serve_keeps_the_standby_init_made_online_with_one_manager(
         controller.tick()
         controller.tick()
         assert controller.view.standby == "online"  # in /api/state
+        assert controller.liveness.notices == {}  # serve's InputsWatch sees the runners it read
+        assert [type(hook).__name__ for hook in controller.on_tick] == ["InputsWatch"]
     finally:
         controller.wiring.store.close()
     assert gitlab_server.state.online(standby) and not standby.paused

@@ -72,6 +72,7 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
     from runnerctl.controller import serve as serving
 
     settings, _ = _settings(config_path)
+    read = settings  # as the file says: serve notices when the file says otherwise
     if state_dir is not None:
         settings = dataclasses.replace(settings, paths=dataclasses.replace(settings.paths,
                                                                             state_dir=str(state_dir)))
@@ -87,13 +88,14 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
     hold = serving.hold_state_dir(settings.state_dir)
     try:
         _serve(settings, listen, gpu_source, gitlab_url, token or "", runner_config, webhook_secret,
-               sim_workload, hold)
+               sim_workload, hold, read)
     finally:
         os.close(hold.fd)
 
 
 def _serve(settings: Settings, listen: str, gpu_source: str | None, gitlab_url: str, token: str,
-           runner_config: Path | None, webhook_secret: str, sim_workload: str, hold: StateDirHold) -> None:
+           runner_config: Path | None, webhook_secret: str, sim_workload: str, hold: StateDirHold,
+           read: Settings) -> None:
     from runnerctl.controller import serve as serving
 
     if gitlab_url == "sim":
@@ -101,7 +103,7 @@ def _serve(settings: Settings, listen: str, gpu_source: str | None, gitlab_url: 
         return
     controller = serving.production_controller(
         settings, gitlab_url=gitlab_url, token=token, gpu_source=gpu_source or settings.host.gpu_source,
-        runner_config=_runner_config(settings, runner_config).path, webhook_secret=webhook_secret)
+        runner_config=_runner_config(settings, runner_config).path, webhook_secret=webhook_secret, read=read)
     oauth = None
     if settings.web.gitlab_oauth_client_id:
         from runnerctl.web.oauth import GitLabOAuth

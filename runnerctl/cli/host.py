@@ -328,6 +328,10 @@ def doctor(gpu_source: str | None, host_name: str | None, config_path: Path | No
         report(not missing and not extra,
                f"slots match GPUs ({len(missing)} missing, {len(extra)} retired GPUs)",
                "run `runnerctl init` again")
+    if entries:
+        behind = _entries_behind(entries, settings, settings_path)
+        report(not behind, "config.toml's runners follow the settings" + (f": {behind[0]}" if behind else ""),
+               "run `runnerctl init` again (it rewrites runnerctl's entries), then restart serve")
     url = gitlab_url or next((str(e["url"]) for e in entries.values() if e.get("url")), None)
     if url and token:
         _check_gitlab(PythonGitLab(url, token), entries, report, note,
@@ -336,6 +340,28 @@ def doctor(gpu_source: str | None, host_name: str | None, config_path: Path | No
         report(False, f"GitLab {url}: not checked (no token)", NO_TOKEN_HINT)
     if problems:
         raise click.exceptions.Exit(int(ExitCode.ERROR))
+
+
+def _entries_behind(entries: dict[str, dict[str, Any]], settings: Settings, settings_path: Path) -> list[str]:
+    """What config.toml's custom-executor entries say that the settings no longer do: the
+    driver, the settings file and the builds and cache dirs every stage is given (a
+    driver changed in runnerctl.toml reached no job until init ran again; found by a
+    review as a lab admin)."""
+    found = []
+    for name, entry in sorted(entries.items()):
+        custom = entry.get("custom")
+        if entry.get("executor") != "custom" or not isinstance(custom, dict):
+            continue
+        argv = [str(a) for a in custom.get("prepare_args") or ()]
+        given = dict(zip(argv, argv[1:], strict=False))  # each flag and the word after it
+        wants = {"--driver": settings.executor.driver, "--config": str(settings_path)}
+        for flag, value in wants.items():
+            if flag in given and given[flag] != value:
+                found.append(f"{name} runs with {flag} {given[flag]}, the settings say {value}")
+        for key in ("builds_dir", "cache_dir"):
+            if key in entry and str(entry[key]) != getattr(settings, key):
+                found.append(f"{name} has {key} {entry[key]}, the settings say {getattr(settings, key)}")
+    return found
 
 
 SYSTEM_ID = re.compile(r"[sr]_[0-9a-zA-Z]{12}")

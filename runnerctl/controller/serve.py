@@ -12,12 +12,13 @@ import dataclasses
 import fcntl
 import ipaddress
 import logging
+import math
 import os
 import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import uvicorn
@@ -27,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from runnerctl import private
 from runnerctl.controller.app import create_app
 from runnerctl.controller.header_timeout import HEADER_TIMEOUT_S, HeaderTimeoutProtocol
+from runnerctl.controller.liveness import Liveness
 from runnerctl.controller.loop import Controller, Wiring
 from runnerctl.controller.observe import LeaseJobs
 from runnerctl.controller.store import Event, Store
@@ -34,7 +36,7 @@ from runnerctl.errors import ConfigError
 from runnerctl.gitlab import PythonGitLab
 from runnerctl.gpus import open_gpu_source
 from runnerctl.runner_config import RunnerConfigFile
-from runnerctl.settings import Settings, WebSettings, parse_listen
+from runnerctl.settings import Settings, WebSettings, load_settings, parse_listen
 from runnerctl.standby import load as load_standby
 
 log = logging.getLogger(__name__)
@@ -55,7 +57,11 @@ def log_event(event: Event) -> None:
 
 
 def production_controller(settings: Settings, *, gitlab_url: str, token: str, gpu_source: str,
-                          runner_config: Path, webhook_secret: str) -> Controller:
+                          runner_config: Path, webhook_secret: str,
+                          read: Settings | None = None) -> Controller:
+    """`read`: the settings as the file gave them, before the command line's changes
+    (`settings` when none), which `InputsWatch` compares the file with."""
+    read = settings if read is None else read
     entries = RunnerConfigFile(runner_config).owned_entries()
     runner_ids = {name: int(e["id"]) for name, e in entries.items() if str(e.get("id", "")).isdigit()}
     if not runner_ids:
@@ -70,11 +76,59 @@ def production_controller(settings: Settings, *, gitlab_url: str, token: str, gp
                     clock=time.time, is_ci=jobs.is_ci, webhook_secret=webhook_secret, standby=standby,
                     check_clock=True, check_token=True, monotonic=time.monotonic, on_event=log_event)
     controller = Controller(wiring, settings.controller)
+    controller.on_tick.append(InputsWatch(controller.liveness, read, runner_config, runner_ids))
     if standby is None:  # a host set up before init made one: logged, and on /healthz while it lasts
         controller.liveness.notice("standby", f"no stand-by runner beside {runner_config}: GitLab drops "
                                    "multi-GPU jobs that wait over an hour for a drain; run `runnerctl init` "
                                    "again to create it (it changes nothing else)")
     return controller
+
+
+INPUTS_CHECK_S = 30.0
+"""How often serve looks whether its settings file or config.toml's runners changed."""
+
+
+class InputsWatch:
+    """After a tick, at most every INPUTS_CHECK_S: do runnerctl.toml and config.toml's
+    runnerctl runners still say what serve read at its start? Each job's stages read the
+    settings again, serve does not: a state_dir changed while serve ran had two jobs lease
+    one GPU, and a runner registered again went undriven, with /healthz ok (found by a
+    review as a lab admin). A change is a notice on /healthz (healthy stays) and a warning
+    in the log, until serve is restarted or the file is put back."""
+
+    def __init__(self, liveness: Liveness, settings: Settings, runner_config: Path,
+                 runner_ids: Mapping[str, int], *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.liveness, self.settings, self.runner_config = liveness, settings, runner_config
+        self.runner_ids = dict(runner_ids)
+        self.clock = clock
+        self._next = -math.inf
+
+    def __call__(self, view: object) -> None:
+        now = self.clock()
+        if now < self._next:
+            return
+        self._next = now + INPUTS_CHECK_S
+        notes = []
+        path = Path(self.settings.source)
+        try:  # settings made in memory (tests, the simulator) name no file
+            changed = bool(self.settings.source) and load_settings(path) != self.settings
+        except ConfigError as exc:
+            notes.append(f"{path} no longer loads ({exc.message}); serve goes on with what it read at its "
+                         "start, while each job's stages fail on it")
+        else:
+            if changed:
+                notes.append(f"{path} changed since serve started: restart serve (systemctl restart "
+                             "runnerctl-serve) to use it; each job's stages read it already")
+        try:
+            entries = RunnerConfigFile(self.runner_config).owned_entries()
+            ids = {name: int(e["id"]) for name, e in entries.items() if str(e.get("id", "")).isdigit()}
+        except ConfigError as exc:
+            notes.append(f"{self.runner_config} cannot be read ({exc.message})")
+        else:
+            if ids != self.runner_ids:
+                notes.append(f"the runnerctl runners in {self.runner_config} changed since serve started "
+                             "(runnerctl init?): restart serve, which drives only the runners it read then")
+        self.liveness.notice("inputs", "; ".join(notes))
 
 
 Metrics = Callable[[], tuple[bytes, str]]
