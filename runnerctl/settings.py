@@ -21,6 +21,7 @@ import socket
 import tomllib
 import types
 import typing
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -319,6 +320,11 @@ class WebSettings:
     trusted_proxies: tuple[str, ...] = ()
     """Addresses (or CIDR ranges) of reverse proxies whose X-Forwarded-For/-Proto are
     believed; empty: the headers are ignored and the peer address is the client."""
+    public_url: str = ""
+    """The address users open the page at through a reverse proxy
+    (`https://lab.example/gpus/`): GitLab sign-in's redirect_uri is built from it (GitLab
+    wants the one registered, exactly), its path is where the page lives (the proxy strips
+    it), and a loopback `serve` answers under its name. Empty: the request's own address."""
     max_concurrent_signins: int = 2
     """Password checks at once (Argon2id takes 64 MiB each); more get 503 at once."""
     max_body_bytes: int = 1024 * 1024
@@ -438,6 +444,8 @@ def _check_more(cls: type[Any], values: dict[str, Any]) -> str:
         if key in values and (values[key] or not empty_means_default) and not Path(values[key]).is_absolute():
             return f"{key} must be an absolute path, not {values[key]!r}"
     if cls is WebSettings:
+        if values.get("public_url") and (problem := public_url_problem(values["public_url"])):
+            return problem
         for proxy in values.get("trusted_proxies", ()):
             try:
                 ipaddress.ip_network(proxy, strict=False)
@@ -455,6 +463,20 @@ def _check_more(cls: type[Any], values: dict[str, Any]) -> str:
     return ""
 
 
+
+
+def public_url_problem(url: str) -> str:
+    """Why `[web] public_url` is no address a browser opens the page at, or ""."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        return f"public_url must be an http(s) address such as https://lab.example/gpus/, not {url!r}"
+    return ""
+
+
+def public_path(url: str) -> str:
+    """The path part of a `public_url`, without its trailing slash ("" at the root): the
+    ASGI root_path the page's own addresses are built under."""
+    return urllib.parse.urlsplit(url).path.rstrip("/") if url else ""
 
 
 def claim_ttl_problem(claim_ttl_s: float, interval_s: float) -> str:

@@ -110,6 +110,7 @@ def test_a_long_interval_without_a_claim_ttl_keeps_working(tmp_path: Path) -> No
          "project_priorities: 'ml/vision' is no GitLab project id"),
         ("[controller]\nproject_priorities = { '042' = 'high' }\n", "'042' is no GitLab project id"),
         ("[web]\ntrusted_proxies = ['not-an-ip']\n", "trusted_proxies: 'not-an-ip' is no address or CIDR"),
+        ("[web]\npublic_url = 'lab.example/gpus'\n", "public_url must be an http.s. address"),
         ("[web]\nmax_concurrent_signins = 0\n", "max_concurrent_signins must be from 1 to 1000"),
         ("[host]\nname = 'gpu-a/b'\n", r"\[host\]: host name 'gpu-a/b' must be 1 to 63 letters"),
         ("[host]\nname = 'x,gpus:8'\n", "host name 'x,gpus:8' must be"),

@@ -44,9 +44,9 @@ def _client(world: World, tmp_path: Path, secret: str = SECRET) -> TestClient:
     return TestClient(app, follow_redirects=False)
 
 
-def _approve(client: TestClient, login: str) -> httpx.Response:
+def _approve(client: TestClient, login: str, prefix: str = "") -> httpx.Response:
     """The browser's trip: runnerctl -> GitLab's consent page -> back with a code."""
-    start = client.get("/oauth/gitlab")
+    start = client.get(f"{prefix}/oauth/gitlab")
     assert start.status_code == 303
     location = start.headers["location"]
     params = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(location).query))
@@ -104,3 +104,26 @@ def test_simulated_provider_keeps_the_documented_contract(world: World) -> None:
     assert refused.status_code == 400 and refused.json()["error"] == "invalid_grant"
     assert httpx.post(f"{url}/oauth/token", data=token).status_code == 400  # a code works once at most
     assert httpx.get(f"{url}/api/v4/user", headers={"Authorization": "Bearer nothing"}).status_code == 401
+
+
+def test_behind_a_proxy_the_redirect_uri_is_the_public_one(world: World, tmp_path: Path) -> None:
+    """GitLab wants the registered redirect_uri exactly: built from the request, a proxy
+    sending `Host: 127.0.0.1:8080` (nginx's default) made it the upstream's, and GitLab
+    refused every sign-in (found by a review as a lab admin behind a proxy). With `[web]
+    public_url` it is the public one, the page's sub-path included, and after sign-in the
+    browser goes back to the page under that path."""
+    public = "https://lab.example/gpus/"
+    world.server.oauth.apps["app"] = OAuthApp("app", SECRET, public + "oauth/gitlab/callback")
+    oauth = GitLabOAuth(world.server.url, "app", SECRET, "ml/team")
+    app = create_app(lambda: world.controller.view, world.controller.demand.webhook, extend=[
+        lambda app: install(app, view=lambda: world.controller.view, store=world.store,
+                            settings=WebSettings(public_url=public), state_dir=tmp_path, oauth=oauth)])
+    client = TestClient(app, follow_redirects=False, base_url="http://127.0.0.1:8080", root_path="/gpus")
+    start = client.get("/gpus/oauth/gitlab")  # the browser's path; the proxy strips /gpus
+    params = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(start.headers["location"]).query))
+    assert params["redirect_uri"] == "https://lab.example/gpus/oauth/gitlab/callback"
+    done = _approve(client, "mia", prefix="/gpus")
+    assert done.status_code == 303 and done.headers["location"] == "/gpus/"
+    assert client.get("/gpus/api/session").json()["user"] == "mia"
+    cookie = next(c for c in client.cookies.jar if c.name == "runnerctl_session")
+    assert cookie.path == "/gpus"  # another page on the domain gets its own

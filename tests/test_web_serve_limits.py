@@ -17,8 +17,10 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI, Request
 
-from runnerctl.controller.serve import MAX_CONNECTIONS, LoopbackHosts
+from runnerctl.controller.serve import MAX_CONNECTIONS, LoopbackHosts, http_config
+from runnerctl.settings import WebSettings
 from tests.serve_proc import Serve, concurrently
 
 PASSWORD = "correct horse battery"
@@ -145,3 +147,43 @@ def test_a_trusted_proxy_may_name_the_public_host() -> None:
                  "client": client}
         asyncio.run(guarded(scope, None, sent))
     assert seen == ["/from/10.1.2.3"] and statuses == [400, None]
+
+
+def _through_serve(web: WebSettings, host: str, peer: str,
+                   forwarded_for: str | None = None) -> httpx.Response:
+    """One request to serve's ASGI stack as `http_config` builds it, from TCP peer `peer`."""
+    app = FastAPI()
+
+    @app.get("/api/where")
+    def where(request: Request) -> dict[str, Any]:
+        return {"client": request.client.host if request.client else None,
+                "callback": str(request.url_for("where")), "root": request.scope.get("root_path", "")}
+
+    config = http_config(app, "127.0.0.1", 0, web, "warning")
+    config.load()
+    headers = {"Host": host, **({"X-Forwarded-For": forwarded_for} if forwarded_for else {})}
+
+    async def ask() -> httpx.Response:
+        transport = httpx.ASGITransport(app=config.loaded_app, client=(peer, 40000),
+                                        root_path=config.root_path)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            return await client.get("/api/where", headers=headers)
+
+    return asyncio.run(ask())
+
+
+def test_a_trusted_proxy_that_passes_the_public_host_and_forwarded_for_is_answered() -> None:
+    """Caddy keeps the client's Host and always adds X-Forwarded-For: uvicorn's proxy
+    header handling ran first, so the Host check judged the browser's address, not the
+    proxy's, and every request got 400 (found by a review as a lab admin behind a proxy)."""
+    web = WebSettings(trusted_proxies=("127.0.0.1",))
+    answered = _through_serve(web, "gpu-a.lab.example", "127.0.0.1", "203.0.113.7")
+    assert answered.status_code == 200 and answered.json()["client"] == "203.0.113.7"
+    assert _through_serve(web, "gpu-a.lab.example", "192.0.2.9", "203.0.113.7").status_code == 400
+    # with its public address set, only that name passes, whoever the peer (a rebinding page
+    # reaching the port from this host names its own)
+    public = WebSettings(trusted_proxies=("127.0.0.1",), public_url="https://gpu-a.lab.example/gpus/")
+    assert _through_serve(public, "gpu-a.lab.example", "127.0.0.1", "203.0.113.7").status_code == 200
+    assert _through_serve(public, "evil.example", "127.0.0.1").status_code == 400
+    # the page lives under the public path the proxy strips: its own addresses carry it
+    assert _through_serve(public, "127.0.0.1:8080", "127.0.0.1").json()["root"] == "/gpus"

@@ -50,6 +50,12 @@ if ! qconf -sconf global | grep -Eq '^min_uid +0$'; then
     qconf -sconf global | sed -E 's/^(min_uid|min_gid) .*/\1 0/' > "$tmp/global"
     qconf -Mconf "$tmp/global" >/dev/null
 fi
+if ! qconf -sconf global | grep -q 'accounting_flush_time=00:00:00'; then
+    # a test cluster writes each accounting record at once (sge_conf(5): 0 disables the
+    # buffering), where the default flush_time of 15 s made every job's qacct wait for it
+    qconf -sconf global | sed -E 's/^(reporting_params +)/\1accounting_flush_time=00:00:00 /' > "$tmp/global"
+    qconf -Mconf "$tmp/global" >/dev/null
+fi
 if ! qconf -sc | grep -Eq '^gpu +gpu +INT +<= +YES +JOB '; then  # absent, or per slot (YES) before
     { qconf -sc | grep -v '^#' | grep -v '^gpu '; echo "gpu gpu INT <= YES JOB 0 0"; } > "$tmp/complex"
     qconf -Mc "$tmp/complex" >/dev/null

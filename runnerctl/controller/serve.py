@@ -18,12 +18,15 @@ import signal
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from runnerctl import private
 from runnerctl.controller.app import create_app
@@ -36,7 +39,7 @@ from runnerctl.errors import ConfigError
 from runnerctl.gitlab import PythonGitLab
 from runnerctl.gpus import open_gpu_source
 from runnerctl.runner_config import RunnerConfigFile
-from runnerctl.settings import Settings, WebSettings, load_settings, parse_listen
+from runnerctl.settings import Settings, WebSettings, load_settings, parse_listen, public_path
 from runnerctl.standby import load as load_standby
 
 log = logging.getLogger(__name__)
@@ -212,11 +215,16 @@ class LoopbackHosts:
     A web page the user opens elsewhere can point a name of its own at 127.0.0.1 (DNS
     rebinding) and then read this page from the user's browser as a page of that name;
     its requests carry that name in `Host`. A reverse proxy listed in `[web]
-    trusted_proxies` may send the public name (Caddy passes the client's `Host`)."""
+    trusted_proxies` may send the public name (Caddy passes the client's `Host`); with
+    `[web] public_url` set, that name only. It must see the TCP peer: inside uvicorn's
+    X-Forwarded-For handling it saw the browser's address, and every request through a
+    trusted proxy that passes the public Host got 400 (found by a review as a lab admin
+    behind a reverse proxy)."""
 
-    def __init__(self, app: ASGIApp, trusted: Sequence[str]) -> None:
+    def __init__(self, app: ASGIApp, trusted: Sequence[str], public: str | None = None) -> None:
         self.app = app
         self.trusted = [ipaddress.ip_network(t, strict=False) for t in trusted]
+        self.public = public.lower() if public else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or self._allowed(scope):
@@ -234,6 +242,8 @@ class LoopbackHosts:
         name = host[1:host.find("]")] if host.startswith("[") else host.rpartition(":")[0] or host
         if is_loopback(name.lower()):
             return True
+        if self.public is not None:
+            return bool(name.lower() == self.public)
         client = scope.get("client")
         try:
             peer = ipaddress.ip_address(client[0]) if client else None
@@ -246,12 +256,17 @@ def http_config(app: FastAPI, host: str, port: int, web: WebSettings, log_level:
                 header_timeout_s: float = HEADER_TIMEOUT_S) -> uvicorn.Config:
     """uvicorn believes X-Forwarded-For/-Proto only from `[web] trusted_proxies` (its own
     default trusts them from 127.0.0.1, so anyone on the host could pick their address).
+    The page lives under `[web] public_url`'s path (root_path; the proxy strips it).
     On a loopback address the page answers only under a loopback name (`LoopbackHosts`).
     A client gets `header_timeout_s` for each request's headers (`HeaderTimeoutProtocol`)."""
     trusted = list(web.trusted_proxies)
-    served: ASGIApp = LoopbackHosts(app, trusted) if is_loopback(host) else app
-    return uvicorn.Config(served, host=host, port=port, log_level=log_level, proxy_headers=bool(trusted),
-                          forwarded_allow_ips=trusted or None, server_header=False,
+    served: ASGIApp = app
+    if trusted:  # uvicorn's own, placed by hand (its ASGI types are its own, not starlette's)
+        served = cast(ASGIApp, ProxyHeadersMiddleware(cast(Any, app), trusted_hosts=trusted))
+    if is_loopback(host):  # outside the proxy headers' middleware: it judges the TCP peer
+        served = LoopbackHosts(served, trusted, urllib.parse.urlsplit(web.public_url).hostname)
+    return uvicorn.Config(served, host=host, port=port, log_level=log_level, proxy_headers=False,
+                          root_path=public_path(web.public_url), server_header=False,
                           limit_concurrency=MAX_CONNECTIONS, timeout_keep_alive=KEEP_ALIVE_S,
                           http=HeaderTimeoutProtocol.with_timeout(header_timeout_s))
 

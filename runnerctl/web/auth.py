@@ -16,6 +16,7 @@ import collections
 import dataclasses
 import functools
 import hmac
+import ipaddress
 import secrets
 import threading
 import time
@@ -106,6 +107,22 @@ def csrf_ok(session: MutableMapping[str, Any], sent: str | None) -> bool:
     expected = session.get("csrf")
     return (isinstance(expected, str) and sent is not None  # bytes: a non-ASCII header is no TypeError
             and hmac.compare_digest(expected.encode(), sent.encode("utf-8", "surrogateescape")))
+
+
+def client_key(address: str) -> str:
+    """Who a sign-in limit counts: an IPv4 address, or an IPv6 address's /64, which one
+    ordinary connection (a home router, a cloud host) gives a client whole; counted per
+    address, 30 tries from one /64 were 30 401s and no 429 (found by a review as a lab
+    admin behind a reverse proxy)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
 
 
 class SignInLimiter:

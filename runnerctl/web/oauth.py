@@ -80,14 +80,24 @@ class RoleCheck:
                 self._running.discard(user_id)
 
 
-def install(app: FastAPI, oauth: GitLabOAuth, sessions: Sessions) -> None:
+def install(app: FastAPI, oauth: GitLabOAuth, sessions: Sessions, public_url: str = "") -> None:
+    """`public_url` (`[web] public_url`): where users open the page through a proxy; the
+    redirect_uri GitLab gets is built from it, as GitLab matches the registered one
+    exactly. Without it, from the request (a proxy's `Host: 127.0.0.1:8080` made the
+    redirect_uri the upstream's; found by a review as a lab admin behind a proxy)."""
+
+    def callback_uri(request: Request) -> str:
+        if public_url:
+            return public_url.rstrip("/") + "/oauth/gitlab/callback"
+        return str(request.url_for("gitlab_callback"))
+
     @app.get("/oauth/gitlab", include_in_schema=False)
     def start(request: Request) -> RedirectResponse:
         verifier = secrets.token_urlsafe(48)
         request.session["oauth"] = {"state": secrets.token_urlsafe(24), "verifier": verifier}
         challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
         query = urllib.parse.urlencode({
-            "client_id": oauth.client_id, "redirect_uri": str(request.url_for("gitlab_callback")),
+            "client_id": oauth.client_id, "redirect_uri": callback_uri(request),
             "response_type": "code", "state": request.session["oauth"]["state"], "scope": SCOPE,
             "code_challenge": challenge, "code_challenge_method": "S256"})
         return RedirectResponse(f"{oauth.url}/oauth/authorize?{query}", status_code=303)
@@ -99,10 +109,10 @@ def install(app: FastAPI, oauth: GitLabOAuth, sessions: Sessions) -> None:
         if not isinstance(pending, dict) or not code or not secrets.compare_digest(
                 str(pending["state"]).encode(), sent):
             raise HTTPException(403, "GitLab sign-in failed: stale or forged state; start again")
-        who, user_id = _principal(oauth, code, pending["verifier"], str(request.url_for("gitlab_callback")))
+        who, user_id = _principal(oauth, code, pending["verifier"], callback_uri(request))
         sessions.sign_in(request.session, who, gitlab_id=user_id)
         log.warning("%s signed in with GitLab as %s", who.name, who.role)
-        return RedirectResponse("/", status_code=303)
+        return RedirectResponse(request.scope.get("root_path", "") + "/", status_code=303)  # the page
 
 
 def _principal(oauth: GitLabOAuth, code: str, verifier: str, redirect_uri: str) -> tuple[auth.Principal, int]:

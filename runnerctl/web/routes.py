@@ -29,7 +29,7 @@ from runnerctl.controller.store import Store, StoreError
 from runnerctl.controller.toggles import request as toggle_request
 from runnerctl.controller.view import ControllerView
 from runnerctl.logline import one_line
-from runnerctl.settings import WebSettings
+from runnerctl.settings import WebSettings, public_path
 from runnerctl.web import auth, fleet
 from runnerctl.web.oauth import GitLabOAuth, RoleCheck
 from runnerctl.web.oauth import install as install_oauth
@@ -147,7 +147,7 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
         """Sign in with a local account (`runnerctl user add`)."""
         if not auth.csrf_ok(request.session, x_csrf_token):
             raise HTTPException(403, "missing or wrong X-CSRF-Token")
-        client = request.client.host if request.client else "?"
+        client = auth.client_key(request.client.host if request.client else "?")
         if not limiter.begin(client, body.name):
             raise HTTPException(429, "too many failed sign-ins; wait a minute")
         if not limiter.hash_slot():  # Argon2id: 64 MiB each
@@ -229,7 +229,7 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
         return ToggleResult(message=message)
 
     if oauth is not None:
-        install_oauth(app, oauth, sessions)
+        install_oauth(app, oauth, sessions, settings.public_url)
 
     async def signed_out(request: Request) -> Response | None:
         """401 without a session, 503 when the store cannot tell; None: go on. The store may
@@ -253,7 +253,8 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
     # added last, so it runs first: `guard` reads the session it decodes
     app.add_middleware(SessionMiddleware, secret_key=auth.session_key(state_dir),
                        session_cookie="runnerctl_session", max_age=settings.session_max_age_s,
-                       same_site="lax", https_only=settings.https_only_cookies)
+                       same_site="lax", https_only=settings.https_only_cookies,
+                       path=public_path(settings.public_url) or "/")  # two pages on one domain: two cookies
 
 
 def _asset(name: str) -> str:

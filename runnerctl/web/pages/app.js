@@ -68,7 +68,7 @@ function when(seconds) {
 }
 
 async function loadSession() {
-  session = await call("GET", "/api/session");
+  session = await call("GET", "api/session");
   document.getElementById("user-name").textContent = session.user ? `${session.user} (${session.role})` : "";
   document.getElementById("signin").hidden = Boolean(session.user);
   document.getElementById("signout").hidden = !session.user;
@@ -266,8 +266,8 @@ async function refresh() {
   try {
     if (!historyQuery) filterHistory();
     const [host, fleet, queue, history] = await Promise.all(
-      [call("GET", "/api/host"), call("GET", "/api/fleet"), call("GET", "/api/queue"),
-       call("GET", `/api/history?${historyQuery}`).catch((error) => error)]);
+      [call("GET", "api/host"), call("GET", "api/fleet"), call("GET", "api/queue"),
+       call("GET", `api/history?${historyQuery}`).catch((error) => error)]);
     if (selecting()) return;  // a selection in the page is not wiped out: the next poll draws it
     const focused = focusedKey();
     render(host);
@@ -302,7 +302,7 @@ document.addEventListener("DOMContentLoaded", async () => {
   document.getElementById("signin").addEventListener("submit", async (event) => {
     event.preventDefault();
     try {
-      await call("POST", "/api/session", { name: document.getElementById("signin-name").value,
+      await call("POST", "api/session", { name: document.getElementById("signin-name").value,
                                            password: document.getElementById("signin-password").value });
       document.getElementById("signin-password").value = "";
       await loadSession();
@@ -313,7 +313,7 @@ document.addEventListener("DOMContentLoaded", async () => {
   });
   document.getElementById("signout").addEventListener("click", async () => {
     try {
-      await call("POST", "/api/session/end"); await loadSession(); await refresh(); say("signed out");
+      await call("POST", "api/session/end"); await loadSession(); await refresh(); say("signed out");
       document.getElementById("signin-name").focus();
     } catch (error) { say(error.message, true); }
   });
@@ -327,7 +327,7 @@ document.addEventListener("DOMContentLoaded", async () => {
   document.getElementById("toggle-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     try {
-      const result = await call("POST", "/api/toggles", {
+      const result = await call("POST", "api/toggles", {
         action: document.getElementById("toggle-action").value,
         target: document.getElementById("toggle-target").value.trim(),
         reason: document.getElementById("toggle-reason").value });
