@@ -203,7 +203,8 @@ class ControllerSettings:
     """A project that had a job event or a pending job this recently (s) is polled more
     often than quiet ones (every project is polled, within the API budget)."""
     webhook_fresh_s: float = 300.0
-    """While webhooks arrived this recently (s), polling is only a slow safety net."""
+    """While a project's job events arrived this recently (s), polling it is only a slow
+    safety net (each project by its own events)."""
     foreign_memory_mib: int = 1024
     """A GPU with no visible owner and more memory in use than this (MiB) is closed: its
     user may be in another PID namespace. Idle drivers hold a few hundred MiB."""

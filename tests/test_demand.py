@@ -240,3 +240,50 @@ def test_a_project_only_a_webhook_named_that_gitlab_hides_is_dropped_once(
     hidden = _tracker(clock, projects=(4242,))
     with pytest.raises(NotFoundError):
         _run(hidden, gl, clock, 60)
+
+
+def test_a_late_created_event_does_not_drop_a_pending_job(gitlab_server: GitLabServer,
+                                                          gl: PythonGitLab) -> None:
+    """GitLab sends each job event from its own Sidekiq job, and the pipeline's `created`
+    events from a worker that may run a minute late (Ci::ExecutePipelineBuildHooksWorker):
+    a `created` after `pending` dropped the job from the demand for five minutes (found
+    by a review as a webhook integration engineer)."""
+    clock = Clock()
+    tracker = _tracker(clock, projects=(5,))
+    job = gitlab_server.state.enqueue_job(project_id=5, tags=["gpus:4"])
+    event = {"object_kind": "build", "build_id": job.id, "project_id": 5}
+    assert tracker.webhook("s3cret", {**event, "build_status": "pending"})
+    tracker.poll(gl)
+    assert [j.job_id for j in tracker.jobs] == [job.id]
+    for early in ("created", "preparing", "waiting_for_resource"):
+        assert tracker.webhook("s3cret", {**event, "build_status": early})
+    assert [j.job_id for j in tracker.jobs] == [job.id]
+    assert tracker.webhook("s3cret", {**event, "build_status": "running"}) and tracker.jobs == []
+
+
+def test_one_projects_hook_holds_no_other_project_back(gitlab_server: GitLabServer, gl: PythonGitLab) -> None:
+    """A fresh job event made every project wait `webhook_fresh_s` between polls, even one
+    without a hook (or whose hook GitLab disabled), and any event at all counted, a
+    pipeline event too (found by a review as a webhook integration engineer)."""
+    clock = Clock()
+    tracker = _tracker(clock, projects=(5, 6), per_min=60)
+    _run(tracker, gl, clock, 30)
+    tracker.webhook("s3cret", {"object_kind": "build", "build_id": 999_999, "build_status": "running",
+                               "project_id": 6})
+    tracker.webhook("s3cret", {"object_kind": "pipeline", "project_id": 5})
+    job = gitlab_server.state.enqueue_job(project_id=5, tags=["gpus:4"])
+    _run(tracker, gl, clock, 60)
+    assert [j.job_id for j in tracker.jobs] == [job.id]  # project 5 is polled as before
+    start = len(gitlab_server.requests)
+    _run(tracker, gl, clock, 120)
+    asked = [r.path for r in gitlab_server.requests[start:]]
+    assert "/projects/6/jobs" not in asked  # its own events keep it to the slow safety net
+
+
+def test_a_secret_with_letters_beyond_ascii_is_the_same_secret() -> None:
+    """Starlette decodes header bytes as latin-1, so a secret GitLab sent as UTF-8 never
+    matched, and every delivery counted a failure toward disabling the hook."""
+    tracker = DemandTracker(projects=(5,), priorities={}, budget=ApiBudget(12, Clock()), clock=Clock(),
+                            secret="pässwort")
+    assert tracker.refusal("pässwort".encode().decode("latin-1")) == ""
+    assert tracker.refusal("passwort") != ""

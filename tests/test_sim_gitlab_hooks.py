@@ -16,7 +16,7 @@ from tests.sim_gitlab import SimGitLab, running_sim
 
 
 class Receiver:
-    def __init__(self, status: int = 200) -> None:
+    def __init__(self, status: int = 200, gate: threading.Event | None = None) -> None:
         self.got: list[tuple[dict[str, str], dict[str, Any]]] = []
         outer = self
 
@@ -27,6 +27,8 @@ class Receiver:
             def do_POST(self) -> None:  # noqa: N802 - stdlib name
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.got.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                if gate is not None:  # answers once the test opens it
+                    gate.wait(60)
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -128,3 +130,27 @@ def test_a_failing_hook_is_disabled_for_a_while_then_tried_again(gl: SimGitLab) 
     assert admin.get(f"/projects/{project}/hooks").json()[0]["alert_status"] == "executable"
     enqueue()
     receiver.wait_for(5)
+
+
+def test_deliveries_queued_for_a_hook_disabled_meanwhile_are_not_sent(gl: SimGitLab) -> None:
+    """WebHookService#execute sends nothing for a hook that is not executable, and
+    backoff! counts only while it is (app/services/web_hook_service.rb,
+    app/models/concerns/web_hooks/auto_disabling.rb): a burst to a failing receiver is 4
+    requests and a hook disabled for a minute. The stand-in sent every queued delivery,
+    counted each, and disabled the hook for good within a second (found by a review as a
+    webhook integration engineer)."""
+    server, info = gl
+    gate = threading.Event()
+    receiver = Receiver(status=503, gate=gate)
+    admin = httpx.Client(base_url=info["url"] + "/api/v4", headers={"PRIVATE-TOKEN": info["admin_token"]})
+    project = info["project_ids"][0]
+    admin.post(f"/projects/{project}/hooks", json={"url": receiver.url, "job_events": True})
+    for _ in range(10):  # queued while the first delivery waits at the receiver
+        httpx.post(info["url"] + "/-/sim/jobs", json={"project_id": project, "tags": ["gpu"]})
+    receiver.wait_for(1)
+    gate.set()
+    end = time.monotonic() + 60
+    while server.hooks.pending() and time.monotonic() < end:
+        time.sleep(0.02)
+    assert server.hooks.pending() == 0 and len(receiver.got) == 4
+    assert admin.get(f"/projects/{project}/hooks").json()[0]["alert_status"] == "temporarily_disabled"

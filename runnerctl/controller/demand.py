@@ -16,8 +16,10 @@ Polling: one request per `poll`, never faster than a token bucket of
 the loop). The project polled is the one longest unpolled, a project with recent
 activity (a pending job or a job event within `active_window_s`) counting as
 `ACTIVE_WEIGHT` times as overdue, so quiet projects are still polled, only less often.
-While webhooks arrive, each project is polled at most once per `webhook_fresh_s`, a
-slow safety net. Errors go to the loop, which logs them once and backs off.
+While a project's job events arrive, it is polled at most once per `webhook_fresh_s`, a
+slow safety net; a project whose events stopped (no hook, a hook GitLab disabled after
+failed deliveries, a delivery lost: GitLab never resends one, web_hook_service.rb) is
+polled as if it had none. Errors go to the loop, which logs them once and backs off.
 
 Webhooks (GitLab "Job Hook", `object_kind: build`): the `X-Gitlab-Token` header must
 equal the configured secret (constant-time compare). A job event carries no job tags in
@@ -26,7 +28,10 @@ null while pending), so it is never read as demand: a pending job's event queues
 at GitLab itself before any other poll (one job: `GET /projects/:id/jobs/:job_id`;
 several of one project: one poll of that project) and wakes the loop for an early tick,
 so a multi-GPU job's block is reserved before runners hand out smaller jobs on it. An
-event of a job that left pending drops it from the demand at once. A final
+event of a job that left pending (LEFT_PENDING) drops it from the demand at once; GitLab
+sends each event from its own Sidekiq job, so they may arrive out of order, and a late
+`created` (Ci::ExecutePipelineBuildHooksWorker, sent after the pipeline is made) changes
+nothing. A final
 `build_status` (success, failed, canceled) is kept as the job's outcome for the job
 history (the same payload's `build_id`, `build_status`).
 """
@@ -50,6 +55,11 @@ from runnerctl.tags import NORMAL, PRIORITY_RANK, gpus_of, host_of, priority_of
 log = logging.getLogger(__name__)
 FINAL = frozenset({"success", "failed", "canceled"})
 """A job's statuses once it is over (GitLab's Ci::HasStatus COMPLETED_STATUSES, less skipped)."""
+LEFT_PENDING = frozenset({"running", "canceling", "success", "failed", "canceled", "skipped"})
+"""Statuses a job reaches only after pending (app/models/ci/build.rb's state machine): an
+event with one says the job was taken or ended. `created`, `preparing`, `scheduled`,
+`manual` and `waiting_for_resource` come before; a late `created` dropped a pending job
+from the demand for five minutes (found by a review as a webhook integration engineer)."""
 Clock = Callable[[], float]
 DISCOVER_S = 900.0
 """How often (s) the projects the runners serve are read again: a project added to the
@@ -168,7 +178,7 @@ class DemandTracker:
         self._active: dict[int, float] = {}  # project -> last activity
         self._polled: dict[int, float] = {}
         self._lookups: dict[int, set[int]] = {}  # project -> pending jobs webhooks told of
-        self._last_webhook: float | None = None
+        self._webhook_at: dict[int, float] = {}  # project -> its last job event
         self._warned_instance = False
         self.polls = 0
         self.answered = 0
@@ -312,15 +322,15 @@ class DemandTracker:
 
     def _due_project(self, now: float) -> int | None:
         """The most overdue project (recently active ones count ACTIVE_WEIGHT times)."""
-        fresh = self._last_webhook is not None and now - self._last_webhook < self._webhook_fresh
-        min_gap = self._webhook_fresh if fresh else 0.0
         best, best_score = None, -1.0
         for project in list(self.projects):
             polled = self._polled.get(project, float("-inf"))
             if polled > now:  # the clock stepped back: polled just now, as every project polled "later"
                 polled = self._polled[project] = now
             age = now - polled
-            if age < min_gap:
+            event = self._webhook_at.get(project)  # its own events only: one project's hook
+            fresh = event is not None and now - event < self._webhook_fresh  # holds no other back
+            if fresh and age < self._webhook_fresh:
                 continue
             active = now - self._active.get(project, float("-inf")) <= self._active_window
             score = age * (ACTIVE_WEIGHT if active else 1.0)
@@ -366,7 +376,11 @@ class DemandTracker:
             return "serve has no webhook secret (--webhook-secret or RUNNERCTL_WEBHOOK_SECRET)"
         if not token:
             return "no X-Gitlab-Token (the webhook's secret token in GitLab)"
-        if not hmac.compare_digest(token.encode(), self.secret.encode()):
+        try:  # Starlette decodes a header's bytes as latin-1: these are the bytes GitLab sent
+            sent = token.encode("latin-1")
+        except UnicodeEncodeError:
+            sent = token.encode()
+        if not hmac.compare_digest(sent, self.secret.encode()):  # a secret of any letters
             return "a wrong X-Gitlab-Token (the webhook's secret token in GitLab differs from serve's)"
         return ""
 
@@ -383,19 +397,22 @@ class DemandTracker:
     def _event(self, payload: Mapping[str, Any]) -> bool:
         """Apply the event; True when it queued a new look (the loop should tick now)."""
         now = self._clock()
-        self._last_webhook = now
         project, job_id = payload.get("project_id"), payload.get("build_id")
         if payload.get("object_kind") != "build" or not isinstance(project, int):
             return False
         if not isinstance(job_id, int):
             return False
+        self._webhook_at[project] = now
         self._active[project] = now
         self._named.add(project)
         if project not in self.projects:
             self.projects.append(project)
         if payload.get("build_status") in FINAL and len(self._outcomes) < 10_000:
             self._outcomes[job_id] = str(payload["build_status"])
-        if payload.get("build_status") != "pending":
+        status = payload.get("build_status")
+        if status != "pending" and status not in LEFT_PENDING:
+            return False  # before pending, or a late event of it: nothing to drop
+        if status != "pending":
             self._jobs.pop(job_id, None)
             if len(self._left) >= 10_000:
                 self._left.pop(next(iter(self._left)))

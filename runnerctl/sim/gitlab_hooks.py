@@ -194,8 +194,10 @@ class Hooks:
             if item is None:
                 return
             hook, payload = item
+            if self.alert_status(hook) != "executable":  # disabled since it was queued: not sent
+                continue                                   # (web_hook_service.rb #execute)
             status = self._send(hook, payload)
-            self._record(hook, status is not None and 200 <= status < 300)
+            self._record(hook, status is not None and 200 <= status < 400)  # a redirect is no failure
             self.deliveries.append(Delivery(hook.id, int(payload["build_id"]), str(payload["build_status"]),
                                             status))
 
