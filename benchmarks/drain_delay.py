@@ -45,7 +45,9 @@ def main() -> int:
     parser.add_argument("--delays", default=f"0,{PlanPolicy().drain_after_s:g},1800",
                         help="comma-separated drain_after_s values (seconds)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md as it is")
-    args = parser.parse_args()
+    from results_md import parse_args
+
+    args = parse_args(parser)  # RESULTS.md: the default run's figures only
     delays = [float(d) for d in args.delays.split(",")]
     lines = ["## When a drain starts (issue 16)", "",
              "`python benchmarks/drain_delay.py`: `PlanPolicy.drain_after_s` (a multi-GPU job whose "

@@ -54,7 +54,9 @@ def cpu_ms_per_scrape(render: object, scrapes: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scrapes", type=int, default=2000)
-    args = parser.parse_args()
+    from results_md import parse_args
+
+    args = parse_args(parser)  # RESULTS.md: the default run's figures only
 
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
     from prometheus_client.parser import text_string_to_metric_families

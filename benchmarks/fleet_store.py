@@ -71,7 +71,9 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--hosts", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    from results_md import parse_args
+
+    args = parse_args(parser)  # RESULTS.md: the default run's figures only
 
     import sqlite3
 

@@ -69,7 +69,9 @@ def main() -> int:
     parser.add_argument("--days", type=float, default=70.0)
     parser.add_argument("--hosts", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    from results_md import parse_args
+
+    args = parse_args(parser)  # RESULTS.md: the default run's figures only
 
     from runnerctl.controller import jobs_store
     from runnerctl.controller.demand import PendingJob
@@ -117,7 +119,8 @@ def main() -> int:
     for what in ("estimates", "fair"):
         now_s, full_s = figures[what], figures[f"{what} full"]
         print(f"{what:10} a minute's read {now_s * 1000:8.2f} ms   full read (baseline) "
-              f"{full_s * 1000:8.2f} ms   ratio {now_s / full_s:.4f}x")
+              f"{full_s * 1000:8.2f} ms   ratio {now_s / full_s:.4f}x   with the hourly full read "
+              f"{(now_s + full_s / 60) / full_s:.4f}x")
     write_results(args, per_minute, figures)
     return 0
 
@@ -135,11 +138,15 @@ def write_results(args: argparse.Namespace, per_minute: int, figures: dict[str, 
              f"200 running, {per_minute} more ending each minute; what one serve reads each minute "
              "for run-time estimates (30 days) and fair share (ten half-lives: 70 days), median of "
              f"{args.rounds} minutes. Baseline, in the same run on the same store: a full read of the "
-             "window, what every minute cost before (now once an hour).", "",
-             "| read | a minute now (ms) | full read, before (ms) | ratio |", "|---|---|---|---|"]
+             "window, what every minute cost before. The full read still runs once an hour: the "
+             "cost a minute, averaged over the hour, is a minute's read plus a sixtieth of a full one.", "",
+             "| read | a minute now (ms) | full read, before (ms) | ratio "
+             "| a minute, with the hourly full read (ms) | ratio |", "|---|---|---|---|---|---|"]
     for what, label in (("estimates", "run-time estimates"), ("fair", "fair-share usage")):
         now_s, full_s = figures[what], figures[f"{what} full"]
-        lines.append(f"| {label} | {now_s * 1000:.2f} | {full_s * 1000:.2f} | {now_s / full_s:.4f}x |")
+        hourly = now_s + full_s / 60
+        lines.append(f"| {label} | {now_s * 1000:.2f} | {full_s * 1000:.2f} | {now_s / full_s:.4f}x "
+                     f"| {hourly * 1000:.2f} | {hourly / full_s:.4f}x |")
     from results_md import write_section
 
     write_section("history-reads", lines)

@@ -333,7 +333,9 @@ def main() -> int:
     parser.add_argument("--scratch", type=Path, default=None,
                         help="directory on the disk to measure (default: a temporary directory)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
-    args = parser.parse_args()
+    from results_md import parse_args
+
+    args = parse_args(parser)  # RESULTS.md: the default run's figures only
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)

@@ -56,7 +56,9 @@ def main() -> int:
     parser.add_argument("--weights-h", default="0,12,24",
                         help="fair-share weights (h) of the second table, comma-separated; 0: off")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md")
-    args = parser.parse_args()
+    from results_md import parse_args
+
+    args = parse_args(parser)  # RESULTS.md: the default run's figures only
     try:
         weights = [float(w) for w in args.weights_h.split(",")]
     except ValueError:
@@ -182,8 +184,9 @@ NOTE = ("The reference rows are policies without runners or fair share (`greedy`
         "flood whatever runnerctl does (their no-flood p95 with fair share on is short, "
         "hence the large ratio). Instance runners get GitLab's fair scheduling by project "
         "(fewest running jobs first) for 1-GPU jobs (docs/fairshare.md). Other seeds "
-        "(1-4, 6) move the instance runners' ratio with the queue share to 1.0-4.5 (usage "
-        "only: 1.0-27); in seed 2 (4.5) the others' 2-GPU jobs were first in the planner's "
+        "(1-4, 6: `--seed N --seeds 0 --no-write`, not part of this run) move the instance "
+        "runners' ratio with the queue share to 1.27-4.48 (usage only: 1.27-4.93); "
+        "in seed 2 (4.48) the others' 2-GPU jobs were first in the planner's "
         "order, but the host that claimed them drained behind jobs running for hours while "
         "the other host ran 1-GPU jobs: the drain's choice of host, not the order.")
 

@@ -62,7 +62,9 @@ def main() -> int:
                         help="offered load over the trace's span (RESULTS.md's figures: 0.85; "
                              "other loads with --no-write)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md as it is")
-    args = parser.parse_args()
+    from results_md import parse_args
+
+    args = parse_args(parser)  # RESULTS.md: the default run's figures only
     if not 0 < args.load <= 10:
         parser.error("--load is from 0 (exclusive) to 10")
     if args.load != 0.85 and not args.no_write:

@@ -36,7 +36,9 @@ def main() -> int:
     parser.add_argument("--runner-max-timeout-s", type=int, default=None,
                         help="every runner has this maximum job timeout, so the planner knows it "
                              "for every pending job (docs/controller.md); implies --no-write")
-    args = parser.parse_args()
+    from results_md import parse_args
+
+    args = parse_args(parser)  # RESULTS.md: the default run's figures only
     lines = ["## Scheduling policies in the simulator", "",
              f"`python benchmarks/simulate_policies.py` ({args.jobs_per_host} jobs per host, seed "
              f"{args.seed}, mixed 1/2/4/8-GPU jobs offered at 1.3x capacity in bursts). GitLab's "

@@ -95,7 +95,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--small-only", action="store_true", help="only 10,000 jobs on 32 x 8")
     parser.add_argument("--before", default="489c4a7", help="git revision of the simulator to compare with")
-    args = parser.parse_args()
+    from results_md import parse_args
+
+    args = parse_args(parser)  # RESULTS.md: the default run's figures only
     cases = list(CASES)[:1] if args.small_only else list(CASES)
     lines = ["## Simulator speed", "",
              f"`python benchmarks/simulate_speed.py` (seed {args.seed}, 2 foreign processes per host; "
