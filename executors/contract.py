@@ -16,7 +16,6 @@ import re
 import sys
 
 from runnerctl.settings import DRIVERS as DRIVERS  # the one list, re-exported for the drivers
-from runnerctl.settings import GATE_WAIT_MAX_S
 
 STAGES = ("config", "prepare", "run", "cleanup")
 
@@ -46,7 +45,7 @@ USER_SCRIPT_STAGES = ("build_script", "after_script")
 # Stage timeouts written into config.toml, in seconds. prepare waits for the GPU gate
 # (RunnerctlSettings.gate_wait_s, default 600 s), so it gets that plus slack.
 CONFIG_EXEC_TIMEOUT_S = 60
-PREPARE_EXEC_TIMEOUT_S = int(GATE_WAIT_MAX_S) + 60
+PREPARE_EXEC_TIMEOUT_S = 900  # settings.GATE_WAIT_MAX_S leaves 5 minutes of it to the driver
 CLEANUP_EXEC_TIMEOUT_S = 300
 GRACEFUL_KILL_TIMEOUT_S = 30  # SIGTERM to the stage, then this long before SIGKILL
 FORCE_KILL_TIMEOUT_S = 30

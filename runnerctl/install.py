@@ -158,7 +158,11 @@ def mapping_dir(options: InstallOptions) -> Path | None:
     value = options.settings.monitoring.dcgm_job_mapping_dir
     if not value or not {"serve", "exporter"} & set(options.services):
         return None
-    return Path(value)  # absolute: the settings refuse a relative one
+    path = Path(value)
+    if not path.is_absolute():
+        raise ConfigError(f"[monitoring] dcgm_job_mapping_dir {value!r} is not an absolute path",
+                          hint='a service runs in /; give e.g. "/run/dcgm-job-map"')
+    return path
 
 
 def write(files: list[UnitFile], root: Path, *, state_dir: Path, mapping: Path | None = None) -> list[Path]:

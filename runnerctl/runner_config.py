@@ -120,11 +120,6 @@ def validate(doc: TOMLDocument, path: Path) -> None:
     for entry in _runners(doc):
         if not isinstance(entry, Table | dict):
             raise ConfigError(f"{path}: every [[runners]] entry must be a table")
-    names = [str(entry["name"]) for entry in owned(doc)]
-    if twice := sorted({name for name in names if names.count(name) > 1}):
-        raise ConfigError(f"{path}: two [[runners]] entries are named {twice[0]}: gitlab-runner would poll "
-                          "both, and the second job on its GPUs would wait for the first; it was left "
-                          "untouched", hint="remove one of them by hand, then run the command again")
 
 
 MAX_RUNNER_ID = 2**63 - 1  # GitLab's ci_runners.id is a bigint
@@ -230,6 +225,12 @@ def replace_owned_entries(doc: TOMLDocument, entries: dict[str, dict[str, Any]],
     they are. A key of an existing entry set back to runnerctl's value (a hand edit, or
     a changed setting) is added to `reset` as "entry: key", so init can say so.
     """
+    names = [str(entry["name"]) for entry in owned(doc)]
+    if entries and (twice := sorted({name for name in names if names.count(name) > 1})):
+        # refused where init would write them, not on every read: serve and uninstall go on
+        raise ConfigError(f"two [[runners]] entries are named {twice[0]}: gitlab-runner would poll both, "
+                          "and the second job on its GPUs would wait for the first; nothing was changed",
+                          hint="remove one of them by hand, then run the command again")
     runners = doc.get("runners")
     if not isinstance(runners, AoT):  # absent, or `runners = []` as an older uninstall left it:
         if runners is not None:       # an inline key, maybe above the top-level keys, which an

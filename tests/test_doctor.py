@@ -104,9 +104,10 @@ def test_runners_that_no_longer_follow_the_settings_are_named(gitlab_server: Git
     capsys.readouterr()
     _doctor(tmp_path, config)
     assert "[ok] config.toml's runners follow the settings" in capsys.readouterr().out
-    defaults_toml(tmp_path).write_text('[executor]\ndriver = "shell"\n')
+    defaults_toml(tmp_path).write_text('[executor]\ndriver = "shell"\ngate_wait_s = 3600\n')
     assert _doctor(tmp_path, config) == 1
     out = capsys.readouterr().out
     assert ("[FAIL] config.toml's runners follow the settings: runnerctl/gpu-a/gpu0 runs with --driver "
             "docker, the settings say shell") in out
     assert "run `runnerctl init` again" in out
+    assert "[FAIL] settings: [executor] gate_wait_s 3600 is over 600 s" in out  # loads, but named

@@ -104,3 +104,32 @@ def test_several_nodes_with_an_image_are_refused_saying_how(host: Path,
     assert "RUNNERCTL_NODES=2 cannot be used with image: pytorch/pytorch:2.3" in build.output
     assert '"$RUNNERCTL_EACH_NODE" apptainer exec --nv IMAGE COMMAND' in build.output
     assert "submitted" not in build.output
+
+
+def test_a_linked_builds_dir_and_a_relative_sif_reach_apptainer_as_the_job_sees_them(
+        host: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver binds the builds dir at the path the job was given too (a container sees
+    only a bind's destination: the job's CI_PROJECT_DIR under /scratch -> /lustre/scratch
+    did not exist inside), and a relative SIF is the project's, not the builds dir's the
+    batch job starts in (found by a review as an HPC user; a review of the day's changes
+    found only the helpers tested, not the driver's use of them)."""
+    real = tmp_path / "lustre" / "scratch"
+    real.mkdir(parents=True)
+    link = tmp_path / "scratch"
+    link.symlink_to(real)
+    settings = host / "runnerctl.toml"
+    settings.write_text(settings.read_text().replace("[executor]", f'builds_dir = "{link}"\n[executor]'))
+    log = tmp_path / "apptainer.log"
+    monkeypatch.setenv("PATH", f"{FAKES / 'apptainer'}:{os.environ['PATH']}")
+    monkeypatch.setenv("RUNNERCTL_FAKE_APPTAINER_LOG", str(log))
+    harness = harness_for(host, (1,), "slurm")
+    first = harness.run_job(FakeJob(id=965), 'echo "project=$CI_PROJECT_DIR"')["build_script"]
+    project = Path(first.output.rsplit("project=", 1)[1].split()[0])
+    assert str(project).startswith(str(link)), first.output
+    (project / "images").mkdir(parents=True, exist_ok=True)
+    (project / "images" / "x.sif").write_text("a SIF")
+    build = harness.run_job(FakeJob(id=966, image="images/x.sif"), "pwd; exit 0")["build_script"]
+    assert build.code == 0, build.output
+    call = json.loads(log.read_text().splitlines()[0])
+    assert call["image"] == str(project / "images" / "x.sif")
+    assert call["binds"] == [str(real), f"{real}:{link}"], call

@@ -203,9 +203,9 @@ def test_the_dcgm_job_mapping_directory_is_writable_made_at_boot_and_uninstalled
                  "--config", str(settings)]) == 0
     assert not conf.exists() and not list(units.iterdir())
     settings.write_text(settings.read_text().replace(mapping, "dcgm-map"))
-    with pytest.raises(ConfigError, match="dcgm_job_mapping_dir must be an absolute path, not 'dcgm-map'"):
-        load_settings(settings)  # a service runs in /
-    settings.write_text(settings.read_text().replace("dcgm-map", mapping))
+    with pytest.raises(ConfigError, match="dcgm_job_mapping_dir 'dcgm-map' is not an absolute path"):
+        render(InstallOptions(settings=load_settings(settings), settings_path=settings, gitlab_url="",
+                              services=("exporter",)))
     only_postgres = InstallOptions(settings=load_settings(settings), settings_path=settings, gitlab_url="",
                                    services=("postgres",))
     assert [f.path.name for f in render(only_postgres)] == ["runnerctl-postgres.service"]  # writes no mapping

@@ -131,9 +131,6 @@ def test_file_that_never_settles_is_refused(tmp_path: Path) -> None:
         ("concurrent = 0\n", "positive integer"),
         ("runners = 3\n", "array of tables"),
         ("runners = [1, 2]\n", "must be a table"),
-        # gitlab-runner would poll both: the second job on those GPUs waits on the first's lease
-        (ORIGINAL + '[[runners]]\n  name = "runnerctl/h/gpu0"\n  token = "glrt-ours"\n',
-         r"two \[\[runners\]\] entries are named runnerctl/h/gpu0"),
     ],
 )
 def test_malformed_file_is_refused_and_left_byte_for_byte(
@@ -144,6 +141,20 @@ def test_malformed_file_is_refused_and_left_byte_for_byte(
     with pytest.raises(ConfigError, match=needle):
         config.edit(lambda doc: doc.__setitem__("concurrent", 2))
     assert config.path.read_bytes() == before
+
+
+def test_two_entries_of_one_name_are_refused_by_init_but_read_by_the_others(tmp_path: Path) -> None:
+    """gitlab-runner would poll both: the second job on those GPUs waits on the first's
+    lease (found by a review as a lab admin). init refuses to write on it; serve and
+    uninstall, which only read or remove, go on."""
+    config = _file(tmp_path, ORIGINAL + '[[runners]]\n  name = "runnerctl/h/gpu0"\n  token = "glrt-ours"\n')
+    before = config.path.read_bytes()
+    with pytest.raises(ConfigError, match=r"two \[\[runners\]\] entries are named runnerctl/h/gpu0"):
+        config.edit(lambda doc: replace_owned_entries(doc, {"runnerctl/h/gpu0": {"limit": 1}}, retire=set()))
+    assert config.path.read_bytes() == before
+    assert set(config.owned_entries()) == {"runnerctl/h/gpu0"}
+    config.edit(lambda doc: replace_owned_entries(doc, {}, retire={"runnerctl/h/gpu0"}))  # uninstall
+    assert config.owned_entries() == {}
 
 
 def test_a_linked_file_is_edited_in_place_and_a_bom_is_read(tmp_path: Path) -> None:

@@ -96,19 +96,6 @@ def test_a_long_interval_without_a_claim_ttl_keeps_working(tmp_path: Path) -> No
          "docker_pull_policy must be one of if-not-present, always"),
         ("[paths]\nstate_dir = ''\n", "state_dir must be an absolute path, not ''"),
         ("[paths]\nstate_dir = 'relative/dir'\n", "state_dir must be an absolute path"),
-        # found by a review as a lab admin: under systemd (working directory /) a relative
-        # runner_config named another file than init wrote; `~` was never expanded
-        ("[paths]\nrunner_config = 'gr/config.toml'\n", "runner_config must be an absolute path"),
-        ("[paths]\nbuilds_dir = 'builds'\n", "builds_dir must be an absolute path, not 'builds'"),
-        ("[paths]\ncache_dir = '~/cache'\n", "cache_dir must be an absolute path, not '~/cache'"),
-        ("[postgres]\ndir = 'pg'\n", "dir must be an absolute path"),
-        ("[monitoring]\ndcgm_job_mapping_dir = 'map'\n", "dcgm_job_mapping_dir must be an absolute path"),
-        # gitlab-runner ends prepare at its prepare_exec_timeout: the gate's message would be lost
-        ("[executor]\ngate_wait_s = 3600\n", r"gate_wait_s must be from 0 to 840 \(seconds"),
-        # its keys are project ids; a path (as project_shares takes) matched no project, silently
-        ("[controller]\nproject_priorities = { 'ml/vision' = 'high' }\n",
-         "project_priorities: 'ml/vision' is no GitLab project id"),
-        ("[controller]\nproject_priorities = { '042' = 'high' }\n", "'042' is no GitLab project id"),
         ("[web]\ntrusted_proxies = ['not-an-ip']\n", "trusted_proxies: 'not-an-ip' is no address or CIDR"),
         ("[web]\npublic_url = 'lab.example/gpus'\n", "public_url must be an http.s. address"),
         ("[web]\nmax_concurrent_signins = 0\n", "max_concurrent_signins must be from 1 to 1000"),
@@ -136,7 +123,7 @@ def test_good_values_at_the_edges_load(tmp_path: Path) -> None:
     path = tmp_path / "runnerctl.toml"
     path.write_text("[controller]\ninterval_s = 0.05\nreopen_ratio = 1\nprojects = [7]\n"
                     "project_priorities = { '7' = 'high' }\n[postgres]\nport = 65535\n"
-                    "[executor]\ndriver = 'pjm'\ngate_wait_s = 840\n"
+                    "[executor]\ndriver = 'pjm'\ngate_wait_s = 600\n"
                     "[web]\ntrusted_proxies = ['10.0.0.0/8', '::1']\n"
                     "[paths]\nbuilds_dir = ''\nrunner_config = '/etc/gitlab-runner/config.toml'\n")
     settings = load_settings(path)
@@ -187,3 +174,32 @@ def test_a_settings_file_an_editor_saved_with_a_bom_loads(tmp_path: Path) -> Non
     path = tmp_path / "runnerctl.toml"
     path.write_bytes(b"\xef\xbb\xbf[host]\r\nname = \"gpu-b\"\r\n")
     assert load_settings(path).host.name == "gpu-b"
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    # under systemd (working directory /) a relative runner_config named another file than
+    # init wrote, and `~` was never expanded (found by a review as a lab admin)
+    ("[paths]\nrunner_config = 'gr/config.toml'\n", "[paths] runner_config 'gr/config.toml' is not"),
+    ("[paths]\nbuilds_dir = 'builds'\n", "[paths] builds_dir 'builds' is not an absolute path"),
+    ("[paths]\ncache_dir = '~/cache'\n", "[paths] cache_dir '~/cache' is not an absolute path"),
+    ("[postgres]\ndir = 'pg'\n", "[postgres] dir 'pg' is not an absolute path"),
+    ("[monitoring]\ndcgm_job_mapping_dir = 'map'\n", "dcgm_job_mapping_dir 'map' is not an absolute path"),
+    # gitlab-runner ends prepare at 900 s, the image pull after the wait: the gate's message is lost
+    ("[executor]\ngate_wait_s = 3600\n", "[executor] gate_wait_s 3600 is over 600 s"),
+    # its keys are project ids; a path (as project_shares takes) matched no project, silently
+    ("[controller]\nproject_priorities = { 'ml/vision' = 'high' }\n", "'ml/vision' is no GitLab project id"),
+    ("[controller]\nproject_priorities = { '042' = 'high' }\n", "'042' is no GitLab project id"),
+])
+def test_settings_an_older_runnerctl_took_load_and_are_named_as_doubtful(tmp_path: Path, text: str,
+                                                                        said: str) -> None:
+    """Refused at load, they stopped every job's stages after an upgrade (found by a
+    review of the day's changes): they load, and doctor and serve name them."""
+    from runnerctl.executors.contract import PREPARE_EXEC_TIMEOUT_S
+    from runnerctl.settings import GATE_WAIT_MAX_S, doubtful
+
+    path = tmp_path / "runnerctl.toml"
+    path.write_text(text)
+    [found] = doubtful(load_settings(path))
+    assert said in found, found
+    assert doubtful(load_settings(tmp_path / "absent.toml")) == []
+    assert PREPARE_EXEC_TIMEOUT_S - GATE_WAIT_MAX_S >= 300  # the driver's own prepare gets 5 minutes

@@ -3,6 +3,7 @@ hourly cron then drops no job that waits behind a drain longer than its 1 h limi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import stat
@@ -18,7 +19,7 @@ from runnerctl.controller.serve import production_controller
 from runnerctl.errors import TemporaryError
 from runnerctl.gpus.sim import count_snapshot
 from runnerctl.layout import plan_slots, slot_tags, standby_tags
-from runnerctl.settings import ControllerSettings, HostSettings, PathSettings, Settings
+from runnerctl.settings import ControllerSettings, ExecutorSettings, HostSettings, PathSettings, Settings
 from runnerctl.sim.gitlab_server import GitLabServer
 from runnerctl.sim.gitlab_state import STUCK_REASON
 from runnerctl.sim.world import PROJECT, World, build_world
@@ -236,9 +237,11 @@ def test_serve_keeps_the_standby_init_made_online_with_one_manager(
     assert record.token not in caplog.text
     standby_path(config).unlink()
     caplog.set_level(logging.WARNING)
-    without = production_controller(settings, gitlab_url=gitlab_server.url, token=ADMIN_TOKEN,
+    doubtful = dataclasses.replace(settings, executor=ExecutorSettings(gate_wait_s=3600))
+    without = production_controller(doubtful, gitlab_url=gitlab_server.url, token=ADMIN_TOKEN,
                                      gpu_source="sim:8", runner_config=config, webhook_secret="")
     without.wiring.store.close()
     assert "no stand-by runner" in caplog.text
+    assert "gate_wait_s 3600 is over 600 s" in without.liveness.notices["settings"]  # and logged
     healthy, shown = without.liveness.report()  # on /healthz too: it was in the log alone
     assert healthy and "run `runnerctl init` again" in shown["notices"]["standby"], shown

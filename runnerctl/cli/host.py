@@ -28,7 +28,7 @@ from runnerctl.registration import (
     render_dry_run,
 )
 from runnerctl.runner_config import RunnerConfigFile, default_runner_config_path
-from runnerctl.settings import Settings, default_settings_path, load_settings
+from runnerctl.settings import Settings, default_settings_path, doubtful, load_settings
 from runnerctl.tags import without_priorities
 
 gpu_source_option = click.option(
@@ -302,6 +302,8 @@ def doctor(gpu_source: str | None, host_name: str | None, config_path: Path | No
 
     settings, settings_path = _settings(config_path)
     report(True, f"settings: {settings_path}" + ("" if settings_path.exists() else " (absent: defaults)"))
+    for text in doubtful(settings):
+        report(False, f"settings: {text}", f"change it in {settings_path}, then restart serve")
     snapshot = None
     try:
         snapshot, spec = _snapshot(settings, gpu_source, host_name)

@@ -39,7 +39,7 @@ from runnerctl.errors import ConfigError
 from runnerctl.gitlab import PythonGitLab
 from runnerctl.gpus import open_gpu_source
 from runnerctl.runner_config import RunnerConfigFile
-from runnerctl.settings import Settings, WebSettings, load_settings, parse_listen, public_path
+from runnerctl.settings import Settings, WebSettings, doubtful, load_settings, parse_listen, public_path
 from runnerctl.standby import load as load_standby
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,8 @@ def production_controller(settings: Settings, *, gitlab_url: str, token: str, gp
                     check_clock=True, check_token=True, monotonic=time.monotonic, on_event=log_event)
     controller = Controller(wiring, settings.controller)
     controller.on_tick.append(InputsWatch(controller.liveness, read, runner_config, runner_ids))
+    if doubts := doubtful(read):  # loaded, but not working as meant: on /healthz and in the log
+        controller.liveness.notice("settings", "; ".join(doubts))
     if standby is None:  # a host set up before init made one: logged, and on /healthz while it lasts
         controller.liveness.notice("standby", f"no stand-by runner beside {runner_config}: GitLab drops "
                                    "multi-GPU jobs that wait over an hour for a drain; run `runnerctl init` "

@@ -28,7 +28,6 @@ The sender thread is watched: a failed delivery is counted and logged once per h
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import datetime
 import itertools
@@ -86,7 +85,8 @@ class Hooks:
         self.clock = clock
         self.base_url = base_url
         self.hooks: dict[int, ProjectHook] = {}
-        self.deliveries: collections.deque[Delivery] = collections.deque(maxlen=KEEP_DELIVERIES)  # the newest
+        self.deliveries: list[Delivery] = []  # the newest KEEP_DELIVERIES or more (a list: tests read
+        # it while the sender appends, which a deque refuses)
         self._ids = itertools.count(1)
         self._queue: queue.Queue[tuple[ProjectHook, dict[str, Any]] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -200,6 +200,8 @@ class Hooks:
             self._record(hook, status is not None and 200 <= status < 400)  # a redirect is no failure
             self.deliveries.append(Delivery(hook.id, int(payload["build_id"]), str(payload["build_status"]),
                                             status))
+            if len(self.deliveries) > 2 * KEEP_DELIVERIES:
+                del self.deliveries[:-KEEP_DELIVERIES]
 
     def _send(self, hook: ProjectHook, payload: dict[str, Any]) -> int | None:
         headers = {"Content-Type": "application/json", "User-Agent": "GitLab/19.0.0",

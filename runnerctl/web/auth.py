@@ -110,10 +110,10 @@ def csrf_ok(session: MutableMapping[str, Any], sent: str | None) -> bool:
 
 
 def client_key(address: str) -> str:
-    """Who a sign-in limit counts: an IPv4 address, or an IPv6 address's /64, which one
-    ordinary connection (a home router, a cloud host) gives a client whole; counted per
-    address, 30 tries from one /64 were 30 401s and no 429 (found by a review as a lab
-    admin behind a reverse proxy)."""
+    """Whose attempts the per-client limit adds up: an IPv4 address, or an IPv6 address's
+    /64, which one ordinary connection (a home router, a cloud host) gives a client whole;
+    counted per address, 30 tries from one /64 were 30 401s and no 429 (found by a review
+    as a lab admin behind a reverse proxy)."""
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
@@ -142,6 +142,11 @@ class SignInLimiter:
     """Failed sign-ins per client and minute across all names, in multiples of `attempts`:
     a mistyped name or two costs nothing, but a client trying one name after another is
     stopped (429) before it can keep the hashing slots busy for everyone else."""
+    PER_NETWORK = 2
+    """An IPv6 /64 (`client_key`) is a lab's whole LAN as often as one client: it may fail
+    this many times a client's number. A name's own limit stays per address, so one
+    machine there cannot lock a colleague's name for the others (a review of the day's
+    changes)."""
 
     def __init__(self, attempts: int, clock: Callable[[], float] = time.monotonic, *,
                  hashing: int = 2, wait_s: float = 2.0) -> None:
@@ -159,8 +164,9 @@ class SignInLimiter:
                 cutoff = self.clock() - 60.0
                 self._failures = {k: w for k, w in self._failures.items() if w and w[-1] >= cutoff}
                 self._kept = len(self._failures)
-            named, everywhere = self._recent((client, name)), self._recent((client,))
-            if len(named) >= self.attempts or len(everywhere) >= self.PER_CLIENT * self.attempts:
+            named, everywhere = self._recent((client, name)), self._recent((client_key(client),))
+            allowed = self.PER_CLIENT * self.attempts * (self.PER_NETWORK if "/" in client_key(client) else 1)
+            if len(named) >= self.attempts or len(everywhere) >= allowed:
                 return False
             named.append(self.clock())
             everywhere.append(self.clock())
@@ -169,7 +175,7 @@ class SignInLimiter:
     def succeeded(self, client: str, name: str) -> None:
         """The attempt was right (or never evaluated): it does not count."""
         with self._lock:
-            for key in ((client, name), (client,)):
+            for key in ((client, name), (client_key(client),)):
                 window = self._recent(key)
                 if window:
                     window.pop()
