@@ -91,7 +91,7 @@ def main() -> int:
 def write_results(gpus: int, runners: int, samples: int, size: int, ours: float, base: float,
                   scrapes: int) -> None:
     lines = ["## Exporter: CPU time per scrape", "",
-             f"`python benchmarks/exporter_scrape.py` on this machine (2 shared cores), mean of {scrapes} "
+             f"`python benchmarks/exporter_scrape.py`: mean of {scrapes} "
              "scrapes (`time.process_time`); baseline: a registry of plain prometheus_client Gauges with "
              "as many samples, rendered in the same run. Target: under 10 ms.", "",
              "| host | samples | bytes | runnerctl scrape (ms CPU) | baseline (ms CPU) | ratio |",

@@ -119,7 +119,7 @@ def main() -> int:
 
 def write_results(args: argparse.Namespace, now_s: float, before_s: float) -> None:
     lines = ["## Fleet page: store reads at a big lab's size", "",
-             f"`python benchmarks/fleet_store.py` on this machine (2 shared cores): a SQLite store of "
+             f"`python benchmarks/fleet_store.py`: a SQLite store of "
              f"{args.events:,} events over {args.hosts} hosts, one of them quiet (20 events long ago); "
              f"the fleet's hosts, each host's latest event and the quiet host's 50 latest (what "
              f"`/api/fleet` and `/api/host` read, polled every 2 s per open page), median of "

@@ -133,7 +133,7 @@ def _time(call: Callable[[float], object], at: float) -> float:
 
 def write_results(args: argparse.Namespace, per_minute: int, figures: dict[str, float]) -> None:
     lines = ["## Job history reads: estimates and fair share each minute", "",
-             f"`python benchmarks/history_reads.py` on this machine (2 shared cores): a SQLite store of "
+             f"`python benchmarks/history_reads.py`: a SQLite store of "
              f"{args.jobs:,} finished jobs ending over {args.days:g} days on {args.hosts} hosts, "
              f"200 running, {per_minute} more ending each minute; what one serve reads each minute "
              "for run-time estimates (30 days) and fair share (ten half-lives: 70 days), median of "
