@@ -29,7 +29,7 @@ from runnerctl.executors.lease import (
     process_started,
 )
 from runnerctl.executors.stop import STAGE_STOP
-from runnerctl.settings import Settings, load_settings
+from runnerctl.settings import GATE_WAIT_MAX_S, Settings, load_settings
 
 
 def parse(argv: list[str]) -> tuple[str, DriverArgs, list[str]]:
@@ -89,7 +89,12 @@ def prepare(ctx: StageContext, driver: Driver) -> None:
                      created_at=time.time(), pipeline_id=ctx.job.pipeline_id,
                      project=ctx.job.project, user=ctx.job.user, url=ctx.job.url, nonce=new_nonce(),
                      timeout_s=ctx.job.timeout_s, job_name=ctx.job.name)
-    wait_s = ctx.settings.executor.gate_wait_s
+    wait_s = min(ctx.settings.executor.gate_wait_s, GATE_WAIT_MAX_S)  # past it, prepare's own end
+    if wait_s < ctx.settings.executor.gate_wait_s:  # (900 s) came first and the gate's message was lost
+        print(f"runnerctl: [executor] gate_wait_s {ctx.settings.executor.gate_wait_s:g} is over "
+              f"{GATE_WAIT_MAX_S:g} s, gitlab-runner's prepare would end first: waiting "
+              f"{GATE_WAIT_MAX_S:g} s",
+              file=sys.stderr)
     deadline = time.monotonic() + wait_s
     try:
         replaced = leases.acquire(ctx.args.gpus, template, wait_s=wait_s)

@@ -137,7 +137,14 @@ def _text(path: Path) -> str | None:
 
 
 def render(options: InstallOptions) -> list[UnitFile]:
-    """Every file `runnerctl install` writes, in order."""
+    """Every file `runnerctl install` writes, in order. A relative path the units would
+    name is refused: systemd takes none in ReadWritePaths=, PIDFile= or ConditionPathExists=
+    (a review of the day's changes; the settings load it, `settings.doubtful` names it)."""
+    for key, value in (("[paths] runner_config", options.settings.paths.runner_config),
+                       ("[postgres] dir", options.settings.postgres.dir)):
+        if value and not Path(value).is_absolute():
+            raise ConfigError(f"{key} {value!r} is not an absolute path",
+                              hint="a service runs in /; give one from the root")
     files: list[UnitFile] = []
     for service in options.services:
         files.append(UnitFile(UNIT_DIR / f"runnerctl-{service}.service", _UNITS[service](options)))

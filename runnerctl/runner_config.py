@@ -55,6 +55,13 @@ class RunnerConfigFile:
             entry["id"] = runner_id(entry, name=name, path=self.path)
         return entries
 
+    def repeated_names(self) -> list[str]:
+        """runnerctl entry names given to more than one `[[runners]]` entry: gitlab-runner
+        polls each, while `owned_entries` (and so serve) keeps the last (doctor and serve
+        say so; init refuses to write on such a file)."""
+        names = [str(entry["name"]) for entry in owned(self.read())]
+        return sorted({name for name in names if names.count(name) > 1})
+
     def edit(self, change: Callable[[TOMLDocument], None]) -> TOMLDocument:
         """Apply `change` to the current content and write it atomically; returns the result."""
         for _ in range(_RETRIES):

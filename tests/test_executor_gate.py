@@ -185,3 +185,16 @@ def test_another_users_process_in_a_freed_group_number_or_a_look_alike_cgroup_is
                "0::/system.slice/slurmstepd.scope/job_123/step_0", f"0::/notdocker/{cid}"]
     assert [line for line in inside if not cgroup_is_of(line, box)] == []
     assert [line for line in outside if cgroup_is_of(line, box)] == []
+
+
+def test_a_gate_wait_longer_than_prepare_is_cut_to_what_prepare_holds(tmp_path: Path) -> None:
+    """gitlab-runner ends prepare at 900 s: a longer `gate_wait_s` (an older runnerctl took
+    it) lost the gate's message naming the GPU's user in a plain timeout; it is cut to
+    600 s and said (found by a review of the day's changes)."""
+    from tests.harness_custom_executor import FakeJob, harness_for, make_host
+
+    host = make_host(tmp_path, gate_wait_s=3600)
+    prepare = harness_for(host, (2,), "shell").stage("prepare", FakeJob(id=4701))
+    assert prepare.code == 0, prepare.output
+    assert "gate_wait_s 3600 is over 600 s, gitlab-runner's prepare would end first: waiting 600 s" \
+        in prepare.output

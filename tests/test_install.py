@@ -170,6 +170,20 @@ def test_a_control_character_in_a_path_is_refused(tmp_path: Path) -> None:
                                    python="/opt/it's/python"))
 
 
+@pytest.mark.parametrize(("setting", "said"), [
+    ("[paths]\nrunner_config = 'gr/config.toml'\n", r"\[paths\] runner_config 'gr/config.toml'"),
+    ("[postgres]\ndir = 'pg'\n", r"\[postgres\] dir 'pg'")])
+def test_a_relative_path_the_units_would_name_is_refused(tmp_path: Path, setting: str, said: str) -> None:
+    """systemd takes no relative path in ReadWritePaths=, PIDFile= or ConditionPathExists=;
+    the settings load one (an older runnerctl took it), install writes none (found by a
+    review of the day's changes)."""
+    config = tmp_path / "runnerctl.toml"
+    config.write_text(setting)
+    options = InstallOptions(settings=load_settings(config), settings_path=config, gitlab_url="https://g.example")
+    with pytest.raises(ConfigError, match=f"{said}.* is not an absolute path"):
+        render(options)
+
+
 def test_the_dcgm_job_mapping_directory_is_writable_made_at_boot_and_uninstalled(tmp_path: Path) -> None:
     """ProtectSystem=strict makes /run read-only too: with `dcgm_job_mapping_dir` set, serve
     and the exporter name it in ReadWritePaths=, a tmpfiles.d line (read by the real

@@ -153,6 +153,7 @@ def test_two_entries_of_one_name_are_refused_by_init_but_read_by_the_others(tmp_
         config.edit(lambda doc: replace_owned_entries(doc, {"runnerctl/h/gpu0": {"limit": 1}}, retire=set()))
     assert config.path.read_bytes() == before
     assert set(config.owned_entries()) == {"runnerctl/h/gpu0"}
+    assert config.repeated_names() == ["runnerctl/h/gpu0"]  # what doctor and serve say
     config.edit(lambda doc: replace_owned_entries(doc, {}, retire={"runnerctl/h/gpu0"}))  # uninstall
     assert config.owned_entries() == {}
 

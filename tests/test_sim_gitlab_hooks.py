@@ -154,3 +154,26 @@ def test_deliveries_queued_for_a_hook_disabled_meanwhile_are_not_sent(gl: SimGit
         time.sleep(0.02)
     assert server.hooks.pending() == 0 and len(receiver.got) == 4
     assert admin.get(f"/projects/{project}/hooks").json()[0]["alert_status"] == "temporarily_disabled"
+
+
+def test_a_redirect_is_an_answer_and_a_secret_goes_as_utf8(gl: SimGitLab) -> None:
+    """GitLab counts a 3xx as delivered (auto_disabling.rb response_category) and sends
+    the secret's own bytes; the stand-in followed a 302 as a GET and counted the answer
+    as a failure, and sent the secret as latin-1, which serve, reading GitLab's UTF-8,
+    refused (found by a review of the day's changes)."""
+    server, info = gl
+    receiver = Receiver(status=302)
+    admin = httpx.Client(base_url=info["url"] + "/api/v4", headers={"PRIVATE-TOKEN": info["admin_token"]})
+    project = info["project_ids"][0]
+    admin.post(f"/projects/{project}/hooks", json={"url": receiver.url, "token": "pässwort 密码",
+                                                   "job_events": True})
+    for count in range(1, 6):
+        httpx.post(info["url"] + "/-/sim/jobs", json={"project_id": project, "tags": ["gpu"]})
+        receiver.wait_for(count)
+    end = time.monotonic() + 60
+    while len(server.hooks.deliveries) < 5 and time.monotonic() < end:
+        time.sleep(0.02)
+    assert [d.status for d in server.hooks.deliveries] == [302] * 5
+    assert admin.get(f"/projects/{project}/hooks").json()[0]["alert_status"] == "executable"
+    sent = receiver.got[0][0]["x-gitlab-token"]
+    assert sent.encode("latin-1").decode() == "pässwort 密码"

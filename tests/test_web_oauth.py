@@ -125,5 +125,5 @@ def test_behind_a_proxy_the_redirect_uri_is_the_public_one(world: World, tmp_pat
     done = _approve(client, "mia", prefix="/gpus")
     assert done.status_code == 303 and done.headers["location"] == "/gpus/"
     assert client.get("/gpus/api/session").json()["user"] == "mia"
-    cookie = next(c for c in client.cookies.jar if c.name == "runnerctl_session")
+    cookie = next(c for c in client.cookies.jar if c.name == "runnerctl_session_gpus")
     assert cookie.path == "/gpus"  # another page on the domain gets its own

@@ -319,6 +319,9 @@ def doctor(gpu_source: str | None, host_name: str | None, config_path: Path | No
         entries = config.owned_entries()
         report(config.path.exists(), f"config.toml: {config.path} ({len(entries)} runnerctl runners)",
                "run `runnerctl init` to create it")
+        if twice := config.repeated_names():
+            report(False, f"config.toml: two entries are named {twice[0]} (gitlab-runner polls both, serve "
+                   "drives only the last)", "remove one by hand, then run `runnerctl init` and restart serve")
         if config.path.exists():
             mode = config.path.stat().st_mode & 0o777
             report(mode & 0o077 == 0, f"config.toml mode {mode:o}", f"chmod 600 {config.path}")

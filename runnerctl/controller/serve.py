@@ -82,6 +82,10 @@ def production_controller(settings: Settings, *, gitlab_url: str, token: str, gp
     controller.on_tick.append(InputsWatch(controller.liveness, read, runner_config, runner_ids))
     if doubts := doubtful(read):  # loaded, but not working as meant: on /healthz and in the log
         controller.liveness.notice("settings", "; ".join(doubts))
+    if twice := RunnerConfigFile(runner_config).repeated_names():
+        controller.liveness.notice("runners", f"{runner_config} has two entries named {twice[0]}: "
+                                   "gitlab-runner polls both, serve drives only the last; remove one and "
+                                   "restart serve")
     if standby is None:  # a host set up before init made one: logged, and on /healthz while it lasts
         controller.liveness.notice("standby", f"no stand-by runner beside {runner_config}: GitLab drops "
                                    "multi-GPU jobs that wait over an hour for a drain; run `runnerctl init` "

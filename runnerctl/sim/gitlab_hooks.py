@@ -207,14 +207,16 @@ class Hooks:
         headers = {"Content-Type": "application/json", "User-Agent": "GitLab/19.0.0",
                    "X-Gitlab-Event": "Job Hook", "X-Gitlab-Webhook-UUID": hook.uuid,
                    "X-Gitlab-Event-UUID": str(uuid.uuid4()), "X-Gitlab-Instance": self.base_url}
-        if hook.token:
-            headers["X-Gitlab-Token"] = hook.token
+        if hook.token:  # its UTF-8 bytes, as GitLab sends them (urllib writes a header as latin-1)
+            headers["X-Gitlab-Token"] = hook.token.encode().decode("latin-1")
         request = urllib.request.Request(hook.url, data=json.dumps(payload).encode(), headers=headers,
                                          method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - the hook's own URL
+            with _NO_REDIRECTS.open(request, timeout=10) as response:
                 return int(response.status)
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:  # a redirect is an answer (response_category: redirection)
+                return int(exc.code)
             self._warn(hook, f"answered {exc.code}")
             return int(exc.code)
         except (OSError, ValueError) as exc:
@@ -226,6 +228,16 @@ class Hooks:
             self._warned.add(hook.id)
             log.warning("simulated GitLab: job hook %s (%s) %s; later failures are counted only",
                         hook.id, hook.url, what)
+
+
+class _KeepRedirects(urllib.request.HTTPRedirectHandler):
+    """A hook's 3xx is its answer, not a place to go: urllib followed it as a GET."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_NO_REDIRECTS = urllib.request.build_opener(_KeepRedirects)
 
 
 def _iso(ts: float | None) -> str | None:

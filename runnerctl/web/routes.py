@@ -12,6 +12,7 @@ session's CSRF token in `X-CSRF-Token`. Security headers go on every response.
 
 import datetime
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
@@ -252,9 +253,18 @@ def install(app: FastAPI, *, view: Callable[[], ControllerView], store: Store, s
 
     # added last, so it runs first: `guard` reads the session it decodes
     app.add_middleware(SessionMiddleware, secret_key=auth.session_key(state_dir),
-                       session_cookie="runnerctl_session", max_age=settings.session_max_age_s,
+                       session_cookie=session_cookie(settings.public_url), max_age=settings.session_max_age_s,
                        same_site="lax", https_only=settings.https_only_cookies,
-                       path=public_path(settings.public_url) or "/")  # two pages on one domain: two cookies
+                       path=public_path(settings.public_url) or "/")
+
+
+def session_cookie(public_url: str) -> str:
+    """The session cookie's name: `runnerctl_session`, and under a sub-path its own name
+    too (`runnerctl_session_gpus`). The path alone does not keep two pages of one domain
+    apart: a browser sends a root page's cookie of the same name to /gpus as well, and the
+    last one read won (a review of the day's changes)."""
+    path = public_path(public_url).strip("/")
+    return "runnerctl_session" + (f"_{re.sub(r'[^A-Za-z0-9]+', '_', path)}" if path else "")
 
 
 def route_path(scope: Mapping[str, Any]) -> str:
