@@ -287,3 +287,24 @@ def test_a_secret_with_letters_beyond_ascii_is_the_same_secret() -> None:
                             secret="pässwort")
     assert tracker.refusal("pässwort".encode().decode("latin-1")) == ""
     assert tracker.refusal("passwort") != ""
+
+
+@pytest.mark.parametrize("tags", [["gpu", "gpus:8"], ["gpus:2", "gpus:8"], ["gpus:08"],
+                                  ["gpus:8", "priority:urgent"], ["gpus:8", "host:gpu-b", "host:gpu-a"]])
+def test_a_job_no_runner_of_the_host_can_take_is_no_demand_there(tags: list[str]) -> None:
+    """GitLab gives a job only to a runner with every one of its tags: a job tagged `gpu`
+    and `gpus:8` counted as an 8-GPU job, no runner ever took it, and its host stayed
+    drained for a day until GitLab dropped it (found by a review as a hostile CI job
+    author)."""
+    from runnerctl.controller.demand import pending_job
+
+    job = JobInfo(id=70, project_id=5, status="pending", tags=tuple(tags), created_at=None, user=None,
+                  web_url=None)
+    pending = pending_job(job, project_id=5, priorities={}, seen_at=0.0, now=0.0)
+    assert pending is not None and not pending.takes("gpu-a") and not pending.takes("gpu-b")
+    fine = pending_job(JobInfo(71, 5, "pending", ("gpus:8", "priority:high", "host:gpu-a"), None, None, None),
+                       project_id=5, priorities={}, seen_at=0.0, now=0.0)
+    assert fine is not None and fine.takes("gpu-a") and not fine.takes("gpu-b")
+    single = pending_job(JobInfo(72, 5, "pending", ("gpus:1",), None, None, None),
+                         project_id=5, priorities={}, seen_at=0.0, now=0.0)
+    assert single is not None and single.takes("gpu-a")

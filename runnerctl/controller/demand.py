@@ -50,7 +50,7 @@ from typing import Any
 from runnerctl.controller.plan import Demand
 from runnerctl.errors import NotFoundError
 from runnerctl.gitlab import GitLabPort, JobInfo
-from runnerctl.tags import NORMAL, PRIORITY_RANK, gpus_of, host_of, priority_of
+from runnerctl.tags import NORMAL, PRIORITY_RANK, gpus_of, host_of, priority_of, runner_tags
 
 log = logging.getLogger(__name__)
 FINAL = frozenset({"success", "failed", "canceled"})
@@ -122,6 +122,14 @@ class PendingJob:
     user: str | None = None
     name: str | None = None  # the job's name in .gitlab-ci.yml (job history keeps it)
     queued_at: float | None = None  # when it became pending (GitLab's queued_duration), if given
+    tags: tuple[str, ...] = ()  # its tags as GitLab lists them (empty: not known)
+
+    def takes(self, host: str) -> bool:
+        """Would a slot runner of `host` take it? GitLab gives a job only to a runner that has
+        every one of its tags: a job tagged `gpu` and `gpus:8`, which no runner has, counted
+        as an 8-GPU job, and its host stayed drained for it until GitLab dropped it a day
+        later (found by a review as a hostile CI job author)."""
+        return self.host in (None, host) and set(self.tags) <= set(runner_tags(gpus=self.gpus, host=host))
 
     @property
     def pending_since(self) -> float:
@@ -145,7 +153,7 @@ def pending_job(job: JobInfo, *, project_id: int, priorities: Mapping[str, str],
     created = _timestamp(job.created_at)
     queued = None if job.queued_duration is None else now - job.queued_duration
     return PendingJob(job.id, project_id, gpus, seen_at if created is None else created, priority, host,
-                      job.web_url, job.user, job.name, queued)
+                      job.web_url, job.user, job.name, queued, tuple(job.tags))
 
 
 class DemandTracker:
@@ -207,7 +215,7 @@ class DemandTracker:
         fair, estimates = fair or {}, estimates or {}
         return tuple(Demand(j.job_id, j.gpus, j.created_at, j.priority, fair_s=fair.get(j.job_id, 0.0),
                             estimate_s=estimates.get(j.job_id), queued_at=j.queued_at)
-                     for j in self.jobs if j.host in (None, host))
+                     for j in self.jobs if j.takes(host))
 
     def poll(self, gitlab: GitLabPort) -> None:
         """At most one look per call (a discovery may take a second request), when the

@@ -22,7 +22,7 @@ from runnerctl.controller.stats import WAIT_BUCKETS_S, Histogram, StatsView
 def collect(stats: StatsView) -> Iterator[Metric]:
     view = stats.view
     sizes = sorted({len(s.gpus) for s in view.slots})  # a job of another size has no runner here
-    mine = [j for j in view.demand if j.host in (None, view.host) and j.gpus in sizes]
+    mine = [j for j in view.demand if j.takes(view.host) and j.gpus in sizes]
     pending = GaugeMetricFamily("runnerctl_pending_jobs", "GPU jobs pending in GitLab that this host could "
                                 "run, by GPUs asked.", labels=["Hostname", "gpus"])
     pinned = GaugeMetricFamily("runnerctl_pending_jobs_pinned", "Of runnerctl_pending_jobs, those a `host:` "
