@@ -24,7 +24,6 @@ stopped engine or an image that cannot be pulled is a system failure.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
@@ -42,7 +41,7 @@ from runnerctl.executors import registry_auth
 from runnerctl.executors.contract import GRACEFUL_KILL_TIMEOUT_S, USER_SCRIPT_STAGES
 from runnerctl.executors.driver import Job, StageContext, SystemFailure, remove_tree
 from runnerctl.executors.lease import LEASE_ENV, Lease, LeaseTable, job_processes
-from runnerctl.executors.shell import ShellDriver, job_user
+from runnerctl.executors.shell import ShellDriver
 from runnerctl.executors.stop import on_stop
 from runnerctl.model import slot_key
 from runnerctl.settings import Settings
@@ -71,13 +70,7 @@ class DockerDriver:
         self._host = ShellDriver()
 
     def config(self, ctx: StageContext) -> dict[str, Any]:
-        """The shell driver's, but a builds dir of the job's project's own in the slot's: the
-        container is given that dir, so a job sees no other project's checkout (given the
-        slot's, one project's job read and rewrote another's sources; found by a review as
-        a hostile CI job author)."""
-        host = self._host.config(ctx)
-        return {**host, "builds_dir": str(Path(host["builds_dir"]) / _project_key(ctx)),
-                "driver": {"name": "runnerctl docker", "version": "1"}}
+        return {**self._host.config(ctx), "driver": {"name": "runnerctl docker", "version": "1"}}
 
     def prepare(self, ctx: StageContext) -> None:
         self._host.prepare(ctx)
@@ -88,13 +81,9 @@ class DockerDriver:
                   f"started: runnerctl's docker driver runs only the job's image", flush=True)
         _ensure_image(client, image, ctx.job, always=ctx.settings.executor.docker_pull_policy == "always")
         uuids = ctx.gpu_uuids()
-        project = Path(slot_key(ctx.args.slot)) / _project_key(ctx)
-        builds = str(Path(ctx.settings.builds_dir).resolve() / project)
-        Path(builds).mkdir(mode=0o700, parents=True, exist_ok=True)
-        user = job_user(ctx.settings, ctx.args.driver)
-        if user.pw_uid != os.geteuid():  # gitlab-runner's git and cache stages run as that user in it
-            os.chown(builds, user.pw_uid, user.pw_gid, follow_symlinks=False)
-        inside = str(Path(ctx.settings.builds_dir).absolute() / project)  # as config said
+        builds = str(Path(ctx.settings.builds_dir).resolve() / slot_key(ctx.args.slot))
+        Path(builds).mkdir(mode=0o700, exist_ok=True)
+        inside = str(Path(ctx.settings.builds_dir).absolute() / slot_key(ctx.args.slot))  # as config said
         scripts = _scripts_dir(ctx)
         scripts.mkdir(mode=0o755, parents=True, exist_ok=True)
         env = ctx.gpu_env(uuids)
@@ -359,13 +348,6 @@ def _refuse_planted_links(ctx: StageContext, stage: str) -> None:
             if path.is_symlink():
                 raise SystemFailure(f"{path} is a symbolic link, made in the job's container: {stage} "
                                     "does not run on the host through it")
-
-
-def _project_key(ctx: StageContext) -> str:
-    """The job's project's dir in the slot's (`p<project id>`, from the job response)."""
-    if not ctx.job.project_id:
-        raise SystemFailure(f"job {ctx.job.id}: the job response names no project (job_info.project_id)")
-    return f"p{ctx.job.project_id}"
 
 
 def _scripts_dir(ctx: StageContext) -> Path:

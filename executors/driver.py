@@ -81,8 +81,6 @@ class Job:
     set_by_job: frozenset[str] = frozenset()
     """The names of the payload's variables: GitLab's and the job's, never gitlab-runner's
     own (CI_PROJECT_DIR, CI_JOB_TIMEOUT, ...), so one of those here was set by the job."""
-    project_id: str = ""
-    """The payload's `job_info.project_id` (GitLab's, not a variable a job can set)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Job:
@@ -121,14 +119,7 @@ class Job:
                    # it passes as CUSTOM_ENV_; the payload's last copy without it
                    docker_auth_config=str(auth),
                    registry_credentials=_credentials(data), services=_services(data),
-                   set_by_job=frozenset(k for k in variables if isinstance(k, str)),
-                   project_id=_project_id(data))
-
-
-def _project_id(data: Mapping[str, Any]) -> str:
-    info = data.get("job_info")
-    found = info.get("project_id") if isinstance(info, dict) else None
-    return str(found) if isinstance(found, int) and not isinstance(found, bool) and found > 0 else ""
+                   set_by_job=frozenset(k for k in variables if isinstance(k, str)))
 
 
 def _credentials(data: Mapping[str, Any]) -> tuple[RegistryCredential, ...]:

@@ -58,7 +58,6 @@ class FakeJob:
     cache_paths: list[str] = dataclasses.field(default_factory=list)  # ["cache/"]: the cache stages run
     artifact_paths: list[str] = dataclasses.field(default_factory=list)  # ["out/"]: the upload stages run
     services: list[str] = dataclasses.field(default_factory=list)
-    project_id: int = 7
     registry: str = "registry.gitlab.test:5050"
     """Where GitLab's container registry is: the payload's credentials name it with the job
     token (lib/gitlab/ci/build/credentials/registry/gitlab_registry.rb)."""
@@ -80,7 +79,7 @@ class FakeJob:
                           "when": "always", "allow_failure": True})
         return {
             "id": self.id, "token": f"glcbt-job{self.id}",
-            "job_info": {"id": self.id, "name": "test", "stage": "test", "project_id": self.project_id,
+            "job_info": {"id": self.id, "name": "test", "stage": "test", "project_id": 7,
                          "project_name": self.project.rsplit("/", 1)[-1]},
             "git_info": {"repo_url": f"{RUNNER_URL}/{self.project}.git", "ref": "main", "sha": "0" * 40},
             "runner_info": {"timeout": int(timeout)},
