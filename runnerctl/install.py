@@ -140,9 +140,9 @@ def render(options: InstallOptions) -> list[UnitFile]:
     """Every file `runnerctl install` writes, in order. A relative path the units would
     name is refused: systemd takes none in ReadWritePaths=, PIDFile= or ConditionPathExists=
     (a review of the day's changes; the settings load it, `settings.doubtful` names it)."""
-    for key, value in (("[paths] runner_config", options.settings.paths.runner_config),
-                       ("[postgres] dir", options.settings.postgres.dir)):
-        if value and not Path(value).is_absolute():
+    for service, key, value in (("serve", "[paths] runner_config", options.settings.paths.runner_config),
+                                ("postgres", "[postgres] dir", options.settings.postgres.dir)):
+        if service in options.services and value and not Path(value).is_absolute():
             raise ConfigError(f"{key} {value!r} is not an absolute path",
                               hint="a service runs in /; give one from the root")
     files: list[UnitFile] = []

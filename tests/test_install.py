@@ -182,6 +182,8 @@ def test_a_relative_path_the_units_would_name_is_refused(tmp_path: Path, setting
     options = InstallOptions(settings=load_settings(config), settings_path=config, gitlab_url="https://g.example")
     with pytest.raises(ConfigError, match=f"{said}.* is not an absolute path"):
         render(options)
+    other = "postgres" if "runner_config" in said else "serve"  # a unit that names neither is written
+    assert render(dataclasses.replace(options, services=(other, "exporter")))
 
 
 def test_the_dcgm_job_mapping_directory_is_writable_made_at_boot_and_uninstalled(tmp_path: Path) -> None:
