@@ -110,8 +110,13 @@ class Job:
         # as written, `$CI_REGISTRY_IMAGE/train:latest` included
         image = custom.get("CI_JOB_IMAGE") or image
         auth = custom.get("DOCKER_AUTH_CONFIG") or latest.get("DOCKER_AUTH_CONFIG") or ""
+        # GitLab's user variables come after the YAML's (lib/gitlab/ci/variables/builder.rb
+        # `scoped_variables`: yaml_variables, then user_variables): its copy is a later one.
+        # Project and pipeline variables come later still, so the controller asks GitLab
+        # (controller/orphans.py, History.confirm) before it bills anyone
+        user = str(latest.get("GITLAB_USER_LOGIN") or custom.get("GITLAB_USER_LOGIN") or "")
         return cls(id=job_id, pipeline_id=pick("CI_PIPELINE_ID"), project=pick("CI_PROJECT_PATH"),
-                   user=pick("GITLAB_USER_LOGIN"), image=image or None,
+                   user=user, image=image or None,
                    url=pick("CI_JOB_URL"), timeout_s=_timeout(data, pick("CI_JOB_TIMEOUT")),
                    name=pick("CI_JOB_NAME"),
                    # as gitlab-runner reads it: the last copy wins, its $VARs expanded

@@ -1,8 +1,11 @@
 """Who ran a job and for which project is billed from the job's lease (job history, fair
 share), and the lease reads them from the job response. GitLab lists its predefined
 variables first (they have the lowest precedence, gitlabhq doc/ci/variables), so a job
-that defines GITLAB_USER_LOGIN or CI_PROJECT_PATH in its YAML adds a later copy: the
-first is GitLab's, and it is the one kept."""
+that defines CI_PROJECT_PATH or CI_JOB_ID in its YAML adds a later copy: the first is
+GitLab's, and it is the one kept. Its user variables (GITLAB_USER_*) come after the YAML's
+(lib/gitlab/ci/variables/builder.rb `scoped_variables`), so there the later copy is
+GitLab's; a project or pipeline variable can come later still, which is why the
+controller bills the user GitLab lists (tests/test_orphans.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +17,12 @@ from runnerctl.executors.driver import Job
 
 def test_a_jobs_own_copy_of_an_identity_variable_changes_nothing(tmp_path: Path) -> None:
     response = tmp_path / "response.json"
-    gitlab = [{"key": "CI_JOB_ID", "value": "77"}, {"key": "GITLAB_USER_LOGIN", "value": "mallory"},
-              {"key": "CI_PROJECT_PATH", "value": "mallory/sweep"},
-              {"key": "CI_JOB_NAME", "value": "train"}]
+    predefined = [{"key": "CI_JOB_ID", "value": "77"}, {"key": "CI_PROJECT_PATH", "value": "mallory/sweep"},
+                  {"key": "CI_JOB_NAME", "value": "train"}]
     yaml = [{"key": "GITLAB_USER_LOGIN", "value": "alice"},
             {"key": "CI_PROJECT_PATH", "value": "alice/thesis"}, {"key": "LR", "value": "0.1"}]
-    response.write_text(json.dumps({"id": 77, "variables": gitlab + yaml}))
+    user = [{"key": "GITLAB_USER_ID", "value": "12"}, {"key": "GITLAB_USER_LOGIN", "value": "mallory"}]
+    response.write_text(json.dumps({"id": 77, "variables": predefined + yaml + user}))
     job = Job.from_env({"JOB_RESPONSE_FILE": str(response), "CUSTOM_ENV_GITLAB_USER_LOGIN": "alice"})
     assert (job.id, job.user, job.project, job.name) == ("77", "mallory", "mallory/sweep", "train")
 

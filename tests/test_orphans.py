@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from runnerctl.controller import jobs_store
 from runnerctl.executors.lease import LEASE_ENV, Lease, LeaseTable, new_nonce, process_started
 from runnerctl.settings import ControllerSettings
 from runnerctl.sim.gitlab_server import Fault
@@ -36,11 +37,13 @@ def _slot(world: World, suffix: str) -> str:
     return next(name for name in world.controller.cache.ids if name.endswith(suffix))
 
 
-def _lease(world: World, tmp_path: Path, job_id: int, suffix: str, gpus: tuple[int, ...]) -> Lease:
-    """What prepare writes (shell driver), owned by a gitlab-runner that is alive (us)."""
+def _lease(world: World, tmp_path: Path, job_id: int, suffix: str, gpus: tuple[int, ...], *,
+           user: str = "bob") -> Lease:
+    """What prepare writes (shell driver), owned by a gitlab-runner that is alive (us);
+    `user` is the job's GITLAB_USER_LOGIN, which its YAML can set."""
     me = os.getpid()
     template = Lease(gpu=-1, job_id=str(job_id), slot=_slot(world, suffix), driver="shell", owner_pid=me,
-                     owner_started=process_started(me) or 0.0, created_at=time.time(), user="bob",
+                     owner_started=process_started(me) or 0.0, created_at=time.time(), user=user,
                      nonce=new_nonce())
     LeaseTable(tmp_path / "state").acquire(gpus, template, wait_s=0)
     return template
@@ -156,3 +159,27 @@ def test_an_unreadable_lease_keeps_its_gpu_closed_and_is_reported(world: World, 
     world.advance(900, step=5.0)  # the orphan audit does not free what it cannot read
     assert (tmp_path / "state" / "leases" / "gpu2.json").exists()
     assert not next(g for g in world.controller.view.gpus if g.index == 2).open
+
+
+def test_a_job_naming_another_user_is_billed_to_gitlabs_user(world: World, tmp_path: Path) -> None:
+    """A job that sets GITLAB_USER_LOGIN in its YAML writes that name in its lease (GitLab
+    lists YAML variables before its user variables, builder.rb `scoped_variables`). Taken
+    by a runner before the controller saw it pending, only the lease named its user, so
+    mallory's GPU time counted as alice's in fair share. The lease audit's next look
+    lists GitLab's user, which the history and the page then show."""
+    spoofed = world.state.enqueue_job(project_id=PROJECT, tags=["gpu"], user="mallory")
+    assert world.state.request_job(world.controller.cache.ids[_slot(world, "/gpu2")]) is spoofed
+    _lease(world, tmp_path, spoofed.id, "/gpu2", (2,), user="alice")
+    honest = world.state.enqueue_job(project_id=PROJECT, tags=["gpu"], user="carol")
+    assert world.state.request_job(world.controller.cache.ids[_slot(world, "/gpu6")]) is honest
+    _lease(world, tmp_path, honest.id, "/gpu6", (6,), user="carol")
+    world.advance(30, step=5.0)
+    assert world.controller.history.open[spoofed.id].user == "alice"  # no look yet: the lease's word
+    world.advance(300, step=5.0)
+    assert not world.controller.history.unconfirmed
+    assert {j.job_id: j.user for j in jobs_store.open_jobs(world.store, world.controller.host)} == {
+        spoofed.id: "mallory", honest.id: "carol"}
+    assert world.controller.view.owners[spoofed.id][0] == "mallory"
+    said = [e.detail for e in world.store.events(world.controller.host) if e.kind == "user"]
+    assert said == ["its variables name alice as GITLAB_USER_LOGIN, GitLab says mallory: "
+                    "its GPU time is mallory's"]

@@ -71,11 +71,29 @@ class History:
         self._last_tick: float | None = None
         self._next_prune = 0.0
         self.skew = 0.0  # how far this host's clock is ahead of the shared store's (the controller's measure)
+        self.unconfirmed: set[int] = set(self.open)
+        """Open jobs whose user only the job's own variables name (its lease's GITLAB_USER_LOGIN,
+        which a job's YAML can set): not seen pending, not yet listed by GitLab (`confirm`)."""
 
     def remember_pending(self, jobs: Iterable[PendingJob]) -> None:
         """Called before demand forgets the jobs now running (their queued time)."""
         for job in jobs:
             self.pending[job.job_id] = job
+
+    def confirm(self, users: Mapping[int, str], event: EventSink) -> None:
+        """GitLab's user of running jobs (the lease audit's look, `OrphanAudit.users`): a job
+        whose lease named someone else is billed to GitLab's user from now on, its row
+        stored with the next tick, and the event says so."""
+        for job_id, user in users.items():
+            record = self.open.get(job_id) or self.recent.get(job_id)
+            self.unconfirmed.discard(job_id)
+            if record is None or not user or record.user == user:
+                continue
+            event("user", f"job {job_id}", f"its variables name {record.user or 'no user'} as "
+                  f"GITLAB_USER_LOGIN, GitLab says {user}: its GPU time is {user}'s")
+            record = dataclasses.replace(record, user=user)
+            (self.open if job_id in self.open else self.recent)[job_id] = record
+            self._unsaved[job_id] = record
 
     def tick(self, leased: Mapping[int, LeasedJob], snapshot: GpuSnapshot | None, now: float,
              event: EventSink, outcomes: Mapping[int, str] | None = None) -> None:
@@ -96,6 +114,7 @@ class History:
             changed.append(record)
         for job_id in [j for j in self.open if j not in leased]:
             record = self.open.pop(job_id)
+            self.unconfirmed.discard(job_id)
             gap = max(0.0, now - record.seen_at)  # a clock stepped back: no end before the last sighting
             end = record.seen_at + (min(gap, interval) / 2 if not first else 0.0)
             outcome = "freed" if job_id in self.freed else "ended"
@@ -141,6 +160,8 @@ class History:
 
     def _new(self, job_id: int, lease: LeasedJob, now: float) -> JobRecord:
         seen = self.pending.get(job_id)
+        if not (seen and seen.user):
+            self.unconfirmed.add(job_id)
         started = lease.created_at if lease.created_at is not None and lease.created_at <= now else now
         return JobRecord(
             host=self.host, job_id=job_id, slot=lease.slot, gpus=tuple(lease.gpus),

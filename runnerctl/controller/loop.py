@@ -31,7 +31,7 @@ from runnerctl.controller.fair_usage import FairShare
 from runnerctl.controller.gate import GateState, GateThresholds, IsCi, reopen
 from runnerctl.controller.history import History
 from runnerctl.controller.liveness import Liveness
-from runnerctl.controller.observe import JobSource, RunnerCache, gate_step, nothing_is_ci
+from runnerctl.controller.observe import JobSource, Owner, RunnerCache, gate_step, nothing_is_ci
 from runnerctl.controller.orphans import OrphanAudit
 from runnerctl.controller.plan import Decision, Demand, Observed, Plan, PlanPolicy, SlotState
 from runnerctl.controller.stats import ControllerStats
@@ -299,7 +299,7 @@ class Controller:
         """Reap and release leases of jobs long over in GitLab (their cleanup was killed)."""
         try:
             over = self.orphans.over(running, self.cache.ids, gitlab=self.wiring.gitlab, budget=self.budget,
-                                     now=now)
+                                     now=now, unconfirmed=self.history.unconfirmed)
         except GitLabError as exc:  # this look only: pauses and resumes go on
             if "lease audit" not in self._failing:
                 log.warning("GitLab failed on a runner's running jobs: %s; no lease is freed while "
@@ -309,6 +309,7 @@ class Controller:
         if over is None:  # not asked this tick
             return
         self._failing.discard("lease audit")
+        self.history.confirm(self.orphans.take_users(), lambda *event: self._event(now, *event))
         for job, missing_s in over:
 
             def free(job: int = job, missing_s: float = missing_s) -> None:
@@ -449,10 +450,16 @@ class Controller:
         return ControllerView(
             self.host, now, self.ticks, snapshot, slots, gpus, tuple(self.demand.jobs),
             tuple((t, toggle_status(t, self._slots, running)) for t in toggles), dict(result.reserved),
-            self.health.last_error, self.budget.spent, self.wiring.jobs.owners(),
+            self.health.last_error, self.budget.spent, self._owners(),
             unused=self.history.unused(), standby=self.standby.status(),
             started={job: lease.created_at for job, lease in self.wiring.jobs.leased().items()
                      if lease.created_at is not None})
+
+    def _owners(self) -> dict[int, Owner]:
+        """Each running job's user and page: the history's user (GitLab's word where it was
+        heard, `History.confirm`) over its lease's (the job's own variables)."""
+        return {job: (record.user if (record := self.history.open.get(job)) else user, url)
+                for job, (user, url) in self.wiring.jobs.owners().items()}
 
     # -- running ---------------------------------------------------------------------
     def run(self, stop: threading.Event, *, step: Callable[[], object] | None = None,

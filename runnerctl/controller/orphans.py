@@ -22,11 +22,18 @@ controller then frees it (`JobSource.free`): the executors' own reaping (process
 carrying the lease's token, containers by label, Slurm jobs), then release. A job
 listed as running again stops being a suspect. Any doubt (GitLab failing) frees
 nothing.
+
+The same answer names each running job's user as GitLab knows it, which the job's own
+variables may not: GitLab lists `.gitlab-ci.yml` variables before its user variables
+(gitlabhq lib/gitlab/ci/variables/builder.rb `scoped_variables`: yaml_variables, then
+user_variables), so a job that sets GITLAB_USER_LOGIN hands its lease, and its GPU time,
+to whomever it names. `users` keeps GitLab's word for the history (`History.confirm`),
+and a slot holding a job whose user no one has confirmed gets the next look.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from runnerctl.controller.demand import ApiBudget, due
 from runnerctl.gitlab import GitLabPort
@@ -40,9 +47,13 @@ class OrphanAudit:
         """Leased job id -> when GitLab first did not list it as running."""
         self._next_at = float("-inf")
         self._turn = 0
+        self.users: dict[int, str] = {}
+        """Job id -> its user as GitLab lists it, from the looks since `take_users`."""
+        self._looked: set[int] = set()  # leased jobs whose slot has had a look
 
     def over(self, running: Mapping[str, tuple[int, ...]], runner_ids: Mapping[str, int], *,
-             gitlab: GitLabPort, budget: ApiBudget, now: float) -> list[tuple[int, float]] | None:
+             gitlab: GitLabPort, budget: ApiBudget, now: float,
+             unconfirmed: Collection[int] = ()) -> list[tuple[int, float]] | None:
         """(job, seconds GitLab has not listed it as running or canceling) for each leased
         job to free now, no longer a suspect; None when it did not ask GitLab this time. A GitLabError
         propagates, and nothing is freed."""
@@ -51,15 +62,19 @@ class OrphanAudit:
         leased = {slot: jobs for slot, jobs in leased.items() if jobs}
         held = {job for jobs in leased.values() for job in jobs}
         self.suspects = {job: since for job, since in self.suspects.items() if job in held}
+        self._looked &= held
         if not leased or not due(now, self._next_at, self.check_s) or not budget.try_take():
             return None
         self._next_at = now + self.check_s
-        slot = self._pick(leased, now)
+        slot = self._pick(leased, now, unconfirmed)
         runner = runner_ids[slot]
-        listed = {job.id for job in gitlab.running_jobs(runner)}
-        if not set(leased[slot]) <= listed:  # missing: it may be finishing as canceling
+        jobs = gitlab.running_jobs(runner)
+        if not {job.id for job in jobs} >= set(leased[slot]):  # missing: it may be finishing as canceling
             budget.charge()  # part of this look (rare: a lease outliving its job's end)
-            listed |= {job.id for job in gitlab.running_jobs(runner, status="canceling")}
+            jobs = [*jobs, *gitlab.running_jobs(runner, status="canceling")]
+        listed = {job.id for job in jobs}
+        self._looked.update(leased[slot])
+        self.users.update((job.id, job.user) for job in jobs if job.user)
         over = []
         for job in leased[slot]:
             if job in listed:
@@ -73,11 +88,19 @@ class OrphanAudit:
         self.suspects = {job: since + step for job, since in self.suspects.items()}
         self._next_at += step
 
-    def _pick(self, leased: Mapping[str, list[int]], now: float) -> str:
+    def take_users(self) -> dict[int, str]:
+        """GitLab's user of each job the looks since the last call listed."""
+        users, self.users = self.users, {}
+        return users
+
+    def _pick(self, leased: Mapping[str, list[int]], now: float, unconfirmed: Collection[int]) -> str:
         due = [job for job, since in sorted(self.suspects.items(), key=lambda item: item[1])
                if now - since >= self.orphan_after_s]
         if due:  # the longest-missing suspect gets its second look first
             return next(slot for slot, jobs in leased.items() if due[0] in jobs)
         names = sorted(leased)
+        unknown = [slot for slot in names if (set(leased[slot]) & set(unconfirmed)) - self._looked]
+        if unknown:  # then a job whose user only its own variables name, once
+            return unknown[0]
         self._turn += 1
         return names[self._turn % len(names)]
