@@ -333,8 +333,8 @@ class _Paths:
         """The stage's files: its script copy exports the job's variables, its output is
         unmasked, and every job of the host runs as the same user (found by a review as
         an HPC user: a later job of any project could read them)."""
-        for name in ("copy", "wrapper", "output", "log", "rc", "gpus", "nodes", "each_node", "started"):
-            getattr(self, name).unlink(missing_ok=True)
+        _unlink_all([getattr(self, name) for name in ("copy", "wrapper", "output", "log", "rc", "gpus",
+                                                       "nodes", "each_node", "started")])
 
 
 NOSTART = "nostart"
@@ -551,11 +551,29 @@ def _remove_job_files(work: Path, job_id: str) -> None:
     only, so a link is removed, never followed."""
     try:
         entries = list(os.scandir(work))
-    except OSError:
+    except FileNotFoundError:  # no stage of a batch driver ran here
         return
-    for entry in entries:
-        if entry.name.startswith(f"{job_id}-") and not entry.is_dir(follow_symlinks=False):
-            Path(entry.path).unlink(missing_ok=True)
+    except OSError as exc:
+        print(f"runnerctl: could not list {work} to remove job {job_id}'s batch files: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return
+    _unlink_all([Path(e.path) for e in entries
+                 if e.name.startswith(f"{job_id}-") and not e.is_dir(follow_symlinks=False)])
+
+
+def _unlink_all(paths: Sequence[Path]) -> None:
+    """Remove each file that is there; one that cannot go is said in the job's log, and
+    neither stops the others nor changes the stage's result (the removal runs in a
+    `finally`: raising there replaced the stage's exit code with a traceback)."""
+    failed = []
+    for path in paths:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            failed.append(f"{path.name} ({exc.strerror or exc})")
+    if failed:
+        print(f"runnerctl: could not remove {', '.join(failed)} in {paths[0].parent}; they hold the "
+              "job's script and output: remove them by hand", file=sys.stderr)
 
 
 def _rc_written(path: Path) -> int | None:

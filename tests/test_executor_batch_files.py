@@ -75,6 +75,30 @@ def test_the_batch_files_directory_is_the_submitting_users_alone(tmp_path: Path)
     assert os.stat(paths.work).st_mode & 0o777 == 0o700
 
 
+def test_a_stage_file_that_cannot_be_removed_is_said_and_changes_no_result(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The removal runs in `BatchDriver.run`'s `finally`: an unlink that raised there
+    replaced the stage's exit code with a traceback. Now each file that can go goes, and
+    the one that cannot is named in the job's log."""
+    paths = _Paths(tmp_path / ".runnerctl", "902-build_script")
+    for name in ("copy", "output", "rc"):
+        paths.write(getattr(paths, name), b"CI_JOB_TOKEN=secret\n")
+    paths.log.mkdir()  # not a file: unlink fails (EISDIR) as it would on a read-only share
+    (paths.log / "kept").write_text("x")
+    paths.remove()
+    assert not paths.copy.exists() and not paths.output.exists() and not paths.rc.exists()
+    said = capsys.readouterr().err
+    assert "could not remove 902-build_script.log (" in said and said.count("\n") == 1
+    batch._remove_job_files(tmp_path / ".runnerctl", "902")
+    assert "could not remove 902-build_script.log" not in capsys.readouterr().err  # a directory: left alone
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    batch._remove_job_files(not_a_dir, "902")
+    assert f"could not list {not_a_dir} to remove job 902's batch files" in capsys.readouterr().err
+    batch._remove_job_files(tmp_path / "absent", "902")
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("raw", ["two", "0", "²", "٣", "1" * 5000, "10001", "-1"])
 def test_a_job_asking_for_no_sane_number_of_nodes_is_told_so(raw: str) -> None:
     with pytest.raises(BadNodes, match="is not a number of nodes"):
