@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 
 from runnerctl.errors import ConfigError
-from runnerctl.settings import POSTGRES_START_WAIT_S, Settings
+from runnerctl.settings import POSTGRES_START_WAIT_S, Settings, relative_paths
 
 UNIT_DIR = Path("/etc/systemd/system")
 ENV_FILE = Path("/etc/runnerctl/serve.env")
@@ -136,13 +136,17 @@ def _text(path: Path) -> str | None:
         return None
 
 
+_NAMED_BY = {"[paths] runner_config": ("serve",), "[postgres] dir": ("postgres",),
+             "[monitoring] dcgm_job_mapping_dir": ("serve", "exporter")}
+"""The path settings each unit names (ReadWritePaths=, PIDFile=, ConditionPathExists=)."""
+
+
 def render(options: InstallOptions) -> list[UnitFile]:
     """Every file `runnerctl install` writes, in order. A relative path the units would
     name is refused: systemd takes none in ReadWritePaths=, PIDFile= or ConditionPathExists=
     (a review of the day's changes; the settings load it, `settings.doubtful` names it)."""
-    for service, key, value in (("serve", "[paths] runner_config", options.settings.paths.runner_config),
-                                ("postgres", "[postgres] dir", options.settings.postgres.dir)):
-        if service in options.services and value and not Path(value).is_absolute():
+    for key, value in relative_paths(options.settings).items():
+        if set(_NAMED_BY.get(key, ())) & set(options.services):
             raise ConfigError(f"{key} {value!r} is not an absolute path",
                               hint="a service runs in /; give one from the root")
     files: list[UnitFile] = []
@@ -165,11 +169,7 @@ def mapping_dir(options: InstallOptions) -> Path | None:
     value = options.settings.monitoring.dcgm_job_mapping_dir
     if not value or not {"serve", "exporter"} & set(options.services):
         return None
-    path = Path(value)
-    if not path.is_absolute():
-        raise ConfigError(f"[monitoring] dcgm_job_mapping_dir {value!r} is not an absolute path",
-                          hint='a service runs in /; give e.g. "/run/dcgm-job-map"')
-    return path
+    return Path(value)  # absolute: `render` refused it otherwise
 
 
 def write(files: list[UnitFile], root: Path, *, state_dir: Path, mapping: Path | None = None) -> list[Path]:

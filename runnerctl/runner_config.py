@@ -55,6 +55,11 @@ class RunnerConfigFile:
             entry["id"] = runner_id(entry, name=name, path=self.path)
         return entries
 
+    def runner_ids(self) -> dict[str, int]:
+        """GitLab's runner id of each runnerctl entry that has one, by entry name: the
+        runners serve drives."""
+        return {name: e["id"] for name, e in self.owned_entries().items() if e["id"] is not None}
+
     def repeated_names(self) -> list[str]:
         """runnerctl entry names given to more than one `[[runners]]` entry: gitlab-runner
         polls each, while `owned_entries` (and so serve) keeps the last (doctor and serve

@@ -463,16 +463,23 @@ def _check_more(cls: type[Any], values: dict[str, Any]) -> str:
 
 
 
+def relative_paths(settings: Settings) -> dict[str, str]:
+    """`[section] key` -> value of each path setting meant absolute (`_ABSOLUTE`) that is
+    set and is not: `doubtful` names them, `runnerctl install` refuses those its units name."""
+    found = {}
+    for section, key in _ABSOLUTE:
+        value = getattr(getattr(settings, section), key)
+        if value and not Path(value).is_absolute():
+            found[f"[{section}] {key}"] = value
+    return found
+
+
 def doubtful(settings: Settings) -> list[str]:
     """Settings that load (an older runnerctl took them, and refusing them now would stop
     every job's stages after an upgrade) but do not work as meant: `runnerctl doctor` names
     them and `serve` shows them on /healthz (found by a review as a lab admin)."""
-    found = []
-    for section, key in _ABSOLUTE:
-        value = getattr(getattr(settings, section), key)
-        if value and not Path(value).is_absolute():
-            found.append(f"[{section}] {key} {value!r} is not an absolute path: a service runs in /, "
-                         "so it names another place than meant (and `~` is not expanded)")
+    found = [f"{key} {value!r} is not an absolute path: a service runs in /, so it names another "
+             "place than meant (and `~` is not expanded)" for key, value in relative_paths(settings).items()]
     if settings.executor.gate_wait_s > GATE_WAIT_MAX_S:
         found.append(f"[executor] gate_wait_s {settings.executor.gate_wait_s:g} is over "
                      f"{GATE_WAIT_MAX_S:g} s: gitlab-runner ends prepare at 900 s, with the image pull "

@@ -65,8 +65,8 @@ def production_controller(settings: Settings, *, gitlab_url: str, token: str, gp
     """`read`: the settings as the file gave them, before the command line's changes
     (`settings` when none), which `InputsWatch` compares the file with."""
     read = settings if read is None else read
-    entries = RunnerConfigFile(runner_config).owned_entries()
-    runner_ids = {name: int(e["id"]) for name, e in entries.items() if str(e.get("id", "")).isdigit()}
+    config = RunnerConfigFile(runner_config)
+    runner_ids = config.runner_ids()
     if not runner_ids:
         raise ConfigError(f"{runner_config} has no runnerctl runners with an id",
                           hint="register them first with `runnerctl init`")
@@ -82,7 +82,7 @@ def production_controller(settings: Settings, *, gitlab_url: str, token: str, gp
     controller.on_tick.append(InputsWatch(controller.liveness, read, runner_config, runner_ids))
     if doubts := doubtful(read):  # loaded, but not working as meant: on /healthz and in the log
         controller.liveness.notice("settings", "; ".join(doubts))
-    if twice := RunnerConfigFile(runner_config).repeated_names():
+    if twice := config.repeated_names():
         controller.liveness.notice("runners", f"{runner_config} has two entries named {twice[0]}: "
                                    "gitlab-runner polls both, serve drives only the last; remove one and "
                                    "restart serve")
@@ -129,8 +129,7 @@ class InputsWatch:
                 notes.append(f"{path} changed since serve started: restart serve (systemctl restart "
                              "runnerctl-serve) to use it; each job's stages read it already")
         try:
-            entries = RunnerConfigFile(self.runner_config).owned_entries()
-            ids = {name: int(e["id"]) for name, e in entries.items() if str(e.get("id", "")).isdigit()}
+            ids = RunnerConfigFile(self.runner_config).runner_ids()
         except ConfigError as exc:
             notes.append(f"{self.runner_config} cannot be read ({exc.message})")
         else:
