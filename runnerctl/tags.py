@@ -9,6 +9,7 @@ here means a tag is spelled in one place.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 
@@ -52,6 +53,13 @@ def runner_tags(*, gpus: int, host: str) -> list[str]:
     if gpus == 1:
         tags.insert(0, "gpu")
     return tags + [priority_tag(p) for p in PRIORITIES]
+
+
+@functools.lru_cache(maxsize=1024)
+def runner_tag_set(gpus: int, host: str) -> frozenset[str]:
+    """`runner_tags` as a set, made once per size and host: demand asks it of every
+    pending job for every host at every tick (`PendingJob.takes`)."""
+    return frozenset(runner_tags(gpus=gpus, host=host))
 
 
 def job_tags(*, gpus: int, priority: str = "", host: str = "") -> list[str]:

@@ -50,7 +50,7 @@ from typing import Any
 from runnerctl.controller.plan import Demand
 from runnerctl.errors import NotFoundError
 from runnerctl.gitlab import GitLabPort, JobInfo
-from runnerctl.tags import NORMAL, PRIORITY_RANK, gpus_of, host_of, priority_of, runner_tags
+from runnerctl.tags import NORMAL, PRIORITY_RANK, gpus_of, host_of, priority_of, runner_tag_set
 
 log = logging.getLogger(__name__)
 FINAL = frozenset({"success", "failed", "canceled"})
@@ -129,7 +129,7 @@ class PendingJob:
         every one of its tags: a job tagged `gpu` and `gpus:8`, which no runner has, counted
         as an 8-GPU job, and its host stayed drained for it until GitLab dropped it a day
         later (found by a review as a hostile CI job author)."""
-        return self.host in (None, host) and set(self.tags) <= set(runner_tags(gpus=self.gpus, host=host))
+        return self.host in (None, host) and runner_tag_set(self.gpus, host).issuperset(self.tags)
 
     @property
     def pending_since(self) -> float:
