@@ -11,9 +11,12 @@ init` writes `custom_section(...)`, and the drivers parse the same arguments.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 import sys
+import typing
+from collections.abc import Mapping
 
 from runnerctl.settings import DRIVERS as DRIVERS  # the one list, re-exported for the drivers
 
@@ -43,7 +46,7 @@ USER_SCRIPT_STAGES = ("build_script", "after_script")
 """Stages that run the user's own script (plus any `step_*`); the rest are runner helpers."""
 
 # Stage timeouts written into config.toml, in seconds. prepare waits for the GPU gate
-# (RunnerctlSettings.gate_wait_s, default 600 s), so it gets that plus slack.
+# (`[executor] gate_wait_s`, default 600 s), so it gets that plus slack.
 CONFIG_EXEC_TIMEOUT_S = 60
 PREPARE_EXEC_TIMEOUT_S = 900  # settings.GATE_WAIT_MAX_S leaves 5 minutes of it to the driver
 CLEANUP_EXEC_TIMEOUT_S = 300
@@ -90,6 +93,41 @@ class DriverArgs:
             "--config", self.config,
             "--driver", self.driver,
         ]
+
+
+class BadArguments(ValueError):
+    """Stage arguments the drivers cannot read (config.toml's `*_args`, edited by hand)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:  # a message for the caller, not exit 2 and a usage
+        raise BadArguments(message)
+
+
+def parse_stage_argv(argv: list[str]) -> tuple[str, DriverArgs, list[str]]:
+    """(stage, its DriverArgs, what gitlab-runner appended) from a stage's command line:
+    the inverse of `stage_command`, and the one reader of it (the drivers, `runnerctl
+    doctor`). BadArguments names what is wrong."""
+    parser = _Parser(prog="python -m runnerctl.executors", add_help=False)
+    parser.add_argument("stage", choices=STAGES)
+    parser.add_argument("--slot", required=True)
+    parser.add_argument("--gpus", required=True)
+    parser.add_argument("--gpu-source", required=True)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--driver", required=True, choices=DRIVERS)
+    parser.add_argument("rest", nargs="*")
+    ns = parser.parse_intermixed_args(argv)
+    words = ns.gpus.split(",")
+    if not all(w.isascii() and w.isdigit() for w in words):
+        raise BadArguments(f"--gpus {ns.gpus!r} is not a list of GPU indexes such as 0,1")
+    return ns.stage, DriverArgs(ns.slot, tuple(map(int, words)), ns.gpu_source, ns.config, ns.driver), ns.rest
+
+
+def exit_code(env: Mapping[str, str], name: str, default: int) -> int:
+    """An exit code gitlab-runner gives every stage (ENV_BUILD_FAILURE, ENV_SYSTEM_FAILURE),
+    `default` where it is missing or no number."""
+    value = env.get(name, "")
+    return int(value) if value.isascii() and value.isdigit() else default
 
 
 def stage_command(stage: str, args: DriverArgs) -> tuple[str, list[str]]:

@@ -24,6 +24,7 @@ from runnerctl.executors.contract import (
     ENV_JOB_RESPONSE_FILE,
     ENV_SYSTEM_FAILURE,
     DriverArgs,
+    exit_code,
 )
 from runnerctl.executors.lease import Lease
 from runnerctl.executors.registry_auth import RegistryCredential
@@ -163,11 +164,11 @@ class StageContext:
 
     @property
     def build_failure_code(self) -> int:
-        return int(self.env.get(ENV_BUILD_FAILURE, "1"))
+        return exit_code(self.env, ENV_BUILD_FAILURE, 1)
 
     @property
     def system_failure_code(self) -> int:
-        return int(self.env.get(ENV_SYSTEM_FAILURE, "2"))
+        return exit_code(self.env, ENV_SYSTEM_FAILURE, 2)
 
     @property
     def lease_token(self) -> str:

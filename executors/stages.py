@@ -8,7 +8,6 @@ always reaps and releases, and its own failures never change the job's result.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -17,7 +16,13 @@ import time
 from pathlib import Path
 
 from runnerctl.errors import RunnerctlError
-from runnerctl.executors.contract import DRIVERS, ENV_BUILD_EXIT_CODE_FILE, STAGES, DriverArgs
+from runnerctl.executors.contract import (
+    ENV_BUILD_EXIT_CODE_FILE,
+    ENV_SYSTEM_FAILURE,
+    BadArguments,
+    exit_code,
+    parse_stage_argv,
+)
 from runnerctl.executors.driver import Driver, Job, StageContext, SystemFailure, load_registry
 from runnerctl.executors.gate import Unusable, wait_until_free
 from runnerctl.executors.lease import (
@@ -32,26 +37,18 @@ from runnerctl.executors.stop import STAGE_STOP
 from runnerctl.settings import GATE_WAIT_MAX_S, Settings, load_settings
 
 
-def parse(argv: list[str]) -> tuple[str, DriverArgs, list[str]]:
-    parser = argparse.ArgumentParser(prog="python -m runnerctl.executors")
-    parser.add_argument("stage", choices=STAGES)
-    parser.add_argument("--slot", required=True)
-    parser.add_argument("--gpus", required=True)
-    parser.add_argument("--gpu-source", required=True)
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--driver", required=True, choices=DRIVERS)
-    parser.add_argument("rest", nargs="*")
-    ns = parser.parse_intermixed_args(argv)
-    gpus = tuple(int(g) for g in ns.gpus.split(","))
-    return ns.stage, DriverArgs(ns.slot, gpus, ns.gpu_source, ns.config, ns.driver), ns.rest
-
-
 def main(argv: list[str]) -> int:
-    stage, args, rest = parse(argv)
+    env = dict(os.environ)
+    failure = exit_code(env, ENV_SYSTEM_FAILURE, 2)
+    try:
+        stage, args, rest = parse_stage_argv(argv)
+    except BadArguments as exc:  # config.toml edited by hand: the host's fault, not the job's
+        STAGE_STOP.release()
+        print(f"runnerctl: config.toml's arguments for this stage: {exc}; run `runnerctl init` "
+              "again to write them", file=sys.stderr)
+        return failure
     if stage != "run":
         STAGE_STOP.release()  # nothing of theirs outlives them: SIGTERM ends them as it comes
-    env = dict(os.environ)
-    failure = int(env.get("SYSTEM_FAILURE_EXIT_CODE", "2"))
     try:
         ctx = StageContext(args=args, settings=load_settings(Path(args.config)), env=env,
                            job=Job.from_env(env))

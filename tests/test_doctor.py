@@ -111,3 +111,8 @@ def test_runners_that_no_longer_follow_the_settings_are_named(gitlab_server: Git
             "docker, the settings say shell") in out
     assert "run `runnerctl init` again" in out
     assert "[FAIL] settings: [executor] gate_wait_s 3600 is over 600 s" in out  # loads, but named
+    config.write_text(config.read_text().replace('"prepare", "--slot", "runnerctl/gpu-a/gpu0"',
+                                                 '"prepare", "--slots", "runnerctl/gpu-a/gpu0"'))  # by hand
+    assert _doctor(tmp_path, config) == 1
+    out = capsys.readouterr().out
+    assert "runnerctl/gpu-a/gpu0's prepare_args are no stage command the drivers read (" in out

@@ -16,6 +16,7 @@ import click
 from runnerctl import access
 from runnerctl.cli.params import GitLabUrl, config_option
 from runnerctl.errors import ConfigError, ExitCode, RunnerctlError
+from runnerctl.executors.contract import BadArguments, parse_stage_argv
 from runnerctl.gitlab import REQUIRED_SCOPE, PythonGitLab, RunnerScope
 from runnerctl.gpus import open_gpu_source
 from runnerctl.layout import MIG_HINT, mig_gpus, plan_slots, slot_tags
@@ -358,11 +359,15 @@ def _entries_behind(entries: dict[str, dict[str, Any]], settings: Settings, sett
         if entry.get("executor") != "custom" or not isinstance(custom, dict):
             continue
         argv = [str(a) for a in custom.get("prepare_args") or ()]
-        given = dict(zip(argv, argv[1:], strict=False))  # each flag and the word after it
-        wants = {"--driver": settings.executor.driver, "--config": str(settings_path)}
-        for flag, value in wants.items():
-            if flag in given and given[flag] != value:
-                found.append(f"{name} runs with {flag} {given[flag]}, the settings say {value}")
+        try:  # as `stage_command` writes them: `-m runnerctl.executors prepare --slot ...`
+            _, given, _ = parse_stage_argv(argv[2:] if argv[:2] == ["-m", "runnerctl.executors"] else argv)
+        except BadArguments as exc:
+            found.append(f"{name}'s prepare_args are no stage command the drivers read ({exc})")
+            continue
+        for flag, now, value in (("--driver", given.driver, settings.executor.driver),
+                                 ("--config", given.config, str(settings_path))):
+            if now != value:
+                found.append(f"{name} runs with {flag} {now}, the settings say {value}")
         for key in ("builds_dir", "cache_dir"):
             if key in entry and str(entry[key]) != getattr(settings, key):
                 found.append(f"{name} has {key} {entry[key]}, the settings say {getattr(settings, key)}")
