@@ -18,7 +18,9 @@ import sys
 import typing
 from collections.abc import Mapping
 
-from runnerctl.settings import DRIVERS as DRIVERS  # the one list, re-exported for the drivers
+# the one list and the prepare timeout, re-exported for the drivers (GATE_WAIT_MAX_S leaves 5 min of it)
+from runnerctl.settings import DRIVERS as DRIVERS
+from runnerctl.settings import PREPARE_EXEC_TIMEOUT_S as PREPARE_EXEC_TIMEOUT_S
 
 STAGES = ("config", "prepare", "run", "cleanup")
 
@@ -48,7 +50,6 @@ USER_SCRIPT_STAGES = ("build_script", "after_script")
 # Stage timeouts written into config.toml, in seconds. prepare waits for the GPU gate
 # (`[executor] gate_wait_s`, default 600 s), so it gets that plus slack.
 CONFIG_EXEC_TIMEOUT_S = 60
-PREPARE_EXEC_TIMEOUT_S = 900  # settings.GATE_WAIT_MAX_S leaves 5 minutes of it to the driver
 CLEANUP_EXEC_TIMEOUT_S = 300
 GRACEFUL_KILL_TIMEOUT_S = 30  # SIGTERM to the stage, then this long before SIGKILL
 FORCE_KILL_TIMEOUT_S = 30

@@ -38,14 +38,19 @@ import sys
 from pathlib import Path
 
 from runnerctl.errors import ConfigError
-from runnerctl.settings import POSTGRES_START_WAIT_S, Settings, relative_paths
+from runnerctl.settings import (
+    POSTGRES_START_WAIT_S,
+    POSTGRES_STOP_WAIT_S,
+    SERVE_LISTEN,
+    Settings,
+    relative_paths,
+)
 
 UNIT_DIR = Path("/etc/systemd/system")
 ENV_FILE = Path("/etc/runnerctl/serve.env")
 TMPFILES = Path("/etc/tmpfiles.d/runnerctl.conf")
 TMPFILES_HEADER = "# runnerctl install: dcgm-exporter's job mapping directory, made again at every boot\n"
 SERVICES = ("serve", "postgres", "exporter")
-DEFAULT_LISTEN = "127.0.0.1:8080"
 MAX_FILES = 65536
 """LimitNOFILE of serve and exporter: each connection is a file."""
 
@@ -57,7 +62,7 @@ class InstallOptions:
     gitlab_url: str
     python: str = sys.executable
     services: tuple[str, ...] = SERVICES
-    listen: str = DEFAULT_LISTEN
+    listen: str = SERVE_LISTEN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,7 +303,7 @@ ExecStop={_command(options, "postgres", "stop")}
 Restart=on-failure
 RestartSec=10
 TimeoutStartSec={POSTGRES_START_WAIT_S + 60}
-TimeoutStopSec=150
+TimeoutStopSec={POSTGRES_STOP_WAIT_S + 30}
 NoNewPrivileges=yes
 PrivateTmp=yes
 ProtectSystem=full

@@ -35,7 +35,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from runnerctl.errors import ConfigError, RunnerctlError, first_line
 from runnerctl.private import key_file, private_dir
-from runnerctl.settings import POSTGRES_START_WAIT_S
+from runnerctl.settings import POSTGRES_START_WAIT_S, POSTGRES_STOP_WAIT_S
 
 ADMIN_ROLE = "runnerctl_admin"
 SERVER_USER = "postgres"
@@ -228,7 +228,8 @@ class PostgresServer:
         """Fast shutdown (clients disconnected, committed data kept); False if not running."""
         if not self.running():
             return False
-        self._run("pg_ctl", "stop", "-w", "-t", "120", "-m", "fast", "-D", str(self.config.data_dir))
+        self._run("pg_ctl", "stop", "-w", "-t", str(POSTGRES_STOP_WAIT_S), "-m", "fast",
+                  "-D", str(self.config.data_dir))
         return True
 
     # -- URLs --------------------------------------------------------------------------

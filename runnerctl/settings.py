@@ -64,9 +64,12 @@ DRIVERS = ("shell", "docker", "slurm", "sge", "pbs", "pjm")
 """The drivers behind the custom executor (executors/), `[executor] driver`."""
 BATCH_DRIVERS = frozenset({"slurm", "sge", "pbs", "pjm"})
 """Drivers whose jobs run on a batch system's nodes, not on this host's GPUs."""
+PREPARE_EXEC_TIMEOUT_S = 900
+"""The `prepare_exec_timeout` `runnerctl init` writes into config.toml (executors/contract.py
+re-exports it with the other stage timeouts): gitlab-runner ends prepare then."""
 GATE_WAIT_MAX_S = 600.0
 """The longest `gate_wait_s` that works: gitlab-runner ends prepare at its
-`prepare_exec_timeout` (900 s, executors/contract.py), which also holds the driver's own
+`prepare_exec_timeout` (PREPARE_EXEC_TIMEOUT_S), which also holds the driver's own
 prepare (an image pull) after the wait; past it, the gate's message naming the GPU, pid
 and user in the way is lost in a plain timeout. Longer is loaded (an older runnerctl
 took it) and named by `doubtful`."""
@@ -106,6 +109,12 @@ class ExecutorSettings:
 POSTGRES_START_WAIT_S = 900
 """How long `runnerctl postgres start` waits for the server to accept connections: crash
 recovery after a power loss replays the WAL first (install's unit gives the start longer)."""
+POSTGRES_STOP_WAIT_S = 120
+"""How long `runnerctl postgres stop` waits for a fast shutdown (install's unit gives the
+stop longer, so systemd never kills the server in the middle of it)."""
+SERVE_LISTEN = "127.0.0.1:8080"
+"""Where `runnerctl serve` (and the units install writes) listen unless told: loopback
+only, as the page's sign-in is off by default."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -482,8 +491,8 @@ def doubtful(settings: Settings) -> list[str]:
              "place than meant (and `~` is not expanded)" for key, value in relative_paths(settings).items()]
     if settings.executor.gate_wait_s > GATE_WAIT_MAX_S:
         found.append(f"[executor] gate_wait_s {settings.executor.gate_wait_s:g} is over "
-                     f"{GATE_WAIT_MAX_S:g} s: gitlab-runner ends prepare at 900 s, with the image pull "
-                     "after the wait, and the gate's message naming the GPU's user is lost")
+                     f"{GATE_WAIT_MAX_S:g} s: gitlab-runner ends prepare at {PREPARE_EXEC_TIMEOUT_S} s, with "
+                     "the image pull after the wait, and the gate's message naming the GPU's user is lost")
     for project in settings.controller.project_priorities:
         if not (project.isascii() and project.isdigit() and str(int(project)) == project != "0"):
             found.append(f"[controller] project_priorities: {project!r} is no GitLab project id, so it "

@@ -183,7 +183,7 @@ def test_gate_counts_xids_again_after_the_counter_restarts() -> None:
     def gpu(xids: int) -> Gpu:
         return Gpu(0, "GPU-0", "sim", 80 << 30, 0, 0.0, xid_errors=xids, ecc_uncorrected_errors=0)
 
-    limits = GateThresholds()
+    limits = GateThresholds.from_settings()
     sick = step(GateState(), gpu(3), now=0, is_ci=lambda i, p: False, owned=False, limits=limits)
     assert sick.closed and sick.unhealthy
     state = reopen(sick, gpu(3))  # the admin's reopen: 3 becomes the baseline
@@ -201,7 +201,7 @@ def test_a_gpu_whose_processes_nvml_cannot_list_stays_closed() -> None:
     from runnerctl.model import Gpu
 
     quiet = Gpu(0, "GPU-0", "sim", 80 << 30, 0, 0.0, processes_known=False)
-    limits = GateThresholds()
+    limits = GateThresholds.from_settings()
     state = step(GateState(), quiet, now=0, is_ci=lambda i, p: False, owned=False, limits=limits)
     assert state.closed and state.reason == UNLISTED_REASON
     held = step(GateState(), quiet, now=0, is_ci=lambda i, p: False, owned=True, limits=limits)

@@ -208,7 +208,7 @@ def test_the_standalone_exporter_loop_survives_a_failing_tick(caplog: pytest.Log
         return {}
 
     observer = Observer(host="gpu-c", gpus=open_gpu_source("sim:2", host="gpu-c", watch_xid=True), held=held,
-                        is_ci=lambda gpu, process: False, limits=GateThresholds(1024, 0.1, 0.5, 60.0))
+                        is_ci=lambda gpu, process: False, limits=GateThresholds.from_settings())
     observer.liveness = Liveness(host="gpu-c", interval_s=INTERVAL_S)
     stop = threading.Event()
     thread = threading.Thread(target=observer.run, args=(stop, INTERVAL_S), daemon=True)

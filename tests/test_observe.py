@@ -51,7 +51,7 @@ def test_controller_and_prepare_gate_agree_on_ci_and_foreign(
     assert {p.pid for p in uses[0].foreign} == {colleague.pid}
     assert [p.pid for p in uses[2].foreign] == [carrier.pid]  # a GPU its lease does not hold
     # so the controller's gate closes GPU 0 (a colleague) and GPU 2, never GPU 1 (the job)
-    limits = GateThresholds()
+    limits = GateThresholds.from_settings()
     closed = {g.index for g in snapshot.gpus if step(GateState(), g, now=0.0, is_ci=jobs.is_ci,
                                                         owned=g.index in (0, 1), limits=limits).closed}
     assert closed == {0, 2}

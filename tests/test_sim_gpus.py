@@ -151,7 +151,7 @@ def test_a_bad_sim_file_is_a_warning_per_tick_for_the_exporter(tmp_path: Path,
     path = tmp_path / "gpus.yaml"
     path.write_text("gpus: [{utilization: 7}]\n")
     observer = Observer(host="gpu-a", gpus=open_gpu_source(f"sim:{path}", watch_xid=True), held=dict,
-                        is_ci=lambda proc: False, limits=GateThresholds())
+                        is_ci=lambda proc: False, limits=GateThresholds.from_settings())
     observer.tick()
     (record,) = [r for r in caplog.records if "cannot read GPUs" in r.getMessage()]
     assert record.exc_info is None and "gpus[0].utilization is 7" in record.getMessage()

@@ -30,7 +30,7 @@ from runnerctl.controller.store import Store
 from runnerctl.controller.toggles import request as toggle_request
 from runnerctl.controller.toggles import target_of
 from runnerctl.errors import ConfigError
-from runnerctl.settings import PathSettings, Settings, claim_ttl_problem, parse_planner
+from runnerctl.settings import SERVE_LISTEN, PathSettings, Settings, claim_ttl_problem, parse_planner
 from runnerctl.sim.fair import RUNNER_TYPES
 from runnerctl.sim.hosts import slot_sizes
 from runnerctl.sim.simulator import POLICIES, SimConfig, Simulator
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from runnerctl.sim.world import World
     from runnerctl.web.oauth import GitLabOAuth
 
-listen_option = click.option("--listen", default="127.0.0.1:8080", show_default=True,
+listen_option = click.option("--listen", default=SERVE_LISTEN, show_default=True,
                              help="HOST:PORT of the web API (/api/state, /webhooks/gitlab, /metrics).")
 
 
@@ -197,7 +197,7 @@ def _sim_oauth(world: World, listen: str) -> GitLabOAuth:
 @click.command()
 @click.option("--duration", type=Seconds(0, 86400), default=60.0, show_default=True,
               help="Wall-clock seconds the scripted 15 minutes take.")
-@click.option("--listen", default="127.0.0.1:8080", show_default=True,
+@click.option("--listen", default=SERVE_LISTEN, show_default=True,
               help="HOST:PORT for the web page, /metrics, /healthz and the API while the demo runs "
                    "('' for none).")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),

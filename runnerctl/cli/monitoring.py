@@ -60,8 +60,7 @@ def exporter(listen: str | None, gpu_source: str | None, host_name: str | None, 
                                                           watch_xid=True),
                         held=lease_holders(jobs), unreadable=jobs.unreadable, is_ci=jobs.is_ci,
                         on_tick=list(hooks), serve=lambda: serve_pid(settings.state_dir),
-                        limits=GateThresholds(c.foreign_memory_mib, c.foreign_utilization, c.reopen_ratio,
-                                              c.cooldown_s))
+                        limits=GateThresholds.from_settings(c))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     try:

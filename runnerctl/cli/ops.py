@@ -21,7 +21,6 @@ from runnerctl.controller.store import Store, StoreError
 from runnerctl.errors import ConfigError, first_line
 from runnerctl.gitlab import PythonGitLab
 from runnerctl.install import (
-    DEFAULT_LISTEN,
     ENV_FILE,
     SERVICES,
     InstallOptions,
@@ -57,7 +56,7 @@ def install(gitlab_url: str | None, listen: str | None, services: tuple[str, ...
     Run again after an upgrade, it rewrites the services installed before with the
     GitLab URL, listen address and settings file they had, unless given.
     """
-    from runnerctl.settings import parse_listen
+    from runnerctl.settings import SERVE_LISTEN, parse_listen
 
     before = installed(root)
     chosen = tuple(s for s in SERVICES if s in services) if services else (before.services or SERVICES)
@@ -71,7 +70,7 @@ def install(gitlab_url: str | None, listen: str | None, services: tuple[str, ...
     if config_path is None and not os.environ.get("RUNNERCTL_CONFIG") and before.settings_path is not None:
         config_path = before.settings_path  # not the default path: the host's settings are there
         kept.append(f"--config {config_path}")
-    listen = listen or DEFAULT_LISTEN
+    listen = listen or SERVE_LISTEN
     if "serve" in chosen and not gitlab_url:
         raise ConfigError("--gitlab-url is needed to install runnerctl-serve",
                           hint="give the GitLab base URL, or --service postgres --service exporter")

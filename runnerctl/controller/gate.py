@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from runnerctl.model import Gpu, GpuProcess
+from runnerctl.settings import ControllerSettings
 
 MIB = 1024**2
 MIG_REASON = "MIG mode on: runnerctl leaves MIG GPUs alone (run runnerctl init again to retire its runners)"
@@ -32,10 +33,18 @@ IsCi = Callable[[int, GpuProcess], bool]
 
 @dataclasses.dataclass(frozen=True)
 class GateThresholds:
-    memory_mib: int = 1024
-    utilization: float = 0.10
-    reopen_ratio: float = 0.5
-    cooldown_s: float = 60.0
+    """The gate's limits, as `[controller]` sets them (`ControllerSettings`: their units and
+    why of each default are there, the one place they are written)."""
+
+    memory_mib: int
+    utilization: float
+    reopen_ratio: float
+    cooldown_s: float
+
+    @classmethod
+    def from_settings(cls, settings: ControllerSettings | None = None) -> GateThresholds:
+        c = settings or ControllerSettings()
+        return cls(c.foreign_memory_mib, c.foreign_utilization, c.reopen_ratio, c.cooldown_s)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -126,8 +126,7 @@ class Controller:
         self.orphans = OrphanAudit(check_s=settings.lease_check_s, orphan_after_s=settings.orphan_after_s)
         self.health = acting.GitLabHealth(backoff_max_s=settings.backoff_max_s)
         self.standby = acting.StandbyKeeper(wiring.standby)
-        self.limits = GateThresholds(settings.foreign_memory_mib, settings.foreign_utilization,
-                                     settings.reopen_ratio, settings.cooldown_s)
+        self.limits = GateThresholds.from_settings(settings)
         self.drains = wiring.store.drains(self.host)
         self.claims = Claims(wiring.store, self.host, ttl_s=settings.claim_ttl(), drains=self.drains)
         self.protected = wiring.store.protected(self.host)  # drains no later job may delay (plan.py)

@@ -293,13 +293,8 @@ def serve(controller: Controller, listen: str, *,
     Refuses a non-loopback `listen` unless someone can sign in (`refuse_exposed`). With
     `hold`, stops when the state directory is no longer the one locked, and raises
     ConfigError saying so (systemd starts serve again, on a new directory)."""
-    refuse_exposed(listen, sign_in=sign_in)
-    host, port = parse_listen(listen)
-    web = web or WebSettings()
-    app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend,
-                     webhook_refusal=controller.demand.refusal,
-                     health=controller.liveness.report, max_body_bytes=web.max_body_bytes)
-    server = uvicorn.Server(http_config(app, host, port, web, "warning"))
+    host, port, server = _server(controller, listen, metrics, extend=extend, web=web, sign_in=sign_in,
+                                 log_level="warning")
     socks = listening_sockets(host, port)  # bound here, so that port 0 is announced as the one it got
     terminated: list[int] = []
     previous = {s: signal.getsignal(s) for s in (*STOP_SIGNALS, *IGNORED_SIGNALS)}
@@ -379,17 +374,26 @@ def _stop_on_sigterm(server: uvicorn.Server, terminated: list[int]) -> bool:
     return True
 
 
-def serve_in_background(controller: Controller, listen: str, metrics: Metrics | None = None, *,
-                        extend: Sequence[Callable[[FastAPI], None]] = (),
-                        web: WebSettings | None = None, sign_in: bool = False) -> uvicorn.Server | None:
-    """The app on a daemon thread (the demo); None when the address is taken."""
+def _server(controller: Controller, listen: str, metrics: Metrics | None, *,
+            extend: Sequence[Callable[[FastAPI], None]], web: WebSettings | None, sign_in: bool,
+            log_level: str) -> tuple[str, int, uvicorn.Server]:
+    """The page, API and webhook app of `controller` behind uvicorn, for `serve` and the
+    demo alike; refuses a non-loopback `listen` unless someone can sign in."""
     refuse_exposed(listen, sign_in=sign_in)
     host, port = parse_listen(listen)
     web = web or WebSettings()
     app = create_app(lambda: controller.view, controller.demand.webhook, metrics, extend=extend,
                      webhook_refusal=controller.demand.refusal,
                      health=controller.liveness.report, max_body_bytes=web.max_body_bytes)
-    server = uvicorn.Server(http_config(app, host, port, web, "error"))
+    return host, port, uvicorn.Server(http_config(app, host, port, web, log_level))
+
+
+def serve_in_background(controller: Controller, listen: str, metrics: Metrics | None = None, *,
+                        extend: Sequence[Callable[[FastAPI], None]] = (),
+                        web: WebSettings | None = None, sign_in: bool = False) -> uvicorn.Server | None:
+    """The app on a daemon thread (the demo); None when the address is taken."""
+    host, port, server = _server(controller, listen, metrics, extend=extend, web=web, sign_in=sign_in,
+                                 log_level="error")
     try:
         socks = listening_sockets(host, port)
     except ConfigError:
