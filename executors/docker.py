@@ -136,10 +136,12 @@ class DockerDriver:
                 exec_id = api.exec_create(ctx.lease.container, ["sh", "-c", LAUNCHER, inside],
                                           environment=env)["Id"]
                 stream = api.exec_start(exec_id, stream=True, demux=True)
-                stop.arm(lambda: _stop_stage(lease))
+                stopping = _StageStop(lease)
+                stop.arm(stopping.start)
                 for out, err in stream:
                     _write(sys.stdout, out)
                     _write(sys.stderr, err)
+                stopping.finish()
             code = api.exec_inspect(exec_id)["ExitCode"]
         except docker.errors.APIError as exc:
             if exc.status_code == 409:  # "is not running": it ended, most likely its entrypoint
@@ -173,32 +175,52 @@ def _label_filter(lease: Lease, settings: Settings) -> list[str]:
     return [f"{k}={v}" for k, v in _labels(lease.token, settings).items()]
 
 
-def _stop_stage(lease: Lease) -> None:
+class _StageStop:
     """SIGTERM the stage's processes in the container, SIGKILL what is left after a grace.
 
-    Runs from a signal handler, so the work goes to a thread. Only processes carrying the
-    lease's token inside the lease's container are touched: the ones this stage started.
-    A stop may come as the `docker exec` starts, before its process exists: each process
-    that appears during the grace gets its SIGTERM too, once.
+    `start` runs from a signal handler, so the work goes to a thread. Only processes
+    carrying the lease's token inside the lease's container are touched: the ones this
+    stage started. A stop may come as the `docker exec` starts, before its process
+    exists: each process that appears during the grace gets its SIGTERM too, once.
+    `finish`, once the exec'd shell has ended, waits for that thread: it died with the
+    driver, and a worker that ignored the SIGTERM lived on beside after_script until
+    cleanup removed the container (found by a review of cancellation).
     """
-    def stop() -> None:
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        self.ended = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._stop, daemon=True)
+        self.thread.start()
+
+    def finish(self) -> None:
+        self.ended.set()
+        if self.thread is not None:
+            self.thread.join(STOP_GRACE_S + 30)
+
+    def _stop(self) -> None:
         deadline, warned = time.monotonic() + STOP_GRACE_S, set[int]()
         while time.monotonic() < deadline:
-            warned.update(_signal_stage(lease, "terminate", skip=warned))
+            warned.update(_signal_stage(self.lease, "terminate", skip=warned))
+            if self.ended.is_set() and not _signal_stage(self.lease, "pid", skip=set()):
+                return  # the exec ended and nothing of the stage is left
             time.sleep(STOP_POLL_S)
-        _signal_stage(lease, "kill", skip=set())
-
-    threading.Thread(target=stop, daemon=True).start()
+        _signal_stage(self.lease, "kill", skip=set())
 
 
 def _signal_stage(lease: Lease, signum: str, *, skip: set[int]) -> set[int]:
-    """`terminate` or `kill` the stage's processes in the lease's container but `skip`; their pids."""
+    """`terminate` or `kill` the stage's processes in the lease's container but `skip` (`pid`:
+    only find them); their pids."""
     signalled = set[int]()
     for proc in job_processes(lease):
         try:
             if proc.pid not in skip and lease.container and \
                     lease.container in Path(f"/proc/{proc.pid}/cgroup").read_text():
-                getattr(proc, signum)()
+                if signum != "pid":
+                    getattr(proc, signum)()
                 signalled.add(proc.pid)
         except (psutil.NoSuchProcess, OSError):
             continue

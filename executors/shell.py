@@ -25,6 +25,7 @@ after the fact: the group may be gone and its id reused.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import signal
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +108,10 @@ class ShellDriver:
                 except OSError as exc:  # a full disk: the job runs on, watched (reap finds it by its token)
                     print(f"runnerctl: cannot note the job's process group in its lease ({exc.strerror}); "
                           "the job runs on", file=sys.stderr)
-                return proc.wait()
+                code = proc.wait()
+                if stop.stopped_at is not None:  # the timer below dies with this process
+                    _finish_stop(proc.pid, token, user.pw_uid, until=stop.stopped_at + KILL_AFTER_S)
+                return code
         finally:
             if copy_dir is not None:
                 remove_tree(copy_dir, "job's temporary directory")
@@ -118,6 +123,9 @@ class ShellDriver:
             except psutil.NoSuchProcess:
                 continue
 
+
+KILL_AFTER_S = max(GRACEFUL_KILL_TIMEOUT_S - 5, 1)
+"""SIGKILL this long after a stop's SIGTERM: a little before gitlab-runner's own."""
 
 WHAT_RUNS_AS_USER = {"docker": "jobs' git, cache and artifact stages (on the host, in the dir its "
                               "container writes)"}
@@ -182,10 +190,28 @@ def _stop_group(proc: subprocess.Popen[bytes], token: str, uid: int) -> None:
     id reused, so the timer kills it only while a process with the job's token is in it.
     """
     _signal_group(proc.pid, signal.SIGTERM)
-    timer = threading.Timer(max(GRACEFUL_KILL_TIMEOUT_S - 5, 1), _kill_leftovers,
-                            args=(proc.pid, token, uid))
+    timer = threading.Timer(KILL_AFTER_S, _kill_leftovers, args=(proc.pid, token, uid))
     timer.daemon = True
     timer.start()
+
+
+def _finish_stop(pgid: int, token: str, uid: int, *, until: float) -> None:
+    """After a stop, once the stage's bash has exited: what of the job lives on (a worker
+    that ignores SIGTERM, one that left the group with setsid) gets SIGTERM, and SIGKILL
+    at `until`, before the driver returns. The timer of `_stop_group` dies with the
+    driver, and gitlab-runner goes on to after_script and the uploads while such a
+    worker held the GPU until cleanup (found by a review of cancellation)."""
+    left = []
+    for leftover in token_processes(token, uid=uid):
+        with contextlib.suppress(ProcessLookupError, psutil.NoSuchProcess):
+            if os.getpgid(leftover.pid) != pgid:  # the group had its SIGTERM
+                leftover.terminate()
+            left.append(leftover)
+    _, alive = psutil.wait_procs(left, timeout=max(0.0, until - time.monotonic()))
+    for leftover in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            leftover.kill()
+    psutil.wait_procs(alive, timeout=5)
 
 
 def _kill_leftovers(pgid: int, token: str, uid: int) -> None:

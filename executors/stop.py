@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 
@@ -33,6 +34,9 @@ class StopLatch:
         self._handler: Callable[[], None] | None = None
         self._previous: dict[int, object] = {}
         self.pending: int | None = None  # the signal of a stop not yet acted on
+        self.stopped_at: float | None = None
+        """When (time.monotonic) the armed handler was first called: the driver finishes
+        the stop before it returns, as its helper threads end with it."""
 
     @property
     def installed(self) -> bool:
@@ -62,17 +66,23 @@ class StopLatch:
         self._handler = handler  # a signal from here on calls it and leaves pending alone
         pending, self.pending = self.pending, None
         if pending is not None:
-            handler()
+            self._stop(handler)
 
     def disarm(self) -> None:
         """The job is over: a later stop has nothing to stop."""
         self._handler = None
+        self.stopped_at = None
+
+    def _stop(self, handler: Callable[[], None]) -> None:
+        if self.stopped_at is None:
+            self.stopped_at = time.monotonic()
+        handler()
 
     def _signalled(self, signum: int, frame: FrameType | None) -> None:
         if self._handler is None:
             self.pending = signum
         else:
-            self._handler()  # runs in a signal handler: it only starts things, never waits
+            self._stop(self._handler)  # runs in a signal handler: it only starts things, never waits
 
 
 STAGE_STOP = StopLatch()

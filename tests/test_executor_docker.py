@@ -269,6 +269,28 @@ def test_gitlab_timeout_stops_the_script_and_after_script_still_runs(
     assert _containers(engine, host, 705) == []
 
 
+def test_a_worker_ignoring_sigterm_is_killed_before_the_stage_ends(engine: docker.DockerClient,
+                                                                   host: Path) -> None:
+    """The SIGKILL after the grace was a thread of the driver, which died with it as soon
+    as the exec'd shell ended: a worker that ignored SIGTERM lived on in the container
+    beside after_script, holding the GPU until cleanup (found by a review of cancellation)."""
+    harness = _harness(host, (2,))
+    job = FakeJob(id=706, image=IMAGE)
+    assert harness.stage("prepare", job).code == 0
+    (lease,) = LeaseTable(host / "state").held_by("706")
+    slot = host / "state" / "builds" / "gpu2"  # the slot's dir, the container's too
+    ignoring, ready = slot / "ignoring", slot / "trap-set"
+    body = (f"(trap '' TERM; touch {ignoring}; sleep 600) & {TERM_TRAP}; "
+            f"while [ ! -e {ignoring} ]; do sleep 0.05; done; touch {ready}; wait")
+    script = harness.script(job, "build_script", body)
+    result = harness.stage("run", job, str(script), "build_script", timeout=240, graceful=300,
+                           stop_once=ready)
+    assert result.code == BUILD_FAILURE and "stopped by TERM" in result.output
+    assert job_processes(lease) == []  # as the stage ended, not once cleanup came
+    harness.stage("cleanup", job)
+    assert _containers(engine, host, 706) == []
+
+
 def test_sigterm_as_the_exec_starts_reaches_the_script(engine: docker.DockerClient, host: Path) -> None:
     """SIGTERM between starting the `docker exec` and arming the stop: the script gets it."""
     harness = _harness(host, (5,))

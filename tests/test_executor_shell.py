@@ -189,6 +189,32 @@ def test_timeout_sigterm_stops_the_job_group(host: Path) -> None:
     harness.stage("cleanup", job)
 
 
+def test_a_worker_that_outlives_the_stages_shell_is_stopped_before_the_stage_ends(host: Path) -> None:
+    """gitlab-runner's `trap 'exit 1' TERM` ends a `worker & wait` script at once on a
+    cancel. The SIGKILL for what ignored the SIGTERM was a timer thread of the driver,
+    which died with it, and a worker that left the group (setsid) got no signal at all:
+    both held the GPU through after_script and the uploads, until cleanup (found by a
+    review of cancellation). The stage now ends with none of the job's processes left."""
+    harness = _harness(host, (4,))
+    job = FakeJob(id=503)
+    assert harness.stage("prepare", job).code == 0
+    (lease,) = _leases(host).held_by("503")
+    ignoring, ready = host / "ignoring", host / "trap-set"
+    worker = (f"python3 -c 'import signal, time, pathlib; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+              f"pathlib.Path(\"{ignoring}\").touch(); time.sleep(600)'")
+    script = harness.script(job, "build_script", f"{worker} & setsid sleep 600 & {TERM_TRAP}; "
+                            f"while [ ! -e {ignoring} ]; do sleep 0.05; done; touch {ready}; wait")
+    try:
+        result = harness.stage("run", job, str(script), "build_script", timeout=240, graceful=300,
+                               stop_once=ready)
+        assert result.code == BUILD_FAILURE and "stopped by TERM" in result.output
+        assert _job_processes(lease.token) == []  # as the stage ended, not once cleanup came
+    finally:
+        for pid in _job_processes(lease.token):
+            os.kill(pid, signal.SIGKILL)
+    assert harness.stage("cleanup", job).code == 0
+
+
 def test_sigterm_as_the_job_starts_stops_it_and_cleanup_releases_the_lease(host: Path) -> None:
     """SIGTERM between starting the job's process group and arming the stop: nothing survives."""
     harness, job, lease, script = _prepared_sleeper(host, gpu=3, job_id=505)
