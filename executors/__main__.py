@@ -1,12 +1,21 @@
 """`python -m runnerctl.executors <stage> ...`: what config.toml's custom executor runs.
 
-An import that fails (a broken install: a missing or shadowed dependency) ends the stage
-as a system failure naming it. Python's own exit 1 would be BUILD_FAILURE_EXIT_CODE to
-gitlab-runner (executors/custom/command/command.go), the user's script failing, which
-GitLab never retries (found by a review as a gitlab-runner maintainer)."""
+SIGQUIT is ignored (below). An import that fails (a broken install: a missing or
+shadowed dependency) ends the stage as a system failure naming it. Python's own exit 1
+would be BUILD_FAILURE_EXIT_CODE to gitlab-runner (executors/custom/command/command.go),
+the user's script failing, which GitLab never retries (found by a review as a
+gitlab-runner maintainer)."""
 
 import os
+import signal
 import sys
+
+# gitlab-runner's graceful stop is SIGQUIT ("exit as soon as the running builds finish"),
+# and its docs have systemd send it (KillSignal=SIGQUIT, docs/configuration/init.md) to
+# every process of the unit, the stages and a shell job's processes included: the driver
+# died of it (exit -3, a system failure) and left a docker job running unwatched. Ignored
+# here, and so by the shell driver's jobs, which inherit it (docs/executors.md).
+signal.signal(signal.SIGQUIT, signal.SIG_IGN)
 
 try:
     from runnerctl.executors.stop import STAGE_STOP

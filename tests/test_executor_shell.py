@@ -215,6 +215,31 @@ def test_a_worker_that_outlives_the_stages_shell_is_stopped_before_the_stage_end
     assert harness.stage("cleanup", job).code == 0
 
 
+def test_gitlab_runners_graceful_stop_lets_the_job_finish(host: Path) -> None:
+    """gitlab-runner's docs have systemd stop it with SIGQUIT (finish the running builds),
+    which systemd sends to every process of its unit: the driver died of it (-3, a
+    system failure) and the job's shell with it (found by a review of cancellation)."""
+    harness = _harness(host, (6,))
+    job = FakeJob(id=506)
+    assert harness.stage("prepare", job).code == 0
+    (lease,) = _leases(host).held_by("506")
+    started, go = host / "started", host / "go"
+    body = f"touch {started}; while [ ! -e {go} ]; do sleep 0.05; done; echo finished"
+    script = harness.script(job, "build_script", body)
+    driver = harness.start("run", job, str(script), "build_script")
+    try:
+        assert _wait_for(started.exists)
+        for pid in [driver.pid, *_job_processes(lease.token)]:  # the unit's whole cgroup
+            os.kill(pid, signal.SIGQUIT)
+        go.touch()
+        out, _ = driver.communicate(timeout=120)
+    finally:
+        for pid in _job_processes(lease.token):
+            os.kill(pid, signal.SIGKILL)
+    assert driver.returncode == 0 and "finished" in out, out
+    assert harness.stage("cleanup", job).code == 0
+
+
 def test_sigterm_as_the_job_starts_stops_it_and_cleanup_releases_the_lease(host: Path) -> None:
     """SIGTERM between starting the job's process group and arming the stop: nothing survives."""
     harness, job, lease, script = _prepared_sleeper(host, gpu=3, job_id=505)
