@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -536,3 +537,29 @@ def test_report_columns_line_up_with_japanese_names() -> None:
     assert sorted(line.split()[0] for line in rows) == ["carol", "渡辺・ワタナベ・わた", "田中太郎"], rows
     assert len({cells(line) for line in rows}) == 1, rows  # every row as wide as the others
     assert all(cells(line[:line.index(" 1 ")]) == 25 for line in rows), rows  # the jobs column, aligned
+
+
+def test_a_store_that_cannot_write_costs_no_job_its_row(tmp_path: Path) -> None:
+    """A write early in the tick (the gate, the drains, an event) failed it before the
+    history looked at the leases: a job that started and ended while the store could
+    not write (a full disk) had no row, and one that ended then was cut at the last
+    sighting before (found by a review of a host out of disk space)."""
+    world = build_world(tmp_path / "store", settings=ControllerSettings(projects=(PROJECT,)),
+                        store_timeout_s=0.1)
+    try:
+        long = world.submit(1, 200.0, user="alice")
+        world.advance(100, step=5.0)
+        holder = sqlite3.connect(tmp_path / "store" / "controller.sqlite", isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # no write gets through, as on a full disk
+        short = world.submit(1, 50.0, user="carol")
+        failed: list[Exception] = []
+        world.advance(300, step=5.0, failed_ticks=failed)
+        assert failed and all("locked" in str(exc) for exc in failed)
+        holder.execute("ROLLBACK")
+        holder.close()
+        world.advance(30, step=5.0)
+        rows = {r.job_id: r for r in jobs_store.jobs(world.store)}
+        assert short in rows and 40 <= rows[short].end - rows[short].started_at <= 65
+        assert 190 <= rows[long].end - rows[long].started_at <= 215
+    finally:
+        world.close()

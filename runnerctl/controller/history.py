@@ -27,9 +27,12 @@ Restart: the open rows of this host are read back at start, so a job running acr
 a restart keeps its row (never counted twice), and one whose lease vanished while the
 controller was down is closed at its last sighting.
 
-Store failures: the write is part of the tick, so a failing store fails the tick (logged
-once, /healthz), never silently; rows it could not write go again with the next tick's,
-so a job that ended while the store was down is still closed at its real end.
+Store failures: the controller observes the leases first in its tick (`observe`, in
+memory) and writes late (`save`), so a store that cannot write fails the tick (logged
+once, /healthz) but not the observing: what was not written goes with the next tick that
+can write, and a job that started and ended, or ended, while the store was down keeps
+its row and its real end. The user is GitLab's where the controller heard it (a pending
+job, or the orphan audit's look at the runner's running jobs, `confirm`).
 
 Retention: at most once an hour, history and events older than their retention
 (`[controller] history_retention_days`, `events_retention_days`) are deleted.
@@ -68,6 +71,7 @@ class History:
         self.outcomes: dict[int, tuple[str, float]] = {}  # job id -> (GitLab status, heard at)
         self.recent: dict[int, JobRecord] = {}  # closed as "ended" in the last hour: may hear more
         self._unsaved: dict[int, JobRecord] = {}  # rows a failed tick could not store: sent again
+        self._events: list[tuple[str, str, str]] = []  # found by `observe`, recorded by `save`
         self._last_tick: float | None = None
         self._next_prune = 0.0
         self.skew = 0.0  # how far this host's clock is ahead of the shared store's (the controller's measure)
@@ -99,6 +103,16 @@ class History:
              event: EventSink, outcomes: Mapping[int, str] | None = None) -> None:
         """Open rows for new leases, sample running ones, close vanished ones, store them.
         `outcomes`: final GitLab statuses heard since the last tick (job webhooks)."""
+        self.observe(leased, snapshot, now, outcomes)
+        self.save(now, event)
+
+    def observe(self, leased: Mapping[int, LeasedJob], snapshot: GpuSnapshot | None, now: float,
+                outcomes: Mapping[int, str] | None = None) -> None:
+        """`tick`'s part in memory, which needs no store: the controller observes first in
+        its tick and `save`s later, so a store that cannot write (a full disk) costs no job
+        its row: before, a write earlier in the tick failed it first, and a job that
+        started and ended meanwhile had none, one that ended was cut at its last sighting
+        before it (found by a review of a host out of disk space)."""
         self.outcomes.update((job, (status, now)) for job, status in (outcomes or {}).items())
         interval = self.settings.interval_s
         dt = 0.0 if self._last_tick is None else max(0.0, min(now - self._last_tick, 3 * interval))
@@ -109,7 +123,7 @@ class History:
         for job_id, lease in leased.items():
             record = self.open.get(job_id) or self._new(job_id, lease, now)
             values = [None if lease.elsewhere else utilization.get(g) for g in record.gpus]
-            record = self._sample(record, values, now, dt, event)  # a batch node's use is unknown here
+            record = self._sample(record, values, now, dt)  # a batch node's use is unknown here
             self.open[job_id] = record
             changed.append(record)
         for job_id in [j for j in self.open if j not in leased]:
@@ -134,6 +148,13 @@ class History:
         for job_id in [j for j in self.pending if j in leased]:
             del self.pending[job_id]
         self._unsaved.update((r.job_id, r) for r in changed)  # the latest row of each job
+
+    def save(self, now: float, event: EventSink) -> None:
+        """Store what `observe` and `confirm` changed, and the events they found; what a
+        StoreError (failing the tick) leaves unsaved goes with the next."""
+        while self._events:
+            event(*self._events[0])
+            self._events.pop(0)
         jobs_store.save_jobs(self.store, self._unsaved.values())  # a StoreError fails the tick
         self._unsaved.clear()
         if due(now, self._next_prune, PRUNE_EVERY_S):  # a clock stepped back too
@@ -172,8 +193,7 @@ class History:
             url=lease.url or (seen.web_url or "" if seen else ""),
             queued_at=seen.pending_since if seen else None, started_at=started, seen_at=now)
 
-    def _sample(self, record: JobRecord, values: list[float | None], now: float, dt: float,
-                event: EventSink) -> JobRecord:
+    def _sample(self, record: JobRecord, values: list[float | None], now: float, dt: float) -> JobRecord:
         known = [v for v in values if v is not None]
         now = max(now, record.seen_at)  # a clock stepped back (NTP) moves no sighting back, below the start
         if not known:  # unknown: no sample, and the idle clock neither runs nor resets
@@ -188,10 +208,11 @@ class History:
         if (low_since is not None and record.unused_at is None
                 and now - low_since >= self.settings.unused_after_s):
             record = dataclasses.replace(record, unused_at=now)
-            event("unused", f"job {record.job_id}",
-                  f"{record.user or 'unknown user'} holds GPU{'s' if len(record.gpus) > 1 else ''} "
-                  f"{', '.join(map(str, record.gpus))} at under {limit:.0%} utilization for "
-                  f"{(now - low_since) / 60:.0f} min (requested but unused)")
+            self._events.append((
+                "unused", f"job {record.job_id}",
+                f"{record.user or 'unknown user'} holds GPU{'s' if len(record.gpus) > 1 else ''} "
+                f"{', '.join(map(str, record.gpus))} at under {limit:.0%} utilization for "
+                f"{(now - low_since) / 60:.0f} min (requested but unused)"))
         return record
 
     def _prune(self, now: float) -> None:

@@ -161,9 +161,11 @@ class Controller:
             self.liveness.trouble("clock", off, warn=CLOCK_OFF)
         self.ticks += 1
         snapshot = self._snapshot()
-        self._publish_inventory(snapshot)
         running = self.wiring.jobs.running()
         self.history.remember_pending(self.demand.jobs)
+        # before any store write: a store that cannot write fails the tick, not the history
+        self.history.observe(self.wiring.jobs.leased(), snapshot, now, self.demand.take_outcomes())
+        self._publish_inventory(snapshot)
         self.demand.forget(j for jobs in running.values() for j in jobs)
         toggles = self._toggles(snapshot, now)
         self._step_gate(snapshot, running, now)
@@ -186,8 +188,7 @@ class Controller:
         if gitlab_ok:
             acting.retag(self._slots, cache=self.cache, gitlab=self.wiring.gitlab)
         # a store failure here fails the tick like any other (not a side task): /healthz sees it
-        self.history.tick(self.wiring.jobs.leased(), snapshot, now, lambda *event: self._event(now, *event),
-                          self.demand.take_outcomes())
+        self.history.save(now, lambda *event: self._event(now, *event))
         self.view = dataclasses.replace(self._view(snapshot, result, running, toggles, now),
                                         waiting=why_waiting(observed, result))
         self.liveness.good()

@@ -77,14 +77,22 @@ class World:
         self.submitted[job.id] = (self.clock(), gpus)
         return job.id
 
-    def advance(self, seconds: float, *, step: float = 1.0, pace: Callable[[], None] | None = None) -> None:
-        """Move virtual time: runners poll on their beat, the controller ticks on its own."""
+    def advance(self, seconds: float, *, step: float = 1.0, pace: Callable[[], None] | None = None,
+                failed_ticks: list[Exception] | None = None) -> None:
+        """Move virtual time: runners poll on their beat, the controller ticks on its own.
+        With `failed_ticks`, a tick that raises (a store that cannot write) is added to it
+        and the world goes on, as `Controller.run` retries; else it propagates."""
         end = self.clock.now + seconds
         while self.clock.now < end:
             self.clock.now = min(end, self.clock.now + step)
             self.fleet.step(self.clock.now)
             if self.clock.now >= self._next_tick:
-                self.controller.tick()
+                try:
+                    self.controller.tick()
+                except Exception as exc:
+                    if failed_ticks is None:
+                        raise
+                    failed_ticks.append(exc)
                 self._next_tick = self.clock.now + self.controller.settings.interval_s
             if self.clock.now >= self._next_cron:
                 self._next_cron = (self.clock.now // CRON_S + 1) * CRON_S
@@ -101,7 +109,8 @@ def build_world(state_dir: Path, *, host: str = "demo", gpu_count: int = 8,
                 settings: ControllerSettings | None = None, policy: PlanPolicy | None = None,
                 on_event: Callable[[Event], None] = lambda e: None,
                 on_job: Callable[[str, RunningJob, float], None] = lambda kind, job, now: None,
-                webhook_secret: str = "", store_url: str = "", check_s: float = 3.0,
+                webhook_secret: str = "", store_url: str = "", store_timeout_s: float = 30.0,
+                check_s: float = 3.0,
                 lease_dir: Path | None = None, standby: bool = True,
                 start: float = 1_700_000_000.0) -> World:
     """With `lease_dir`, the runner stand-ins take real lease files there and the controller
@@ -134,7 +143,7 @@ def build_world(state_dir: Path, *, host: str = "demo", gpu_count: int = 8,
                      duration_of=lambda job_id: durations.get(job_id, 60.0), on_change=on_job,
                      lease_dir=lease_dir, utilization_of=lambda job_id: utilizations.get(job_id, 0.9))
     jobs: JobSource = fleet if lease_dir is None else LeaseJobs(lease_dir)
-    store = Store.open(url=store_url, state_dir=state_dir)
+    store = Store.open(url=store_url, state_dir=state_dir, timeout_s=store_timeout_s)
     settings = settings or ControllerSettings(projects=(PROJECT,))
     wiring = Wiring(host=host, gpus=gpus, gitlab=gitlab, runner_ids=runner_ids, store=store, jobs=jobs,
                     clock=clock, is_ci=nothing_is_ci, webhook_secret=webhook_secret, on_event=on_event,
