@@ -348,6 +348,32 @@ class LeaseTable:
     def _path(self, gpu: int) -> Path:
         return self.dir / f"gpu{gpu}.json"
 
+    def write_problem(self) -> str:
+        """Why prepare cannot write a lease here now (a full or read-only file system, no
+        inodes left), "" when it can or no job has made the directory yet. serve asks it:
+        with the store elsewhere (PostgreSQL), nothing else it does writes here, and
+        /healthz said ok while every prepare failed (found by a review of a host out of
+        disk space)."""
+        probe = self.dir / f".probe-{os.getpid()}"
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            try:
+                data = memoryview(b"\n" * 4096)  # as much as a lease takes: a block, an inode
+                while data:  # a write may take part of it, then fail on the rest
+                    data = data[os.write(fd, data):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except FileNotFoundError:
+            return "" if not self.dir.exists() else f"cannot write a lease in {self.dir}"
+        except OSError as exc:
+            return (f"prepare cannot write a lease in {self.dir} ({exc.strerror or exc}): every job's "
+                    "prepare fails until it can")
+        finally:
+            with contextlib.suppress(OSError):
+                probe.unlink()
+        return ""
+
     def _read(self, gpu: int) -> Lease | None:
         """The GPU's lease, None when it has none; an unreadable file holds it (fail closed)."""
         path = self._path(gpu)

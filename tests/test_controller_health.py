@@ -398,17 +398,10 @@ def test_a_settings_file_or_runners_changed_while_serve_runs_is_a_notice(
     """Each job's stages read runnerctl.toml again, serve does not: a state_dir changed
     while serve ran had two jobs lease one GPU, and a runner registered again went
     undriven, while /healthz said ok (found by a review as a lab admin)."""
-    from runnerctl.controller.serve import INPUTS_CHECK_S, InputsWatch
-    from runnerctl.settings import load_settings
+    from runnerctl.controller.serve import INPUTS_CHECK_S
 
-    settings_file = tmp_path / "runnerctl.toml"
-    settings_file.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n')
-    config = tmp_path / "config.toml"
-    config.write_text('[[runners]]\nname = "runnerctl/h/gpu0"\nid = 5\ntoken = "glrt-x"\n')
-    live = Liveness(host="h", interval_s=5.0)
-    now = [0.0]
-    watch = InputsWatch(live, load_settings(settings_file), config, {"runnerctl/h/gpu0": 5},
-                        clock=lambda: now[0])
+    settings_file, config = tmp_path / "runnerctl.toml", tmp_path / "config.toml"
+    live, now, watch = _inputs_watch(tmp_path)
     watch(None)
     assert live.notices == {}
     settings_file.write_text(f'[paths]\nstate_dir = "{tmp_path / "other"}"\n')
@@ -431,3 +424,53 @@ def test_a_settings_file_or_runners_changed_while_serve_runs_is_a_notice(
     now[0] += INPUTS_CHECK_S
     watch(None)
     assert "runnerctl runners in" in live.notices["inputs"] and "restart serve" in live.notices["inputs"]
+
+
+def test_a_lease_directory_prepare_cannot_write_is_a_trouble(tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """With the store elsewhere (PostgreSQL), nothing serve wrote touched the lease
+    directory: on a full or read-only file system every prepare failed while /healthz
+    said ok (found by a review of a host out of disk space). A file size limit makes the
+    kernel refuse the write here (EFBIG) as a full disk would (ENOSPC)."""
+    import resource
+
+    from runnerctl.controller.serve import INPUTS_CHECK_S
+    from runnerctl.executors.lease import LeaseTable
+
+    live, now, watch = _inputs_watch(tmp_path)
+    watch(None)
+    assert "leases" not in live.troubles  # no job made the directory yet: nothing to say
+    leases = LeaseTable(tmp_path / "state").dir
+    leases.mkdir(parents=True)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    now[0] += INPUTS_CHECK_S
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, hard))
+    try:
+        with caplog.at_level(logging.WARNING):
+            watch(None)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    error = live.troubles["leases"][1]
+    assert error.startswith(f"prepare cannot write a lease in {leases} (") and "every job's prepare" in error
+    assert "the lease directory: prepare cannot write" in caplog.text
+    assert list(leases.iterdir()) == []  # the probe went
+    now[0] += INPUTS_CHECK_S
+    with caplog.at_level(logging.WARNING):
+        watch(None)
+    assert "leases" not in live.troubles and "writing leases works again" in caplog.text
+
+
+def _inputs_watch(tmp_path: Path) -> tuple[Liveness, list[float], Callable[[object], None]]:
+    """serve's watch on runnerctl.toml (state under tmp_path/state), config.toml (one
+    runner, id 5) and the lease directory, on a clock the test moves (`now[0]`)."""
+    from runnerctl.controller.serve import InputsWatch
+    from runnerctl.settings import load_settings
+
+    settings_file = tmp_path / "runnerctl.toml"
+    settings_file.write_text(f'[paths]\nstate_dir = "{tmp_path / "state"}"\n')
+    config = tmp_path / "config.toml"
+    config.write_text('[[runners]]\nname = "runnerctl/h/gpu0"\nid = 5\ntoken = "glrt-x"\n')
+    live = Liveness(host="h", interval_s=5.0)
+    now = [0.0]
+    return live, now, InputsWatch(live, load_settings(settings_file), config, {"runnerctl/h/gpu0": 5},
+                                  clock=lambda: now[0])

@@ -151,5 +151,6 @@ class Liveness:
 
 
 _PARTS = {"gitlab": "GitLab fails", "gpus": "the GPUs cannot be read (every runner stays closed)",
-          "clock": "this host's clock is off the shared store's"}
-_PART_NAMES = {"gitlab": "GitLab", "gpus": "reading the GPUs", "clock": "this host's clock"}
+          "clock": "this host's clock is off the shared store's", "leases": "leases cannot be written"}
+_PART_NAMES = {"gitlab": "GitLab", "gpus": "reading the GPUs", "clock": "this host's clock",
+               "leases": "writing leases"}

@@ -36,6 +36,7 @@ from runnerctl.controller.loop import Controller, Wiring
 from runnerctl.controller.observe import LeaseJobs
 from runnerctl.controller.store import Event, Store
 from runnerctl.errors import ConfigError
+from runnerctl.executors.lease import LeaseTable
 from runnerctl.gitlab import PythonGitLab
 from runnerctl.gpus import open_gpu_source
 from runnerctl.runner_config import RunnerConfigFile
@@ -103,7 +104,8 @@ class InputsWatch:
     settings again, serve does not: a state_dir changed while serve ran had two jobs lease
     one GPU, and a runner registered again went undriven, with /healthz ok (found by a
     review as a lab admin). A change is a notice on /healthz (healthy stays) and a warning
-    in the log, until serve is restarted or the file is put back."""
+    in the log, until serve is restarted or the file is put back. Also: can prepare still
+    write a lease (`LeaseTable.write_problem`)? If not, /healthz fails once it lasts."""
 
     def __init__(self, liveness: Liveness, settings: Settings, runner_config: Path,
                  runner_ids: Mapping[str, int], *, clock: Callable[[], float] = time.monotonic) -> None:
@@ -137,6 +139,8 @@ class InputsWatch:
                 notes.append(f"the runnerctl runners in {self.runner_config} changed since serve started "
                              "(runnerctl init?): restart serve, which drives only the runners it read then")
         self.liveness.notice("inputs", "; ".join(notes))
+        self.liveness.trouble("leases", LeaseTable(self.settings.state_dir).write_problem(),
+                              warn="the lease directory")
 
 
 Metrics = Callable[[], tuple[bytes, str]]
