@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import logging
@@ -109,6 +110,8 @@ class Lease:
                    created_at=0.0, uid=-1, problem=problem)
 
     def describe(self) -> str:
+        if self.problem.startswith(READ_FAILED_NOW):
+            return f"GPU {self.gpu}'s lease {self.problem}: it stays held, and is read again at the next look"
         if self.problem:
             return (f"GPU {self.gpu} has an unreadable lease ({self.problem}): it stays held until an "
                     "admin removes the file")
@@ -382,7 +385,8 @@ class LeaseTable:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            lease = Lease.unreadable(gpu, f"cannot read it: {exc.strerror}")
+            said = READ_FAILED_NOW if exc.errno in _PASSING else "cannot read it"
+            lease = Lease.unreadable(gpu, f"{said}: {exc.strerror}")
         else:
             try:
                 lease = Lease.parse(gpu, raw.decode())
@@ -425,9 +429,29 @@ class LeaseTable:
                     holders.append(held)
             if holders:
                 return holders, []
-            for gpu in gpus:
-                self._write(dataclasses.replace(template, gpu=gpu))
+            before = {lease.gpu: lease for lease in replaced}
+            written: list[int] = []
+            try:
+                for gpu in gpus:
+                    self._write(dataclasses.replace(template, gpu=gpu))
+                    written.append(gpu)
+            except OSError:  # a full disk part way: all or none, so none
+                self._undo(written, before)
+                raise
             return [], replaced
+
+    def _undo(self, gpus: list[int], before: dict[int, Lease]) -> None:
+        """Put back what `_take` replaced on `gpus` (else remove its lease there): a
+        multi-GPU prepare that failed on its third lease held the first two until its
+        cleanup came (found by a review of a host out of disk space)."""
+        for gpu in gpus:
+            try:
+                if gpu in before:
+                    self._write(before[gpu])
+                    continue
+            except OSError:
+                pass  # no room for the old one either: the GPU goes free, its stale job with it
+            self._path(gpu).unlink(missing_ok=True)
 
     def acquire(self, gpus: tuple[int, ...], template: Lease, *, wait_s: float,
                 poll_s: float = 1.0, sleep: Callable[[float], None] = time.sleep,
@@ -469,8 +493,19 @@ def _report(path: Path, problem: str) -> None:
     """Log an unreadable lease once per file and problem (it is read on every tick)."""
     if (str(path), problem) not in _REPORTED:
         _REPORTED.add((str(path), problem))
-        log.error("lease %s is unreadable (%s): its GPU stays held; remove the file once the GPU "
-                  "is free", path, problem)
+        if problem.startswith(READ_FAILED_NOW):  # the host's trouble, not the file's: never remove it
+            log.error("lease %s %s: its GPU stays held while it cannot be read (the file may be "
+                      "fine: keep it)", path, problem)
+        else:
+            log.error("lease %s is unreadable (%s): its GPU stays held; remove the file once the GPU "
+                      "is free", path, problem)
+
+
+READ_FAILED_NOW = "cannot be read now"
+_PASSING = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EIO, errno.EAGAIN, errno.EINTR, errno.ESTALE}
+"""Read errors of the host, not of the file (no descriptors or memory left, an I/O error,
+a stale NFS handle): told to remove the file, an admin would free a running job's GPUs
+(found by a review of a host out of resources)."""
 
 
 def read_leases(state_dir: Path) -> list[Lease]:

@@ -45,6 +45,54 @@ def test_all_or_nothing(tmp_path: Path) -> None:
     assert {lease.token for lease in table.all()} == {retry.token} != {first.token}
 
 
+def test_a_lease_the_host_cannot_read_now_holds_its_gpu_and_is_kept(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Out of file descriptors (EMFILE), a live job's lease was "unreadable", and the log
+    told the admin to remove the file: a running job's GPU freed by hand (found by a
+    review of a host out of resources). It stays held, and the file is to be kept."""
+    import logging
+    import resource
+
+    table = LeaseTable(tmp_path)
+    assert table.try_acquire((0,), _template("a")) == []
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (3, hard))  # no descriptor left above stdio
+    try:
+        with caplog.at_level(logging.ERROR):
+            lease = table._read(0)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert lease is not None and lease.problem == "cannot be read now: Too many open files"
+    assert lease.describe() == ("GPU 0's lease cannot be read now: Too many open files: it stays held, "
+                                "and is read again at the next look")
+    assert "the file may be fine: keep it" in caplog.text and "remove the file" not in caplog.text
+    assert [(held.gpu, held.job_id) for held in table.all()] == [(0, "a")]
+
+
+def test_a_write_that_fails_part_way_leaves_no_gpu_taken(tmp_path: Path) -> None:
+    """All or none: a full disk on the second lease left the first written, its GPU held
+    until the job's cleanup (found by a review of a host out of disk space). A file size
+    limit that the lease of GPU 9 fits and GPU 10's (one digit more) does not stands in
+    for the full disk."""
+    import resource
+
+    template = _template("a")
+    scratch = LeaseTable(tmp_path / "scratch")
+    assert scratch.try_acquire((9,), template) == []
+    size = (scratch.dir / "gpu9.json").stat().st_size
+    table = LeaseTable(tmp_path / "state")
+    assert table.all() == [] and table.try_acquire((0,), _template("b")) == []  # the directory exists
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        with pytest.raises(OSError):
+            table.try_acquire((9, 10), template)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert [(lease.gpu, lease.job_id) for lease in table.all()] == [(0, "b")]
+    assert sorted(p.name for p in table.dir.iterdir()) == [".lock", "gpu0.json"]  # no temp file left
+
+
 def test_acquire_waits_with_injected_clock(tmp_path: Path) -> None:
     table = LeaseTable(tmp_path)
     table.try_acquire((3,), _template("a"))
