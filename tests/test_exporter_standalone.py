@@ -26,6 +26,10 @@ from runnerctl.executors.lease import Lease, LeaseTable, new_nonce, process_star
 from runnerctl.exporter import build_registry, gpus, reconcile
 from runnerctl.exporter.standalone import Observer, lease_holders, observer_registry
 from runnerctl.gpus import open_gpu_source
+from runnerctl.settings import ControllerSettings
+
+LIMITS = GateThresholds.from_settings()
+COOL_30 = GateThresholds.from_settings(ControllerSettings(cooldown_s=30.0))
 
 
 class Clock:
@@ -69,7 +73,7 @@ def test_observer_tells_ci_from_foreign_and_cools_down(tmp_path: Path, ci_proces
     clock = Clock()
     observer = Observer(host="gpu-c", gpus=open_gpu_source(f"sim:{gpus_file}", host="gpu-c", watch_xid=True),
                         held=lease_holders(jobs), is_ci=jobs.is_ci, clock=clock,
-                        limits=GateThresholds(cooldown_s=30.0))
+                        limits=COOL_30)
     parts = {"gpus": gpus.collect, "reconcile": reconcile.collect}
     registry = build_registry(lambda: observer.stats.view, parts)
     observer.tick()
@@ -118,7 +122,7 @@ def test_an_unreadable_lease_keeps_its_gpu_closed_in_the_exporter_too(tmp_path: 
     jobs = LeaseJobs(tmp_path)
     observer = Observer(host="gpu-c", gpus=open_gpu_source(f"sim:{gpus_file}", host="gpu-c", watch_xid=True),
                         held=lease_holders(jobs), unreadable=jobs.unreadable, is_ci=jobs.is_ci,
-                        clock=Clock(), limits=GateThresholds(cooldown_s=30.0))
+                        clock=Clock(), limits=COOL_30)
     parts = {"gpus": gpus.collect, "reconcile": reconcile.collect}
     registry = build_registry(lambda: observer.stats.view, parts)
     stats = observer.tick()
@@ -146,7 +150,7 @@ def test_the_exporter_stands_by_while_serve_runs_on_the_host(tmp_path: Path,
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         observer = Observer(host="gpu-c", gpus=open_gpu_source("sim:2", host="gpu-c"), held=dict,
-                            is_ci=lambda pid: False, limits=GateThresholds(), serve=lambda: serve_pid(state))
+                            is_ci=lambda pid: False, limits=LIMITS, serve=lambda: serve_pid(state))
         registry = build_registry(lambda: observer.stats.view,
                                   {"gpus": gpus.collect, "reconcile": reconcile.collect})
         assert observer.tick() is None and observer.tick() is None
@@ -168,7 +172,7 @@ def test_an_exporter_standing_by_reports_no_collector_as_failing() -> None:
     serve ran; it now serves no success for them and `runnerctl_exporter_standing_by 1`."""
     serve: list[int | None] = [4242]
     observer = Observer(host="gpu-c", gpus=open_gpu_source("sim:2", host="gpu-c"), held=dict,
-                        is_ci=lambda pid: False, limits=GateThresholds(), serve=lambda: serve[0])
+                        is_ci=lambda pid: False, limits=LIMITS, serve=lambda: serve[0])
     registry = observer_registry(observer)
 
     def samples() -> dict[tuple[str, str], float]:
