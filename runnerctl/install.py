@@ -38,6 +38,7 @@ import sys
 from pathlib import Path
 
 from runnerctl.errors import ConfigError
+from runnerctl.private import write_atomic
 from runnerctl.settings import (
     POSTGRES_START_WAIT_S,
     POSTGRES_STOP_WAIT_S,
@@ -196,12 +197,7 @@ def write(files: list[UnitFile], root: Path, *, state_dir: Path, mapping: Path |
                 os.chown(target, 0, 0)
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        temp = target.with_name(f".{target.name}.tmp")
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, unit.mode)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(unit.text)
-        os.chmod(temp, unit.mode)
-        os.replace(temp, target)
+        write_atomic(target, unit.text, mode=unit.mode)
         written.append(target)
     return written
 

@@ -59,10 +59,19 @@ def create_private_file(path: Path) -> None:
 
 def write_private(path: Path, text: str) -> None:
     """Write `text` to `path` (0600) atomically: readers see the old file or the whole new one."""
+    write_atomic(path, text, mode=PRIVATE_FILE_MODE)
+
+
+def write_atomic(path: Path, text: str, *, mode: int) -> None:
+    """Write `text` (UTF-8) to `path` with `mode` (whatever the umask) atomically: readers,
+    and a full disk, leave the old file or the whole new one, and no temp file behind.
+    The temp file is a new one under a random name (O_EXCL, O_NOFOLLOW): a link planted
+    at a name in a directory others can write is never followed."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE_FILE_MODE)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
-        with os.fdopen(fd, "w") as out:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            os.fchmod(fd, mode)
             out.write(text)
             out.flush()
             os.fsync(out.fileno())

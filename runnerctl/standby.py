@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import secrets
 import string
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from runnerctl.errors import ConfigError
 from runnerctl.layout import standby_name, standby_tags
 from runnerctl.model import Slot
+from runnerctl.private import write_private
 
 if TYPE_CHECKING:  # the simulator reads this module without loading python-gitlab
     from runnerctl.gitlab import GitLabPort, RunnerInfo, RunnerScope
@@ -95,16 +95,9 @@ def save(runner_config: Path, standby: Standby) -> None:
     """Write the record readable by its owner only (it holds a runner token)."""
     path = standby_path(runner_config)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     data = {"id": standby.id, "token": standby.token, "system_id": standby.system_id,
             "name": standby.name, "tags": list(standby.tags), "gitlab_url": standby.gitlab_url}
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.chmod(tmp, 0o600)  # an older temp file keeps its mode through O_CREAT
-    os.replace(tmp, path)
+    write_private(path, json.dumps(data, indent=1))  # no temp file left on a full disk
 
 
 def _known(runner_config: Path, *, gitlab_url: str, name: str) -> Standby | None:

@@ -348,3 +348,22 @@ def test_timeouts_in_the_words_gitlab_reads_render(timeout: str) -> None:
     review of the day's changes: `1 month` and `2 hours and 30 minutes` were refused)."""
     job = yaml.safe_load(render("gpu-job", {"command": "x", "timeout": timeout}))["gpu-job"]
     assert job["timeout"] == timeout
+
+
+def test_render_over_a_file_on_a_full_disk_leaves_the_file_as_it_was(tmp_path: Path) -> None:
+    """`render -o` emptied the file, then wrote what fitted: on a full disk a hand-written
+    .gitlab-ci.yml was cut to its first 4096 bytes of the new render (found by a review of
+    a host out of disk space). A file size limit stands in for the full disk, in a child
+    process so that pytest's own files are not limited."""
+    own = tmp_path / ".gitlab-ci.yml"
+    own.write_text("# my own pipeline\ntrain:\n  script: [python train.py]\n")
+    own.chmod(0o640)
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (256, resource.RLIM_INFINITY)); "
+            "from runnerctl.cli import main; sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", code, "render", "gpu-job", "-i", "command=python train.py",
+                           "-o", str(own)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0 and f"cannot write {own}: File too large" in done.stderr, done
+    assert own.read_text() == "# my own pipeline\ntrain:\n  script: [python train.py]\n"
+    assert [p.name for p in tmp_path.iterdir()] == [".gitlab-ci.yml"]  # no temp file left
+    assert main(["render", "gpu-job", "-i", "command=python train.py", "-o", str(own)]) == 0
+    assert "python train.py" in own.read_text() and own.stat().st_mode & 0o777 == 0o640  # its mode kept

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 from pathlib import Path
 
 import click
@@ -31,6 +32,7 @@ from runnerctl.postgres import (
     storage_url,
     with_host,
 )
+from runnerctl.private import write_atomic
 from runnerctl.settings import default_settings_path, load_settings
 
 
@@ -50,10 +52,20 @@ def render_command(component: str, inputs: tuple[str, ...], output: Path | None)
         click.echo(text, nl=False)
     else:
         try:
-            output.write_text(text, encoding="utf-8")  # GitLab reads .gitlab-ci.yml as UTF-8
+            # GitLab reads .gitlab-ci.yml as UTF-8; the file is the old one or the whole new one: a
+            # full disk had the user's own file cut to what fitted (a review of a host out of space)
+            write_atomic(output, text, mode=_mode_of(output, default=0o644))
         except OSError as exc:
             raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
         click.echo(f"wrote {output}")
+
+
+def _mode_of(path: Path, *, default: int) -> int:
+    """The permission bits of the file at `path`, `default` where there is none."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return default
 
 
 render_command.help = (render_command.help or "") + f"\n\nComponents: {', '.join(components())}."

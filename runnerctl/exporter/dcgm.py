@@ -18,10 +18,10 @@ once and retried next tick; it never stops the controller.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from runnerctl.controller.view import ControllerView
+from runnerctl.private import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +67,8 @@ class JobMappingWriter:
                 (self.directory / str(gpu)).unlink(missing_ok=True)
                 self._written.pop(gpu, None)
             elif self._written.get(gpu) != content:
-                temp = self.directory / f".{gpu}.{os.getpid()}.tmp"
-                # a new file, never what is at that name: in a directory other users can
-                # write, a link planted there had root's file truncated and rewritten
-                temp.unlink(missing_ok=True)
-                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-                with os.fdopen(fd, "w") as handle:
-                    os.fchmod(fd, 0o644)  # whatever the umask (the units' is 0077)
-                    handle.write(content)
-                os.replace(temp, self.directory / str(gpu))
+                # a new temp file, never what is at a name: in a directory other users can
+                # write, a link planted there had root's file truncated and rewritten; 0644
+                # whatever the umask (the units' is 0077)
+                write_atomic(self.directory / str(gpu), content, mode=0o644)
                 self._written[gpu] = content
