@@ -117,6 +117,18 @@ def test_a_job_pinned_to_another_host_says_so_and_that_hosts_reason_wins(world: 
     assert (shown["reason"], shown["host"]) == ("draining", "gpu-b")
 
 
+def test_a_job_no_runner_can_take_names_the_tags_no_runner_has(world: World, tmp_path: Path) -> None:
+    """A job tagged `gpu` and `gpus:8` is demand on no host (no runner has both tags):
+    GitLab never hands it out, and the page said only "not planned yet" (found by a
+    review of the day's changes, as a style reviewer)."""
+    job = world.state.enqueue_job(project_id=PROJECT, tags=["gpu", "gpus:8"], user="mallory", name="x")
+    world.advance(3.0)
+    [shown] = _client(world, tmp_path).get("/api/queue").json()
+    assert (shown["job_id"], shown["reason"]) == (job.id, "resources")
+    assert shown["detail"] == ("no runner has all its tags (none of its size has gpu): GitLab gives it to "
+                               "none; fix the job's tags")
+
+
 def test_a_host_that_never_ticked_is_unknown(world: World, tmp_path: Path) -> None:
     from runnerctl.controller.store import Event
 

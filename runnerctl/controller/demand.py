@@ -129,7 +129,12 @@ class PendingJob:
         every one of its tags: a job tagged `gpu` and `gpus:8`, which no runner has, counted
         as an 8-GPU job, and its host stayed drained for it until GitLab dropped it a day
         later (found by a review as a hostile CI job author)."""
-        return self.host in (None, host) and runner_tag_set(self.gpus, host).issuperset(self.tags)
+        return self.host in (None, host) and not self.missing_tags(host)
+
+    def missing_tags(self, host: str) -> list[str]:
+        """Its tags that no slot runner of its size on `host` has (the page names them)."""
+        have = runner_tag_set(self.gpus, host)
+        return sorted(tag for tag in set(self.tags) if tag not in have)
 
     @property
     def pending_since(self) -> float:

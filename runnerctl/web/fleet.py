@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from runnerctl.controller import host_views, jobs_store
+from runnerctl.controller.demand import PendingJob
 from runnerctl.controller.store import Store
 from runnerctl.controller.view import ControllerView
 from runnerctl.controller.waiting import RANK
@@ -103,7 +104,7 @@ def publisher(store: Store, *, interval_s: float,
             why = view.waiting.get(job.job_id)
             reason, detail, elsewhere = (why.code, why.detail, why.elsewhere) if why else (
                 ("pinned", f"its host: tag pins it to {job.host}", True) if job.host not in (None, view.host)
-                else ("resources", "not planned yet", False))  # the planner leaves out jobs pinned elsewhere
+                else ("resources", _untaken(job, view.host), False))  # the planner leaves these out
             queue.append({"job_id": job.job_id, "gpus": job.gpus, "project_id": job.project_id,
                           "priority": job.priority, "user": job.user, "url": job.web_url,
                           "created_at": job.created_at, "pending_since": job.pending_since,
@@ -116,6 +117,17 @@ def publisher(store: Store, *, interval_s: float,
                               "gitlab_error": view.gitlab_error})
 
     return publish_fleet_view
+
+
+def _untaken(job: PendingJob, host: str) -> str:
+    """Why the planner left out a job not pinned elsewhere: tags no runner has (a hostile
+    or mistaken `gpus:8` beside `gpu`, found by a review as a CI job author), which GitLab
+    never hands out, so it waits until GitLab drops it as stuck."""
+    missing = job.missing_tags(host)
+    if not missing:
+        return "not planned yet"
+    return (f"no runner has all its tags (none of its size has {', '.join(missing)}): GitLab gives it "
+            "to none; fix the job's tags")
 
 
 def hosts(store: Store, now: float) -> list[FleetHostOut]:
