@@ -271,15 +271,20 @@ class NvmlSession:
 
 
 def owner_of(pid: int) -> tuple[str | None, str | None]:
-    """The user and command line of a host process; (None, None) once it is gone. Bytes
-    that are not UTF-8 (a script named in Shift_JIS, which psutil hands over as lone
-    surrogates) become U+FFFD: stored as they were, they failed every tick's write of
-    the gate event, and the controller stood still while the process ran (found by a
-    review as an internationalisation reviewer)."""
+    """The user and program name of a host process; (None, None) once it is gone.
+
+    The name, never the command line: a colleague's arguments may carry a secret
+    (`--hf-token ...`), which serve, running as root, published on the pages anyone on
+    its port reads, kept in events for 90 days, shared through the store with every
+    host, and logged (found by a privacy review). Bytes that are not UTF-8 (a program
+    named in Shift_JIS, which psutil hands over as lone surrogates) become U+FFFD:
+    stored as they were, they failed every tick's write of the gate event, and the
+    controller stood still while the process ran (found by a review as an
+    internationalisation reviewer)."""
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():
-            return _utf8(proc.username()), _utf8(" ".join(proc.cmdline()) or proc.name())
+            return _utf8(proc.username()), _utf8(proc.name())
     except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError):
         return None, None
 
