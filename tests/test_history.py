@@ -249,6 +249,34 @@ def test_retention_keeps_the_store_bounded_over_a_long_run(tmp_path: Path) -> No
         world.close()
 
 
+def test_retention_reaches_expired_sessions_and_hosts_gone_quiet(tmp_path: Path) -> None:
+    """Retention covered the job history and the events only: an expired web session
+    stayed until someone signed in, and a stopped host's last queue (users, job links)
+    for good (found by a privacy review)."""
+    from runnerctl.controller import host_views
+    from runnerctl.controller.store import WebSession
+
+    day = 86400.0
+    world = build_world(tmp_path, settings=ControllerSettings(projects=(PROJECT,), events_retention_days=30))
+    try:
+        now = world.clock()
+        world.store.save_session(WebSession("k-new", "bo", "local", "operator", None, now, now, now + day))
+        world.store.save_session(WebSession("k-old", "ada", "gitlab", "viewer", 7, now - 2 * day,
+                                            now - 2 * day, now - day))  # its sign-in removes no later one
+        host_views.save(world.store, host="gpu-gone", at=now - 31 * day, interval_s=5.0, tick=9,
+                        view={"gpus": [], "queue": [{"user": "ada"}], "gitlab_error": None})
+        host_views.save(world.store, host="gpu-b", at=now - day, interval_s=5.0, tick=9,
+                        view={"gpus": [], "queue": [], "gitlab_error": None})
+        world.advance(10.0, step=5.0)  # the first tick prunes
+        with world.store.transaction() as cur:
+            keys = {row[0] for row in cur.query("SELECT key FROM web_sessions")}
+        assert keys == {"k-new"}
+        hosts = {row.host for row in host_views.load(world.store)}
+        assert "gpu-b" in hosts and "gpu-gone" not in hosts
+    finally:
+        world.close()
+
+
 def test_report_after_the_demo_matches_the_simulated_gpu_hours(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     state = tmp_path / "demo-state"
@@ -369,7 +397,7 @@ def test_history_on_a_shared_postgresql_store(pg_server: PostgresServer) -> None
         assert [(r.key, r.jobs) for r in report.rows] == [("lab/app", 2)]
         assert report.rows[0].gpu_hours == pytest.approx(2 * 2 * 3602.5 / 3600)
         assert jobs_store.open_jobs(stores[1], "gpu-b") == []
-        assert jobs_store.prune(stores[1], jobs_before=1e9, events_before=1e9) == (2, 1)
+        assert jobs_store.prune(stores[1], jobs_before=1e9, events_before=1e9)[:2] == (2, 1)
         assert jobs_store.count_rows(stores[0]) == (0, 0)
     finally:
         for store in stores:

@@ -221,11 +221,12 @@ class History:
         self._next_prune = now + PRUNE_EVERY_S
         self.pending = {j: p for j, p in self.pending.items() if now - p.created_at < 7 * DAY_S}
         cut = now - self.skew
-        jobs, events = jobs_store.prune(
+        gone = jobs_store.prune(
             self.store, jobs_before=cut - self.settings.history_retention_days * DAY_S,
-            events_before=cut - self.settings.events_retention_days * DAY_S)
-        if jobs or events:
-            log.info("retention: deleted %d job history rows and %d events", jobs, events)
+            events_before=cut - self.settings.events_retention_days * DAY_S, now=cut)
+        if any(gone):
+            log.info("retention: deleted %d job history rows, %d events, %d expired web sessions and "
+                     "the views of %d hosts not heard from since", *gone)
 
 
 def project_of(url: str) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from runnerctl.controller.store import Store
 
@@ -155,15 +155,28 @@ def latest(store: Store, *, limit: int, since: float | None = None, user: str | 
     return [_record(r) for r in rows]
 
 
-def prune(store: Store, *, jobs_before: float, events_before: float) -> tuple[int, int]:
+class Pruned(NamedTuple):
+    jobs: int
+    events: int
+    sessions: int
+    hosts: int
+
+
+def prune(store: Store, *, jobs_before: float, events_before: float, now: float | None = None) -> Pruned:
     """Delete jobs that ended before `jobs_before` (or, still open, were last seen then: a
-    host that stopped for good never closes them) and events before `events_before`
-    (every host's: any host may prune a shared store); returns counts."""
+    host that stopped for good never closes them), events before `events_before` (every
+    host's: any host may prune a shared store), the fleet views of hosts not heard from
+    since then, and web sessions expired by `now` (`events_before` without it): a
+    privacy review found expired sessions kept until someone signed in, and a stopped
+    host's last queue (users, job links) kept for good. Returns counts."""
     with store.transaction() as cur:
         gone_jobs = cur.execute("DELETE FROM job_history WHERE COALESCE(ended_at, seen_at) < ?",
                                 (jobs_before,))
         gone_events = cur.execute("DELETE FROM events WHERE at < ?", (events_before,))
-    return gone_jobs, gone_events
+        gone_sessions = cur.execute("DELETE FROM web_sessions WHERE expires_at < ?",
+                                    (events_before if now is None else now,))
+        gone_hosts = cur.execute("DELETE FROM host_views WHERE at < ?", (events_before,))
+    return Pruned(gone_jobs, gone_events, gone_sessions, gone_hosts)
 
 
 def count_rows(store: Store) -> tuple[int, int]:
