@@ -322,3 +322,53 @@ def test_a_sql_ascii_database_holds_a_japanese_reason(pg_server: PostgresServer)
         assert store.toggles("gpu-a") == [Toggle("gpu-a", "gpu:3", "pause", "田中", 10.0, "ファン交換 🔧")]
     finally:
         store.close()
+
+
+def test_forgetting_a_person_erases_their_rows_and_keeps_their_holds(stores: tuple[Store, Store]) -> None:
+    """A student who leaves asks for their data to go: only raw SQL did it (found by a
+    privacy review). Their history, the events naming them (as a whole word), sessions
+    and account go; a pause they made stays in force, by `someone`; others' rows stay."""
+    from runnerctl.controller import jobs_store
+    from runnerctl.controller.forget import forget
+    from runnerctl.controller.jobs_store import JobRecord
+    from runnerctl.controller.store import WebSession
+    from runnerctl.web.auth import add_user
+
+    a, b = stores
+    now = time.time()
+
+    def ran(job_id: int, user: str, ended: float | None) -> JobRecord:
+        return JobRecord("gpu-f", job_id, "gpu0", (0,), "lab/app", "7", "train", user, "https://gl/x",
+                         now - 90, now - 60, now - 1, ended, "success" if ended else "running", 1.0, 1)
+
+    jobs_store.save_jobs(a, [ran(901, "zoe.k", now - 30), ran(902, "zoe.k", None), ran(903, "zoe.kb", now)])
+    for detail in ("zoe.k holds GPU 0 at under 2% utilization", "by zoe.k: fan", "zoe.kb holds GPU 1",
+                   "job 9 of zoe.k.", "user zoe.ka"):
+        a.record(Event(now, "gpu-f", "unused", "job 9", detail))
+    a.set_toggle(Toggle("gpu-f", "gpu:0", "pause", "zoe.k", now, "fan"))
+    a.save_session(WebSession("k-zoe", "zoe.k", "gitlab", "viewer", 3, now, now, now + 600))
+    add_user(a, "zoe.k", "a long enough password", "viewer")
+    assert forget(b, "zoe.k", dry_run=True) == (2, 1, 3, 1, True, 1)
+    assert len([e for e in a.events("gpu-f") if "zoe" in e.detail]) == 5  # a dry run erases nothing
+    assert forget(b, "zoe.k") == (2, 1, 3, 1, True, 1)
+    assert [(r.job_id, r.user) for r in jobs_store.jobs(a) if r.host == "gpu-f"] == [(903, "zoe.kb")]
+    assert sorted(e.detail for e in a.events("gpu-f")) == ["user zoe.ka", "zoe.kb holds GPU 1"]
+    assert a.toggles("gpu-f") == [Toggle("gpu-f", "gpu:0", "pause", "someone", now, "fan")]
+    assert a.web_session("k-zoe", now) is None and a.user("zoe.k") is None
+    assert forget(b, "zoe.k") == (0, 0, 0, 0, False, 0)
+
+
+def test_user_forget_says_what_it_erased_and_what_it_cannot(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from runnerctl.cli import main
+
+    store = Store.open(state_dir=tmp_path)
+    store.set_toggle(Toggle("gpu-f", "host", "drain", "yuki", 1.0, "leaving"))
+    store.close()
+    assert main(["user", "forget", "yuki", "--dry-run", "--state-dir", str(tmp_path)]) == 0
+    said = capsys.readouterr().out.splitlines()[0]
+    assert said == ("yuki: would erase 0 job history rows, 0 events, 0 web sessions; their pause or drain "
+                    "would stay, by someone")
+    assert main(["user", "forget", "yuki", "--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "; their pause or drain stays, by someone" in out and "the system journal (serve's log)" in out

@@ -1,4 +1,4 @@
-"""`runnerctl user add|list|remove`: local accounts of the web page.
+"""`runnerctl user add|list|remove|forget`: local accounts of the web page, and erasing a person.
 
 Accounts live in the controller's store (SQLite in the state dir, or the shared
 PostgreSQL), so every `serve` on that store knows them. Passwords are read without
@@ -15,6 +15,7 @@ import click
 from runnerctl.cli.host import _settings
 from runnerctl.cli.params import config_option
 from runnerctl.columns import pad
+from runnerctl.controller.forget import STAND_IN, forget
 from runnerctl.controller.store import Store
 from runnerctl.errors import ConfigError
 from runnerctl.web.auth import ROLES, add_user
@@ -87,3 +88,31 @@ def remove(name: str, state_dir: Path | None, config_path: Path | None) -> None:
     finally:
         store.close()
     click.echo(f"user {name}: removed")
+
+
+@user.command("forget")
+@click.argument("name")
+@click.option("--dry-run", is_flag=True, help="Only count what would be erased.")
+@state_dir_option
+@config_option
+def forget_command(name: str, dry_run: bool, state_dir: Path | None, config_path: Path | None) -> None:
+    """Erase what the store keeps of NAME (a GitLab user or a local account): job history,
+    the events naming them, sessions and account; their pauses and drains stay, by
+    "someone". For a person who asks, or leaves the lab."""
+    store = _open(config_path, state_dir)
+    try:
+        gone = forget(store, name, dry_run=dry_run)
+    finally:
+        store.close()
+    verb = "would erase" if dry_run else "erased"
+    many = gone.toggles != 1
+    holds = "" if not gone.toggles else (
+        f"; their {f'{gone.toggles} pauses or drains' if many else 'pause or drain'} "
+        f"{'would stay' if dry_run else 'stay' if many else 'stays'}, by {STAND_IN}")
+    click.echo(f"{name}: {verb} {gone.jobs} job history rows, {gone.events} events, {gone.sessions} web "
+               f"sessions{', the account' if gone.account else ''}{holds}")
+    if gone.running:
+        click.echo(f"{gone.running} of their jobs still run: serve writes their rows until they end; run "
+                   "this again then")
+    click.echo("not in the store, so not erased here: the system journal (serve's log), backups, "
+               "Prometheus, GitLab")
