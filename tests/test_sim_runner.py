@@ -348,6 +348,26 @@ def test_a_stage_ignoring_sigterm_is_sigkilled_after_graceful_kill_timeout() -> 
     assert err is not None and err.reason is None  # killed: not a build failure
 
 
+def test_a_stage_ends_when_its_output_closes_not_when_its_shell_exits(tmp_path: Path) -> None:
+    """Go's cmd.Wait returns once the output pipes close too (os/exec; helpers/process sets
+    no WaitDelay): a process the stage left behind keeps it running. The stand-in gave up
+    5 s after the shell's exit, which hid every leftover a driver did not stop (found by
+    a review of cancellation). The leftover here writes once it is let go, 6 s on."""
+    go = tmp_path / "go"
+    out: list[str] = []
+    timer = threading.Timer(6.0, go.touch)  # past the 5 s the stand-in waited before
+    timer.start()
+    try:
+        err = run_command(Ctx(timeout_s=120.0), ["sh", "-c", f"(while [ ! -e {go} ]; do sleep 0.05; done; "
+                                                            "echo late) & echo early"],
+                          env=dict(os.environ), cwd="/", graceful_s=1.0, force_s=1.0, stdout=out.append,
+                          stderr=out.append)
+    finally:
+        timer.cancel()
+        go.touch()
+    assert err is None and out == ["early\n", "late\n"]
+
+
 def test_exit_codes_as_command_go_reads_them(tmp_path: Path) -> None:
     code_file = tmp_path / "build_exit_code"
     assert classify(0, str(code_file)) is None

@@ -130,11 +130,14 @@ def run_command(ctx: Ctx, argv: Sequence[str], *, env: Mapping[str, str], cwd: s
                for pipe, sink in ((proc.stdout, stdout), (proc.stderr, stderr))]
     for reader in readers:
         reader.start()
-    while proc.poll() is None and ctx.err() is None:
+    # Go's cmd.Wait returns once the process has exited and its output pipes are closed
+    # (os/exec: the copying goroutines; helpers/process sets no WaitDelay): a process the
+    # stage left behind that holds them keeps the stage running, as it does for real
+    while (proc.poll() is None or _reading(readers)) and ctx.err() is None:
         time.sleep(_POLL_S)
     abandoned = None
-    if proc.poll() is None:
-        abandoned = _kill_and_wait(proc, graceful_s, force_s)
+    if proc.poll() is None or _reading(readers):
+        abandoned = _kill_and_wait(proc, readers, graceful_s, force_s)
     for reader in readers:
         reader.join(timeout=5)
     if on_exit:
@@ -150,20 +153,31 @@ def _pump(pipe: Any, sink: Sink) -> None:
     pipe.close()
 
 
-def _kill_and_wait(proc: subprocess.Popen[bytes], graceful_s: float, force_s: float) -> JobError | None:
-    """killer.go KillAndWait: SIGTERM the group, SIGKILL it after graceful_s, give up after force_s."""
+def _reading(readers: Sequence[threading.Thread]) -> bool:
+    return any(reader.is_alive() for reader in readers)
+
+
+def _kill_and_wait(proc: subprocess.Popen[bytes], readers: Sequence[threading.Thread], graceful_s: float,
+                   force_s: float) -> JobError | None:
+    """killer.go KillAndWait: SIGTERM the group, SIGKILL it after graceful_s, give up after
+    force_s; waiting, as cmd.Wait does, for the output pipes to close too."""
     if not _signal_group(proc.pid, signal.SIGTERM):
         _signal_group(proc.pid, signal.SIGKILL)
-    try:
-        proc.wait(timeout=graceful_s)
+    if _waited(proc, readers, graceful_s):
         return None
-    except subprocess.TimeoutExpired:
-        _signal_group(proc.pid, signal.SIGKILL)
-    try:
-        proc.wait(timeout=force_s)
+    _signal_group(proc.pid, signal.SIGKILL)
+    if _waited(proc, readers, force_s):
         return None
-    except subprocess.TimeoutExpired:
-        return JobError(f"failed to kill process PID={proc.pid}, likely process is dormant")
+    return JobError(f"failed to kill process PID={proc.pid}, likely process is dormant")
+
+
+def _waited(proc: subprocess.Popen[bytes], readers: Sequence[threading.Thread], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None or _reading(readers):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL_S)
+    return True
 
 
 def _signal_group(pgid: int, signum: int) -> bool:
