@@ -225,15 +225,16 @@ class PythonGitLab:
                                                     **_NO_RETRY))
         return [_job(j.attributes, project_id=project_id) for j in jobs]
 
-    def job(self, project_id: int, job_id: int) -> JobInfo | None:
-        """One job (`GET /projects/:id/jobs/:job_id`), None when it is gone."""
+    def job(self, project_id: int | str, job_id: int) -> JobInfo | None:
+        """One job (`GET /projects/:id/jobs/:job_id`; `:id` an id or a project's full path),
+        None when it is gone."""
         project = self._gl.projects.get(project_id, lazy=True)
         try:
             found = self._call(f"read job {job_id} of project {project_id}",
                                lambda: project.jobs.get(job_id, **_NO_RETRY))
         except _NotFound:
             return None
-        return _job(found.attributes, project_id=project_id)
+        return _job(found.attributes, project_id=project_id if isinstance(project_id, int) else None)
 
     def runner_reach(self, runner_id: int) -> RunnerReach | None:
         """The runner's type, groups and projects (`GET /runners/:id`); None when gone."""

@@ -38,12 +38,13 @@ def _slot(world: World, suffix: str) -> str:
 
 
 def _lease(world: World, tmp_path: Path, job_id: int, suffix: str, gpus: tuple[int, ...], *,
-           user: str = "bob") -> Lease:
+           user: str = "bob", project: str = "") -> Lease:
     """What prepare writes (shell driver), owned by a gitlab-runner that is alive (us);
     `user` is the job's GITLAB_USER_LOGIN, which its YAML can set."""
     me = os.getpid()
     template = Lease(gpu=-1, job_id=str(job_id), slot=_slot(world, suffix), driver="shell", owner_pid=me,
                      owner_started=process_started(me) or 0.0, created_at=time.time(), user=user,
+                     project=project,
                      nonce=new_nonce())
     LeaseTable(tmp_path / "state").acquire(gpus, template, wait_s=0)
     return template
@@ -181,3 +182,33 @@ def test_a_job_naming_another_user_is_billed_to_gitlabs_user(world: World, tmp_p
     said = [e.detail for e in world.store.events(world.controller.host) if e.kind == "user"]
     assert said == ["its variables name alice as GITLAB_USER_LOGIN, GitLab says mallory: "
                     "its GPU time is mallory's"]
+
+
+def test_a_job_its_runners_list_leaves_out_is_freed_only_once_gitlab_says_it_ended(
+        world: World, tmp_path: Path, spawned: list[subprocess.Popen[bytes]],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A runner's job list is no proof that a job is over: GitLab lists there only jobs of
+    projects where the token's user is Reporter (app/finders/ci/runner_jobs_finder.rb
+    `by_permission`), and a running multi-day job was freed, its processes killed (found
+    by a review as a researcher running multi-day jobs). Here GitLab runs the job on
+    another runner, so the lease's runner's list leaves it out all the same: it is freed
+    only once the job itself (asked by the project path its lease records) has ended."""
+    job = world.state.enqueue_job(project_id=PROJECT, tags=["gpu"])
+    assert world.state.request_job(world.controller.cache.ids[_slot(world, "/gpu5")]) is job
+    lease = _lease(world, tmp_path, job.id, "/gpu3", (3,), project=f"project-{PROJECT}")
+    training = _job_process(lease, spawned)
+    world.advance(1200, step=5.0)  # well past orphan_after_s
+    assert _leased(tmp_path) == {str(job.id)} and training.poll() is None
+    asked = [r for r in world.server.requests if r.path == f"/projects/project-{PROJECT}/jobs/{job.id}"]
+    assert asked and all(r.status == 200 for r in asked)
+    job.status = "success"
+    world.advance(900, step=5.0)
+    assert _leased(tmp_path) == set() and training.wait(timeout=120) == -9
+    gone = world.state.enqueue_job(project_id=PROJECT, tags=["gpu"])  # a job the token cannot read: 404
+    doubt = _lease(world, tmp_path, gone.id + 1000, "/gpu4", (4,), project="other/private")
+    kept = _job_process(doubt, spawned)
+    with caplog.at_level(logging.WARNING, logger="runnerctl"):
+        world.advance(1500, step=5.0)
+    assert _leased(tmp_path) == {str(gone.id + 1000)} and kept.poll() is None
+    said = [r.getMessage() for r in caplog.records if "cannot read it" in r.getMessage()]
+    assert len(said) == 1 and "give the token Reporter in other/private" in said[0]

@@ -395,6 +395,29 @@ def test_a_groups_runner_list_needs_owner_and_shows_them_to_an_administrator(gl:
         assert developer.get(f"/projects/{info['project_ids'][0]}/runners").status_code == 403
 
 
+def test_a_runners_jobs_are_listed_only_for_projects_the_caller_reads(gl: SimGitLab) -> None:
+    """app/finders/ci/runner_jobs_finder.rb `by_permission`: `GET /runners/:id/jobs` shows an
+    administrator every job, anyone else only jobs of projects where they are Reporter or
+    more; `GET /projects/:id/jobs/:job_id` takes the project's URL-encoded path as `:id`."""
+    server, info = gl
+    runner = _runner(info, ["gpu"])
+    erin = _user(info, "erin")
+    state = server.state
+    outside = state.directory.add_project("outside")  # erin is no member of it
+    mine, theirs = (state.enqueue_job(project_id=info["project_ids"][0], tags=["gpu"]) for _ in range(2))
+    for _ in (mine, theirs):
+        state.request_job(runner["id"])
+    theirs.project_id = outside.id  # as a project runner enabled on another project runs its jobs
+    with _api(info) as admin:
+        admin.post(f"/groups/{info['group_id']}/members", json={"user_id": erin, "access_level": 50})
+        assert {j["id"] for j in admin.get(f"/runners/{runner['id']}/jobs").json()} == {mine.id, theirs.id}
+        path = state.directory.projects[info["project_ids"][0]].path_with_namespace.replace("/", "%2F")
+        assert admin.get(f"/projects/{path}/jobs/{mine.id}").json()["status"] == "running"
+    with _api(info, _token(info, "api", user_id=erin)) as owner:
+        assert [j["id"] for j in owner.get(f"/runners/{runner['id']}/jobs").json()] == [mine.id]
+        assert owner.get(f"/projects/{outside.id}/jobs/{theirs.id}").status_code == 404
+
+
 def test_a_server_left_running_keeps_only_its_newest_requests() -> None:
     """`runnerctl sim gitlab` runs for days behind `serve`: its request log must not grow
     without end (about 5 MB a day), while a test's server keeps every request."""

@@ -297,9 +297,10 @@ class Controller:
 
     def _free_orphans(self, running: Mapping[str, tuple[int, ...]], now: float) -> None:
         """Reap and release leases of jobs long over in GitLab (their cleanup was killed)."""
+        projects = {job: lease.project for job, lease in self.wiring.jobs.leased().items()}
         try:
             over = self.orphans.over(running, self.cache.ids, gitlab=self.wiring.gitlab, budget=self.budget,
-                                     now=now, unconfirmed=self.history.unconfirmed)
+                                     now=now, unconfirmed=self.history.unconfirmed, projects=projects)
         except GitLabError as exc:  # this look only: pauses and resumes go on
             if "lease audit" not in self._failing:
                 log.warning("GitLab failed on a runner's running jobs: %s; no lease is freed while "

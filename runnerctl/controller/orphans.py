@@ -33,10 +33,16 @@ and a slot holding a job whose user no one has confirmed gets the next look.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping
 
 from runnerctl.controller.demand import ApiBudget, due
+from runnerctl.errors import GitLabError
 from runnerctl.gitlab import GitLabPort
+
+log = logging.getLogger(__name__)
+ENDED = frozenset({"success", "failed", "canceled", "skipped"})
+"""A job's statuses once it is over (app/models/concerns/ci/has_status.rb COMPLETED_STATUSES)."""
 
 
 class OrphanAudit:
@@ -50,10 +56,12 @@ class OrphanAudit:
         self.users: dict[int, str] = {}
         """Job id -> its user as GitLab lists it, from the looks since `take_users`."""
         self._looked: set[int] = set()  # leased jobs whose slot has had a look
+        self.doubted: set[int] = set()  # suspects whose end GitLab would not confirm (said once)
 
     def over(self, running: Mapping[str, tuple[int, ...]], runner_ids: Mapping[str, int], *,
              gitlab: GitLabPort, budget: ApiBudget, now: float,
-             unconfirmed: Collection[int] = ()) -> list[tuple[int, float]] | None:
+             unconfirmed: Collection[int] = (), projects: Mapping[int, str] | None = None,
+             ) -> list[tuple[int, float]] | None:
         """(job, seconds GitLab has not listed it as running or canceling) for each leased
         job to free now, no longer a suspect; None when it did not ask GitLab this time. A GitLabError
         propagates, and nothing is freed."""
@@ -63,6 +71,7 @@ class OrphanAudit:
         held = {job for jobs in leased.values() for job in jobs}
         self.suspects = {job: since for job, since in self.suspects.items() if job in held}
         self._looked &= held
+        self.doubted &= held
         if not leased or not due(now, self._next_at, self.check_s) or not budget.try_take():
             return None
         self._next_at = now + self.check_s
@@ -80,8 +89,38 @@ class OrphanAudit:
             if job in listed:
                 self.suspects.pop(job, None)
             elif now - self.suspects.setdefault(job, now) >= self.orphan_after_s:
+                project = (projects or {}).get(job, "")
+                if project and not self._ended(gitlab, budget, project, job):
+                    continue  # running, or in doubt: a suspect still, never freed
                 over.append((job, now - self.suspects.pop(job)))
         return over
+
+    def _ended(self, gitlab: GitLabPort, budget: ApiBudget, project: str, job: int) -> bool:
+        """Does GitLab say the job is over? Its runner's list is no proof: GitLab lists there
+        only jobs of projects where the token's user is Reporter or more, unless an
+        administrator (app/finders/ci/runner_jobs_finder.rb `by_permission`), so a running
+        job of another project was freed, its processes killed (found by a review as a
+        researcher running multi-day jobs). Asked of the job itself (`GET /projects/:id/
+        jobs/:job_id`, by the project's path the lease records); a job the token cannot
+        read is doubt, said once, and never freed."""
+        budget.charge()
+        try:
+            found = gitlab.job(project, job)
+        except GitLabError as exc:
+            found, why = None, str(exc)
+        else:
+            why = "GitLab answers 404: the job is gone, or the token cannot read the project"
+        if found is not None and found.status in ENDED:
+            return True
+        if found is not None:  # still at work: GitLab's runner list left it out
+            self.suspects.pop(job, None)
+        elif job not in self.doubted:
+            self.doubted.add(job)
+            log.warning("job %d (project %s) still holds a lease, and its runner's jobs in GitLab do not "
+                        "list it, but runnerctl cannot read it (%s): not freed; give the token Reporter "
+                        "in %s, or stop the job's processes and release its lease by hand", job, project,
+                        why, project)
+        return False
 
     def shift(self, step: float) -> None:
         """The wall clock stepped by `step` seconds: the times kept move with it."""

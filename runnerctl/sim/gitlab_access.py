@@ -161,6 +161,11 @@ class Access:
         assert project is not None
         return project
 
+    def reads_project(self, caller: Caller, project_id: int) -> bool:
+        """Reporter or more in the project, directly or through its groups."""
+        project = self.d.projects.get(project_id)
+        return project is not None and self.d.project_level(project, caller.username) >= REPORTER
+
     def can_manage_runner(self, caller: Caller, runner_type: str, group_id: int | None,
                           project_id: int | None) -> bool:
         if caller.admin:

@@ -150,6 +150,15 @@ class Directory:
         self.project_members.setdefault(pid, {})
         return project
 
+    def project_ref(self, ref: str) -> int | None:
+        """A project's id from a route's `:id`: the id, or its URL-encoded full path
+        (lib/api/helpers.rb `find_project`: digits are an id, else a path); None when no
+        project has that path."""
+        text = urllib.parse.unquote(ref)
+        if text.isdigit():
+            return int(text)
+        return next((p.id for p in self.projects.values() if p.path_with_namespace == text), None)
+
     def group(self, ref: str | int) -> SimGroup | None:
         """A group by id or (URL-encoded) full path; in lenient mode an unknown id is created."""
         text = urllib.parse.unquote(str(ref))

@@ -82,7 +82,10 @@ class CiRoutes:
                 raise forbidden("No access granted")
             if match.group(2) == "/jobs" and method == "GET":
                 status = query.get("status", [None])[0]
-                return 200, [self.job(j) for j in s.jobs_of_runner(runner.id, status)]
+                # app/finders/ci/runner_jobs_finder.rb `by_permission`: only an administrator
+                # sees every job; others only those of projects where they are Reporter or more
+                return 200, [self.job(j) for j in s.jobs_of_runner(runner.id, status)
+                             if caller.admin or self.access.reads_project(caller, j.project_id)]
             if match.group(2) == "/managers" and method == "GET":
                 return 200, [self._manager(m) for m in s.managers_of(runner.id)]
             if method == "GET" and not match.group(2):
@@ -98,10 +101,12 @@ class CiRoutes:
                 s.delete_runner(runner.id)
                 return 204, None
             raise not_found()
-        match = re.fullmatch(r"/projects/(\d+)/jobs(?:/(\d+)(/cancel)?)?", path)
+        match = re.fullmatch(r"/projects/([^/]+)/jobs(?:/(\d+)(/cancel)?)?", path)
         if match:
-            project = self.access.project(caller, int(match.group(1)),
-                                          level=DEVELOPER if match.group(3) else REPORTER)
+            project_id = self.access.d.project_ref(match.group(1))  # an id or a URL-encoded path
+            if project_id is None:
+                raise not_found("Project")
+            project = self.access.project(caller, project_id, level=DEVELOPER if match.group(3) else REPORTER)
             if match.group(2) is None and method == "GET":
                 scopes = query.get("scope[]", []) + query.get("scope", [])
                 if not set(scopes) <= JOB_STATUSES:
