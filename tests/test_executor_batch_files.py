@@ -99,6 +99,38 @@ def test_a_stage_file_that_cannot_be_removed_is_said_and_changes_no_result(
     assert capsys.readouterr().err == ""
 
 
+def test_a_long_job_is_asked_of_its_scheduler_rarely_and_its_end_seen_soon(tmp_path: Path) -> None:
+    """squeue or qstat every half second for the whole job: about 170,000 calls a day per
+    job against the site's controller (found by a review as a researcher running
+    multi-day jobs). Every POLL_S for the first minute, then every STATE_EVERY_S, and at
+    once when the script's exit code appears; the output is read every POLL_S all along."""
+    now = [0.0]
+    asked: list[float] = []
+    paths = _Paths(tmp_path / ".runnerctl", "904-build_script")
+
+    class Scheduler:
+        name = "slurm"
+
+        def active(self, job_id: str) -> bool:
+            asked.append(now[0])
+            return now[0] < ends[0]
+
+        def never_runs(self, job_id: str) -> None:
+            return None
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        if now[0] >= ends[0] and not paths.rc.exists():
+            paths.write(paths.rc, b"0\n")  # the wrapper's last word, then the scheduler's
+
+    ends = [3600.0]  # an hour: a week would only take longer
+    driver = batch.BatchDriver(Scheduler())  # type: ignore[arg-type]
+    assert driver._follow("77", paths, lambda gpus: None, clock=lambda: now[0], sleep=sleep) is None
+    assert len(asked) < 60 / batch.POLL_S + 3600 / batch.STATE_EVERY_S + 5  # about 480, not 7200
+    assert now[0] - ends[0] <= 2 * batch.POLL_S  # the exit code: seen at once, not 10 s on
+    assert asked[:3] == [0.0, 0.5, 1.0] and asked[-2] - asked[-3] == batch.STATE_EVERY_S
+
+
 @pytest.mark.parametrize("raw", ["two", "0", "²", "٣", "1" * 5000, "10001", "-1"])
 def test_a_job_asking_for_no_sane_number_of_nodes_is_told_so(raw: str) -> None:
     with pytest.raises(BadNodes, match="is not a number of nodes"):
