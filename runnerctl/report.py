@@ -157,8 +157,8 @@ def to_text(report: Report) -> str:
         lines.append("requested but unused (GPUs held at near-zero utilization):")
     for job in report.unused:
         lines.append(f"  job {job.job_id} of {job.user or '(unknown)'} on {job.host} GPUs "
-                     f"{','.join(map(str, job.gpus))}: {job.idle_gpu_s / 3600.0:.2f} idle GPU-h, "
-                     f"flagged {_iso(job.unused_at or job.started_at)}")
+                     f"{','.join(map(str, job.gpus))}: {job.idle_gpu_s / 3600.0:.2f} idle GPU-h "
+                     f"of {job.gpu_hours:.2f}, flagged {_iso(job.unused_at or job.started_at)}")
     return "\n".join(lines)
 
 

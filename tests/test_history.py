@@ -87,6 +87,9 @@ def test_a_restart_neither_loses_nor_double_counts_a_running_job(world: World) -
     assert records[0].idle_gpu_s == pytest.approx(2 * 1500.0, rel=0.02)  # samples kept across restarts
     assert records[0].util_samples >= 1500 / 5 - 3
     assert [e.kind for e in world.store.events("demo", limit=1000)].count("unused") == 1
+    text = to_text(build(records, by="user", since=None, until=world.clock()))
+    assert f"  job {job} of erin on demo GPUs " in text  # the flag weighed against the job's whole use:
+    assert f" {records[0].idle_gpu_s / 3600:.2f} idle GPU-h of {records[0].gpu_hours:.2f}, flagged " in text
 
 
 def test_a_wall_clock_step_is_no_time_spent(world: World, caplog: pytest.LogCaptureFixture) -> None:
