@@ -300,6 +300,33 @@ def test_config_reload_and_sigterm_aborts_running_jobs(stub: StubGitLab, tmp_pat
     assert LeaseTable(tmp_path / "host" / "state").all() == []
 
 
+def test_sigterm_after_sigquit_aborts_the_jobs_and_cleans_up(stub: StubGitLab, tmp_path: Path) -> None:
+    """multi.go: a signal other than SIGQUIT during a graceful shutdown turns it forceful
+    (abort the jobs, cleanup_exec, wait up to shutdown_timeout); a SIGQUIT again goes on
+    waiting. The stand-in exited at once on any second signal, leaving the job running in
+    GitLab and its lease behind (found by a review of cancellation)."""
+    config = write_runner_config(tmp_path, stub.url, [{"token": "glrt-ffff"}], concurrent=1)
+    runner = RunnerProcess(config)
+    try:
+        stub.enqueue("glrt-ffff", 401, "sleep 300")
+        stub.wait(401, ("running",), timeout_s=30)
+        runner.wait_line(r"job 401 started")
+        runner.proc.send_signal(signal.SIGQUIT)
+        runner.wait_line(r"SIGQUIT: graceful shutdown")
+        runner.proc.send_signal(signal.SIGQUIT)  # still waiting
+        deadline = time.monotonic() + 60
+        while runner.stderr.count("SIGQUIT: graceful shutdown") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert runner.stderr.count("SIGQUIT: graceful shutdown") == 2 and runner.proc.poll() is None
+        assert runner.stop(signal.SIGTERM) == 0
+    finally:
+        runner.kill()
+    aborted = stub.jobs[401]
+    assert (aborted["state"], aborted["failure_reason"]) == ("failed", "unknown_failure"), runner.stderr
+    assert "forced exit" not in runner.stderr
+    assert LeaseTable(tmp_path / "host" / "state").all() == []
+
+
 def test_concurrent_bounds_the_jobs_of_all_runners(stub: StubGitLab, tmp_path: Path) -> None:
     config = write_runner_config(tmp_path, stub.url, [{"token": "glrt-ffff"}, {"token": "glrt-gggg"}],
                                  concurrent=1)

@@ -1,10 +1,10 @@
 """`runnerctl sim runner`: the gitlab-runner stand-in (runnerctl/sim/runner.py) as a command.
 
 Signals as gitlab-runner takes them (gitlab-org/gitlab-runner commands/multi.go):
-SIGQUIT stops asking for jobs and waits for the running ones; SIGTERM and SIGINT stop
-asking, abort the running jobs (their stage is killed, cleanup_exec runs, the result
-goes to GitLab as runner_interrupted) and exit within `shutdown_timeout`; a second
-signal exits at once.
+SIGQUIT stops asking for jobs and waits for the running ones (a SIGQUIT again goes on
+waiting); SIGTERM and SIGINT, also after a SIGQUIT, stop asking, abort the running jobs
+(their stage is killed, cleanup_exec runs, the result goes to GitLab as
+runner_interrupted) and exit within `shutdown_timeout`; a signal after that exits at once.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -38,18 +39,24 @@ def runner(config_path: Path) -> int:
     from runnerctl.sim.runner import MultiRunner, _stderr
 
     multi = MultiRunner(config_path)
-    received: list[int] = []
+    forceful: list[float] = []  # when the running jobs were aborted
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        received.append(signum)
-        if len(received) > 1:
-            _stderr(f"forced exit on a second signal ({signal.Signals(signum).name})")
+        """multi.go: SIGQUIT waits for the running jobs, and a SIGQUIT again goes on
+        waiting (handleGracefulShutdown); any other signal aborts them and waits up to
+        shutdown_timeout (handleForcefulShutdown), during which a signal exits at once."""
+        name = signal.Signals(signum).name
+        if forceful:
+            _stderr(f"forced exit on a second signal ({name})")
             sys.stderr.flush()
             os._exit(int(ExitCode.ERROR))
-        graceful = signum == signal.SIGQUIT
-        _stderr(f"{signal.Signals(signum).name}: " + (
-            "graceful shutdown, waiting for running jobs" if graceful else "aborting running jobs"))
-        multi.stop(abort=not graceful)
+        if signum == signal.SIGQUIT:
+            _stderr(f"{name}: graceful shutdown, waiting for running jobs")
+            multi.stop(abort=False)
+            return
+        forceful.append(time.monotonic())
+        _stderr(f"{name}: aborting running jobs")
+        multi.stop(abort=True)
 
     for signum in (signal.SIGQUIT, signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
@@ -57,8 +64,10 @@ def runner(config_path: Path) -> int:
     loop.start()
     while loop.is_alive():
         loop.join(0.5)
-    graceful = bool(received) and received[0] == signal.SIGQUIT
-    if multi.wait(None if graceful else multi.config.shutdown_timeout_s):
+    while not multi.wait(0.5):
+        if forceful and time.monotonic() - forceful[0] >= multi.config.shutdown_timeout_s:
+            break
+    else:
         _stderr("all workers stopped; exiting")
         return int(ExitCode.OK)
     _stderr(f"shutdown timed out after {multi.config.shutdown_timeout_s:.0f}s; "
