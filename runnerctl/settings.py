@@ -39,9 +39,6 @@ MIN_RUNNER_TIMEOUT_S = 600
 """GitLab refuses a runner maximum timeout under 10 minutes (app/models/ci/runner.rb)."""
 MAX_RUNNER_TIMEOUT_S = 2**31 - 1
 """The largest GitLab can store (`ci_runners.maximum_timeout`, a 4-byte integer)."""
-PENDING_OUTDATED_S = 86400.0
-"""GitLab's hourly cron fails any job pending over a day, runners or not
-(app/services/ci/stuck_builds/drop_pending_service.rb `BUILD_PENDING_OUTDATED_TIMEOUT`)."""
 
 @dataclasses.dataclass(frozen=True)
 class HostSettings:

@@ -584,25 +584,3 @@ def test_a_store_another_host_made_again_gets_this_hosts_inventory_too(world: Wo
     assert store.inventory(world.controller.host) is None
     world.advance(10)
     assert store.inventory(world.controller.host) is not None
-
-
-def test_no_drain_behind_a_job_that_ends_after_gitlab_drops_the_waiting_one(world: World) -> None:
-    """GitLab fails a job pending over a day (drop_pending_service.rb): a host that drained
-    for an 8-GPU job behind a week-long 1-GPU job idled seven GPUs for that day, and again
-    for each retry (found by a review as a researcher running multi-day jobs). With the
-    running job's end known (its lease's start and timeout), no block that cannot free in
-    time is drained; one that can is."""
-    world.state.project_timeout_s = 8 * 86400
-    week = world.submit(1, 7 * 86400.0, user="alice")
-    world.advance(5)
-    assert week in world.fleet.started
-    big = world.submit(8, 600.0, user="bob")
-    world.advance(1800, step=5.0)  # past drain_after_s
-    assert not world.controller.drains and big not in world.fleet.started
-    said = world.controller.view.waiting[big]
-    assert said.code == "resources" and said.detail.startswith(
-        "no block of its size frees before GitLab fails it for waiting a day (in 23.")
-    assert {f"gpu{i}" for i in range(1, 8)} <= _open(world)  # the singles beside it stay open
-    short = world.submit(1, 600.0)  # starts at once on an open single
-    world.advance(30, step=5.0)
-    assert short in world.fleet.started

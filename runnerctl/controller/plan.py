@@ -49,7 +49,6 @@ from runnerctl.controller.order import handout_order
 from runnerctl.controller.order import idle_claim as idle_claim
 from runnerctl.controller.order import relevant_demand as relevant_demand
 from runnerctl.model import Slot
-from runnerctl.settings import PENDING_OUTDATED_S
 from runnerctl.settings import PlanPolicy as PlanPolicy
 from runnerctl.tags import PRIORITY_RANK
 
@@ -361,10 +360,8 @@ class _Reserver:
         first = {g for g, job in singles.items()  # kept for a job that goes first
                  if cuts_in(self.demand[job], demand, self.protected, self.claim)} if singles else set()
         held = self.owner.keys() | self.draining.keys()  # GPUs a block holds for some job
-        dropped_at = demand.pending_since + PENDING_OUTDATED_S
         candidates = [s for s in self.usable.get(demand.gpus, ())
-                      if (held.isdisjoint(s.gpus) or all(self._may_cut_in(demand.job_id, g) for g in s.gpus))
-                      and self._frees_before(s, dropped_at)]
+                      if held.isdisjoint(s.gpus) or all(self._may_cut_in(demand.job_id, g) for g in s.gpus)]
         clear = [c for c in candidates if first.isdisjoint(c.gpus)] if first else candidates
         if not candidates:
             return False
@@ -382,16 +379,6 @@ class _Reserver:
                     del self.owner[g]
         self._reserve(block, demand.job_id)
         return True
-
-    def _frees_before(self, block: Slot, at: float) -> bool:
-        """May the block's running jobs all end before `at`? No only when each one's end
-        is known (its lease's start and GitLab timeout) and one ends later: GitLab fails
-        a job pending over a day (`PENDING_OUTDATED_S`), so a drain behind a week-long job
-        idled the other GPUs for that day, then again for each retry (found by a review
-        as a researcher running multi-day jobs)."""
-        holders = {h for g in block.gpus for h in self.busy.get(g, ())}
-        ends = [self.states[h].ends_by for h in holders if h in self.states]
-        return None in ends or all(end is not None and end < at for end in ends)
 
     def first_open(self) -> dict[str, str]:
         """Singles left open under drains (`_drain`; name -> why), once every drain is

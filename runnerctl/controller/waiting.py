@@ -28,8 +28,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from runnerctl.controller.plan import Decision, Demand, Observed, Plan
-from runnerctl.model import Slot, slot_key
-from runnerctl.settings import PENDING_OUTDATED_S
+from runnerctl.model import slot_key
 
 RANK = {"starting": 0, "draining": 1, "priority": 2, "resources": 3, "foreign": 4, "held": 5, "pinned": 6}
 """Most telling first, where hosts give a job different reasons; `pinned` is the fleet
@@ -100,27 +99,4 @@ def _one(demand: Demand, observed: Observed, decisions: Mapping[str, Decision],
     if ahead:
         return Waiting("priority", "behind job " + ", ".join(map(str, ahead[:3])) +
                        (" and more" if len(ahead) > 3 else "") + ", which the planner serves first")
-    frees = _frees_at(usable, observed)
-    dropped_at = demand.pending_since + PENDING_OUTDATED_S
-    if demand.gpus > 1 and frees is not None and frees >= dropped_at and observed.now is not None:
-        return Waiting("resources", f"no block of its size frees before GitLab fails it for waiting a day "
-                       f"(in {_hours(dropped_at - observed.now)}): the first frees in "
-                       f"{_hours(frees - observed.now)}, so none drains for it")
     return Waiting("resources", f"all {len(usable)} runner{'s' if len(usable) != 1 else ''} of its size busy")
-
-
-def _frees_at(blocks: list[Slot], observed: Observed) -> float | None:
-    """When the first of `blocks` frees: each when its latest running job ends (lease
-    start + timeout); None when a running job's end is unknown."""
-    firsts = []
-    for block in blocks:
-        ends = [s.ends_by for s in observed.slots
-                if s.running_jobs and not set(s.slot.gpus).isdisjoint(block.gpus)]
-        if None in ends:
-            return None
-        firsts.append(max((e for e in ends if e is not None), default=observed.now or 0.0))
-    return min(firsts, default=None)
-
-
-def _hours(seconds: float) -> str:
-    return f"{max(0.0, seconds) / 3600:.1f} h"

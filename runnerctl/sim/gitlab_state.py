@@ -35,7 +35,6 @@ import secrets
 import time
 from collections.abc import Callable, Iterable
 
-from runnerctl.settings import PENDING_OUTDATED_S
 from runnerctl.sim.gitlab_directory import Directory
 from runnerctl.sim.timeouts import gitlab_timeout
 
@@ -44,8 +43,8 @@ ONLINE_WINDOW_S = 7200.0
 """GitLab shows a runner online if it contacted GitLab in the last 2 hours."""
 STUCK_AFTER_S = 3600.0
 """drop_pending_service.rb `BUILD_PENDING_STUCK_TIMEOUT = 1.hour`."""
-OUTDATED_AFTER_S = PENDING_OUTDATED_S
-"""drop_pending_service.rb `BUILD_PENDING_OUTDATED_TIMEOUT = 1.day` (settings: the planner reads it)."""
+OUTDATED_AFTER_S = 86400.0
+"""drop_pending_service.rb `BUILD_PENDING_OUTDATED_TIMEOUT = 1.day`."""
 CANCELING_OUTDATED_S = 1800.0
 """drop_canceling_service.rb `BUILD_CANCELING_OUTDATED_TIMEOUT = 30.minutes`."""
 STUCK_REASON = "stuck_pending_no_matching_runners"
