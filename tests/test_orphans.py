@@ -210,5 +210,13 @@ def test_a_job_its_runners_list_leaves_out_is_freed_only_once_gitlab_says_it_end
     with caplog.at_level(logging.WARNING, logger="runnerctl"):
         world.advance(1500, step=5.0)
     assert _leased(tmp_path) == {str(gone.id + 1000)} and kept.poll() is None
-    said = [r.getMessage() for r in caplog.records if "cannot read it" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "GitLab answers 404 for it" in r.getMessage()]
     assert len(said) == 1 and "give the token Reporter in other/private" in said[0]
+    # a doubt is asked again only every orphan_after_s: the looks go on to the other runners
+    orphan = _lease(world, tmp_path, ORPHAN, "/gpu6", (6,))
+    left_over = _job_process(orphan, spawned)
+    before = len([r for r in world.server.requests if r.path.startswith("/projects/other%2Fprivate/")])
+    world.advance(1500, step=5.0)
+    assert _leased(tmp_path) == {str(gone.id + 1000)} and left_over.wait(timeout=120) == -9
+    asked = len([r for r in world.server.requests if r.path.startswith("/projects/other%2Fprivate/")])
+    assert asked - before <= 1500 / world.controller.settings.orphan_after_s + 1

@@ -84,17 +84,17 @@ class History:
         for job in jobs:
             self.pending[job.job_id] = job
 
-    def confirm(self, users: Mapping[int, str], event: EventSink) -> None:
+    def confirm(self, users: Mapping[int, str]) -> None:
         """GitLab's user of running jobs (the lease audit's look, `OrphanAudit.users`): a job
-        whose lease named someone else is billed to GitLab's user from now on, its row
-        stored with the next tick, and the event says so."""
+        whose lease named someone else is billed to GitLab's user from now on; its row and
+        the event that says so are stored by `save`, late in the tick, as `observe`'s are."""
         for job_id, user in users.items():
             record = self.open.get(job_id) or self.recent.get(job_id)
             self.unconfirmed.discard(job_id)
             if record is None or not user or record.user == user:
                 continue
-            event("user", f"job {job_id}", f"its variables name {record.user or 'no user'} as "
-                  f"GITLAB_USER_LOGIN, GitLab says {user}: its GPU time is {user}'s")
+            self._events.append(("user", f"job {job_id}", f"its variables name {record.user or 'no user'} "
+                                 f"as GITLAB_USER_LOGIN, GitLab says {user}: its GPU time is {user}'s"))
             record = dataclasses.replace(record, user=user)
             (self.open if job_id in self.open else self.recent)[job_id] = record
             self._unsaved[job_id] = record

@@ -310,7 +310,7 @@ class Controller:
         if over is None:  # not asked this tick
             return
         self._failing.discard("lease audit")
-        self.history.confirm(self.orphans.take_users(), lambda *event: self._event(now, *event))
+        self.history.confirm(self.orphans.take_users())
         for job, missing_s in over:
 
             def free(job: int = job, missing_s: float = missing_s) -> None:

@@ -91,7 +91,9 @@ class OrphanAudit:
             elif now - self.suspects.setdefault(job, now) >= self.orphan_after_s:
                 project = (projects or {}).get(job, "")
                 if project and not self._ended(gitlab, budget, project, job):
-                    continue  # running, or in doubt: a suspect still, never freed
+                    if job in self.suspects:  # in doubt: asked again orphan_after_s on, not at each look
+                        self.suspects[job] = now
+                    continue
                 over.append((job, now - self.suspects.pop(job)))
         return over
 
@@ -106,10 +108,10 @@ class OrphanAudit:
         budget.charge()
         try:
             found = gitlab.job(project, job)
-        except GitLabError as exc:
-            found, why = None, str(exc)
-        else:
-            why = "GitLab answers 404: the job is gone, or the token cannot read the project"
+        except GitLabError as exc:  # GitLab failing: asked again later, nothing freed meanwhile
+            log.warning("job %d's lease: GitLab failed on the job itself (%s); asked again in %.0f s",
+                        job, exc, self.orphan_after_s)
+            return False
         if found is not None and found.status in ENDED:
             return True
         if found is not None:  # still at work: GitLab's runner list left it out
@@ -117,9 +119,9 @@ class OrphanAudit:
         elif job not in self.doubted:
             self.doubted.add(job)
             log.warning("job %d (project %s) still holds a lease, and its runner's jobs in GitLab do not "
-                        "list it, but runnerctl cannot read it (%s): not freed; give the token Reporter "
-                        "in %s, or stop the job's processes and release its lease by hand", job, project,
-                        why, project)
+                        "list it, but GitLab answers 404 for it (gone, or the token cannot read the "
+                        "project): not freed; give the token Reporter in %s, or stop the job's processes "
+                        "and release its lease by hand", job, project, project)
         return False
 
     def shift(self, step: float) -> None:
