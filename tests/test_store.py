@@ -372,3 +372,5 @@ def test_user_forget_says_what_it_erased_and_what_it_cannot(tmp_path: Path,
     assert main(["user", "forget", "yuki", "--state-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "; their pause or drain stays, by someone" in out and "the system journal (serve's log)" in out
+    assert main(["user", "forget", "", "--state-dir", str(tmp_path)]) != 0  # would match everything
+    assert "'' is no user name" in capsys.readouterr().err

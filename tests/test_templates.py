@@ -367,3 +367,19 @@ def test_render_over_a_file_on_a_full_disk_leaves_the_file_as_it_was(tmp_path: P
     assert [p.name for p in tmp_path.iterdir()] == [".gitlab-ci.yml"]  # no temp file left
     assert main(["render", "gpu-job", "-i", "command=python train.py", "-o", str(own)]) == 0
     assert "python train.py" in own.read_text() and own.stat().st_mode & 0o777 == 0o640  # its mode kept
+
+
+def test_render_through_a_link_writes_its_target_and_keeps_the_link(tmp_path: Path) -> None:
+    """Written to a temp file and renamed, `-o` replaced a link (a .gitlab-ci.yml kept
+    elsewhere, or /dev/stdout) with a file of its own and left the target as it was
+    (found by a review of the day's diff)."""
+    kept = tmp_path / "pipelines" / "train.yml"
+    kept.parent.mkdir()
+    kept.write_text("# old\n")
+    link, sink = tmp_path / ".gitlab-ci.yml", tmp_path / "sink"
+    link.symlink_to(kept)
+    sink.symlink_to("/dev/null")
+    assert main(["render", "gpu-job", "-i", "command=python train.py", "-o", str(link)]) == 0
+    assert link.is_symlink() and "python train.py" in kept.read_text()
+    assert main(["render", "gpu-job", "-i", "command=python train.py", "-o", str(sink)]) == 0
+    assert sink.is_symlink() and Path("/dev/null").is_char_device()

@@ -54,18 +54,29 @@ def render_command(component: str, inputs: tuple[str, ...], output: Path | None)
         try:
             # GitLab reads .gitlab-ci.yml as UTF-8; the file is the old one or the whole new one: a
             # full disk had the user's own file cut to what fitted (a review of a host out of space)
-            write_atomic(output, text, mode=_mode_of(output, default=0o644))
+            _write_output(output, text)
         except OSError as exc:
             raise ConfigError(f"cannot write {output}: {exc.strerror or exc}") from None
         click.echo(f"wrote {output}")
 
 
-def _mode_of(path: Path, *, default: int) -> int:
-    """The permission bits of the file at `path`, `default` where there is none."""
+def _write_output(output: Path, text: str) -> None:
+    """A regular file (through a link: its target) gets the whole text or keeps its old
+    one, with its mode; a new one the umask's; anything else (/dev/stdout, a pipe) is
+    written as it is."""
+    target = Path(os.path.realpath(output))
     try:
-        return stat.S_IMODE(path.stat().st_mode)
-    except OSError:
-        return default
+        found = target.stat()
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        write_atomic(target, text, mode=0o666 & ~umask)
+        return
+    if not stat.S_ISREG(found.st_mode):
+        with target.open("w", encoding="utf-8") as handle:
+            handle.write(text)
+        return
+    write_atomic(target, text, mode=stat.S_IMODE(found.st_mode))
 
 
 render_command.help = (render_command.help or "") + f"\n\nComponents: {', '.join(components())}."

@@ -20,6 +20,7 @@ import re
 from typing import NamedTuple
 
 from runnerctl.controller.store import Store
+from runnerctl.errors import ConfigError
 
 STAND_IN = "someone"
 """Who a forgotten person's pause or drain is by from then on."""
@@ -36,7 +37,10 @@ class Forgotten(NamedTuple):
 
 
 def forget(store: Store, name: str, *, dry_run: bool = False) -> Forgotten:
-    """Remove (or with `dry_run` only count) what the store keeps of `name`."""
+    """Remove (or with `dry_run` only count) what the store keeps of `name`; ConfigError
+    for an empty name, which would match every event and every job of no known user."""
+    if not name.strip() or name != name.strip():
+        raise ConfigError(f"{name!r} is no user name", hint="give the GitLab user name or local account")
     named = re.compile(rf"(?<![\w.-]){re.escape(name)}(?![\w-]|\.\w)")
     with store.transaction() as cur:
         jobs = cur.query("SELECT COUNT(*), COUNT(*) - COUNT(ended_at) FROM job_history WHERE username = ?",
