@@ -275,18 +275,22 @@ class BatchDriver:
 
         The output is read every POLL_S; the scheduler is asked that often only for the
         job's first STATE_FAST_FOR_S, then every STATE_EVERY_S, and at once when the
-        script's exit code appears: asked every half second for a week-long job, squeue
+        script's exit code appears (then every 4 POLL_S while the scheduler still counts the
+        job, as in an epilog): asked every half second for a week-long job, squeue
         or qstat ran about 170,000 times a day per job against the site's controller
         (found by a review as a researcher running multi-day jobs)."""
         offset = 0
         gpus_seen = False
-        started, ask_at, active = clock(), clock(), True
+        started, ask_at, active, ending = clock(), clock(), True, False
         while True:
             now = clock()
-            asked = now >= ask_at or _rc_written(paths.rc) is not None
-            if asked:
+            ended_now = not ending and _rc_written(paths.rc) is not None
+            ending = ending or ended_now
+            asked = now >= ask_at or ended_now
+            if asked:  # then every POLL_S while the script's end is near (an epilog may run on)
                 active = self.scheduler.active(job_id)
-                ask_at = now + (POLL_S if now - started < STATE_FAST_FOR_S else STATE_EVERY_S)
+                fast = now - started < STATE_FAST_FOR_S or ending
+                ask_at = now + (POLL_S if fast else STATE_EVERY_S) * (4 if ending else 1)
             offset = _stream(paths.output, offset)
             if not gpus_seen and (gpus := _gpus_written(paths.gpus)) is not None:
                 gpus_seen = True
