@@ -97,3 +97,20 @@ def test_ctrl_c_ends_a_command_with_130_and_no_error_line(monkeypatch: pytest.Mo
     monkeypatch.setattr("runnerctl.cli.report._existing_store", interrupted)
     assert main(["report", "--state-dir", "/nonexistent-runnerctl"]) == 130
     assert "aborted" not in capsys.readouterr().err
+
+
+def test_serve_takes_its_secrets_out_of_the_environment_its_children_inherit(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Every process serve starts inherits its environment: the batch drivers' scancel or
+    qdel, run as the job's user when serve frees a lease, showed the GitLab token to that
+    user in /proc/PID/environ (found by a secrets audit)."""
+    import subprocess
+
+    secrets = {"RUNNERCTL_GITLAB_TOKEN": "glpat-serve-secret-0123", "RUNNERCTL_WEBHOOK_SECRET": "hook-secret",
+               "RUNNERCTL_GITLAB_OAUTH_SECRET": "oauth-secret"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("RUNNERCTL_CONFIG", str(tmp_path / "none.toml"))
+    assert main(["serve", "--gitlab", "sim", "--listen", "999.0.0.1:1"]) != 0  # read, then refused
+    child = subprocess.run(["env"], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert not any(value in child for value in secrets.values())

@@ -17,6 +17,7 @@ import click
 
 from runnerctl.cli.host import (
     NO_TOKEN_HINT,
+    TOKEN_ENV,
     _runner_config,
     _settings,
     gpu_source_option,
@@ -71,6 +72,7 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
     """Run the reconcile loop, the web page and its API until interrupted."""
     from runnerctl.controller import serve as serving
 
+    oauth_secret = _withhold_secrets()  # the token and webhook secret are read already
     settings, _ = _settings(config_path)
     read = settings  # as the file says: serve notices when the file says otherwise
     if state_dir is not None:
@@ -88,14 +90,29 @@ def serve(listen: str, gpu_source: str | None, gitlab_url: str, token: str | Non
     hold = serving.hold_state_dir(settings.state_dir)
     try:
         _serve(settings, listen, gpu_source, gitlab_url, token or "", runner_config, webhook_secret,
-               sim_workload, hold, read)
+               sim_workload, hold, read, oauth_secret)
     finally:
         os.close(hold.fd)
 
 
+SECRET_ENV = (TOKEN_ENV, "RUNNERCTL_WEBHOOK_SECRET", "RUNNERCTL_GITLAB_OAUTH_SECRET")
+"""serve's secrets in its environment (install's serve.env)."""
+
+
+def _withhold_secrets() -> str:
+    """Take serve's secrets out of its environment once read; returns the OAuth client
+    secret. Every process serve starts inherits it: the batch drivers' scancel or qdel,
+    run as the job's user when a lease is freed, showed the GitLab token to that user in
+    /proc/PID/environ (found by a secrets audit)."""
+    oauth_secret = os.environ.get("RUNNERCTL_GITLAB_OAUTH_SECRET", "")
+    for name in SECRET_ENV:
+        os.environ.pop(name, None)
+    return oauth_secret
+
+
 def _serve(settings: Settings, listen: str, gpu_source: str | None, gitlab_url: str, token: str,
            runner_config: Path | None, webhook_secret: str, sim_workload: str, hold: StateDirHold,
-           read: Settings) -> None:
+           read: Settings, oauth_secret: str) -> None:
     from runnerctl.controller import serve as serving
 
     if gitlab_url == "sim":
@@ -109,7 +126,7 @@ def _serve(settings: Settings, listen: str, gpu_source: str | None, gitlab_url: 
         from runnerctl.web.oauth import GitLabOAuth
 
         oauth = GitLabOAuth(gitlab_url.rstrip("/"), settings.web.gitlab_oauth_client_id,
-                            os.environ.get("RUNNERCTL_GITLAB_OAUTH_SECRET", ""),
+                            oauth_secret,
                             settings.web.gitlab_oauth_group, api_token=token)
         if not oauth.secret or not oauth.group:
             raise ConfigError("[web] gitlab_oauth_client_id is set, but the secret or the group is missing",
