@@ -12,10 +12,20 @@ import re
 _URL_PASSWORD = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)\S*@")
 
 
+_KEYWORD_PASSWORD = re.compile(r"((?:^|[?&\s])password=)('[^']*'|[^&\s\"']*)")
+"""A password given as `?password=` in a URL or `password=` in a libpq keyword string."""
+_QUOTED_TOKEN = re.compile(r"(invalid percent-encoded token: )\"[^\"]*\"")
+"""libpq quotes the part of a URL it cannot decode, which may be the password."""
+
+
 def redact(text: str) -> str:
-    """`text` with the password of any URL in it masked (`scheme://user:***@host`): an
-    error from a database driver or one no check foresaw may quote the URL it was given."""
-    return _URL_PASSWORD.sub(r"\1***@", text)
+    """`text` with the password of any URL in it masked (`scheme://user:***@host`, and the
+    `password=` forms): an error from a database driver or one no check foresaw may quote
+    the URL it was given (found again by a secrets audit: a `?password=` URL in a dry run,
+    libpq quoting an undecodable password)."""
+    text = _URL_PASSWORD.sub(r"\1***@", text)
+    text = _KEYWORD_PASSWORD.sub(r"\1***", text)
+    return _QUOTED_TOKEN.sub(r'\1"***"', text)
 
 
 def undecodable(text: str) -> bool:

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import tomlkit
 
 from runnerctl import standby
-from runnerctl.errors import ConfigError
+from runnerctl.errors import ConfigError, redact
 from runnerctl.executors.contract import DriverArgs, custom_section
 from runnerctl.gitlab import CreatedRunner, GitLabPort, RunnerInfo, RunnerScope
 from runnerctl.layout import plan_slots, slot_tags, standby_name
@@ -148,7 +148,6 @@ _TOKEN_VALUE = re.compile(r'^(\s*token\s*=\s*)(["\'])(?!<)[^"\']*\2', re.MULTILI
 _GITLAB_TOKEN = re.compile(r"\b(gl[a-z]{1,6}-)[0-9A-Za-z_.\-]{8,}")
 
 
-_URL_PASSWORD = re.compile(r"(://[^/:@\s\"']*:)[^/@\s\"']+(@)")
 
 
 def mask_tokens(text: str) -> str:
@@ -156,8 +155,7 @@ def mask_tokens(text: str) -> str:
     GitLab token (`glrt-...`, `glpat-...`) and a URL's password (the Optuna storage in
     the runners' environment) masked, so a dry run shows no secret."""
     text = _TOKEN_VALUE.sub(r"\1\2<masked>\2", text)
-    text = _URL_PASSWORD.sub(r"\1<masked>\2", text)
-    return _GITLAB_TOKEN.sub(r"\1<masked>", text)
+    return _GITLAB_TOKEN.sub(r"\1<masked>", redact(text))
 
 
 @dataclasses.dataclass

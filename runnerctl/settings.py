@@ -25,7 +25,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from runnerctl.errors import ConfigError
+from runnerctl.errors import ConfigError, redact
 from runnerctl.tags import PRIORITIES, host_name_problem
 
 
@@ -643,7 +643,7 @@ def _scalar(kind: Any, key: str, value: Any, where: str) -> Any:
         value = float(value)
     if not isinstance(value, expected) or isinstance(value, bool) and bool not in expected:
         name = " or ".join(t.__name__ for t in expected if t is not type(None))
-        raise ConfigError(f"{where}: {key} must be {name}, not {value!r}")
+        raise ConfigError(f"{where}: {key} must be {name}, not {redact(repr(value))}")  # a URL's password
     if number and not (math.isfinite(value) and value >= 0):  # no setting is negative
         raise ConfigError(f"{where}: {key} must be a finite number, not negative: {value!r}")
     return value

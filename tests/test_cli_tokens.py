@@ -71,10 +71,13 @@ def test_dry_run_masks_the_tokens_of_an_existing_config(gitlab_server: GitLabSer
 def test_dry_run_masks_the_optuna_storage_password(gitlab_server: GitLabServer, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """The storage URL goes into every runner's environment; a dry run prints no password."""
-    url = "journal+postgresql://optuna:RXe-p_Rb4s3cret@db.lab:5432/optuna"
-    assert main(["init", "--gitlab-url", gitlab_server.url, "--gpu-source", "sim:2", "--host", "gpu-a",
-                 "--runner-config", str(tmp_path / "config.toml"), "--config", str(defaults_toml(tmp_path)),
-                 "--token-file", token_file(tmp_path), "--optuna-storage", url, "--dry-run"]) == 0
-    out = capsys.readouterr().out
-    assert "RXe-p_Rb4s3cret" not in out
-    assert out.count("journal+postgresql://optuna:<masked>@db.lab:5432/optuna") >= 2
+    for url, shown in (("journal+postgresql://optuna:RXe-p_Rb4s3cret@db.lab:5432/optuna",
+                        "journal+postgresql://optuna:***@db.lab:5432/optuna"),
+                       ("journal+postgresql://optuna@db.lab:5432/optuna?password=RXe-p_Rb4s3cret",
+                        "journal+postgresql://optuna@db.lab:5432/optuna?password=***")):  # libpq's form too
+        assert main(["init", "--gitlab-url", gitlab_server.url, "--gpu-source", "sim:2", "--host", "gpu-a",
+                     "--runner-config", str(tmp_path / "config.toml"),
+                     "--config", str(defaults_toml(tmp_path)), "--token-file", token_file(tmp_path),
+                     "--optuna-storage", url, "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        assert "RXe-p_Rb4s3cret" not in out and out.count(shown) >= 2, out

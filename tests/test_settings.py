@@ -203,3 +203,18 @@ def test_settings_an_older_runnerctl_took_load_and_are_named_as_doubtful(tmp_pat
     assert said in found, found
     assert doubtful(load_settings(tmp_path / "absent.toml")) == []
     assert PREPARE_EXEC_TIMEOUT_S - GATE_WAIT_MAX_S >= 300  # the driver's own prepare gets 5 minutes
+
+
+def test_a_setting_of_the_wrong_type_never_echoes_a_password(tmp_path: Path) -> None:
+    """Every job's stages load the settings, and their errors go into the job log: a URL
+    given as a list came back whole, its password with it (found by a secrets audit)."""
+    from runnerctl.errors import redact
+
+    config = tmp_path / "runnerctl.toml"
+    config.write_text('[controller]\nstore_url = ["postgresql://u:S3CRETpw@db/runnerctl"]\n')
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    assert "store_url must be str" in str(caught.value) and "S3CRETpw" not in str(caught.value)
+    for text in ('invalid percent-encoded token: "pa%zzS3CRETpw"', "host=db password=S3CRETpw user=u",
+                 "postgresql://u@db/x?sslmode=require&password=S3CRETpw"):  # libpq's own forms
+        assert "S3CRETpw" not in redact(text)
