@@ -44,7 +44,7 @@ from optuna.storages.journal import BaseJournalBackend
 from optuna.storages.journal._storage import JournalOperation
 from optuna.trial import FrozenTrial, TrialState
 
-from runnerctl.errors import ConfigError
+from runnerctl.errors import ConfigError, redact
 from runnerctl.postgres import JOURNAL_SCHEME as SCHEME
 from runnerctl.postgres import libpq_url
 
@@ -302,10 +302,13 @@ def _connect(url: str) -> Any:
     try:
         return psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
     except psycopg.OperationalError as exc:
-        message = str(exc).strip().splitlines()
-        raise ConfigError(f"cannot reach the study's PostgreSQL: {message[0] if message else exc}",
+        message = (str(exc).strip().splitlines() or [str(exc)])[0]
+        raise ConfigError(f"cannot reach the study's PostgreSQL: {redact(message)}",
                           hint="check the storage URL and that the server runs "
                                "(`runnerctl postgres status`)") from None
+    except psycopg.Error as exc:  # a URL libpq cannot read: its message may quote the password
+        raise ConfigError(f"the study's storage URL is not one PostgreSQL reads: {redact(str(exc))}",
+                          hint="percent-encode special characters in the password") from None
 
 
 class SweepJournalStorage(JournalStorage, BaseHeartbeat):

@@ -546,3 +546,14 @@ def test_a_study_in_a_sql_ascii_database_keeps_japanese_text(pg_server: Postgres
     again = optuna.load_study(study_name="学習率", storage=make_storage(url))
     assert again.user_attrs == {"メモ": "ファン交換 🔧"} and len(again.trials) == 2
     assert {t.params["opt"] for t in again.trials} <= {"アダム", "sgd"}
+
+
+def test_a_storage_url_libpq_cannot_read_is_one_line_without_its_password() -> None:
+    """libpq quotes the part of a URL it cannot decode, which may be the password: it went
+    into the job log in a ProgrammingError's traceback (found by a secrets audit)."""
+    from runnerctl.errors import ConfigError
+    from runnerctl.optuna_journal import _connect
+
+    with pytest.raises(ConfigError) as caught:
+        _connect("postgresql://optuna:pa%zzS3CRETpw@127.0.0.1:1/optuna")
+    assert "S3CRETpw" not in str(caught.value) and "not one PostgreSQL reads" in str(caught.value)
