@@ -385,10 +385,11 @@ def test_how_long_each_part_has_failed_is_a_metric() -> None:
     live = Liveness(host="h", interval_s=5.0, clock=lambda: now[0])
     live.trouble("clock", "60 s ahead of the store's server")
     now[0] = 160.0
-    assert live.trouble_ages() == {"clock": 60.0, "gitlab": 0.0, "gpus": 0.0}
+    ages = {"clock": 60.0, "gitlab": 0.0, "gpus": 0.0, "leases": 0.0}
+    assert live.trouble_ages() == ages
     [family] = [m for m in liveness(live)
                 if isinstance(m, Metric) and m.name == "runnerctl_reconcile_trouble_seconds"]
-    assert {s.labels["part"]: s.value for s in family.samples} == {"clock": 60.0, "gitlab": 0.0, "gpus": 0.0}
+    assert {s.labels["part"]: s.value for s in family.samples} == ages
     live.trouble("clock", "")
     assert live.trouble_ages()["clock"] == 0.0
 
