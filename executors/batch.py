@@ -49,7 +49,7 @@ from runnerctl.executors.driver import StageContext, SystemFailure
 from runnerctl.executors.lease import Lease, LeaseTable
 from runnerctl.executors.rendezvous import BadNodes, NodeLaunch, nodes_requested, setup_bash
 from runnerctl.executors.shell import GUARD, ShellDriver, as_user, job_user
-from runnerctl.executors.stop import on_stop
+from runnerctl.executors.stop import STAGE_STOP, on_stop
 from runnerctl.settings import ExecutorSettings, Settings
 
 POLL_S = 0.5
@@ -285,7 +285,7 @@ class BatchDriver:
         while True:
             now = clock()
             ended_now = not ending and _rc_written(paths.rc) is not None
-            ending = ending or ended_now
+            ending = ending or ended_now or STAGE_STOP.stopped_at is not None  # cancelled: seen soon
             asked = now >= ask_at or ended_now
             if asked:  # then every POLL_S while the script's end is near (an epilog may run on)
                 active = self.scheduler.active(job_id)

@@ -9,12 +9,12 @@ from __future__ import annotations
 import enum
 import re
 
-_URL_PASSWORD = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)\S*@")
+_URL_PASSWORD = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)[^/\s\"']*@")
 
 
 _KEYWORD_PASSWORD = re.compile(r"((?:^|[?&\s])password=)('[^']*'|[^&\s\"']*)")
 """A password given as `?password=` in a URL or `password=` in a libpq keyword string."""
-_QUOTED_TOKEN = re.compile(r"(invalid percent-encoded token: )\"[^\"]*\"")
+_QUOTED_TOKEN = re.compile(r"(percent-encoded (?:token|value): )\"[^\"]*\"")
 """libpq quotes the part of a URL it cannot decode, which may be the password."""
 
 

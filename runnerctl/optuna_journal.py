@@ -44,7 +44,7 @@ from optuna.storages.journal import BaseJournalBackend
 from optuna.storages.journal._storage import JournalOperation
 from optuna.trial import FrozenTrial, TrialState
 
-from runnerctl.errors import ConfigError, redact
+from runnerctl.errors import ConfigError, first_line, redact
 from runnerctl.postgres import JOURNAL_SCHEME as SCHEME
 from runnerctl.postgres import libpq_url
 
@@ -307,7 +307,7 @@ def _connect(url: str) -> Any:
                           hint="check the storage URL and that the server runs "
                                "(`runnerctl postgres status`)") from None
     except psycopg.Error as exc:  # a URL libpq cannot read: its message may quote the password
-        raise ConfigError(f"the study's storage URL is not one PostgreSQL reads: {redact(str(exc))}",
+        raise ConfigError(f"the study's storage URL is not one PostgreSQL reads: {redact(first_line(exc))}",
                           hint="percent-encode special characters in the password") from None
 
 

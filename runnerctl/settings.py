@@ -654,10 +654,10 @@ def _container(kind: Any, value: Any, *, where: str) -> Any:
     args = typing.get_args(kind)
     if typing.get_origin(kind) is tuple:
         if not isinstance(value, list) or not all(isinstance(v, args[0]) for v in value):
-            raise ConfigError(f"{where} must be a list of {args[0].__name__}, not {value!r}")
+            raise ConfigError(f"{where} must be a list of {args[0].__name__}, not {redact(repr(value))}")
         return tuple(value)
     accepted = (int, float) if args[1] is float else args[1]  # TOML writes 2 for 2.0
     if not isinstance(value, dict) or not all(isinstance(v, accepted) and not isinstance(v, bool)
                                               for v in value.values()):
-        raise ConfigError(f"{where} must be a table of {args[1].__name__}, not {value!r}")
+        raise ConfigError(f"{where} must be a table of {args[1].__name__}, not {redact(repr(value))}")
     return {str(k): float(v) if args[1] is float else v for k, v in value.items()}

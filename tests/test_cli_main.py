@@ -111,6 +111,6 @@ def test_serve_takes_its_secrets_out_of_the_environment_its_children_inherit(
     for name, value in secrets.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("RUNNERCTL_CONFIG", str(tmp_path / "none.toml"))
-    assert main(["serve", "--gitlab", "sim", "--listen", "999.0.0.1:1"]) != 0  # read, then refused
+    assert main(["serve", "--gitlab", "sim", "--listen", "127.0.0.1:99999"]) != 0  # read, then refused
     child = subprocess.run(["env"], capture_output=True, text=True, timeout=60, check=True).stdout
     assert not any(value in child for value in secrets.values())

@@ -220,3 +220,26 @@ def test_a_job_its_runners_list_leaves_out_is_freed_only_once_gitlab_says_it_end
     assert _leased(tmp_path) == {str(gone.id + 1000)} and left_over.wait(timeout=120) == -9
     asked = len([r for r in world.server.requests if r.path.startswith("/projects/other%2Fprivate/")])
     assert asked - before <= 1500 / world.controller.settings.orphan_after_s + 1
+
+
+def test_a_403_on_the_job_is_doubt_and_the_free_says_how_long_it_was_missing(
+        world: World, tmp_path: Path, spawned: list[subprocess.Popen[bytes]],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """GitLab answers a token with no Reporter role 403, not 404, for a private project's
+    job: that too is the token's reach, not GitLab failing. A doubt is asked again every
+    orphan_after_s, and the free, once GitLab says the job ended, counts from when the
+    job first went missing (it said 420 s; found by a review of the day's fixes)."""
+    job = world.state.enqueue_job(project_id=PROJECT, tags=["gpu"])
+    assert world.state.request_job(world.controller.cache.ids[_slot(world, "/gpu5")]) is job
+    job.status = "success"  # over in GitLab, its cleanup killed: the lease stays
+    lease = _lease(world, tmp_path, job.id, "/gpu7", (7,), project=f"project-{PROJECT}")
+    left_over = _job_process(lease, spawned)
+    world.server.faults.append(Fault("GET", rf"/projects/project-{PROJECT}/jobs/{job.id}$", "403", count=2))
+    with caplog.at_level(logging.WARNING, logger="runnerctl"):
+        world.advance(2400, step=5.0)
+    said = [r.getMessage() for r in caplog.records if "GitLab refuses it" in r.getMessage()]
+    assert len(said) == 1 and "give the token Reporter in project-1" in said[0]
+    assert _leased(tmp_path) == set() and left_over.wait(timeout=120) == -9
+    [freed] = [e for e in world.store.events(world.controller.host) if e.kind == "free"]
+    missing = int(freed.detail.split("for ")[1].split(" s")[0])
+    assert missing >= 3 * world.controller.settings.orphan_after_s, freed.detail

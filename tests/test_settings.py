@@ -218,3 +218,6 @@ def test_a_setting_of_the_wrong_type_never_echoes_a_password(tmp_path: Path) -> 
     for text in ('invalid percent-encoded token: "pa%zzS3CRETpw"', "host=db password=S3CRETpw user=u",
                  "postgresql://u@db/x?sslmode=require&password=S3CRETpw"):  # libpq's own forms
         assert "S3CRETpw" not in redact(text)
+    assert "S3CRETpw" not in redact('forbidden value %00 in percent-encoded value: "pa%00S3CRETpw"')
+    assert redact("see https://lab.example:8443/pages@v2 and postgresql://u@db/x") == (
+        "see https://lab.example:8443/pages@v2 and postgresql://u@db/x")  # no password: left alone

@@ -383,3 +383,13 @@ def test_render_through_a_link_writes_its_target_and_keeps_the_link(tmp_path: Pa
     assert link.is_symlink() and "python train.py" in kept.read_text()
     assert main(["render", "gpu-job", "-i", "command=python train.py", "-o", str(sink)]) == 0
     assert sink.is_symlink() and Path("/dev/null").is_char_device()
+
+
+def test_render_to_dev_stdout_writes_into_the_pipe() -> None:
+    """/dev/stdout resolves to a pipe (`/proc/PID/fd/1 -> pipe:[N]`): written as it is,
+    never created nor replaced (found by a review of the day's fixes)."""
+    done = subprocess.run([sys.executable, "-m", "runnerctl", "render", "gpu-job", "-i",
+                           "command=python train.py", "-o", "/dev/stdout"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "python train.py" in done.stdout

@@ -64,19 +64,18 @@ def _write_output(output: Path, text: str) -> None:
     """A regular file (through a link: its target) gets the whole text or keeps its old
     one, with its mode; a new one the umask's; anything else (/dev/stdout, a pipe) is
     written as it is."""
-    target = Path(os.path.realpath(output))
     try:
-        found = target.stat()
+        found = output.stat()  # through links: what a write would reach
     except FileNotFoundError:
         umask = os.umask(0)
         os.umask(umask)
-        write_atomic(target, text, mode=0o666 & ~umask)
+        write_atomic(Path(os.path.realpath(output)), text, mode=0o666 & ~umask)
         return
     if not stat.S_ISREG(found.st_mode):
-        with target.open("w", encoding="utf-8") as handle:
+        with output.open("w", encoding="utf-8") as handle:
             handle.write(text)
         return
-    write_atomic(target, text, mode=stat.S_IMODE(found.st_mode))
+    write_atomic(Path(os.path.realpath(output)), text, mode=stat.S_IMODE(found.st_mode))
 
 
 render_command.help = (render_command.help or "") + f"\n\nComponents: {', '.join(components())}."

@@ -64,6 +64,8 @@ def runner(config_path: Path) -> int:
     loop.start()
     while loop.is_alive():
         loop.join(0.5)
+    if not multi.stopping.is_set():  # the loop ended by itself (a bug): wait as for a SIGTERM
+        forceful.append(time.monotonic())
     while not multi.wait(0.5):
         if forceful and time.monotonic() - forceful[0] >= multi.config.shutdown_timeout_s:
             break

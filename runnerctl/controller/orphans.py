@@ -37,7 +37,7 @@ import logging
 from collections.abc import Collection, Mapping
 
 from runnerctl.controller.demand import ApiBudget, due
-from runnerctl.errors import GitLabError
+from runnerctl.errors import GitLabError, PermanentError
 from runnerctl.gitlab import GitLabPort
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ class OrphanAudit:
         """Job id -> its user as GitLab lists it, from the looks since `take_users`."""
         self._looked: set[int] = set()  # leased jobs whose slot has had a look
         self.doubted: set[int] = set()  # suspects whose end GitLab would not confirm (said once)
+        self._ask_again: dict[int, float] = {}  # doubted suspect -> when GitLab is asked again
 
     def over(self, running: Mapping[str, tuple[int, ...]], runner_ids: Mapping[str, int], *,
              gitlab: GitLabPort, budget: ApiBudget, now: float,
@@ -72,6 +73,7 @@ class OrphanAudit:
         self.suspects = {job: since for job, since in self.suspects.items() if job in held}
         self._looked &= held
         self.doubted &= held
+        self._ask_again = {job: at for job, at in self._ask_again.items() if job in self.suspects}
         if not leased or not due(now, self._next_at, self.check_s) or not budget.try_take():
             return None
         self._next_at = now + self.check_s
@@ -90,9 +92,11 @@ class OrphanAudit:
                 self.suspects.pop(job, None)
             elif now - self.suspects.setdefault(job, now) >= self.orphan_after_s:
                 project = (projects or {}).get(job, "")
+                if now < self._ask_again.get(job, now):
+                    continue  # in doubt: asked again orphan_after_s on, not at each look
                 if project and not self._ended(gitlab, budget, project, job):
-                    if job in self.suspects:  # in doubt: asked again orphan_after_s on, not at each look
-                        self.suspects[job] = now
+                    if job in self.suspects:
+                        self._ask_again[job] = now + self.orphan_after_s
                     continue
                 over.append((job, now - self.suspects.pop(job)))
         return over
@@ -106,8 +110,11 @@ class OrphanAudit:
         jobs/:job_id`, by the project's path the lease records); a job the token cannot
         read is doubt, said once, and never freed."""
         budget.charge()
+        why = "GitLab answers 404 for it (gone, or the token cannot read the project)"
         try:
             found = gitlab.job(project, job)
+        except PermanentError as exc:  # 403: a Guest, or no role: as a 404, the token's reach
+            found, why = None, f"GitLab refuses it ({exc})"
         except GitLabError as exc:  # GitLab failing: asked again later, nothing freed meanwhile
             log.warning("job %d's lease: GitLab failed on the job itself (%s); asked again in %.0f s",
                         job, exc, self.orphan_after_s)
@@ -119,9 +126,8 @@ class OrphanAudit:
         elif job not in self.doubted:
             self.doubted.add(job)
             log.warning("job %d (project %s) still holds a lease, and its runner's jobs in GitLab do not "
-                        "list it, but GitLab answers 404 for it (gone, or the token cannot read the "
-                        "project): not freed; give the token Reporter in %s, or stop the job's processes "
-                        "and release its lease by hand", job, project, project)
+                        "list it, but %s: not freed; give the token Reporter in %s, or stop the job's "
+                        "processes and release its lease by hand", job, project, why, project)
         return False
 
     def shift(self, step: float) -> None:
@@ -136,7 +142,7 @@ class OrphanAudit:
 
     def _pick(self, leased: Mapping[str, list[int]], now: float, unconfirmed: Collection[int]) -> str:
         due = [job for job, since in sorted(self.suspects.items(), key=lambda item: item[1])
-               if now - since >= self.orphan_after_s]
+               if now - since >= self.orphan_after_s and now >= self._ask_again.get(job, now)]
         if due:  # the longest-missing suspect gets its second look first
             return next(slot for slot, jobs in leased.items() if due[0] in jobs)
         names = sorted(leased)

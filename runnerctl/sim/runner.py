@@ -20,10 +20,11 @@ commands/multi.go:
   (`checkConfig`). `concurrent` changes the number of workers.
 - a job received is first set `running` (`requestJob`); GitLab answering `canceling`
   there fails it with job_canceled at once.
-- SIGQUIT stops asking for jobs and waits for the running ones (graceful shutdown);
-  SIGTERM and SIGINT abort the running jobs (runner_interrupted: stage killed,
-  cleanup_exec run, result sent) and exit within `shutdown_timeout` (30 s); a second
-  signal exits at once (`handleGracefulShutdown`, `handleForcefulShutdown`).
+- SIGQUIT stops asking for jobs and waits for the running ones (graceful shutdown; a
+  SIGQUIT again goes on waiting); SIGTERM and SIGINT, also after a SIGQUIT, abort the
+  running jobs (runner_interrupted: stage killed, cleanup_exec run, result sent) and
+  exit within `shutdown_timeout` (30 s); a signal after that exits at once
+  (`handleGracefulShutdown`, `handleForcefulShutdown`; cli/sim_runner.py).
 
 One line per job start and end goes to stderr.
 """
