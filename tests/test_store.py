@@ -324,7 +324,21 @@ def test_a_sql_ascii_database_holds_a_japanese_reason(pg_server: PostgresServer)
         store.close()
 
 
-def test_forgetting_a_person_erases_their_rows_and_keeps_their_holds(stores: tuple[Store, Store]) -> None:
+@pytest.fixture(params=["sqlite", "postgres"])
+def own_stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Store, Store]]:
+    """Two connections to a store of the test's own (the module's PostgreSQL database has
+    tables dropped by the schema tests above)."""
+    if request.param == "sqlite":
+        a, b = Store.open(state_dir=tmp_path), Store.open(state_dir=tmp_path)
+    else:
+        url = request.getfixturevalue("pg_server").create_database(f"forget_{tmp_path.name[-12:].lower()}")
+        a, b = Store.open(url=url), Store.open(url=url)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_forgetting_a_person_erases_their_rows_and_keeps_their_holds(own_stores: tuple[Store, Store]) -> None:
     """A student who leaves asks for their data to go: only raw SQL did it (found by a
     privacy review). Their history, the events naming them (as a whole word), sessions
     and account go; a pause they made stays in force, by `someone`; others' rows stay."""
@@ -334,7 +348,7 @@ def test_forgetting_a_person_erases_their_rows_and_keeps_their_holds(stores: tup
     from runnerctl.controller.store import WebSession
     from runnerctl.web.auth import add_user
 
-    a, b = stores
+    a, b = own_stores
     now = time.time()
 
     def ran(job_id: int, user: str, ended: float | None) -> JobRecord:
