@@ -36,12 +36,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Mapping
 
-from runnerctl.controller.demand import ApiBudget, due
+from runnerctl.controller.demand import FINAL, ApiBudget, due
 from runnerctl.errors import GitLabError, PermanentError
 from runnerctl.gitlab import GitLabPort
 
 log = logging.getLogger(__name__)
-ENDED = frozenset({"success", "failed", "canceled", "skipped"})
+ENDED = FINAL | {"skipped"}
 """A job's statuses once it is over (app/models/concerns/ci/has_status.rb COMPLETED_STATUSES)."""
 
 
